@@ -1,0 +1,164 @@
+//! Collective algorithms as deterministic state machines, without I/O.
+//!
+//! In the style of quinn-proto: a [`Schedule`] says which transfers and local
+//! reductions it wants next ([`Schedule::next_action`]) and is told when each
+//! one finished ([`Schedule::complete`]). It never touches memory or sockets;
+//! the engine carries its actions out over real transports, and the tests
+//! carry them out over a simulated network with random delays and arrival
+//! orders. The same schedule therefore runs over TCP, shared memory, verbs or
+//! a simulator, and behaves identically on every rank given the same inputs.
+//!
+//! All offsets and lengths are in elements of the operation's dtype.
+//!
+//! ## Buffers
+//! An operation sees three buffers ([`Buf`]):
+//! - `Send`: the caller's input. Read-only. When the caller asked for a
+//!   weighted contribution, the driver multiplies every element read from
+//!   `Send` by the local weight, in the same pass ("the local contribution").
+//!   A schedule built with `spec.scaled == true` therefore never `Send`s
+//!   straight from `Buf::Send`; it reduces or copies it first.
+//! - `Recv`: the caller's output, which the schedule may also use as working
+//!   space.
+//! - `Scratch`: communicator-owned memory, registered once, of
+//!   [`Schedule::scratch_elems`] elements.
+//!
+//! For in-place calls the driver aliases `Send` and `Recv` (with the offsets
+//! NCCL uses: reduce-scatter's output is the rank's chunk of the input,
+//! all-gather's input is the rank's chunk of the output). Schedules must
+//! therefore read each element of `Send` before writing the `Recv` element
+//! that aliases it, and only the `Send` view is ever scaled.
+//!
+//! Layouts (`count` is [`OpSpec::count`], `n` the world size):
+//! | op | Send | Recv |
+//! |---|---|---|
+//! | all-reduce | count | count |
+//! | reduce-scatter | n·count | count (rank's chunk) |
+//! | all-gather | count | n·count |
+//! | broadcast | count (root) | count |
+//! | reduce | count | count (meaningful at root) |
+//! | barrier | 0 | 0 |
+
+use gw_transport::wire::OpKind;
+use gw_transport::{Error, Rank, Result};
+
+/// Which buffer a [`Loc`] refers to (see the module comment).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Buf {
+    Send,
+    Recv,
+    Scratch,
+}
+
+/// A range of elements within one buffer.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct Loc {
+    pub buf: Buf,
+    pub offset: usize,
+    pub len: usize,
+}
+
+impl Loc {
+    pub fn new(buf: Buf, offset: usize, len: usize) -> Loc {
+        Loc { buf, offset, len }
+    }
+}
+
+/// Identifies one action within a schedule; unique per schedule.
+pub type ActionId = usize;
+
+/// What a schedule wants done next.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Action {
+    /// Send `src` to `peer` as the message of this `step`.
+    Send { id: ActionId, peer: Rank, step: u32, src: Loc },
+    /// Receive the message of this `step` from `peer` into `dst` (exactly `dst.len` elements).
+    Recv { id: ActionId, peer: Rank, step: u32, dst: Loc },
+    /// `dst[i] = a[i] ⊕ b[i]`. `dst` may be exactly `a` or exactly `b`, never a
+    /// partial overlap. With `finalize`, the reduction's final step is applied
+    /// as well (division by the world size for `avg`): set it on the reduction
+    /// that produces an element's complete result.
+    Reduce { id: ActionId, dst: Loc, a: Loc, b: Loc, finalize: bool },
+    /// `dst[i] = src[i]` (scaled if `src` is `Buf::Send` and a weight is set;
+    /// finalized if `finalize`, for the single-rank case).
+    Copy { id: ActionId, dst: Loc, src: Loc, finalize: bool },
+}
+
+impl Action {
+    pub fn id(&self) -> ActionId {
+        match *self {
+            Action::Send { id, .. }
+            | Action::Recv { id, .. }
+            | Action::Reduce { id, .. }
+            | Action::Copy { id, .. } => id,
+        }
+    }
+}
+
+/// A running collective on one rank.
+pub trait Schedule: Send {
+    /// The next action that may start now, or `None` until something completes.
+    /// Actions that are returned are in flight until [`Schedule::complete`].
+    fn next_action(&mut self) -> Option<Action>;
+    /// An action returned earlier finished.
+    fn complete(&mut self, id: ActionId);
+    /// Whether every action finished and the result is in place.
+    fn is_done(&self) -> bool;
+    /// Scratch elements the schedule needs (fixed at construction).
+    fn scratch_elems(&self) -> usize;
+    /// What the schedule is waiting for, for timeout errors (e.g. "step 3: recv from rank 2").
+    fn waiting_for(&self) -> String;
+}
+
+/// Which algorithm to run.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Algo {
+    Ring,
+    Tree,
+    Rhd,
+}
+
+impl Algo {
+    pub fn name(self) -> &'static str {
+        match self {
+            Algo::Ring => "ring",
+            Algo::Tree => "tree",
+            Algo::Rhd => "rhd",
+        }
+    }
+
+    pub fn parse(s: &str) -> Option<Algo> {
+        match s {
+            "ring" => Some(Algo::Ring),
+            "tree" => Some(Algo::Tree),
+            "rhd" => Some(Algo::Rhd),
+            _ => None,
+        }
+    }
+}
+
+/// Everything a schedule needs to know about the call.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct OpSpec {
+    pub op: OpKind,
+    pub rank: Rank,
+    pub nranks: u32,
+    /// Elements, per the layout table in the module comment.
+    pub count: usize,
+    /// Root rank for broadcast and reduce (ignored otherwise).
+    pub root: Rank,
+    /// Largest message, in elements, a schedule should send at once; bigger
+    /// transfers are cut into segments of this size and pipelined.
+    pub segment_elems: usize,
+    /// A weight applies to `Send`; never send from `Buf::Send` directly.
+    pub scaled: bool,
+}
+
+/// Builds the schedule for `spec` with `algo`.
+///
+/// Only all-reduce offers a choice of algorithm; the other collectives ignore
+/// `algo`. An algorithm that cannot run this call (rhd on a world size that is
+/// not a power of two) is an [`Error::InvalidArgument`].
+pub fn build(spec: &OpSpec, algo: Algo) -> Result<Box<dyn Schedule>> {
+    let _ = (spec, algo);
+    Err(Error::Internal("algorithms are being written".into()))
+}

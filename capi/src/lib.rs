@@ -1,0 +1,1 @@
+//! The C ABI over gw-allreduce (issue 5).

@@ -1,0 +1,2 @@
+//! gwrun (being written)
+fn main() {}

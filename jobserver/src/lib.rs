@@ -1,0 +1,1 @@
+//! gradwire control plane.

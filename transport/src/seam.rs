@@ -1,0 +1,195 @@
+//! The one interface every transport implements, shaped like NCCL's `ncclNet`.
+//!
+//! A transport is driven by a single progress thread (the engine in
+//! `gw-allreduce`), so its methods take `&mut self` and need no locking. All
+//! calls are non-blocking: `connect` reports whether the connection is up yet,
+//! `isend`/`irecv` post a transfer of a registered memory range and return a
+//! [`Request`], `test` says whether it finished, and `progress` moves bytes.
+//! When nothing can move, the engine sleeps in one `mio::Poll` shared by all
+//! transports: each transport registers its file descriptors there at
+//! [`Transport::attach`] and gets the events back through
+//! [`Transport::on_event`].
+//!
+//! Messages are matched by [`Tag`]: the fingerprint of the operation plus the
+//! algorithm step. Between one pair of ranks, messages are delivered in the
+//! order they were posted per tag stream; a receiver that sees a frame of the
+//! same operation sequence number but a different fingerprint reports
+//! [`Error::Mismatch`] naming both calls.
+//!
+//! One-sided writes (RDMA WRITE WITH IMM, or a store into a mapped shared
+//! region) fit the same seam: a region registered once is published to peers
+//! as a [`RemoteRegion`] during bring-up, and [`Transport::write_imm`] writes
+//! into it; the immediate value arrives as a completion on the peer.
+
+use crate::error::{Error, Result};
+use crate::wire::{FrameHeader, Fingerprint};
+
+/// A rank within a communicator.
+pub type Rank = u32;
+
+/// What a transport is, for the algorithm chooser.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Properties {
+    /// Short name used in logs and benchmark headers ("tcp", "shm", "verbs").
+    pub name: &'static str,
+    /// Expected point-to-point bandwidth in GB/s (1e9 bytes per second).
+    pub bandwidth_gbps: f64,
+    /// Expected one-way latency of a small message in microseconds.
+    pub latency_us: f64,
+    /// Whether [`Transport::write_imm`] is supported.
+    pub one_sided_write: bool,
+    /// Whether registered memory may live on a GPU.
+    pub gpu_memory: bool,
+    /// Largest payload moved as one segment; larger messages are cut.
+    pub max_segment: usize,
+}
+
+/// Names one message: which operation, and which step of its algorithm.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Tag {
+    pub fp: Fingerprint,
+    pub step: u32,
+}
+
+impl Tag {
+    /// Whether a frame belongs to the message this tag names.
+    ///
+    /// Returns an error when the frame comes from the same operation slot
+    /// (communicator and sequence number) but describes a different call:
+    /// the two ranks disagree about what they are doing.
+    pub fn matches(&self, me: Rank, h: &FrameHeader, expected_total: u64) -> Result<bool> {
+        if h.fp.comm_id != self.fp.comm_id || h.fp.seq != self.fp.seq {
+            return Ok(false);
+        }
+        if h.fp != self.fp {
+            return Err(Error::Mismatch {
+                me,
+                peer: h.src_rank,
+                local: self.fp.to_string(),
+                remote: h.fp.to_string(),
+            });
+        }
+        if h.step != self.step {
+            return Ok(false);
+        }
+        if h.total != expected_total {
+            return Err(Error::Mismatch {
+                me,
+                peer: h.src_rank,
+                local: format!("{} expecting {expected_total} bytes at step {}", self.fp, self.step),
+                remote: format!("{} sending {} bytes at step {}", h.fp, h.total, h.step),
+            });
+        }
+        Ok(true)
+    }
+}
+
+/// A registered memory region, local to one transport.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct MemHandle(pub u32);
+
+/// An outstanding transfer.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct Request(pub u64);
+
+/// Whether a connection is usable yet.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Readiness {
+    Pending,
+    Ready,
+}
+
+/// A region a peer registered once and published, so that this rank can write
+/// into it directly (the GDRAA pattern: keys exchanged at init, then each step
+/// is one-sided writes plus synchronisation).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct RemoteRegion {
+    pub rank: Rank,
+    /// Backend-specific key (an RDMA rkey, a shared-segment id).
+    pub key: u64,
+    /// Base address in the peer's address space (or 0 for offset-addressed regions).
+    pub addr: u64,
+    pub len: u64,
+}
+
+/// The transport interface (see the module comment for the contract).
+pub trait Transport: Send {
+    /// What this transport is and how fast it is expected to be.
+    fn properties(&self) -> Properties;
+
+    /// Registers this transport's file descriptors with the engine's poller.
+    /// Tokens it uses must lie in `[token_base, token_base + (1 << 32))`.
+    fn attach(&mut self, registry: &mio::Registry, token_base: usize) -> Result<()>;
+
+    /// Starts or continues bringing up the connection to `peer`. Both sides call
+    /// it when they need each other; repeated calls are cheap.
+    fn connect(&mut self, peer: Rank) -> Result<Readiness>;
+
+    /// Makes `[ptr, ptr + len)` available for transfers.
+    ///
+    /// # Safety
+    /// The memory must stay valid, and must not be accessed in a way that races
+    /// with a posted transfer, until [`Transport::deregister`] returns.
+    unsafe fn register(&mut self, ptr: *mut u8, len: usize) -> Result<MemHandle>;
+
+    /// Forgets a registration. Transfers using it must have completed.
+    fn deregister(&mut self, mem: MemHandle) -> Result<()>;
+
+    /// Posts a send of `len` bytes at `offset` within `mem` to `peer`.
+    fn isend(&mut self, peer: Rank, tag: Tag, mem: MemHandle, offset: usize, len: usize) -> Result<Request>;
+
+    /// Posts a receive of exactly `len` bytes from `peer` into `mem` at `offset`.
+    fn irecv(&mut self, peer: Rank, tag: Tag, mem: MemHandle, offset: usize, len: usize) -> Result<Request>;
+
+    /// Whether `req` has completed; a completed request is released.
+    fn test(&mut self, req: Request) -> Result<bool>;
+
+    /// Moves whatever bytes can move now. Returns whether anything happened.
+    fn progress(&mut self) -> Result<bool>;
+
+    /// Delivers a poller event for one of this transport's tokens.
+    fn on_event(&mut self, event: &mio::event::Event) -> Result<()>;
+
+    /// Called before the engine blocks in the poller. Returns `false` if work is
+    /// already waiting (the engine then does not sleep). A transport whose
+    /// peers cannot raise a poller event by themselves (shared memory) arms its
+    /// doorbell here.
+    fn prepare_sleep(&mut self) -> bool {
+        true
+    }
+
+    /// Called after the engine wakes from the poller.
+    fn finish_sleep(&mut self) {}
+
+    /// Checks, cheaply, that connected peers are still alive. Called a few
+    /// times per second while an operation waits.
+    fn check_peers(&mut self) -> Result<()> {
+        Ok(())
+    }
+
+    /// Tells every connected peer that this rank failed, best effort.
+    fn abort(&mut self, reason: &str);
+
+    /// Publishes a registered region for one-sided writes, if supported.
+    fn remote_region(&mut self, _mem: MemHandle) -> Result<Option<RemoteRegion>> {
+        Ok(None)
+    }
+
+    /// Writes `len` bytes from `mem` at `offset` into `remote` at
+    /// `remote_offset`, delivering `imm` to the peer on completion.
+    fn write_imm(
+        &mut self,
+        _peer: Rank,
+        _mem: MemHandle,
+        _offset: usize,
+        _len: usize,
+        _remote: &RemoteRegion,
+        _remote_offset: u64,
+        _imm: u32,
+    ) -> Result<Request> {
+        Err(Error::InvalidUsage(format!(
+            "transport {} has no one-sided writes",
+            self.properties().name
+        )))
+    }
+}
