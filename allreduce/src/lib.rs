@@ -8,6 +8,17 @@
 //! each peer.
 
 pub mod algo;
+pub mod bootstrap;
+pub mod communicator;
+pub mod config;
+pub mod element;
+mod engine;
 pub mod reduce;
 
+pub use algo::Algo;
+pub use bootstrap::Bootstrap;
+pub use communicator::{Communicator, Handle, Pending, RawOp};
+pub use config::{Config, TransportChoice};
+pub use element::Element;
+pub use gw_transport::wire::OpKind;
 pub use gw_transport::{DType, Error, RedOp, Result};

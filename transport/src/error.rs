@@ -28,9 +28,15 @@ pub enum Error {
     },
     /// The peer closed or reset a connection, died, or reported an error of its own.
     #[error("rank {rank} ({addr}): {what}")]
-    Remote { rank: u32, addr: String, what: String },
+    Remote {
+        rank: u32,
+        addr: String,
+        what: String,
+    },
     /// The two sides of a transfer disagree about the operation.
-    #[error("operation mismatch with rank {peer}: this rank (rank {me}) is in {local}, rank {peer} sent {remote}")]
+    #[error(
+        "operation mismatch with rank {peer}: this rank (rank {me}) is in {local}, rank {peer} sent {remote}"
+    )]
     Mismatch {
         me: u32,
         peer: u32,

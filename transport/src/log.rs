@@ -34,7 +34,9 @@ pub fn level() -> u8 {
     if l != u8::MAX {
         return l;
     }
-    let l = std::env::var("GW_DEBUG").map(|v| parse_level(&v)).unwrap_or(1);
+    let l = std::env::var("GW_DEBUG")
+        .map(|v| parse_level(&v))
+        .unwrap_or(1);
     LEVEL.store(l, Ordering::Relaxed);
     l
 }

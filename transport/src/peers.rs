@@ -40,7 +40,9 @@ impl PeerInfo {
         let bad = |why: &str| Error::Protocol(format!("malformed peer record {s:?}: {why}"));
         let (mut rank, mut host, mut name, mut pid, mut tcp) = (None, None, None, None, None);
         for part in s.split(';') {
-            let (k, v) = part.split_once('=').ok_or_else(|| bad("field without '='"))?;
+            let (k, v) = part
+                .split_once('=')
+                .ok_or_else(|| bad("field without '='"))?;
             match k {
                 "rank" => rank = Some(v.parse::<u32>().map_err(|_| bad("rank is not a number"))?),
                 "host" => host = Some(v.to_string()),
@@ -109,7 +111,10 @@ mod tests {
             host_id: "abc-123".into(),
             hostname: "node1".into(),
             pid: 42,
-            tcp: vec!["127.0.0.1:5000".parse().unwrap(), "[::1]:6000".parse().unwrap()],
+            tcp: vec![
+                "127.0.0.1:5000".parse().unwrap(),
+                "[::1]:6000".parse().unwrap(),
+            ],
         };
         assert_eq!(PeerInfo::decode(&p.encode()).unwrap(), p);
     }

@@ -22,7 +22,7 @@
 //! into it; the immediate value arrives as a completion on the peer.
 
 use crate::error::{Error, Result};
-use crate::wire::{FrameHeader, Fingerprint};
+use crate::wire::{Fingerprint, FrameHeader};
 
 /// A rank within a communicator.
 pub type Rank = u32;
@@ -76,7 +76,10 @@ impl Tag {
             return Err(Error::Mismatch {
                 me,
                 peer: h.src_rank,
-                local: format!("{} expecting {expected_total} bytes at step {}", self.fp, self.step),
+                local: format!(
+                    "{} expecting {expected_total} bytes at step {}",
+                    self.fp, self.step
+                ),
                 remote: format!("{} sending {} bytes at step {}", h.fp, h.total, h.step),
             });
         }
@@ -112,6 +115,19 @@ pub struct RemoteRegion {
     pub len: u64,
 }
 
+/// A one-sided write: `len` bytes of local region `mem` at `offset` land in
+/// the peer's `remote` region at `remote_offset`, and `imm` is delivered to
+/// the peer as a completion once they are there.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct WriteImm {
+    pub mem: MemHandle,
+    pub offset: usize,
+    pub len: usize,
+    pub remote: RemoteRegion,
+    pub remote_offset: u64,
+    pub imm: u32,
+}
+
 /// The transport interface (see the module comment for the contract).
 pub trait Transport: Send {
     /// What this transport is and how fast it is expected to be.
@@ -136,10 +152,24 @@ pub trait Transport: Send {
     fn deregister(&mut self, mem: MemHandle) -> Result<()>;
 
     /// Posts a send of `len` bytes at `offset` within `mem` to `peer`.
-    fn isend(&mut self, peer: Rank, tag: Tag, mem: MemHandle, offset: usize, len: usize) -> Result<Request>;
+    fn isend(
+        &mut self,
+        peer: Rank,
+        tag: Tag,
+        mem: MemHandle,
+        offset: usize,
+        len: usize,
+    ) -> Result<Request>;
 
     /// Posts a receive of exactly `len` bytes from `peer` into `mem` at `offset`.
-    fn irecv(&mut self, peer: Rank, tag: Tag, mem: MemHandle, offset: usize, len: usize) -> Result<Request>;
+    fn irecv(
+        &mut self,
+        peer: Rank,
+        tag: Tag,
+        mem: MemHandle,
+        offset: usize,
+        len: usize,
+    ) -> Result<Request>;
 
     /// Whether `req` has completed; a completed request is released.
     fn test(&mut self, req: Request) -> Result<bool>;
@@ -167,7 +197,9 @@ pub trait Transport: Send {
         Ok(())
     }
 
-    /// Tells every connected peer that this rank failed, best effort.
+    /// Tells every connected peer that this rank failed, best effort. After
+    /// it returns the transport never touches registered memory again: posted
+    /// transfers are dropped, and later posts fail.
     fn abort(&mut self, reason: &str);
 
     /// Publishes a registered region for one-sided writes, if supported.
@@ -175,18 +207,9 @@ pub trait Transport: Send {
         Ok(None)
     }
 
-    /// Writes `len` bytes from `mem` at `offset` into `remote` at
-    /// `remote_offset`, delivering `imm` to the peer on completion.
-    fn write_imm(
-        &mut self,
-        _peer: Rank,
-        _mem: MemHandle,
-        _offset: usize,
-        _len: usize,
-        _remote: &RemoteRegion,
-        _remote_offset: u64,
-        _imm: u32,
-    ) -> Result<Request> {
+    /// Carries out a one-sided write (see [`WriteImm`]).
+    fn write_imm(&mut self, peer: Rank, w: &WriteImm) -> Result<Request> {
+        let _ = (peer, w);
         Err(Error::InvalidUsage(format!(
             "transport {} has no one-sided writes",
             self.properties().name

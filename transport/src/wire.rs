@@ -241,6 +241,8 @@ pub enum FrameKind {
     Data = 1,
     /// The sender failed; the payload is a UTF-8 message saying why.
     Abort = 2,
+    /// The sender shut its communicator down cleanly; nothing follows.
+    Close = 3,
 }
 
 /// The fixed header in front of every segment.
@@ -308,6 +310,7 @@ impl FrameHeader {
         let kind = match b[4] {
             1 => FrameKind::Data,
             2 => FrameKind::Abort,
+            3 => FrameKind::Close,
             k => return Err(Error::Protocol(format!("unknown frame kind {k}"))),
         };
         let op = OpKind::from_code(b[5])
@@ -365,11 +368,12 @@ mod tests {
             any::<bool>(),
         )
             .prop_map(
-                |(src, comm, seq, op, dt, ro, count, root, step, total, len, abort)| {
+                |(src, comm, seq, op, dt, ro, count, root, step, total, len, _abort)| {
                     let len = (len as u64).min(total);
                     let offset = (total - len) / 2;
                     FrameHeader {
-                        kind: if abort { FrameKind::Abort } else { FrameKind::Data },
+                        kind: [FrameKind::Data, FrameKind::Abort, FrameKind::Close]
+                            [(step % 3) as usize],
                         src_rank: src,
                         fp: Fingerprint {
                             comm_id: comm,

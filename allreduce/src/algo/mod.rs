@@ -38,6 +38,8 @@
 //! | reduce | count | count (meaningful at root) |
 //! | barrier | 0 | 0 |
 
+pub mod p2p;
+
 use gw_transport::wire::OpKind;
 use gw_transport::{Error, Rank, Result};
 
@@ -70,17 +72,38 @@ pub type ActionId = usize;
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Action {
     /// Send `src` to `peer` as the message of this `step`.
-    Send { id: ActionId, peer: Rank, step: u32, src: Loc },
+    Send {
+        id: ActionId,
+        peer: Rank,
+        step: u32,
+        src: Loc,
+    },
     /// Receive the message of this `step` from `peer` into `dst` (exactly `dst.len` elements).
-    Recv { id: ActionId, peer: Rank, step: u32, dst: Loc },
+    Recv {
+        id: ActionId,
+        peer: Rank,
+        step: u32,
+        dst: Loc,
+    },
     /// `dst[i] = a[i] ⊕ b[i]`. `dst` may be exactly `a` or exactly `b`, never a
     /// partial overlap. With `finalize`, the reduction's final step is applied
     /// as well (division by the world size for `avg`): set it on the reduction
     /// that produces an element's complete result.
-    Reduce { id: ActionId, dst: Loc, a: Loc, b: Loc, finalize: bool },
+    Reduce {
+        id: ActionId,
+        dst: Loc,
+        a: Loc,
+        b: Loc,
+        finalize: bool,
+    },
     /// `dst[i] = src[i]` (scaled if `src` is `Buf::Send` and a weight is set;
     /// finalized if `finalize`, for the single-rank case).
-    Copy { id: ActionId, dst: Loc, src: Loc, finalize: bool },
+    Copy {
+        id: ActionId,
+        dst: Loc,
+        src: Loc,
+        finalize: bool,
+    },
 }
 
 impl Action {
@@ -153,12 +176,84 @@ pub struct OpSpec {
     pub scaled: bool,
 }
 
+mod coll;
+mod dag;
+mod rhd;
+mod ring;
+#[cfg(test)]
+mod sim;
+mod tree;
+
 /// Builds the schedule for `spec` with `algo`.
 ///
 /// Only all-reduce offers a choice of algorithm; the other collectives ignore
 /// `algo`. An algorithm that cannot run this call (rhd on a world size that is
 /// not a power of two) is an [`Error::InvalidArgument`].
+///
+/// | op | algorithm |
+/// |---|---|
+/// | all-reduce | ring (reduce-scatter + all-gather), double binary tree, or recursive halving-doubling |
+/// | reduce-scatter, all-gather | ring |
+/// | broadcast, reduce | pipelined chain, or binary tree when the message has few segments |
+/// | barrier | dissemination (empty messages, ⌈log2 n⌉ rounds) |
+///
+/// With one rank every operation is a single local copy. Every schedule lays
+/// out all its actions at construction (memory proportional to the number of
+/// segments times the number of steps); `next_action` and `complete` then
+/// neither allocate nor search.
 pub fn build(spec: &OpSpec, algo: Algo) -> Result<Box<dyn Schedule>> {
-    let _ = (spec, algo);
-    Err(Error::Internal("algorithms are being written".into()))
+    let invalid = |what: String| Err(Error::InvalidArgument(what));
+    let n = spec.nranks as usize;
+    if n == 0 {
+        return invalid("world size 0".into());
+    }
+    if spec.rank >= spec.nranks {
+        return invalid(format!("rank {} out of range for {} ranks", spec.rank, n));
+    }
+    if matches!(spec.op, OpKind::Broadcast | OpKind::Reduce) && spec.root >= spec.nranks {
+        return invalid(format!(
+            "{} root {} out of range for {} ranks",
+            spec.op.name(),
+            spec.root,
+            n
+        ));
+    }
+    if spec.segment_elems == 0 {
+        return invalid("segment_elems must be at least 1".into());
+    }
+    if matches!(spec.op, OpKind::ReduceScatter | OpKind::AllGather)
+        && spec.count.checked_mul(n).is_none()
+    {
+        return invalid(format!(
+            "{}: count {} times {} ranks overflows",
+            spec.op.name(),
+            spec.count,
+            n
+        ));
+    }
+    if spec.op == OpKind::Barrier && spec.count != 0 {
+        return invalid(format!("barrier takes count 0, got {}", spec.count));
+    }
+    if spec.op == OpKind::AllReduce && algo == Algo::Rhd && !n.is_power_of_two() {
+        return invalid(format!(
+            "rhd needs a power-of-two world size, got {n} ranks"
+        ));
+    }
+    let schedule = match spec.op {
+        OpKind::SendRecv => {
+            return invalid("send/recv is point-to-point, not a collective schedule".into());
+        }
+        _ if n == 1 => coll::local(spec)?,
+        OpKind::AllReduce => match algo {
+            Algo::Ring => ring::allreduce(spec)?,
+            Algo::Tree => tree::allreduce(spec)?,
+            Algo::Rhd => rhd::allreduce(spec)?,
+        },
+        OpKind::ReduceScatter => ring::reduce_scatter(spec)?,
+        OpKind::AllGather => ring::all_gather(spec)?,
+        OpKind::Broadcast => coll::broadcast(spec)?,
+        OpKind::Reduce => coll::reduce(spec)?,
+        OpKind::Barrier => coll::barrier(spec)?,
+    };
+    Ok(Box::new(schedule))
 }

@@ -1,1 +1,879 @@
-//! (being written)
+//! Same-host transport over shared memory.
+//!
+//! Each unordered pair of ranks `{lo, hi}` shares one segment,
+//! `/dev/shm/gw-<job>-<lo>-<hi>`, holding two single-producer single-consumer
+//! slot rings (`lo -> hi` and `hi -> lo`, see [`ring`](self) and the segment
+//! layout in `segment.rs`). The lower rank creates it on `connect`; the higher
+//! rank maps it once it exists and removes the name, so nothing is left behind
+//! if a process dies later.
+//!
+//! A send is copied into ring slots, one segment of at most `slot_bytes` per
+//! slot, each behind a 64-byte [`FrameHeader`]; the request completes once the
+//! last segment is in the ring. Messages to one peer enter its ring in posting
+//! order. The receiver looks at the oldest frame of each inbound ring and
+//! delivers it to the first posted receive whose [`Tag`] matches; if none does,
+//! the ring waits (natural backpressure) until a matching receive is posted. A
+//! fingerprint disagreement is an [`Error::Mismatch`]; anything malformed is an
+//! [`Error::Protocol`] naming the peer.
+//!
+//! Sleeping: a peer's store into shared memory raises no poller event, so each
+//! rank has a datagram "doorbell" in the abstract socket namespace. Before the
+//! engine sleeps, [`Transport::prepare_sleep`] raises `reader_sleeping` on every
+//! inbound ring (and `writer_sleeping` on outbound rings blocked by a full
+//! ring), fences, and re-checks; a peer that publishes or frees a slot and sees
+//! the flag sends one byte to the doorbell. Without [`Transport::attach`] the
+//! transport works by polling alone.
+
+mod doorbell;
+mod ring;
+mod segment;
+#[cfg(test)]
+mod tests;
+
+use self::doorbell::{Doorbell, doorbell_addr};
+use self::ring::{Consumer, Corrupt, Producer, next_segment};
+use self::segment::{Layout, Opened, Segment, pid_alive, segment_path};
+use crate::error::{Error, Result};
+use crate::peers::PeerInfo;
+use crate::seam::{MemHandle, Properties, Rank, Readiness, Request, Tag, Transport};
+use crate::wire::{DType, Fingerprint, FrameHeader, FrameKind, HEADER_LEN, OpKind, RedOp};
+use std::collections::{HashMap, VecDeque};
+use std::os::unix::net::SocketAddr;
+use std::sync::atomic::{Ordering, fence};
+
+/// Default payload bytes per ring slot.
+pub const DEFAULT_SLOT_BYTES: usize = 512 * 1024;
+/// Default slots per ring.
+pub const DEFAULT_SLOTS: usize = 8;
+const MAX_SLOT_BYTES: usize = 1 << 30;
+const MAX_SLOTS: usize = 1 << 12;
+const MAX_JOB_ID: usize = 80;
+/// Longest abort reason read from a peer.
+const MAX_ABORT_TEXT: usize = 4096;
+
+/// Settings of the shared-memory transport; every rank of a job must use the same.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ShmConfig {
+    /// Names the segments and doorbells; `[A-Za-z0-9_-]`, unique per job.
+    pub job_id: String,
+    /// Payload bytes per slot (default 512 KiB); larger messages are cut.
+    pub slot_bytes: usize,
+    /// Slots per ring (default 8).
+    pub slots: usize,
+}
+
+impl ShmConfig {
+    /// The default geometry for job `job_id`.
+    pub fn new(job_id: impl Into<String>) -> ShmConfig {
+        ShmConfig {
+            job_id: job_id.into(),
+            slot_bytes: DEFAULT_SLOT_BYTES,
+            slots: DEFAULT_SLOTS,
+        }
+    }
+
+    fn validate(&self) -> Result<()> {
+        let id = &self.job_id;
+        if id.is_empty()
+            || id.len() > MAX_JOB_ID
+            || !id
+                .bytes()
+                .all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'-')
+        {
+            return Err(Error::InvalidArgument(format!(
+                "shm job id {id:?} must be 1 to {MAX_JOB_ID} characters of [A-Za-z0-9_-]"
+            )));
+        }
+        if !(1..=MAX_SLOT_BYTES).contains(&self.slot_bytes) {
+            return Err(Error::InvalidArgument(format!(
+                "shm slot size {} must be between 1 and {MAX_SLOT_BYTES} bytes",
+                self.slot_bytes
+            )));
+        }
+        if !(1..=MAX_SLOTS).contains(&self.slots) {
+            return Err(Error::InvalidArgument(format!(
+                "shm slot count {} must be between 1 and {MAX_SLOTS}",
+                self.slots
+            )));
+        }
+        Ok(())
+    }
+}
+
+/// A pointer into registered memory.
+#[derive(Clone, Copy, Debug)]
+struct RawMem(*mut u8);
+
+// SAFETY: registered memory is owned by the caller, who promised (in
+// `register`) that it stays valid and unraced while transfers are posted; the
+// pointer itself carries no thread affinity.
+unsafe impl Send for RawMem {}
+
+#[derive(Debug)]
+struct Region {
+    ptr: RawMem,
+    len: usize,
+}
+
+#[derive(Debug)]
+struct SendOp {
+    req: u64,
+    tag: Tag,
+    mem: MemHandle,
+    /// Start of the message (registered base + offset).
+    ptr: RawMem,
+    len: usize,
+    /// Bytes already in the ring.
+    sent: u64,
+}
+
+#[derive(Debug)]
+struct RecvOp {
+    req: u64,
+    tag: Tag,
+    mem: MemHandle,
+    ptr: RawMem,
+    len: usize,
+    received: u64,
+}
+
+/// A mapped pair segment and our two ring roles in it.
+#[derive(Debug)]
+struct Conn {
+    tx: Producer,
+    rx: Consumer,
+    /// Owns the mapping the rings point into (unmapped, and unlinked if still
+    /// named, when the connection drops).
+    _seg: Segment,
+}
+
+#[derive(Debug)]
+struct Peer {
+    info: PeerInfo,
+    bell: SocketAddr,
+    conn: Option<Conn>,
+    /// `connect` was called: keep trying in `progress`, watch its pid.
+    wanted: bool,
+    sends: VecDeque<SendOp>,
+    recvs: Vec<RecvOp>,
+    /// The receive whose message is partly delivered: its next segment must come next.
+    active: Option<u64>,
+    /// The peer sent a Close frame: it shut its side down cleanly.
+    closed: bool,
+}
+
+impl Peer {
+    fn who(&self) -> String {
+        format!("rank {} ({})", self.info.rank, self.info.hostname)
+    }
+
+    fn corrupt(&self, c: Corrupt) -> Error {
+        Error::Protocol(format!("shared memory from {}: {}", self.who(), c.0))
+    }
+
+    fn has_ops(&self) -> bool {
+        !self.sends.is_empty() || !self.recvs.is_empty()
+    }
+
+    fn closed_error(&self, what: &str) -> Error {
+        Error::Remote {
+            rank: self.info.rank,
+            addr: self.info.hostname.clone(),
+            what: what.into(),
+        }
+    }
+}
+
+/// What to do with the oldest frame of an inbound ring.
+enum Head {
+    /// Copy it into posted receive number `.0`.
+    Deliver(usize, FrameHeader),
+    /// No posted receive wants it yet.
+    Stall,
+    /// The peer shut down cleanly; nothing follows.
+    Close,
+}
+
+/// The same-host shared-memory transport (see the module documentation).
+#[derive(Debug)]
+pub struct ShmTransport {
+    me: Rank,
+    cfg: ShmConfig,
+    layout: Layout,
+    peers: Vec<Peer>,
+    regions: Vec<Option<Region>>,
+    /// Outstanding and completed-but-untested requests: `true` once complete.
+    reqs: HashMap<u64, bool>,
+    next_req: u64,
+    bell: Doorbell,
+    token: Option<mio::Token>,
+    /// Set by `abort`: registered memory is never touched again.
+    aborted: bool,
+}
+
+impl ShmTransport {
+    /// me: this rank; peers: every rank's PeerInfo (index = rank) — use pid for liveness and hostname for messages.
+    pub fn new(me: u32, peers: Vec<PeerInfo>, cfg: ShmConfig) -> Result<ShmTransport> {
+        cfg.validate()?;
+        if me as usize >= peers.len() {
+            return Err(Error::InvalidArgument(format!(
+                "rank {me} is outside a world of {} ranks",
+                peers.len()
+            )));
+        }
+        let mut ps = Vec::with_capacity(peers.len());
+        for (i, info) in peers.into_iter().enumerate() {
+            if info.rank as usize != i {
+                return Err(Error::InvalidArgument(format!(
+                    "peer record {i} is for rank {}: records must be indexed by rank",
+                    info.rank
+                )));
+            }
+            ps.push(Peer {
+                bell: doorbell_addr(&cfg.job_id, info.rank)?,
+                info,
+                conn: None,
+                wanted: false,
+                sends: VecDeque::new(),
+                recvs: Vec::new(),
+                active: None,
+                closed: false,
+            });
+        }
+        crate::gw_info!(
+            "shm: rank {me}, job {}, {} slots of {} bytes per ring",
+            cfg.job_id,
+            cfg.slots,
+            cfg.slot_bytes
+        );
+        Ok(ShmTransport {
+            me,
+            layout: Layout {
+                slots: cfg.slots,
+                slot_bytes: cfg.slot_bytes,
+            },
+            cfg,
+            peers: ps,
+            regions: Vec::new(),
+            reqs: HashMap::new(),
+            next_req: 1,
+            bell: Doorbell::new()?,
+            token: None,
+            aborted: false,
+        })
+    }
+
+    /// Checks that `peer` is a rank this transport can reach.
+    fn check_peer(&self, peer: Rank) -> Result<()> {
+        let Some(p) = self.peers.get(peer as usize) else {
+            return Err(Error::InvalidArgument(format!(
+                "rank {peer} is outside a world of {} ranks",
+                self.peers.len()
+            )));
+        };
+        if peer == self.me {
+            return Err(Error::InvalidArgument(format!(
+                "rank {peer} cannot use shared memory with itself"
+            )));
+        }
+        let mine = &self.peers[self.me as usize].info;
+        if p.info.host_id != mine.host_id {
+            return Err(Error::InvalidArgument(format!(
+                "{} is on another host than this rank ({}): shared memory needs the same host",
+                p.who(),
+                mine.hostname
+            )));
+        }
+        Ok(())
+    }
+
+    /// Checks that a transfer with `peer` may be posted now.
+    fn check_post(&self, peer: Rank) -> Result<()> {
+        if self.aborted {
+            return Err(Error::Aborted("the shm transport was aborted".into()));
+        }
+        self.check_peer(peer)?;
+        let p = &self.peers[peer as usize];
+        if p.closed {
+            return Err(p.closed_error(
+                "has shut its communicator down; nothing more can be exchanged with it",
+            ));
+        }
+        Ok(())
+    }
+
+    /// Writes a frame without an operation (abort reason, close notice) to
+    /// every connected peer whose ring has a free slot; never blocks.
+    fn push_control(&mut self, kind: FrameKind, reason: &str) {
+        let me = self.me;
+        for p in &mut self.peers {
+            let Some(conn) = p.conn.as_mut() else {
+                continue;
+            };
+            if p.closed || conn.tx.free().unwrap_or(0) == 0 {
+                continue;
+            }
+            let mut end = reason.len().min(conn.tx.slot_bytes());
+            while !reason.is_char_boundary(end) {
+                end -= 1;
+            }
+            let text = &reason.as_bytes()[..end];
+            let header = FrameHeader {
+                kind,
+                src_rank: me,
+                fp: Fingerprint {
+                    comm_id: 0,
+                    seq: 0,
+                    op: OpKind::SendRecv,
+                    dtype: DType::Bytes,
+                    redop: RedOp::None,
+                    count: 0,
+                    root: 0,
+                },
+                step: 0,
+                offset: 0,
+                len: text.len() as u64,
+                total: text.len() as u64,
+            }
+            .encode();
+            if conn.tx.push(&header, text).unwrap_or(false) && conn.tx.take_reader_sleeping() {
+                self.bell.ring(&p.bell);
+            }
+        }
+    }
+
+    /// The registered range `[offset, offset + len)` of `mem`.
+    fn range(&self, mem: MemHandle, offset: usize, len: usize, what: &str) -> Result<RawMem> {
+        let r = self
+            .regions
+            .get(mem.0 as usize)
+            .and_then(|r| r.as_ref())
+            .ok_or_else(|| {
+                Error::InvalidArgument(format!("{what}: memory handle {} is not registered", mem.0))
+            })?;
+        if offset.checked_add(len).is_none_or(|end| end > r.len) {
+            return Err(Error::InvalidArgument(format!(
+                "{what}: range [{offset}, {offset}+{len}) lies outside registered region {} of {} bytes",
+                mem.0, r.len
+            )));
+        }
+        Ok(RawMem(r.ptr.0.wrapping_add(offset)))
+    }
+
+    fn new_req(&mut self) -> u64 {
+        let id = self.next_req;
+        self.next_req += 1;
+        self.reqs.insert(id, false);
+        id
+    }
+
+    /// Whether `progress` would do something now (or must report an error).
+    fn has_work(&self) -> bool {
+        !self.aborted
+            && (0..self.peers.len()).any(|i| i != self.me as usize && self.peer_has_work(i))
+    }
+
+    fn peer_has_work(&self, i: usize) -> bool {
+        let p = &self.peers[i];
+        let Some(conn) = &p.conn else {
+            if !p.wanted && !p.has_ops() {
+                return false;
+            }
+            // The lower rank creates at once; the higher one waits for the file.
+            return self.me < p.info.rank
+                || segment_path(&self.cfg.job_id, p.info.rank, self.me).exists();
+        };
+        if p.closed {
+            // Nothing follows a close; queued sends are an error progress reports.
+            return !p.sends.is_empty();
+        }
+        if !p.sends.is_empty() && !matches!(conn.tx.free(), Ok(0)) {
+            return true;
+        }
+        match conn.rx.peek() {
+            Ok(None) => false,
+            Ok(Some(raw)) => !matches!(examine(self.me, p, &conn.rx, &raw), Ok(Head::Stall)),
+            Err(_) => true,
+        }
+    }
+
+    fn set_sleep_flags(&self, on: bool) {
+        for p in &self.peers {
+            if let Some(conn) = &p.conn {
+                conn.rx.set_reader_sleeping(on);
+                let blocked = !p.sends.is_empty() && matches!(conn.tx.free(), Ok(0));
+                conn.tx.set_writer_sleeping(on && blocked);
+            }
+        }
+    }
+}
+
+/// Decides what to do with the oldest frame `raw` of peer `p`'s inbound ring.
+fn examine(me: Rank, p: &Peer, rx: &Consumer, raw: &[u8; HEADER_LEN]) -> Result<Head> {
+    let h = FrameHeader::decode(raw).map_err(|e| match e {
+        Error::Protocol(m) => Error::Protocol(format!("shared memory from {}: {m}", p.who())),
+        other => other,
+    })?;
+    let slot_bytes = rx.slot_bytes();
+    if h.len > slot_bytes as u64 {
+        return Err(Error::Protocol(format!(
+            "shared memory from {}: a {}-byte segment in a {slot_bytes}-byte slot",
+            p.who(),
+            h.len
+        )));
+    }
+    if h.kind == FrameKind::Close {
+        return Ok(Head::Close);
+    }
+    if h.kind == FrameKind::Abort {
+        let mut text = vec![0u8; (h.len as usize).min(MAX_ABORT_TEXT)];
+        rx.read_payload(&mut text).map_err(|c| p.corrupt(c))?;
+        return Err(Error::Remote {
+            rank: p.info.rank,
+            addr: p.info.hostname.clone(),
+            what: format!("aborted: {}", String::from_utf8_lossy(&text)),
+        });
+    }
+    if h.src_rank != p.info.rank {
+        return Err(Error::Protocol(format!(
+            "shared memory from {}: frame claims to come from rank {}",
+            p.who(),
+            h.src_rank
+        )));
+    }
+    if let Some(active) = p.active {
+        let i = p
+            .recvs
+            .iter()
+            .position(|r| r.req == active)
+            .ok_or_else(|| Error::Internal(format!("active receive {active} is not posted")))?;
+        let r = &p.recvs[i];
+        if h.fp != r.tag.fp
+            || h.step != r.tag.step
+            || h.total != r.len as u64
+            || h.offset != r.received
+        {
+            return Err(Error::Protocol(format!(
+                "{} sent bytes [{}, +{}) of {} step {} ({} bytes) while bytes from {} of {} step {} ({} bytes) were due",
+                p.who(),
+                h.offset,
+                h.len,
+                h.fp,
+                h.step,
+                h.total,
+                r.received,
+                r.tag.fp,
+                r.tag.step,
+                r.len
+            )));
+        }
+        return Ok(Head::Deliver(i, h));
+    }
+    for (i, r) in p.recvs.iter().enumerate() {
+        if r.tag.matches(me, &h, r.len as u64)? {
+            if h.offset != 0 {
+                return Err(Error::Protocol(format!(
+                    "{} started {} step {} at byte {} instead of 0",
+                    p.who(),
+                    h.fp,
+                    h.step,
+                    h.offset
+                )));
+            }
+            return Ok(Head::Deliver(i, h));
+        }
+    }
+    Ok(Head::Stall)
+}
+
+/// Copies as many queued segments to `p` as its ring has free slots.
+fn pump_sends(
+    me: Rank,
+    p: &mut Peer,
+    bell: &mut Doorbell,
+    reqs: &mut HashMap<u64, bool>,
+) -> Result<bool> {
+    let Some(conn) = p.conn.as_mut() else {
+        return Ok(false);
+    };
+    let slot_bytes = conn.tx.slot_bytes();
+    let mut pushed = false;
+    while let Some(op) = p.sends.front_mut() {
+        let (offset, len) = next_segment(op.sent, op.len as u64, slot_bytes);
+        let header = FrameHeader {
+            kind: FrameKind::Data,
+            src_rank: me,
+            fp: op.tag.fp,
+            step: op.tag.step,
+            offset,
+            len,
+            total: op.len as u64,
+        }
+        .encode();
+        let payload: &[u8] = if len == 0 {
+            &[]
+        } else {
+            // SAFETY: [offset, offset+len) lies within the op's len bytes, which were
+            // bounds-checked against a live registration at isend time (deregister
+            // refuses while the op is queued); the caller promised the memory is not
+            // written concurrently while the send is posted.
+            unsafe { std::slice::from_raw_parts(op.ptr.0.add(offset as usize), len as usize) }
+        };
+        let ok = conn
+            .tx
+            .push(&header, payload)
+            .map_err(|c| Error::Protocol(format!("shared memory to {}: {}", p.info.rank, c.0)))?;
+        if !ok {
+            break;
+        }
+        pushed = true;
+        op.sent += len;
+        if op.sent == op.len as u64 {
+            reqs.insert(op.req, true);
+            p.sends.pop_front();
+        }
+    }
+    if pushed && conn.tx.take_reader_sleeping() {
+        bell.ring(&p.bell);
+    }
+    Ok(pushed)
+}
+
+/// Delivers the frames at the head of `p`'s inbound ring to matching receives.
+fn pump_recvs(
+    me: Rank,
+    p: &mut Peer,
+    bell: &mut Doorbell,
+    reqs: &mut HashMap<u64, bool>,
+) -> Result<bool> {
+    let mut popped = false;
+    loop {
+        let Some(conn) = p.conn.as_ref() else {
+            return Ok(false);
+        };
+        let Some(raw) = conn.rx.peek().map_err(|c| p.corrupt(c))? else {
+            break;
+        };
+        let (i, h) = match examine(me, p, &conn.rx, &raw)? {
+            Head::Stall => break,
+            Head::Close => {
+                if !p.recvs.is_empty() {
+                    return Err(p.closed_error(
+                        "shut its communicator down while this rank still expected data from it",
+                    ));
+                }
+                if let Some(conn) = p.conn.as_mut() {
+                    conn.rx.pop();
+                }
+                p.closed = true;
+                popped = true;
+                break;
+            }
+            Head::Deliver(i, h) => (i, h),
+        };
+        let r = &mut p.recvs[i];
+        let n = h.len as usize;
+        let dst: &mut [u8] = if n == 0 {
+            &mut []
+        } else {
+            // SAFETY: h.offset + h.len <= h.total (checked by decode) and h.total ==
+            // r.len (checked by matching), so the range lies within the receive's
+            // registered bytes, bounds-checked at irecv time and kept registered
+            // while the receive is posted; the caller promised no concurrent access.
+            unsafe { std::slice::from_raw_parts_mut(r.ptr.0.add(h.offset as usize), n) }
+        };
+        let conn = p
+            .conn
+            .as_mut()
+            .ok_or_else(|| Error::Internal("connection vanished".into()))?;
+        conn.rx.read_payload(dst).map_err(|c| {
+            Error::Protocol(format!("shared memory from rank {}: {}", p.info.rank, c.0))
+        })?;
+        conn.rx.pop();
+        popped = true;
+        r.received += h.len;
+        if r.received == r.len as u64 {
+            reqs.insert(r.req, true);
+            p.recvs.remove(i);
+            p.active = None;
+        } else {
+            p.active = Some(r.req);
+        }
+    }
+    if popped
+        && let Some(conn) = &p.conn
+        && conn.rx.take_writer_sleeping()
+    {
+        bell.ring(&p.bell);
+    }
+    Ok(popped)
+}
+
+impl Transport for ShmTransport {
+    fn properties(&self) -> Properties {
+        Properties {
+            name: "shm",
+            bandwidth_gbps: 5.0,
+            latency_us: 1.0,
+            one_sided_write: false,
+            gpu_memory: false,
+            max_segment: self.cfg.slot_bytes,
+        }
+    }
+
+    fn attach(&mut self, registry: &mio::Registry, token_base: usize) -> Result<()> {
+        let token = mio::Token(token_base);
+        let addr = doorbell_addr(&self.cfg.job_id, self.me)?;
+        self.bell.attach(&addr, registry, token)?;
+        self.token = Some(token);
+        Ok(())
+    }
+
+    fn connect(&mut self, peer: Rank) -> Result<Readiness> {
+        self.check_peer(peer)?;
+        let me = self.me;
+        let (lo, hi) = (me.min(peer), me.max(peer));
+        let path = segment_path(&self.cfg.job_id, lo, hi);
+        let layout = self.layout;
+        let creator = &self.peers[lo as usize];
+        let (creator_who, creator_pid) = (creator.who(), creator.info.pid);
+        let p = &mut self.peers[peer as usize];
+        if p.conn.is_some() {
+            return Ok(Readiness::Ready);
+        }
+        p.wanted = true;
+        let seg = if me == lo {
+            Segment::create(&path, layout, lo, hi)?
+        } else {
+            match Segment::open(&path, layout, lo, hi, &creator_who, creator_pid)? {
+                Opened::Pending => return Ok(Readiness::Pending),
+                Opened::Ready(seg) => seg,
+            }
+        };
+        // Ring 0 carries lo -> hi, ring 1 hi -> lo.
+        let (out, inb) = if me == lo { (0, 1) } else { (1, 0) };
+        p.conn = Some(Conn {
+            tx: Producer::new(seg.ring(out)),
+            rx: Consumer::new(seg.ring(inb)),
+            _seg: seg,
+        });
+        if me == lo {
+            // The higher rank may be asleep waiting for the file to appear.
+            self.bell.ring(&p.bell);
+        }
+        crate::gw_info!("shm: connected to {} through {}", p.who(), path.display());
+        Ok(Readiness::Ready)
+    }
+
+    unsafe fn register(&mut self, ptr: *mut u8, len: usize) -> Result<MemHandle> {
+        if ptr.is_null() && len > 0 {
+            return Err(Error::InvalidArgument(format!(
+                "register: null pointer with {len} bytes"
+            )));
+        }
+        let region = Some(Region {
+            ptr: RawMem(ptr),
+            len,
+        });
+        let idx = match self.regions.iter().position(|r| r.is_none()) {
+            Some(i) => {
+                self.regions[i] = region;
+                i
+            }
+            None => {
+                self.regions.push(region);
+                self.regions.len() - 1
+            }
+        };
+        let idx = u32::try_from(idx)
+            .map_err(|_| Error::InvalidUsage("too many registered regions".into()))?;
+        Ok(MemHandle(idx))
+    }
+
+    fn deregister(&mut self, mem: MemHandle) -> Result<()> {
+        let known = self
+            .regions
+            .get(mem.0 as usize)
+            .is_some_and(|r| r.is_some());
+        if !known {
+            return Err(Error::InvalidArgument(format!(
+                "deregister: memory handle {} is not registered",
+                mem.0
+            )));
+        }
+        let busy = self
+            .peers
+            .iter()
+            .any(|p| p.sends.iter().any(|s| s.mem == mem) || p.recvs.iter().any(|r| r.mem == mem));
+        if busy {
+            return Err(Error::InvalidUsage(format!(
+                "deregister: memory handle {} is still used by a posted transfer",
+                mem.0
+            )));
+        }
+        self.regions[mem.0 as usize] = None;
+        Ok(())
+    }
+
+    fn isend(
+        &mut self,
+        peer: Rank,
+        tag: Tag,
+        mem: MemHandle,
+        offset: usize,
+        len: usize,
+    ) -> Result<Request> {
+        self.check_post(peer)?;
+        let ptr = self.range(mem, offset, len, "isend")?;
+        let req = self.new_req();
+        self.peers[peer as usize].sends.push_back(SendOp {
+            req,
+            tag,
+            mem,
+            ptr,
+            len,
+            sent: 0,
+        });
+        Ok(Request(req))
+    }
+
+    fn irecv(
+        &mut self,
+        peer: Rank,
+        tag: Tag,
+        mem: MemHandle,
+        offset: usize,
+        len: usize,
+    ) -> Result<Request> {
+        self.check_post(peer)?;
+        let ptr = self.range(mem, offset, len, "irecv")?;
+        let req = self.new_req();
+        self.peers[peer as usize].recvs.push(RecvOp {
+            req,
+            tag,
+            mem,
+            ptr,
+            len,
+            received: 0,
+        });
+        Ok(Request(req))
+    }
+
+    fn test(&mut self, req: Request) -> Result<bool> {
+        match self.reqs.get(&req.0) {
+            None => Err(Error::InvalidUsage(format!(
+                "request {} is unknown to the shm transport (never posted, or already completed and tested)",
+                req.0
+            ))),
+            Some(false) => Ok(false),
+            Some(true) => {
+                self.reqs.remove(&req.0);
+                Ok(true)
+            }
+        }
+    }
+
+    fn progress(&mut self) -> Result<bool> {
+        if self.aborted {
+            return Ok(false);
+        }
+        let mut did = false;
+        for i in 0..self.peers.len() {
+            if i == self.me as usize {
+                continue;
+            }
+            let p = &self.peers[i];
+            if p.conn.is_none() {
+                if !p.wanted && !p.has_ops() {
+                    continue;
+                }
+                if self.connect(i as Rank)? == Readiness::Pending {
+                    continue;
+                }
+                did = true;
+            }
+            let me = self.me;
+            let p = &mut self.peers[i];
+            if p.closed {
+                if !p.sends.is_empty() {
+                    return Err(p.closed_error(
+                        "shut its communicator down while this rank still had data for it",
+                    ));
+                }
+                continue;
+            }
+            did |= pump_sends(me, p, &mut self.bell, &mut self.reqs)?;
+            did |= pump_recvs(me, p, &mut self.bell, &mut self.reqs)?;
+        }
+        Ok(did)
+    }
+
+    fn on_event(&mut self, event: &mio::event::Event) -> Result<()> {
+        if Some(event.token()) == self.token {
+            self.bell.drain()?;
+        }
+        Ok(())
+    }
+
+    fn prepare_sleep(&mut self) -> bool {
+        if !self.bell.is_attached() {
+            // Nobody can wake us: sleep only if there is nothing to do (the
+            // engine's timeout brings us back to poll).
+            return !self.has_work();
+        }
+        self.set_sleep_flags(true);
+        // Pairs with the fence a peer issues between publishing (or freeing) a
+        // slot and reading our flag: either it sees the flag, or we see its slot.
+        fence(Ordering::SeqCst);
+        if self.has_work() {
+            self.set_sleep_flags(false);
+            return false;
+        }
+        true
+    }
+
+    fn finish_sleep(&mut self) {
+        self.set_sleep_flags(false);
+    }
+
+    fn check_peers(&mut self) -> Result<()> {
+        for p in &self.peers {
+            if p.info.rank == self.me || p.closed || !(p.wanted || p.conn.is_some()) {
+                continue;
+            }
+            if !pid_alive(p.info.pid) {
+                return Err(Error::Remote {
+                    rank: p.info.rank,
+                    addr: p.info.hostname.clone(),
+                    what: format!("process {} died", p.info.pid),
+                });
+            }
+        }
+        Ok(())
+    }
+
+    fn abort(&mut self, reason: &str) {
+        if self.aborted {
+            return;
+        }
+        self.push_control(FrameKind::Abort, reason);
+        // The caller's buffers are handed back after an abort: forget every
+        // pointer into them.
+        for p in &mut self.peers {
+            p.sends.clear();
+            p.recvs.clear();
+            p.active = None;
+        }
+        self.aborted = true;
+    }
+}
+
+impl Drop for ShmTransport {
+    /// Tells peers this rank is leaving cleanly (best effort), so that a later
+    /// exit of this process is not mistaken for a crash while they wait.
+    fn drop(&mut self) {
+        if !self.aborted {
+            self.push_control(FrameKind::Close, "");
+        }
+    }
+}

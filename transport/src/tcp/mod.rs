@@ -1,1 +1,1014 @@
-//! (being written)
+//! The TCP backend: non-blocking sockets on mio, driven by the engine thread.
+//!
+//! One listener per rank; the lower rank of each pair dials, the higher rank
+//! accepts, so that exactly one connection of `lanes` sockets joins a pair no
+//! matter which side asks first. Each socket opens with a [`lane::Hello`]
+//! naming the dialer's rank and carrying a key derived from the job token.
+//! Messages are cut into segments of `segment_bytes`; segments are spread
+//! over the lanes so that several sockets fill a link one socket cannot.
+
+mod iface;
+mod lane;
+
+pub use iface::{choose_bind_ip, interface_addrs};
+
+use crate::error::{Error, Result};
+use crate::peers::PeerInfo;
+use crate::seam::{MemHandle, Properties, Rank, Readiness, Request, Tag, Transport};
+use crate::wire::{Fingerprint, FrameHeader, FrameKind, HEADER_LEN, OpKind, RedOp};
+use lane::{HELLO_LEN, Hello, Lane, OutSeg, RawPtr, Rx};
+use mio::net::{TcpListener, TcpStream};
+use mio::{Interest, Registry, Token};
+use std::collections::HashMap;
+use std::io::{self, IoSlice, Read, Write};
+use std::net::{IpAddr, SocketAddr};
+
+/// Largest abort reason accepted from a peer.
+const MAX_ABORT_TEXT: u64 = 64 * 1024;
+
+/// Settings of the TCP backend.
+#[derive(Clone, Debug)]
+pub struct TcpConfig {
+    /// Sockets per peer.
+    pub lanes: usize,
+    /// Largest payload per frame.
+    pub segment_bytes: usize,
+    /// Interface to listen on (`GW_SOCKET_IFNAME`); automatic when `None`.
+    pub ifname: Option<String>,
+    /// Address of the rendezvous store, used to choose the interface automatically.
+    pub store_ip: Option<IpAddr>,
+    /// Shared by the ranks of one job; stray connections without it are refused.
+    pub job_key: u64,
+}
+
+impl Default for TcpConfig {
+    fn default() -> Self {
+        TcpConfig {
+            lanes: 2,
+            segment_bytes: 512 * 1024,
+            ifname: None,
+            store_ip: None,
+            job_key: 0,
+        }
+    }
+}
+
+enum ReqState {
+    Send { segments_left: usize },
+    Recv,
+    Done,
+}
+
+struct Posted {
+    req: u64,
+    tag: Tag,
+    ptr: RawPtr,
+    len: usize,
+    got: usize,
+}
+
+/// A dialing socket that has not finished its hello yet.
+struct Dial {
+    sock: TcpStream,
+    hello: [u8; HELLO_LEN],
+    written: usize,
+}
+
+/// An accepted socket whose hello has not arrived yet.
+struct Incoming {
+    sock: TcpStream,
+    addr: SocketAddr,
+    buf: [u8; HELLO_LEN],
+    got: usize,
+}
+
+struct Conn {
+    addr: String,
+    lanes: Vec<Option<Lane>>,
+    dials: Vec<Option<Dial>>,
+    posted: Vec<Posted>,
+    next_lane: usize,
+}
+
+impl Conn {
+    fn ready(&self) -> bool {
+        self.lanes.iter().all(Option::is_some)
+    }
+}
+
+/// The TCP transport (see the module comment).
+pub struct TcpTransport {
+    me: Rank,
+    cfg: TcpConfig,
+    listener: TcpListener,
+    listen_addr: SocketAddr,
+    peers: Vec<PeerInfo>,
+    conns: HashMap<Rank, Conn>,
+    incoming: Vec<Incoming>,
+    mems: Vec<Option<(RawPtr, usize)>>,
+    free_mems: Vec<u32>,
+    reqs: HashMap<u64, ReqState>,
+    next_req: u64,
+    registry: Option<Registry>,
+    token_base: usize,
+    /// token offset -> (peer, lane); offset 0 is the listener.
+    tokens: HashMap<usize, (Rank, usize)>,
+    next_token: usize,
+    /// Set by `abort`: no registered memory is touched again.
+    aborted: bool,
+}
+
+impl TcpTransport {
+    /// Binds the listener. Call [`TcpTransport::set_peers`] once every rank's
+    /// address is known.
+    pub fn new(me: Rank, cfg: TcpConfig) -> Result<TcpTransport> {
+        if cfg.lanes == 0 || cfg.lanes > 64 {
+            return Err(Error::Config(format!(
+                "lanes must be 1..=64, got {}",
+                cfg.lanes
+            )));
+        }
+        if cfg.segment_bytes == 0 || cfg.segment_bytes > u32::MAX as usize {
+            return Err(Error::Config(format!(
+                "segment size must be 1..=4294967295 bytes, got {}",
+                cfg.segment_bytes
+            )));
+        }
+        let (ip, why) = choose_bind_ip(cfg.ifname.as_deref(), cfg.store_ip)?;
+        let bind = SocketAddr::new(ip, 0);
+        let listener = TcpListener::bind(bind)
+            .map_err(|e| Error::sys("bind", format!("data-plane listener on {bind}"), e))?;
+        let listen_addr = listener
+            .local_addr()
+            .map_err(|e| Error::sys("getsockname", "data-plane listener", e))?;
+        crate::gw_info!(
+            "tcp: listening on {listen_addr} ({why}), {} lane(s)",
+            cfg.lanes
+        );
+        Ok(TcpTransport {
+            me,
+            cfg,
+            listener,
+            listen_addr,
+            peers: Vec::new(),
+            conns: HashMap::new(),
+            incoming: Vec::new(),
+            mems: Vec::new(),
+            free_mems: Vec::new(),
+            reqs: HashMap::new(),
+            next_req: 1,
+            registry: None,
+            token_base: 0,
+            tokens: HashMap::new(),
+            next_token: 1,
+            aborted: false,
+        })
+    }
+
+    /// The address peers dial.
+    pub fn listen_addr(&self) -> SocketAddr {
+        self.listen_addr
+    }
+
+    /// Every rank's bring-up record, indexed by rank.
+    pub fn set_peers(&mut self, peers: Vec<PeerInfo>) {
+        self.peers = peers;
+    }
+
+    fn peer_addr(&self, peer: Rank) -> String {
+        match self.peers.get(peer as usize) {
+            Some(p) => match p.tcp.first() {
+                Some(a) => format!("{} on {}", a, p.hostname),
+                None => p.hostname.clone(),
+            },
+            None => "unknown address".into(),
+        }
+    }
+
+    fn new_req(&mut self, st: ReqState) -> u64 {
+        let id = self.next_req;
+        self.next_req += 1;
+        self.reqs.insert(id, st);
+        id
+    }
+
+    fn mem(&self, mem: MemHandle, offset: usize, len: usize) -> Result<RawPtr> {
+        let (ptr, size) = self
+            .mems
+            .get(mem.0 as usize)
+            .and_then(|m| *m)
+            .ok_or_else(|| {
+                Error::InvalidUsage(format!("memory handle {} is not registered", mem.0))
+            })?;
+        if offset.checked_add(len).is_none_or(|end| end > size) {
+            return Err(Error::InvalidArgument(format!(
+                "range [{offset}, +{len}) exceeds the {size}-byte registered region"
+            )));
+        }
+        // SAFETY: offset + len lies within the registered region.
+        Ok(RawPtr(unsafe { ptr.0.add(offset) }))
+    }
+
+    fn register_sock(&mut self, sock: &mut TcpStream, peer: Rank, lane: usize) -> Result<()> {
+        if let Some(reg) = &self.registry {
+            let off = self.next_token;
+            self.next_token += 1;
+            reg.register(
+                sock,
+                Token(self.token_base + off),
+                Interest::READABLE | Interest::WRITABLE,
+            )
+            .map_err(|e| {
+                Error::sys("epoll_ctl", format!("registering socket to rank {peer}"), e)
+            })?;
+            self.tokens.insert(off, (peer, lane));
+        }
+        Ok(())
+    }
+
+    fn conn_entry(&mut self, peer: Rank) -> &mut Conn {
+        let lanes = self.cfg.lanes;
+        let addr = self.peer_addr(peer);
+        self.conns.entry(peer).or_insert_with(|| Conn {
+            addr,
+            lanes: (0..lanes).map(|_| None).collect(),
+            dials: (0..lanes).map(|_| None).collect(),
+            posted: Vec::new(),
+            next_lane: 0,
+        })
+    }
+
+    fn start_dial(&mut self, peer: Rank) -> Result<()> {
+        let info = self.peers.get(peer as usize).ok_or_else(|| {
+            Error::InvalidArgument(format!("rank {peer} is not in this communicator"))
+        })?;
+        let target = *info.tcp.first().ok_or_else(|| {
+            Error::Config(format!(
+                "rank {peer} published no TCP address (is it using GW_TRANSPORT=shm?)"
+            ))
+        })?;
+        let nlanes = self.cfg.lanes;
+        let me = self.me;
+        let key = self.cfg.job_key;
+        for lane in 0..nlanes {
+            let sock = TcpStream::connect(target).map_err(|e| {
+                Error::sys(
+                    "connect",
+                    format!("rank {me} to rank {peer} at {target}"),
+                    e,
+                )
+            })?;
+            let hello = Hello {
+                rank: me,
+                lane: lane as u32,
+                nlanes: nlanes as u32,
+                job_key: key,
+            }
+            .encode();
+            self.conn_entry(peer).dials[lane] = Some(Dial {
+                sock,
+                hello,
+                written: 0,
+            });
+        }
+        crate::gw_info!("tcp: dialing rank {peer} at {target} with {nlanes} lane(s)");
+        Ok(())
+    }
+
+    /// Advances dialing sockets; a dial becomes a lane once its hello is written.
+    fn progress_dials(&mut self) -> Result<bool> {
+        let mut moved = false;
+        let me = self.me;
+        let peers: Vec<Rank> = self
+            .conns
+            .iter()
+            .filter(|(_, c)| c.dials.iter().any(Option::is_some))
+            .map(|(p, _)| *p)
+            .collect();
+        for peer in peers {
+            for lane in 0..self.cfg.lanes {
+                let Some(conn) = self.conns.get_mut(&peer) else {
+                    continue;
+                };
+                let addr = conn.addr.clone();
+                let Some(d) = conn.dials[lane].as_mut() else {
+                    continue;
+                };
+                if let Some(e) = d.sock.take_error().ok().flatten() {
+                    return Err(Error::sys(
+                        "connect",
+                        format!("rank {me} to rank {peer} at {addr}"),
+                        e,
+                    ));
+                }
+                match d.sock.write(&d.hello[d.written..]) {
+                    Ok(n) => d.written += n,
+                    Err(e) if would_block(&e) || e.kind() == io::ErrorKind::NotConnected => {
+                        continue;
+                    }
+                    Err(e) => {
+                        return Err(Error::sys(
+                            "connect",
+                            format!("rank {me} to rank {peer} at {addr}"),
+                            e,
+                        ));
+                    }
+                }
+                if d.written == HELLO_LEN {
+                    let Some(d) = conn.dials[lane].take() else {
+                        continue;
+                    };
+                    let mut sock = d.sock;
+                    sock.set_nodelay(true).map_err(|e| {
+                        Error::sys("setsockopt(TCP_NODELAY)", format!("to rank {peer}"), e)
+                    })?;
+                    self.register_sock(&mut sock, peer, lane)?;
+                    if let Some(conn) = self.conns.get_mut(&peer) {
+                        conn.lanes[lane] = Some(Lane::new(sock));
+                    }
+                    moved = true;
+                }
+            }
+        }
+        Ok(moved)
+    }
+
+    /// Accepts sockets and reads their hellos.
+    fn progress_accepts(&mut self) -> Result<bool> {
+        let mut moved = false;
+        loop {
+            match self.listener.accept() {
+                Ok((sock, addr)) => {
+                    self.incoming.push(Incoming {
+                        sock,
+                        addr,
+                        buf: [0; HELLO_LEN],
+                        got: 0,
+                    });
+                    moved = true;
+                }
+                Err(e) if would_block(&e) => break,
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+                Err(e) => {
+                    return Err(Error::sys(
+                        "accept",
+                        format!("data-plane listener {}", self.listen_addr),
+                        e,
+                    ));
+                }
+            }
+        }
+        let mut i = 0;
+        while i < self.incoming.len() {
+            let inc = &mut self.incoming[i];
+            let res = inc.sock.read(&mut inc.buf[inc.got..]);
+            match res {
+                Ok(0) => {
+                    crate::gw_warn!("tcp: connection from {} closed before its hello", inc.addr);
+                    self.incoming.swap_remove(i);
+                    continue;
+                }
+                Ok(n) => inc.got += n,
+                Err(e) if would_block(&e) => {}
+                Err(e) => {
+                    crate::gw_warn!(
+                        "tcp: connection from {} failed before its hello: {e}",
+                        inc.addr
+                    );
+                    self.incoming.swap_remove(i);
+                    continue;
+                }
+            }
+            if inc.got < HELLO_LEN {
+                i += 1;
+                continue;
+            }
+            let inc = self.incoming.swap_remove(i);
+            moved = true;
+            self.admit(inc)?;
+        }
+        Ok(moved)
+    }
+
+    fn admit(&mut self, inc: Incoming) -> Result<()> {
+        let Some(h) = Hello::decode(&inc.buf) else {
+            crate::gw_warn!(
+                "tcp: refused connection from {}: not a gradwire hello",
+                inc.addr
+            );
+            return Ok(());
+        };
+        if h.job_key != self.cfg.job_key {
+            crate::gw_warn!(
+                "tcp: refused connection from {}: wrong job key (another job?)",
+                inc.addr
+            );
+            return Ok(());
+        }
+        let world = self.peers.len() as u32;
+        if h.rank >= self.me
+            || h.rank >= world
+            || h.nlanes as usize != self.cfg.lanes
+            || h.lane >= h.nlanes
+        {
+            crate::gw_warn!(
+                "tcp: refused connection from {} claiming rank {} lane {}/{}: this rank {} expects rank < {} and {} lane(s) (is GW_LANES the same on every rank?)",
+                inc.addr,
+                h.rank,
+                h.lane,
+                h.nlanes,
+                self.me,
+                self.me,
+                self.cfg.lanes
+            );
+            return Ok(());
+        }
+        let (peer, lane) = (h.rank, h.lane as usize);
+        if self
+            .conns
+            .get(&peer)
+            .is_some_and(|c| c.lanes[lane].is_some())
+        {
+            return Err(Error::Remote {
+                rank: peer,
+                addr: inc.addr.to_string(),
+                what: format!("connected lane {lane} twice: is rank {peer} running twice?"),
+            });
+        }
+        let mut sock = inc.sock;
+        sock.set_nodelay(true)
+            .map_err(|e| Error::sys("setsockopt(TCP_NODELAY)", format!("from rank {peer}"), e))?;
+        self.register_sock(&mut sock, peer, lane)?;
+        self.conn_entry(peer).lanes[lane] = Some(Lane::new(sock));
+        crate::gw_trace!("tcp: accepted lane {lane} from rank {peer} ({})", inc.addr);
+        Ok(())
+    }
+
+    fn complete_send_segment(reqs: &mut HashMap<u64, ReqState>, req: u64) {
+        if let Some(st) = reqs.get_mut(&req)
+            && let ReqState::Send { segments_left } = st
+        {
+            *segments_left -= 1;
+            if *segments_left == 0 {
+                *st = ReqState::Done;
+            }
+        }
+    }
+
+    /// Writes queued segments on every writable lane.
+    fn progress_sends(&mut self) -> Result<bool> {
+        let mut moved = false;
+        let always = self.registry.is_none();
+        for (&peer, conn) in self.conns.iter_mut() {
+            for lane in conn.lanes.iter_mut().flatten() {
+                while lane.writable || always {
+                    let Some(seg) = lane.sendq.front_mut() else {
+                        break;
+                    };
+                    let total = HEADER_LEN + seg.len;
+                    let res = if seg.done < HEADER_LEN {
+                        // SAFETY: the segment lies in registered memory that outlives the send.
+                        let payload = unsafe { std::slice::from_raw_parts(seg.ptr.0, seg.len) };
+                        lane.sock.write_vectored(&[
+                            IoSlice::new(&seg.hdr[seg.done..]),
+                            IoSlice::new(payload),
+                        ])
+                    } else {
+                        let from = seg.done - HEADER_LEN;
+                        // SAFETY: as above; from < len because done < total.
+                        let payload = unsafe {
+                            std::slice::from_raw_parts(seg.ptr.0.add(from), seg.len - from)
+                        };
+                        lane.sock.write(payload)
+                    };
+                    match res {
+                        Ok(0) => {
+                            return Err(Error::Remote {
+                                rank: peer,
+                                addr: conn.addr.clone(),
+                                what: "connection closed while sending".into(),
+                            });
+                        }
+                        Ok(n) => {
+                            moved = true;
+                            seg.done += n;
+                            if seg.done == total {
+                                let req = seg.req;
+                                lane.sendq.pop_front();
+                                Self::complete_send_segment(&mut self.reqs, req);
+                            }
+                        }
+                        Err(e) if would_block(&e) => {
+                            lane.writable = false;
+                            break;
+                        }
+                        Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                        Err(e) => return Err(peer_io_error(peer, &conn.addr, "sending", e)),
+                    }
+                }
+            }
+        }
+        Ok(moved)
+    }
+
+    /// Finds the posted receive a header belongs to.
+    fn find_posted(me: Rank, posted: &[Posted], hdr: &FrameHeader) -> Result<Option<usize>> {
+        for (i, p) in posted.iter().enumerate() {
+            if p.tag.matches(me, hdr, p.len as u64)? {
+                return Ok(Some(i));
+            }
+        }
+        Ok(None)
+    }
+
+    /// Reads frames on every readable (or newly unstalled) lane.
+    fn progress_recvs(&mut self) -> Result<bool> {
+        let mut moved = false;
+        let me = self.me;
+        let always = self.registry.is_none();
+        for (&peer, conn) in self.conns.iter_mut() {
+            let Conn {
+                lanes,
+                posted,
+                addr,
+                ..
+            } = conn;
+            let nlanes = lanes.len();
+            let mut closed_lanes = lanes.iter().flatten().filter(|l| l.closed).count();
+            for lane in lanes.iter_mut().flatten() {
+                loop {
+                    match &mut lane.rx {
+                        Rx::Stalled(hdr) => {
+                            let hdr = *hdr;
+                            match Self::find_posted(me, posted, &hdr)? {
+                                Some(i) => {
+                                    moved = true;
+                                    lane.rx = start_payload(hdr, &posted[i]);
+                                }
+                                None => break,
+                            }
+                        }
+                        Rx::Header { buf, got } => {
+                            if lane.closed || !(lane.readable || always) {
+                                break;
+                            }
+                            match lane.sock.read(&mut buf[*got..]) {
+                                Ok(0) => return Err(closed(peer, addr, *got > 0)),
+                                Ok(n) => {
+                                    moved = true;
+                                    *got += n;
+                                    if *got < HEADER_LEN {
+                                        continue;
+                                    }
+                                    let hdr =
+                                        FrameHeader::decode(buf).map_err(|e| Error::Remote {
+                                            rank: peer,
+                                            addr: addr.clone(),
+                                            what: format!("sent a bad frame: {e}"),
+                                        })?;
+                                    if hdr.kind == FrameKind::Close {
+                                        closed_lanes += 1;
+                                        let all_closed = closed_lanes == nlanes;
+                                        lane.closed = true;
+                                        lane.rx = Rx::new();
+                                        // Close is the last frame of every lane: once all
+                                        // lanes carried it, everything the peer sent is in.
+                                        if !posted.is_empty() && all_closed {
+                                            return Err(Error::Remote {
+                                                rank: peer,
+                                                addr: addr.clone(),
+                                                what: "shut its communicator down while this rank still expected data from it".into(),
+                                            });
+                                        }
+                                        break;
+                                    }
+                                    if hdr.kind == FrameKind::Abort {
+                                        if hdr.len > MAX_ABORT_TEXT {
+                                            return Err(Error::Remote {
+                                                rank: peer,
+                                                addr: addr.clone(),
+                                                what: "aborted (reason too long to read)".into(),
+                                            });
+                                        }
+                                        lane.rx = Rx::Abort {
+                                            hdr,
+                                            buf: Vec::with_capacity(hdr.len as usize),
+                                        };
+                                        continue;
+                                    }
+                                    if hdr.src_rank != peer {
+                                        return Err(Error::Remote {
+                                            rank: peer,
+                                            addr: addr.clone(),
+                                            what: format!(
+                                                "sent a frame claiming to be from rank {}",
+                                                hdr.src_rank
+                                            ),
+                                        });
+                                    }
+                                    lane.rx = match Self::find_posted(me, posted, &hdr)? {
+                                        Some(i) => start_payload(hdr, &posted[i]),
+                                        None => Rx::Stalled(hdr),
+                                    };
+                                }
+                                Err(e) if would_block(&e) => {
+                                    lane.readable = false;
+                                    break;
+                                }
+                                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                                Err(e) => return Err(peer_io_error(peer, addr, "receiving", e)),
+                            }
+                        }
+                        Rx::Payload { hdr, req, dst, got } => {
+                            let len = hdr.len as usize;
+                            if *got < len {
+                                if !(lane.readable || always) {
+                                    break;
+                                }
+                                // SAFETY: dst + [0, len) lies within the posted receive's
+                                // registered range (checked when the header matched).
+                                let buf = unsafe {
+                                    std::slice::from_raw_parts_mut(dst.0.add(*got), len - *got)
+                                };
+                                match lane.sock.read(buf) {
+                                    Ok(0) => return Err(closed(peer, addr, true)),
+                                    Ok(n) => {
+                                        moved = true;
+                                        *got += n;
+                                    }
+                                    Err(e) if would_block(&e) => {
+                                        lane.readable = false;
+                                        break;
+                                    }
+                                    Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                                    Err(e) => {
+                                        return Err(peer_io_error(peer, addr, "receiving", e));
+                                    }
+                                }
+                                continue;
+                            }
+                            let (req, seg) = (*req, len);
+                            if let Some(i) = posted.iter().position(|p| p.req == req) {
+                                posted[i].got += seg;
+                                if posted[i].got >= posted[i].len {
+                                    posted.swap_remove(i);
+                                    self.reqs.insert(req, ReqState::Done);
+                                }
+                            }
+                            lane.rx = Rx::new();
+                            moved = true;
+                        }
+                        Rx::Abort { hdr, buf } => {
+                            let want = hdr.len as usize;
+                            let mut chunk = [0u8; 4096];
+                            let take = (want - buf.len()).min(chunk.len());
+                            if take > 0 {
+                                match lane.sock.read(&mut chunk[..take]) {
+                                    Ok(0) => {}
+                                    Ok(n) => {
+                                        buf.extend_from_slice(&chunk[..n]);
+                                        continue;
+                                    }
+                                    Err(e) if would_block(&e) => {
+                                        lane.readable = false;
+                                        break;
+                                    }
+                                    Err(_) => {}
+                                }
+                            }
+                            return Err(Error::Remote {
+                                rank: peer,
+                                addr: addr.clone(),
+                                what: format!("aborted: {}", String::from_utf8_lossy(buf)),
+                            });
+                        }
+                    }
+                }
+            }
+        }
+        Ok(moved)
+    }
+}
+
+/// A frame without an operation: abort reasons and clean-close notices.
+fn control_header(kind: FrameKind, me: Rank, len: usize) -> [u8; HEADER_LEN] {
+    FrameHeader {
+        kind,
+        src_rank: me,
+        fp: Fingerprint {
+            comm_id: 0,
+            seq: 0,
+            op: OpKind::SendRecv,
+            dtype: crate::wire::DType::Bytes,
+            redop: RedOp::None,
+            count: 0,
+            root: 0,
+        },
+        step: 0,
+        offset: 0,
+        len: len as u64,
+        total: len as u64,
+    }
+    .encode()
+}
+
+fn start_payload(hdr: FrameHeader, p: &Posted) -> Rx {
+    // SAFETY: Tag::matches checked hdr.total == p.len and decode checked
+    // offset + len <= total, so the destination lies within the posted range.
+    let dst = RawPtr(unsafe { p.ptr.0.add(hdr.offset as usize) });
+    Rx::Payload {
+        hdr,
+        req: p.req,
+        dst,
+        got: 0,
+    }
+}
+
+fn would_block(e: &io::Error) -> bool {
+    e.kind() == io::ErrorKind::WouldBlock
+}
+
+fn closed(peer: Rank, addr: &str, mid_frame: bool) -> Error {
+    Error::Remote {
+        rank: peer,
+        addr: addr.to_string(),
+        what: if mid_frame {
+            "closed the connection in the middle of a frame (process died?)".into()
+        } else {
+            "closed the connection (process exited or died)".into()
+        },
+    }
+}
+
+fn peer_io_error(peer: Rank, addr: &str, doing: &str, e: io::Error) -> Error {
+    Error::Remote {
+        rank: peer,
+        addr: addr.to_string(),
+        what: format!("connection failed while {doing}: {e}"),
+    }
+}
+
+impl Transport for TcpTransport {
+    fn properties(&self) -> Properties {
+        Properties {
+            name: "tcp",
+            bandwidth_gbps: 1.0,
+            latency_us: 25.0,
+            one_sided_write: false,
+            gpu_memory: false,
+            max_segment: self.cfg.segment_bytes,
+        }
+    }
+
+    fn attach(&mut self, registry: &Registry, token_base: usize) -> Result<()> {
+        let reg = registry
+            .try_clone()
+            .map_err(|e| Error::sys("dup", "cloning the poll registry", e))?;
+        reg.register(&mut self.listener, Token(token_base), Interest::READABLE)
+            .map_err(|e| Error::sys("epoll_ctl", "registering the TCP listener", e))?;
+        self.registry = Some(reg);
+        self.token_base = token_base;
+        Ok(())
+    }
+
+    fn connect(&mut self, peer: Rank) -> Result<Readiness> {
+        if peer == self.me || peer as usize >= self.peers.len() {
+            return Err(Error::InvalidArgument(format!(
+                "rank {} cannot connect to rank {peer} (world size {})",
+                self.me,
+                self.peers.len()
+            )));
+        }
+        if let Some(c) = self.conns.get(&peer) {
+            if c.ready() {
+                return Ok(Readiness::Ready);
+            }
+        } else if peer > self.me {
+            self.start_dial(peer)?;
+        } else {
+            self.conn_entry(peer);
+        }
+        self.progress()?;
+        Ok(if self.conns.get(&peer).is_some_and(Conn::ready) {
+            Readiness::Ready
+        } else {
+            Readiness::Pending
+        })
+    }
+
+    unsafe fn register(&mut self, ptr: *mut u8, len: usize) -> Result<MemHandle> {
+        if ptr.is_null() && len > 0 {
+            return Err(Error::InvalidArgument("registering a null pointer".into()));
+        }
+        let entry = Some((RawPtr(ptr), len));
+        if let Some(i) = self.free_mems.pop() {
+            self.mems[i as usize] = entry;
+            Ok(MemHandle(i))
+        } else {
+            self.mems.push(entry);
+            Ok(MemHandle((self.mems.len() - 1) as u32))
+        }
+    }
+
+    fn deregister(&mut self, mem: MemHandle) -> Result<()> {
+        match self.mems.get_mut(mem.0 as usize) {
+            Some(slot @ Some(_)) => {
+                *slot = None;
+                self.free_mems.push(mem.0);
+                Ok(())
+            }
+            _ => Err(Error::InvalidUsage(format!(
+                "memory handle {} is not registered",
+                mem.0
+            ))),
+        }
+    }
+
+    fn isend(
+        &mut self,
+        peer: Rank,
+        tag: Tag,
+        mem: MemHandle,
+        offset: usize,
+        len: usize,
+    ) -> Result<Request> {
+        if self.aborted {
+            return Err(Error::Aborted("the TCP transport was aborted".into()));
+        }
+        let base = self.mem(mem, offset, len)?;
+        let seg = self.cfg.segment_bytes;
+        let nseg = len.div_ceil(seg).max(1);
+        let me = self.me;
+        let req = self.new_req(ReqState::Send {
+            segments_left: nseg,
+        });
+        let conn = self
+            .conns
+            .get_mut(&peer)
+            .filter(|c| c.ready())
+            .ok_or_else(|| {
+                Error::InvalidUsage(format!(
+                    "isend to rank {peer} before its connection is ready"
+                ))
+            })?;
+        let nl = conn.lanes.len();
+        for s in 0..nseg {
+            let off = s * seg;
+            let this = (len - off).min(seg);
+            let hdr = FrameHeader {
+                kind: FrameKind::Data,
+                src_rank: me,
+                fp: tag.fp,
+                step: tag.step,
+                offset: off as u64,
+                len: this as u64,
+                total: len as u64,
+            };
+            let li = conn.next_lane % nl;
+            conn.next_lane = conn.next_lane.wrapping_add(1);
+            if let Some(lane) = conn.lanes[li].as_mut() {
+                lane.sendq.push_back(OutSeg {
+                    req,
+                    hdr: hdr.encode(),
+                    // SAFETY: off + this <= len, within the checked range.
+                    ptr: RawPtr(unsafe { base.0.add(off) }),
+                    len: this,
+                    done: 0,
+                });
+            }
+        }
+        Ok(Request(req))
+    }
+
+    fn irecv(
+        &mut self,
+        peer: Rank,
+        tag: Tag,
+        mem: MemHandle,
+        offset: usize,
+        len: usize,
+    ) -> Result<Request> {
+        if self.aborted {
+            return Err(Error::Aborted("the TCP transport was aborted".into()));
+        }
+        let ptr = self.mem(mem, offset, len)?;
+        let req = self.new_req(ReqState::Recv);
+        let conn = self
+            .conns
+            .get_mut(&peer)
+            .filter(|c| c.ready())
+            .ok_or_else(|| {
+                Error::InvalidUsage(format!(
+                    "irecv from rank {peer} before its connection is ready"
+                ))
+            })?;
+        if conn.lanes.iter().flatten().all(|l| l.closed) {
+            return Err(Error::Remote {
+                rank: peer,
+                addr: conn.addr.clone(),
+                what: "has shut its communicator down; nothing more can be received from it".into(),
+            });
+        }
+        conn.posted.push(Posted {
+            req,
+            tag,
+            ptr,
+            len,
+            got: 0,
+        });
+        Ok(Request(req))
+    }
+
+    fn test(&mut self, req: Request) -> Result<bool> {
+        match self.reqs.get(&req.0) {
+            Some(ReqState::Done) => {
+                self.reqs.remove(&req.0);
+                Ok(true)
+            }
+            Some(_) => Ok(false),
+            None => Err(Error::InvalidUsage(format!("unknown request {}", req.0))),
+        }
+    }
+
+    fn progress(&mut self) -> Result<bool> {
+        if self.aborted {
+            return Ok(false);
+        }
+        let mut moved = false;
+        if !self.incoming.is_empty()
+            || self.registry.is_none()
+            || self.conns.values().any(|c| !c.ready())
+        {
+            moved |= self.progress_accepts()?;
+            moved |= self.progress_dials()?;
+        }
+        moved |= self.progress_sends()?;
+        moved |= self.progress_recvs()?;
+        // Zero-length receives can complete while matching.
+        Ok(moved)
+    }
+
+    fn on_event(&mut self, event: &mio::event::Event) -> Result<()> {
+        let off = event.token().0 - self.token_base;
+        if off == 0 {
+            return Ok(()); // the listener: accepted in progress()
+        }
+        if let Some(&(peer, li)) = self.tokens.get(&off)
+            && let Some(lane) = self.conns.get_mut(&peer).and_then(|c| c.lanes[li].as_mut())
+        {
+            if event.is_readable() || event.is_read_closed() || event.is_error() {
+                lane.readable = true;
+            }
+            if event.is_writable() || event.is_write_closed() || event.is_error() {
+                lane.writable = true;
+            }
+        }
+        Ok(())
+    }
+
+    fn abort(&mut self, reason: &str) {
+        let text = reason.as_bytes();
+        let text = &text[..text.len().min(MAX_ABORT_TEXT as usize)];
+        let hdr = control_header(FrameKind::Abort, self.me, text.len());
+        for conn in self.conns.values_mut() {
+            // Only a lane with nothing half-written can carry a whole frame now.
+            if let Some(lane) = conn
+                .lanes
+                .iter_mut()
+                .flatten()
+                .find(|l| l.sendq.front().is_none_or(|s| s.done == 0))
+            {
+                let _ = lane
+                    .sock
+                    .write_vectored(&[IoSlice::new(&hdr), IoSlice::new(text)]);
+            }
+            // The caller's buffers are handed back after an abort: forget every
+            // pointer into them.
+            conn.posted.clear();
+            for lane in conn.lanes.iter_mut().flatten() {
+                lane.sendq.clear();
+                lane.rx = Rx::new();
+            }
+        }
+        self.aborted = true;
+    }
+}
+
+impl Drop for TcpTransport {
+    /// Tells peers this rank is leaving cleanly, so that the end of the
+    /// connection is not mistaken for a crash.
+    fn drop(&mut self) {
+        if self.aborted {
+            return;
+        }
+        let hdr = control_header(FrameKind::Close, self.me, 0);
+        for conn in self.conns.values_mut() {
+            for lane in conn.lanes.iter_mut().flatten() {
+                if lane.sendq.front().is_none_or(|s| s.done == 0) {
+                    let _ = lane.sock.write(&hdr);
+                }
+                let _ = lane.sock.shutdown(std::net::Shutdown::Write);
+            }
+        }
+    }
+}

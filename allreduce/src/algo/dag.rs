@@ -1,0 +1,562 @@
+//! The machinery every algorithm shares: a schedule is a dependency graph of
+//! actions, built once at construction and then released action by action.
+//!
+//! An algorithm emits its actions in program order into a [`Builder`]; the
+//! builder derives the dependencies itself by tracking, per element range,
+//! which action last wrote it and which actions read it since (read after
+//! write, write after read, write after write). `Send` is tracked in the
+//! address space of the `Recv` range it aliases in an in-place call, so the
+//! write-after-read ordering that in-place calls need comes out of the same
+//! bookkeeping, and a schedule that would read `Send` after writing its
+//! aliased `Recv` element is caught at construction (debug builds).
+//!
+//! On top of that, messages to (and from) each peer are grouped into streams;
+//! at most [`DEPTH`] messages of a stream are in flight at once. Both sides
+//! of a stream list its messages in the same order (increasing step), so the
+//! window cannot deadlock.
+//!
+//! [`DagSchedule`] then hands out actions whose predecessors all completed:
+//! `next_action` pops a queue and `complete` walks a precomputed successor
+//! list, neither allocates.
+
+use std::collections::{BTreeMap, HashMap, VecDeque};
+use std::fmt::Write as _;
+
+use gw_transport::{Error, Rank, Result};
+
+use super::{Action, ActionId, Buf, Loc, Schedule};
+
+/// Messages in flight per stream, and scratch slots per pipeline.
+pub(super) const DEPTH: usize = 4;
+
+/// Where an action sits in its algorithm, for [`Schedule::waiting_for`].
+#[derive(Clone, Copy, Debug)]
+pub(super) struct Desc {
+    /// Phase name, e.g. "reduce-scatter".
+    pub phase: &'static str,
+    /// Step within the phase (0-based) and the phase's number of steps.
+    pub step: usize,
+    pub nsteps: usize,
+    /// Segment (0-based) and number of segments.
+    pub seg: usize,
+    pub nsegs: usize,
+}
+
+impl Desc {
+    pub fn new(phase: &'static str, step: usize, nsteps: usize, seg: usize, nsegs: usize) -> Desc {
+        Desc {
+            phase,
+            step,
+            nsteps,
+            seg,
+            nsegs,
+        }
+    }
+}
+
+/// Chunk `c` of `count` elements cut into `n` nearly equal chunks (the first
+/// `count % n` chunks are one element longer): `(offset, len)`.
+pub(super) fn chunk(count: usize, n: usize, c: usize) -> (usize, usize) {
+    let base = count / n;
+    let rem = count % n;
+    (c * base + c.min(rem), base + usize::from(c < rem))
+}
+
+/// Number of segments of at most `seg` elements in `len` elements.
+pub(super) fn nsegs(len: usize, seg: usize) -> usize {
+    len.div_ceil(seg)
+}
+
+/// Segment `k` of a range of `len` elements: `(offset within the range, len)`,
+/// or `None` past its end.
+pub(super) fn segment(len: usize, seg: usize, k: usize) -> Option<(usize, usize)> {
+    if k >= nsegs(len, seg) {
+        return None;
+    }
+    let off = k * seg;
+    Some((off, seg.min(len - off)))
+}
+
+/// Fails when a schedule would need step numbers beyond `u32`.
+pub(super) fn check_steps(what: &str, steps: Option<usize>) -> Result<()> {
+    match steps {
+        Some(s) if s <= u32::MAX as usize => Ok(()),
+        _ => Err(Error::InvalidArgument(format!(
+            "{what}: too many segments for 32-bit step numbers; raise segment_elems"
+        ))),
+    }
+}
+
+/// A ring of scratch slots, each `slot_len` elements, handed out round-robin.
+/// Reuse is safe by construction: the builder orders a slot's next writer
+/// after its previous readers.
+pub(super) struct Pool {
+    base: usize,
+    slot_len: usize,
+    nslots: usize,
+    next: usize,
+}
+
+impl Pool {
+    /// The next slot, `len` (≤ the slot length) elements of it.
+    pub fn slot(&mut self, len: usize) -> Loc {
+        debug_assert!(len <= self.slot_len, "{len} > slot of {}", self.slot_len);
+        let off = self.base + self.next * self.slot_len;
+        self.next = (self.next + 1) % self.nslots;
+        Loc::new(Buf::Scratch, off, len)
+    }
+}
+
+/// Who last wrote an element range and who read it since.
+#[derive(Clone)]
+struct Interval {
+    end: usize,
+    writer: Option<u32>,
+    readers: Vec<u32>,
+}
+
+/// Element ranges of one address space, disjoint, keyed by start.
+#[derive(Default)]
+struct Space {
+    map: BTreeMap<usize, Interval>,
+}
+
+impl Space {
+    /// Splits intervals so that `a` and `b` are boundaries and fills the gaps
+    /// of `[a, b)` with fresh intervals.
+    fn carve(&mut self, a: usize, b: usize) {
+        for cut in [a, b] {
+            let split = match self.map.range(..cut).next_back() {
+                Some((&s, iv)) if iv.end > cut => Some(s),
+                _ => None,
+            };
+            if let Some(s) = split {
+                let iv = self.map.get_mut(&s).expect("interval");
+                let tail = Interval {
+                    end: iv.end,
+                    writer: iv.writer,
+                    readers: iv.readers.clone(),
+                };
+                iv.end = cut;
+                self.map.insert(cut, tail);
+            }
+        }
+        let mut gaps = Vec::new();
+        let mut pos = a;
+        for (&s, iv) in self.map.range(a..b) {
+            if s > pos {
+                gaps.push((pos, s));
+            }
+            pos = iv.end;
+        }
+        if pos < b {
+            gaps.push((pos, b));
+        }
+        for (s, e) in gaps {
+            self.map.insert(
+                s,
+                Interval {
+                    end: e,
+                    writer: None,
+                    readers: Vec::new(),
+                },
+            );
+        }
+    }
+
+    /// Records that `node` reads (or writes) `[a, b)`, adding the edges that
+    /// order it after earlier conflicting accesses. Returns whether some other
+    /// node wrote part of the range before (for reads).
+    fn access(
+        &mut self,
+        a: usize,
+        b: usize,
+        node: u32,
+        write: bool,
+        edges: &mut Vec<(u32, u32)>,
+    ) -> bool {
+        if a >= b {
+            return false;
+        }
+        self.carve(a, b);
+        let mut written = false;
+        for iv in self.map.range_mut(a..b).map(|(_, iv)| iv) {
+            if let Some(w) = iv.writer
+                && w != node
+            {
+                edges.push((w, node));
+                written = true;
+            }
+            if write {
+                edges.extend(
+                    iv.readers
+                        .iter()
+                        .filter(|&&r| r != node)
+                        .map(|&r| (r, node)),
+                );
+                iv.readers.clear();
+                iv.writer = Some(node);
+            } else if iv.readers.last() != Some(&node) {
+                iv.readers.push(node);
+            }
+        }
+        written
+    }
+}
+
+/// The in-place aliasing of a call: `Send[send_off + i]` is `Recv[recv_off + i]`
+/// for `i < len`.
+#[derive(Clone, Copy, Debug)]
+pub(super) struct Alias {
+    pub send_off: usize,
+    pub recv_off: usize,
+    pub len: usize,
+}
+
+const SPACE_RECV: usize = 0;
+const SPACE_SEND: usize = 1;
+const SPACE_SCRATCH: usize = 2;
+
+/// Collects an algorithm's actions in program order (see the module comment).
+pub(super) struct Builder {
+    name: &'static str,
+    actions: Vec<Action>,
+    descs: Vec<Desc>,
+    edges: Vec<(u32, u32)>,
+    spaces: [Space; 3],
+    alias: Alias,
+    /// Message nodes per (peer, is_send, stream), in program order.
+    streams: HashMap<(Rank, bool, u32), Vec<u32>>,
+    scratch: usize,
+    #[cfg(debug_assertions)]
+    steps: std::collections::HashSet<(Rank, bool, u32)>,
+}
+
+impl Builder {
+    pub fn new(name: &'static str, alias: Alias) -> Builder {
+        Builder {
+            name,
+            actions: Vec::new(),
+            descs: Vec::new(),
+            edges: Vec::new(),
+            spaces: Default::default(),
+            alias,
+            streams: HashMap::new(),
+            scratch: 0,
+            #[cfg(debug_assertions)]
+            steps: Default::default(),
+        }
+    }
+
+    /// Reserves `nslots` scratch slots of `slot_len` elements.
+    pub fn pool(&mut self, nslots: usize, slot_len: usize) -> Pool {
+        let base = self.scratch;
+        self.scratch += nslots * slot_len;
+        Pool {
+            base,
+            slot_len,
+            nslots: nslots.max(1),
+            next: 0,
+        }
+    }
+
+    fn push(&mut self, action: Action, desc: Desc) -> u32 {
+        let id = self.actions.len() as u32;
+        self.actions.push(action);
+        self.descs.push(desc);
+        id
+    }
+
+    /// Splits `loc` into address-space ranges: `(space, start, end)`.
+    fn ranges(&self, loc: Loc) -> [(usize, usize, usize); 2] {
+        let (a, b) = (loc.offset, loc.offset + loc.len);
+        match loc.buf {
+            Buf::Recv => [(SPACE_RECV, a, b), (SPACE_RECV, 0, 0)],
+            Buf::Scratch => [(SPACE_SCRATCH, a, b), (SPACE_SCRATCH, 0, 0)],
+            Buf::Send => {
+                // Schedules never read Send ranges straddling the alias
+                // boundary in more than two pieces; the part outside the
+                // aliased window keeps Send offsets in its own space.
+                let al = self.alias;
+                let (wa, wb) = (al.send_off, al.send_off + al.len);
+                let (ia, ib) = (a.max(wa), b.min(wb));
+                if ia < ib {
+                    debug_assert!(a >= wa || b <= wb, "Send range straddles both alias edges");
+                    let inside = (SPACE_RECV, ia - wa + al.recv_off, ib - wa + al.recv_off);
+                    let outside = if a < wa {
+                        (SPACE_SEND, a, wa)
+                    } else {
+                        (SPACE_SEND, wb, b.max(wb))
+                    };
+                    [inside, outside]
+                } else {
+                    [(SPACE_SEND, a, b), (SPACE_SEND, 0, 0)]
+                }
+            }
+        }
+    }
+
+    fn read(&mut self, node: u32, loc: Loc) {
+        for (space, a, b) in self.ranges(loc) {
+            let written = self.spaces[space].access(a, b, node, false, &mut self.edges);
+            debug_assert!(
+                !(written && loc.buf == Buf::Send && space == SPACE_RECV),
+                "{}: action {node} reads Send {loc:?} after the aliased Recv range was written",
+                self.name
+            );
+        }
+    }
+
+    fn write(&mut self, node: u32, loc: Loc) {
+        debug_assert!(loc.buf != Buf::Send, "writes to Send");
+        for (space, a, b) in self.ranges(loc) {
+            self.spaces[space].access(a, b, node, true, &mut self.edges);
+        }
+    }
+
+    fn message(&mut self, node: u32, peer: Rank, is_send: bool, step: u32, stream: u32) {
+        #[cfg(debug_assertions)]
+        assert!(
+            self.steps.insert((peer, is_send, step)),
+            "{}: step {step} used twice for {} rank {peer}",
+            self.name,
+            if is_send { "sends to" } else { "receives from" }
+        );
+        let _ = step;
+        self.streams
+            .entry((peer, is_send, stream))
+            .or_default()
+            .push(node);
+    }
+
+    /// Sends `src` to `peer` as message `step` of `stream`.
+    pub fn send(&mut self, peer: Rank, step: u32, stream: u32, src: Loc, desc: Desc) -> u32 {
+        let id = self.push(
+            Action::Send {
+                id: self.actions.len(),
+                peer,
+                step,
+                src,
+            },
+            desc,
+        );
+        self.read(id, src);
+        self.message(id, peer, true, step, stream);
+        id
+    }
+
+    /// Receives message `step` of `stream` from `peer` into `dst`.
+    pub fn recv(&mut self, peer: Rank, step: u32, stream: u32, dst: Loc, desc: Desc) -> u32 {
+        let id = self.push(
+            Action::Recv {
+                id: self.actions.len(),
+                peer,
+                step,
+                dst,
+            },
+            desc,
+        );
+        self.write(id, dst);
+        self.message(id, peer, false, step, stream);
+        id
+    }
+
+    /// `dst = a ⊕ b`.
+    pub fn reduce(&mut self, dst: Loc, a: Loc, b: Loc, finalize: bool, desc: Desc) -> u32 {
+        debug_assert!(dst.len == a.len && dst.len == b.len);
+        let id = self.push(
+            Action::Reduce {
+                id: self.actions.len(),
+                dst,
+                a,
+                b,
+                finalize,
+            },
+            desc,
+        );
+        self.read(id, a);
+        self.read(id, b);
+        self.write(id, dst);
+        id
+    }
+
+    /// `dst = src`.
+    pub fn copy(&mut self, dst: Loc, src: Loc, finalize: bool, desc: Desc) -> u32 {
+        debug_assert!(dst.len == src.len);
+        let id = self.push(
+            Action::Copy {
+                id: self.actions.len(),
+                dst,
+                src,
+                finalize,
+            },
+            desc,
+        );
+        self.read(id, src);
+        self.write(id, dst);
+        id
+    }
+
+    /// Orders `to` after `from` (for dependencies that are not about memory).
+    pub fn dep(&mut self, from: u32, to: u32) {
+        debug_assert!(from < to);
+        self.edges.push((from, to));
+    }
+
+    pub fn finish(mut self) -> DagSchedule {
+        for nodes in self.streams.values() {
+            for w in nodes.windows(DEPTH + 1) {
+                self.edges.push((w[0], w[DEPTH]));
+            }
+        }
+        let n = self.actions.len();
+        let mut edges = self.edges;
+        edges.sort_unstable();
+        edges.dedup();
+        let mut succ_start = vec![0u32; n + 1];
+        let mut pending = vec![0u32; n];
+        for &(a, b) in &edges {
+            debug_assert!(a < b, "edge {a} -> {b} against program order");
+            succ_start[a as usize + 1] += 1;
+            pending[b as usize] += 1;
+        }
+        for i in 0..n {
+            succ_start[i + 1] += succ_start[i];
+        }
+        // Sorted by source, so the targets are already grouped by it.
+        let succ: Vec<u32> = edges.iter().map(|&(_, b)| b).collect();
+        let mut ready = VecDeque::with_capacity(n);
+        ready.extend((0..n as u32).filter(|&i| pending[i as usize] == 0));
+        DagSchedule {
+            name: self.name,
+            actions: self.actions,
+            descs: self.descs,
+            succ_start,
+            succ,
+            pending,
+            state: vec![State::Waiting; n],
+            ready,
+            finished: 0,
+            scratch: self.scratch,
+        }
+    }
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum State {
+    Waiting,
+    InFlight,
+    Done,
+}
+
+/// A schedule whose actions were all laid out at construction.
+pub(super) struct DagSchedule {
+    name: &'static str,
+    actions: Vec<Action>,
+    descs: Vec<Desc>,
+    succ_start: Vec<u32>,
+    succ: Vec<u32>,
+    pending: Vec<u32>,
+    state: Vec<State>,
+    ready: VecDeque<u32>,
+    finished: usize,
+    scratch: usize,
+}
+
+impl DagSchedule {
+    /// Number of actions (for tests).
+    #[cfg(test)]
+    pub fn len(&self) -> usize {
+        self.actions.len()
+    }
+}
+
+impl Schedule for DagSchedule {
+    fn next_action(&mut self) -> Option<Action> {
+        let i = self.ready.pop_front()? as usize;
+        self.state[i] = State::InFlight;
+        Some(self.actions[i])
+    }
+
+    fn complete(&mut self, id: ActionId) {
+        let Some(state) = self.state.get_mut(id) else {
+            debug_assert!(false, "{}: completion of unknown action {id}", self.name);
+            return;
+        };
+        if *state != State::InFlight {
+            debug_assert!(
+                false,
+                "{}: completion of action {id} which is {state:?}",
+                self.name
+            );
+            return;
+        }
+        *state = State::Done;
+        self.finished += 1;
+        for &s in &self.succ[self.succ_start[id] as usize..self.succ_start[id + 1] as usize] {
+            let p = &mut self.pending[s as usize];
+            *p -= 1;
+            if *p == 0 {
+                self.ready.push_back(s);
+            }
+        }
+    }
+
+    fn is_done(&self) -> bool {
+        self.finished == self.actions.len()
+    }
+
+    fn scratch_elems(&self) -> usize {
+        self.scratch
+    }
+
+    fn waiting_for(&self) -> String {
+        let total = self.actions.len();
+        if self.is_done() {
+            return format!("{}: done ({total} actions)", self.name);
+        }
+        let in_flight = || (0..total).filter(|&i| self.state[i] == State::InFlight);
+        let outstanding = in_flight().count();
+        // The oldest outstanding receive says most; then sends; then local work.
+        let pick = in_flight()
+            .find(|&i| matches!(self.actions[i], Action::Recv { .. }))
+            .or_else(|| in_flight().find(|&i| matches!(self.actions[i], Action::Send { .. })))
+            .or_else(|| in_flight().next());
+        let mut s = String::new();
+        match pick {
+            Some(i) => {
+                let d = self.descs[i];
+                let _ = write!(
+                    s,
+                    "{} {} step {}/{}: ",
+                    self.name,
+                    d.phase,
+                    d.step + 1,
+                    d.nsteps
+                );
+                let _ = match self.actions[i] {
+                    Action::Recv { peer, .. } => write!(s, "waiting for recv from rank {peer}"),
+                    Action::Send { peer, .. } => {
+                        write!(s, "waiting for send to rank {peer} to complete")
+                    }
+                    Action::Reduce { .. } => write!(s, "waiting for a local reduction"),
+                    Action::Copy { .. } => write!(s, "waiting for a local copy"),
+                };
+                let _ = write!(s, " (segment {}/{})", d.seg + 1, d.nsegs);
+                if outstanding > 1 {
+                    let _ = write!(s, "; {} more actions outstanding", outstanding - 1);
+                }
+            }
+            None => {
+                let _ = write!(
+                    s,
+                    "{}: {} actions ready but not started",
+                    self.name,
+                    self.ready.len()
+                );
+            }
+        }
+        let _ = write!(s, "; {}/{total} actions finished", self.finished);
+        s
+    }
+}

@@ -1,0 +1,76 @@
+//! Point-to-point transfers as a schedule of at most one send and one
+//! receive, so that send/recv run through the same engine path (fingerprints,
+//! deadlines, abort) as collectives. Posting both halves of a `sendrecv` in
+//! one operation is what lets two ranks exchange large messages without
+//! deadlocking on each other's send.
+
+use super::{Action, ActionId, Buf, Loc, Schedule};
+use gw_transport::Rank;
+
+/// One direction of a transfer: the peer, the pair-wise message number, elements.
+#[derive(Clone, Copy, Debug)]
+pub struct Half {
+    pub peer: Rank,
+    pub step: u32,
+    pub count: usize,
+}
+
+/// A send from `Buf::Send`, a receive into `Buf::Recv`, or both.
+pub struct P2p {
+    pending: Vec<Action>,
+    outstanding: usize,
+    desc: String,
+}
+
+impl P2p {
+    pub fn new(send: Option<Half>, recv: Option<Half>) -> P2p {
+        let mut pending = Vec::new();
+        let mut desc = Vec::new();
+        if let Some(h) = recv {
+            pending.push(Action::Recv {
+                id: 1,
+                peer: h.peer,
+                step: h.step,
+                dst: Loc::new(Buf::Recv, 0, h.count),
+            });
+            desc.push(format!("recv of message {} from rank {}", h.step, h.peer));
+        }
+        if let Some(h) = send {
+            pending.push(Action::Send {
+                id: 0,
+                peer: h.peer,
+                step: h.step,
+                src: Loc::new(Buf::Send, 0, h.count),
+            });
+            desc.push(format!("send of message {} to rank {}", h.step, h.peer));
+        }
+        let outstanding = pending.len();
+        P2p {
+            pending,
+            outstanding,
+            desc: desc.join(" and "),
+        }
+    }
+}
+
+impl Schedule for P2p {
+    fn next_action(&mut self) -> Option<Action> {
+        self.pending.pop()
+    }
+
+    fn complete(&mut self, _id: ActionId) {
+        self.outstanding = self.outstanding.saturating_sub(1);
+    }
+
+    fn is_done(&self) -> bool {
+        self.outstanding == 0
+    }
+
+    fn scratch_elems(&self) -> usize {
+        0
+    }
+
+    fn waiting_for(&self) -> String {
+        format!("waiting for {}", self.desc)
+    }
+}

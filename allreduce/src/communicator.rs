@@ -1,0 +1,1004 @@
+//! The communicator: bring-up from the launch environment, and the
+//! collective API on top of the engine.
+//!
+//! Bring-up goes through the rendezvous store once: each rank claims its rank
+//! number (a second claim is an error naming the rank), publishes where it
+//! listens and which host it is on, and waits, with the init deadline, for
+//! everyone else's record; ranks that never arrive are named. Connections are
+//! then made lazily by the engine, only to the peers an algorithm talks to.
+//! Shared memory is chosen for peers with the same host id, TCP for the rest,
+//! and the choice is logged at `GW_DEBUG=info`.
+
+use crate::algo::p2p::{Half, P2p};
+use crate::algo::{self, Algo, OpSpec};
+use crate::bootstrap::{Bootstrap, fnv1a};
+use crate::config::{Config, TransportChoice};
+use crate::element::Element;
+use crate::engine::{Completion, Engine, EngineConfig, Msg, OpDesc, Ptr};
+use crate::reduce::Kernel;
+use gw_transport::peers::{self, PeerInfo};
+use gw_transport::shm::{ShmConfig, ShmTransport};
+use gw_transport::store::{StoreClient, StoreConfig, StoreServer};
+use gw_transport::tcp::{TcpConfig, TcpTransport};
+use gw_transport::wire::{Fingerprint, OpKind};
+use gw_transport::{DType, Error, Rank, RedOp, Result, Transport, gw_info};
+use std::net::ToSocketAddrs;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::mpsc::{Sender, channel};
+use std::sync::{Arc, Mutex};
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+/// Communicators created by this process so far; all ranks create theirs in
+/// the same order, so the count names a communicator's store keys.
+static GENERATION: AtomicU64 = AtomicU64::new(0);
+
+/// The sequence number of every point-to-point message (they are told apart
+/// by their per-pair step instead), chosen so that it can never be mistaken
+/// for a collective's.
+const P2P_SEQ: u64 = u64::MAX;
+
+/// A handle to a submitted operation.
+pub struct Handle {
+    done: Arc<Completion>,
+}
+
+impl Handle {
+    /// Blocks until the operation finishes.
+    pub fn wait(&self) -> Result<()> {
+        match self.done.wait(None) {
+            Some(r) => r,
+            None => Err(Error::Internal(
+                "wait without deadline returned early".into(),
+            )),
+        }
+    }
+
+    /// Blocks at most `timeout`; `None` if the operation is still running.
+    pub fn wait_timeout(&self, timeout: Duration) -> Option<Result<()>> {
+        self.done.wait(Some(timeout))
+    }
+
+    /// The result if the operation finished, without blocking.
+    pub fn test(&self) -> Option<Result<()>> {
+        self.done.peek()
+    }
+}
+
+/// A non-blocking operation on buffers it owns until [`Pending::wait`]
+/// returns them. Dropping it waits for the operation first, so the engine
+/// never writes into freed memory.
+pub struct Pending<B> {
+    handle: Handle,
+    bufs: Option<B>,
+}
+
+impl<B> Pending<B> {
+    /// Waits and hands the buffers back.
+    pub fn wait(mut self) -> Result<B> {
+        self.handle.wait()?;
+        self.bufs
+            .take()
+            .ok_or_else(|| Error::Internal("pending buffers taken twice".into()))
+    }
+
+    /// Whether the operation finished (and how), without blocking.
+    pub fn test(&self) -> Option<Result<()>> {
+        self.handle.test()
+    }
+}
+
+impl<B> Drop for Pending<B> {
+    fn drop(&mut self) {
+        if self.bufs.is_some() {
+            let _ = self.handle.wait();
+        }
+    }
+}
+
+/// A raw operation for callers that manage memory themselves (the C ABI).
+#[derive(Clone, Copy, Debug)]
+pub struct RawOp {
+    pub kind: OpKind,
+    pub dtype: DType,
+    pub redop: RedOp,
+    /// Elements, as in the layout table of [`crate::algo`].
+    pub count: usize,
+    pub root: Rank,
+    pub send: *const u8,
+    pub recv: *mut u8,
+    pub weight: Option<f64>,
+}
+
+/// A group of ranks that run collectives together.
+pub struct Communicator {
+    rank: Rank,
+    size: u32,
+    local_rank: u32,
+    local_size: u32,
+    cfg: Config,
+    comm_id: u64,
+    seq: AtomicU64,
+    p2p_seq: Mutex<(Vec<u64>, Vec<u64>)>,
+    tx: Mutex<Sender<Msg>>,
+    waker: Arc<mio::Waker>,
+    abort: Arc<AtomicBool>,
+    thread: Option<JoinHandle<()>>,
+    routes: Vec<&'static str>,
+    hostnames: Vec<String>,
+    store: Mutex<StoreClient>,
+    _store_server: Option<StoreServer>,
+}
+
+impl Communicator {
+    /// Brings a communicator up from the launch environment (`gwrun`, Slurm or
+    /// torchrun variables) with the default configuration plus `GW_*` overrides.
+    pub fn from_env() -> Result<Communicator> {
+        Self::init(Bootstrap::from_env()?, Config::default())
+    }
+
+    /// Brings a communicator up. `cfg` is overridden by `GW_*` variables.
+    pub fn init(boot: Bootstrap, mut cfg: Config) -> Result<Communicator> {
+        cfg.apply_env()?;
+        gw_transport::log::set_rank(boot.rank);
+        if gw_transport::log::enabled(gw_transport::log::Level::Info) {
+            gw_info!(
+                "init rank {}/{} (local {}/{}) via {} variables, store {}",
+                boot.rank,
+                boot.world,
+                boot.local_rank,
+                boot.local_size,
+                boot.launcher,
+                boot.store
+            );
+            for line in cfg.describe() {
+                gw_info!("config {line}");
+            }
+        }
+        let start = Instant::now();
+        let timeout = cfg.timeout.value;
+        let deadline = start + timeout;
+        let (me, world) = (boot.rank, boot.world);
+
+        let store_server = if boot.host_store && me == 0 {
+            let port = boot
+                .store
+                .rsplit(':')
+                .next()
+                .and_then(|p| p.parse::<u16>().ok())
+                .unwrap_or(0);
+            Some(StoreServer::start(
+                std::net::SocketAddr::from(([0, 0, 0, 0], port)),
+                &boot.token,
+                StoreConfig::default(),
+            )?)
+        } else {
+            None
+        };
+        let mut store = StoreClient::connect(&boot.store, &boot.token, deadline)?;
+
+        let generation = GENERATION.fetch_add(1, Ordering::Relaxed);
+        let prefix = format!("gw/c{generation}");
+        let claims = store.add(&format!("{prefix}/claim/{me}"), 1)?;
+        if claims > 1 {
+            return Err(Error::Config(format!(
+                "rank {me} was started twice: another process already claimed rank {me} of this job (check GW_RANK and the launcher)"
+            )));
+        }
+
+        let choice = cfg.transport.value;
+        let store_ip = boot
+            .store
+            .to_socket_addrs()
+            .ok()
+            .and_then(|mut a| a.next())
+            .map(|a| a.ip());
+        let mut tcp = if choice == TransportChoice::Shm && world > 1 {
+            None
+        } else {
+            Some(TcpTransport::new(
+                me,
+                TcpConfig {
+                    lanes: cfg.lanes.value,
+                    segment_bytes: cfg.segment_bytes.value,
+                    ifname: cfg.socket_ifname.value.clone(),
+                    store_ip,
+                    job_key: fnv1a(&[&boot.token, &boot.job_id]),
+                },
+            )?)
+        };
+        let host_id = peers::host_id();
+        let info = PeerInfo {
+            rank: me,
+            host_id: host_id.clone(),
+            hostname: peers::hostname(),
+            pid: std::process::id(),
+            tcp: tcp
+                .as_ref()
+                .map(|t| vec![t.listen_addr()])
+                .unwrap_or_default(),
+        };
+        store.set(&format!("{prefix}/peer/{me}"), info.encode().as_bytes())?;
+        let keys: Vec<String> = (0..world).map(|r| format!("{prefix}/peer/{r}")).collect();
+        let key_refs: Vec<&str> = keys.iter().map(String::as_str).collect();
+        let values = match store.wait(&key_refs, deadline) {
+            Ok(v) => v,
+            Err(Error::Timeout { .. }) => {
+                let present = store.check(&key_refs)?;
+                let missing: Vec<String> = present
+                    .iter()
+                    .enumerate()
+                    .filter(|(_, p)| !**p)
+                    .map(|(r, _)| r.to_string())
+                    .collect();
+                return Err(Error::Timeout {
+                    secs: timeout.as_secs_f64(),
+                    what: format!(
+                        "at init on rank {me}: rank(s) {} of {world} never arrived at the store {}",
+                        missing.join(", "),
+                        boot.store
+                    ),
+                });
+            }
+            Err(e) => return Err(e),
+        };
+        let mut peers = Vec::with_capacity(world as usize);
+        for (r, v) in values.iter().enumerate() {
+            let p = PeerInfo::decode(&String::from_utf8_lossy(v))?;
+            if p.rank as usize != r {
+                return Err(Error::Protocol(format!(
+                    "store record for rank {r} names rank {}",
+                    p.rank
+                )));
+            }
+            peers.push(p);
+        }
+
+        // Route each peer to a transport: index 0 is TCP when present, then shm.
+        let mut transports: Vec<Box<dyn Transport>> = Vec::new();
+        let tcp_idx = tcp.is_some().then_some(0usize);
+        let needs_shm = peers
+            .iter()
+            .any(|p| p.rank != me && choice != TransportChoice::Tcp && p.host_id == host_id);
+        if let Some(t) = tcp.as_mut() {
+            t.set_peers(peers.clone());
+        }
+        if let Some(t) = tcp {
+            transports.push(Box::new(t));
+        }
+        let shm_idx = if needs_shm {
+            transports.push(Box::new(ShmTransport::new(
+                me,
+                peers.clone(),
+                ShmConfig {
+                    job_id: format!("{}-c{generation}", boot.job_id),
+                    slot_bytes: cfg.shm_slot_bytes.value,
+                    slots: cfg.shm_slots.value,
+                },
+            )?));
+            Some(transports.len() - 1)
+        } else {
+            None
+        };
+        let mut route = vec![0usize; world as usize];
+        let mut routes = vec!["self"; world as usize];
+        for p in &peers {
+            if p.rank == me {
+                continue;
+            }
+            let same_host = p.host_id == host_id;
+            let (idx, name) = match (choice, same_host) {
+                (TransportChoice::Shm, false) => {
+                    return Err(Error::Config(format!(
+                        "GW_TRANSPORT=shm, but rank {} is on another host ({}); use auto or tcp",
+                        p.rank, p.hostname
+                    )));
+                }
+                (TransportChoice::Tcp, _) | (TransportChoice::Auto, false) => (tcp_idx, "tcp"),
+                (_, true) => (shm_idx, "shm"),
+            };
+            let idx = idx.ok_or_else(|| {
+                Error::Internal(format!("no {name} transport for rank {}", p.rank))
+            })?;
+            route[p.rank as usize] = idx;
+            routes[p.rank as usize] = name;
+            gw_info!(
+                "rank {} ({}): {name}{}",
+                p.rank,
+                p.hostname,
+                if same_host {
+                    " (same host)"
+                } else {
+                    " (other host)"
+                }
+            );
+        }
+
+        let hostnames: Vec<String> = peers.iter().map(|p| p.hostname.clone()).collect();
+        let (tx, rx) = channel();
+        let abort = Arc::new(AtomicBool::new(false));
+        let ncpu = std::thread::available_parallelism()
+            .map(|n| n.get())
+            .unwrap_or(1);
+        let (engine, waker) = Engine::new(
+            EngineConfig {
+                me,
+                timeout,
+                spin: Duration::from_micros(cfg.spin_us.value),
+                oversubscribed: boot.local_size as usize > ncpu,
+                hostnames: hostnames.clone(),
+                abort_board: Some((
+                    StoreClient::connect(&boot.store, &boot.token, deadline)?,
+                    format!("{prefix}/abort"),
+                )),
+            },
+            transports,
+            route,
+            rx,
+            abort.clone(),
+        )?;
+        let thread = std::thread::Builder::new()
+            .name(format!("gw-engine-{me}"))
+            .spawn(move || engine.run())
+            .map_err(|e| Error::sys("pthread_create", "engine thread", e))?;
+        gw_info!("init done in {:.1} ms", start.elapsed().as_secs_f64() * 1e3);
+        Ok(Communicator {
+            rank: me,
+            size: world,
+            local_rank: boot.local_rank,
+            local_size: boot.local_size,
+            comm_id: fnv1a(&[&boot.job_id, &prefix]),
+            cfg,
+            seq: AtomicU64::new(0),
+            p2p_seq: Mutex::new((vec![0; world as usize], vec![0; world as usize])),
+            tx: Mutex::new(tx),
+            waker,
+            abort,
+            thread: Some(thread),
+            routes,
+            hostnames,
+            store: Mutex::new(store),
+            _store_server: store_server,
+        })
+    }
+
+    pub fn rank(&self) -> Rank {
+        self.rank
+    }
+
+    pub fn size(&self) -> u32 {
+        self.size
+    }
+
+    pub fn local_rank(&self) -> u32 {
+        self.local_rank
+    }
+
+    pub fn local_size(&self) -> u32 {
+        self.local_size
+    }
+
+    /// The effective configuration.
+    pub fn config(&self) -> &Config {
+        &self.cfg
+    }
+
+    /// The transport name used to reach each rank ("tcp", "shm", "self").
+    pub fn routes(&self) -> &[&'static str] {
+        &self.routes
+    }
+
+    /// A short description of the transports in use, for benchmark headers.
+    pub fn transport_summary(&self) -> String {
+        let mut names: Vec<&str> = self
+            .routes
+            .iter()
+            .copied()
+            .filter(|n| *n != "self")
+            .collect();
+        names.sort_unstable();
+        names.dedup();
+        if names.is_empty() {
+            "self".into()
+        } else {
+            names.join("+")
+        }
+    }
+
+    /// Host name of each rank.
+    pub fn hostnames(&self) -> &[String] {
+        &self.hostnames
+    }
+
+    /// The rendezvous store this communicator was brought up through.
+    pub fn store(&self) -> std::sync::MutexGuard<'_, StoreClient> {
+        self.store.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Fails every operation in flight and every later one, from any thread.
+    pub fn abort(&self) {
+        self.abort.store(true, Ordering::Release);
+        let _ = self.waker.wake();
+    }
+
+    /// The all-reduce algorithm used for `bytes` (forced by `GW_ALGO`, else by size).
+    pub fn choose_algo(&self, bytes: usize) -> Algo {
+        match self.cfg.algo.value {
+            Some(a) => a,
+            None if bytes <= self.cfg.tree_threshold.value => Algo::Tree,
+            None => Algo::Ring,
+        }
+    }
+
+    fn submit(
+        &self,
+        fp: Fingerprint,
+        sched: Box<dyn algo::Schedule>,
+        kernel: Kernel,
+        op: &RawOp,
+        send_bytes: usize,
+        recv_bytes: usize,
+    ) -> Result<Handle> {
+        let done = Arc::new(Completion::default());
+        let desc = OpDesc {
+            fp,
+            sched,
+            kernel,
+            weight: op.weight,
+            send: Ptr(op.send as *mut u8),
+            send_bytes,
+            recv: Ptr(op.recv),
+            recv_bytes,
+            done: done.clone(),
+        };
+        self.tx
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .send(Msg::Op(desc))
+            .map_err(|_| Error::InvalidUsage("the communicator's engine has stopped".into()))?;
+        self.waker
+            .wake()
+            .map_err(|e| Error::sys("write(eventfd)", "waking the engine", e))?;
+        Ok(Handle { done })
+    }
+
+    /// Validates and submits a collective on raw memory.
+    ///
+    /// # Safety
+    /// `send` must be readable and `recv` writable for the sizes the layout
+    /// table of [`crate::algo`] gives for `op.kind` and `op.count` (in-place
+    /// calls alias them as described there), and both must stay valid, and
+    /// not be accessed by the caller, until the returned handle completes.
+    pub unsafe fn submit_raw(&self, op: RawOp, algo: Option<Algo>) -> Result<Handle> {
+        let n = self.size as usize;
+        if op.kind == OpKind::SendRecv {
+            return Err(Error::InvalidArgument(
+                "use send/recv for point-to-point transfers".into(),
+            ));
+        }
+        if matches!(op.kind, OpKind::Broadcast | OpKind::Reduce) && op.root as usize >= n {
+            return Err(Error::InvalidArgument(format!(
+                "root {} is not a rank of this {n}-rank communicator",
+                op.root
+            )));
+        }
+        let reducing = matches!(
+            op.kind,
+            OpKind::AllReduce | OpKind::ReduceScatter | OpKind::Reduce
+        );
+        let redop = if reducing { op.redop } else { RedOp::None };
+        if reducing && redop == RedOp::None {
+            return Err(Error::InvalidArgument(format!(
+                "{} needs a reduction operator",
+                op.kind.name()
+            )));
+        }
+        let kernel = Kernel::new(op.dtype, redop, self.size)?;
+        if op.weight.is_some() && op.kind != OpKind::AllReduce {
+            return Err(Error::InvalidArgument(
+                "a weight applies to all_reduce only".into(),
+            ));
+        }
+        kernel.check_weight(op.weight)?;
+        let es = op.dtype.size();
+        let overflow = || {
+            Error::InvalidArgument(format!(
+                "count {} of {} overflows the address space",
+                op.count,
+                op.dtype.name()
+            ))
+        };
+        let bytes = op.count.checked_mul(es).ok_or_else(overflow)?;
+        let whole = bytes.checked_mul(n).ok_or_else(overflow)?;
+        let count = if op.kind == OpKind::Barrier {
+            0
+        } else {
+            op.count
+        };
+        let (send_bytes, recv_bytes) = match op.kind {
+            OpKind::ReduceScatter => (whole, bytes),
+            OpKind::AllGather => (bytes, whole),
+            OpKind::Barrier => (0, 0),
+            _ => (bytes, bytes),
+        };
+        if (send_bytes > 0 && op.send.is_null()) || (recv_bytes > 0 && op.recv.is_null()) {
+            return Err(Error::InvalidArgument(format!(
+                "{} got a null buffer",
+                op.kind.name()
+            )));
+        }
+        let algo = match algo {
+            Some(a) => a,
+            None => self.choose_algo(bytes),
+        };
+        let spec = OpSpec {
+            op: op.kind,
+            rank: self.rank,
+            nranks: self.size,
+            count,
+            root: op.root,
+            segment_elems: (self.cfg.segment_bytes.value / es).max(1),
+            scaled: op.weight.is_some(),
+        };
+        let sched = algo::build(&spec, algo)?;
+        let fp = Fingerprint {
+            comm_id: self.comm_id,
+            seq: self.seq.fetch_add(1, Ordering::Relaxed),
+            op: op.kind,
+            dtype: op.dtype,
+            redop,
+            count: count as u64,
+            root: if matches!(op.kind, OpKind::Broadcast | OpKind::Reduce) {
+                op.root
+            } else {
+                0
+            },
+        };
+        self.submit(
+            fp,
+            sched,
+            kernel,
+            &RawOp { redop, ..op },
+            send_bytes,
+            recv_bytes,
+        )
+    }
+
+    fn check_peer(&self, peer: Rank, what: &str) -> Result<()> {
+        if peer >= self.size || peer == self.rank {
+            return Err(Error::InvalidArgument(format!(
+                "rank {} cannot {what} rank {peer} (world size {})",
+                self.rank, self.size
+            )));
+        }
+        Ok(())
+    }
+
+    /// Point-to-point: posts an optional send of `send_count` elements at `send`
+    /// and an optional receive of `recv_count` elements into `recv`, as one
+    /// operation. Messages between a pair are numbered per direction, so they
+    /// match in call order.
+    ///
+    /// # Safety
+    /// The buffers must be valid for their counts until the handle completes.
+    pub unsafe fn sendrecv_raw(
+        &self,
+        dtype: DType,
+        send: Option<(Rank, *const u8, usize)>,
+        recv: Option<(Rank, *mut u8, usize)>,
+    ) -> Result<Handle> {
+        let es = dtype.size();
+        let bytes = |c: usize| {
+            c.checked_mul(es)
+                .ok_or_else(|| Error::InvalidArgument(format!("count {c} overflows")))
+        };
+        let mut halves = (None, None);
+        let (mut sp, mut sb, mut rp, mut rb) =
+            (std::ptr::null::<u8>(), 0, std::ptr::null_mut::<u8>(), 0);
+        {
+            let mut g = self.p2p_seq.lock().unwrap_or_else(|p| p.into_inner());
+            if let Some((peer, p, c)) = send {
+                self.check_peer(peer, "send to")?;
+                sb = bytes(c)?;
+                sp = p;
+                let s = &mut g.0[peer as usize];
+                halves.0 = Some(Half {
+                    peer,
+                    step: *s as u32,
+                    count: c,
+                });
+                *s += 1;
+            }
+            if let Some((peer, p, c)) = recv {
+                self.check_peer(peer, "receive from")?;
+                rb = bytes(c)?;
+                rp = p;
+                let s = &mut g.1[peer as usize];
+                halves.1 = Some(Half {
+                    peer,
+                    step: *s as u32,
+                    count: c,
+                });
+                *s += 1;
+            }
+        }
+        let fp = Fingerprint {
+            comm_id: self.comm_id,
+            seq: P2P_SEQ,
+            op: OpKind::SendRecv,
+            dtype,
+            redop: RedOp::None,
+            count: 0,
+            root: 0,
+        };
+        let sched = Box::new(P2p::new(halves.0, halves.1));
+        let raw = RawOp {
+            kind: OpKind::SendRecv,
+            dtype,
+            redop: RedOp::None,
+            count: 0,
+            root: 0,
+            send: sp,
+            recv: rp,
+            weight: None,
+        };
+        self.submit(
+            fp,
+            sched,
+            Kernel::new(dtype, RedOp::None, self.size)?,
+            &raw,
+            sb,
+            rb,
+        )
+    }
+
+    /// Sends `data` to `peer` (matched in order with the peer's `recv`).
+    pub fn send<T: Element>(&self, peer: Rank, data: &[T]) -> Result<()> {
+        // SAFETY: the slice outlives the blocking wait.
+        unsafe {
+            self.sendrecv_raw(
+                T::DTYPE,
+                Some((peer, data.as_ptr().cast(), data.len())),
+                None,
+            )
+        }?
+        .wait()
+    }
+
+    /// Receives exactly `data.len()` elements from `peer`.
+    pub fn recv<T: Element>(&self, peer: Rank, data: &mut [T]) -> Result<()> {
+        // SAFETY: the slice outlives the blocking wait.
+        unsafe {
+            self.sendrecv_raw(
+                T::DTYPE,
+                None,
+                Some((peer, data.as_mut_ptr().cast(), data.len())),
+            )
+        }?
+        .wait()
+    }
+
+    /// Sends `send` to `to` while receiving `recv` from `from` (MPI_Sendrecv).
+    pub fn sendrecv<T: Element>(
+        &self,
+        send: &[T],
+        to: Rank,
+        recv: &mut [T],
+        from: Rank,
+    ) -> Result<()> {
+        // SAFETY: both slices outlive the blocking wait.
+        unsafe {
+            self.sendrecv_raw(
+                T::DTYPE,
+                Some((to, send.as_ptr().cast(), send.len())),
+                Some((from, recv.as_mut_ptr().cast(), recv.len())),
+            )
+        }?
+        .wait()
+    }
+
+    /// Runs a collective on memory the safe wrappers derived from slices.
+    fn run(&self, op: RawOp) -> Result<()> {
+        // SAFETY: the safe wrappers below derive both pointers from slices whose
+        // lengths they checked against the layout, and block until completion.
+        unsafe { self.submit_raw(op, None)? }.wait()
+    }
+
+    fn op<T: Element>(
+        kind: OpKind,
+        count: usize,
+        send: *const T,
+        recv: *mut T,
+        redop: RedOp,
+    ) -> RawOp {
+        RawOp {
+            kind,
+            dtype: T::DTYPE,
+            redop,
+            count,
+            root: 0,
+            send: send.cast(),
+            recv: recv.cast(),
+            weight: None,
+        }
+    }
+
+    fn same_len(what: &str, a: usize, b: usize) -> Result<()> {
+        if a != b {
+            return Err(Error::InvalidArgument(format!(
+                "{what}: buffers differ in length ({a} vs {b} elements)"
+            )));
+        }
+        Ok(())
+    }
+
+    /// `recv = ⊕ over ranks of send`.
+    pub fn all_reduce<T: Element>(&self, send: &[T], recv: &mut [T], op: RedOp) -> Result<()> {
+        Self::same_len("all_reduce", send.len(), recv.len())?;
+        self.run(Self::op(
+            OpKind::AllReduce,
+            send.len(),
+            send.as_ptr(),
+            recv.as_mut_ptr(),
+            op,
+        ))
+    }
+
+    /// In-place all-reduce.
+    pub fn all_reduce_in_place<T: Element>(&self, buf: &mut [T], op: RedOp) -> Result<()> {
+        let p = buf.as_mut_ptr();
+        self.run(Self::op(OpKind::AllReduce, buf.len(), p, p, op))
+    }
+
+    /// `recv = Σ over ranks of weight_r · send_r`: with weight_r = b_r / Σb this
+    /// is the gradient of the whole global batch when local batches differ.
+    pub fn all_reduce_weighted<T: Element>(
+        &self,
+        send: &[T],
+        recv: &mut [T],
+        weight: f64,
+    ) -> Result<()> {
+        Self::same_len("all_reduce_weighted", send.len(), recv.len())?;
+        self.run(RawOp {
+            weight: Some(weight),
+            ..Self::op(
+                OpKind::AllReduce,
+                send.len(),
+                send.as_ptr(),
+                recv.as_mut_ptr(),
+                RedOp::Sum,
+            )
+        })
+    }
+
+    /// In-place weighted all-reduce.
+    pub fn all_reduce_weighted_in_place<T: Element>(
+        &self,
+        buf: &mut [T],
+        weight: f64,
+    ) -> Result<()> {
+        let p = buf.as_mut_ptr();
+        self.run(RawOp {
+            weight: Some(weight),
+            ..Self::op(OpKind::AllReduce, buf.len(), p, p, RedOp::Sum)
+        })
+    }
+
+    /// Rank r receives chunk r of the reduction; `send.len() == size · recv.len()`.
+    pub fn reduce_scatter<T: Element>(&self, send: &[T], recv: &mut [T], op: RedOp) -> Result<()> {
+        Self::same_len(
+            "reduce_scatter (send = size × recv)",
+            send.len(),
+            recv.len() * self.size as usize,
+        )?;
+        self.run(Self::op(
+            OpKind::ReduceScatter,
+            recv.len(),
+            send.as_ptr(),
+            recv.as_mut_ptr(),
+            op,
+        ))
+    }
+
+    /// In-place reduce-scatter: the result lands in chunk `rank` of `buf`.
+    pub fn reduce_scatter_in_place<T: Element>(&self, buf: &mut [T], op: RedOp) -> Result<()> {
+        let n = self.size as usize;
+        if !buf.len().is_multiple_of(n) {
+            return Err(Error::InvalidArgument(format!(
+                "reduce_scatter_in_place: {} elements do not split into {n} equal chunks",
+                buf.len()
+            )));
+        }
+        let c = buf.len() / n;
+        let p = buf.as_mut_ptr();
+        // SAFETY: rank · c + c <= buf.len().
+        let r = unsafe { p.add(self.rank as usize * c) };
+        self.run(Self::op(OpKind::ReduceScatter, c, p, r, op))
+    }
+
+    /// `recv` is the concatenation of every rank's `send`.
+    pub fn all_gather<T: Element>(&self, send: &[T], recv: &mut [T]) -> Result<()> {
+        Self::same_len(
+            "all_gather (recv = size × send)",
+            recv.len(),
+            send.len() * self.size as usize,
+        )?;
+        self.run(Self::op(
+            OpKind::AllGather,
+            send.len(),
+            send.as_ptr(),
+            recv.as_mut_ptr(),
+            RedOp::None,
+        ))
+    }
+
+    /// In-place all-gather: each rank's contribution is already in its chunk of `buf`.
+    pub fn all_gather_in_place<T: Element>(&self, buf: &mut [T]) -> Result<()> {
+        let n = self.size as usize;
+        if !buf.len().is_multiple_of(n) {
+            return Err(Error::InvalidArgument(format!(
+                "all_gather_in_place: {} elements do not split into {n} equal chunks",
+                buf.len()
+            )));
+        }
+        let c = buf.len() / n;
+        let p = buf.as_mut_ptr();
+        // SAFETY: rank · c + c <= buf.len().
+        let s = unsafe { p.add(self.rank as usize * c) };
+        self.run(Self::op(OpKind::AllGather, c, s, p, RedOp::None))
+    }
+
+    /// Copies root's `buf` to every rank's `buf`.
+    pub fn broadcast<T: Element>(&self, buf: &mut [T], root: Rank) -> Result<()> {
+        let p = buf.as_mut_ptr();
+        self.run(RawOp {
+            root,
+            ..Self::op(OpKind::Broadcast, buf.len(), p, p, RedOp::None)
+        })
+    }
+
+    /// Out-of-place broadcast: root's `send` lands in every rank's `recv`.
+    pub fn broadcast_from<T: Element>(&self, send: &[T], recv: &mut [T], root: Rank) -> Result<()> {
+        Self::same_len("broadcast", send.len(), recv.len())?;
+        self.run(RawOp {
+            root,
+            ..Self::op(
+                OpKind::Broadcast,
+                recv.len(),
+                send.as_ptr(),
+                recv.as_mut_ptr(),
+                RedOp::None,
+            )
+        })
+    }
+
+    /// Reduction to `root`'s `recv` (other ranks' `recv` is left unspecified).
+    pub fn reduce<T: Element>(
+        &self,
+        send: &[T],
+        recv: &mut [T],
+        op: RedOp,
+        root: Rank,
+    ) -> Result<()> {
+        Self::same_len("reduce", send.len(), recv.len())?;
+        self.run(RawOp {
+            root,
+            ..Self::op(
+                OpKind::Reduce,
+                send.len(),
+                send.as_ptr(),
+                recv.as_mut_ptr(),
+                op,
+            )
+        })
+    }
+
+    /// In-place reduction to `root`.
+    pub fn reduce_in_place<T: Element>(&self, buf: &mut [T], op: RedOp, root: Rank) -> Result<()> {
+        let p = buf.as_mut_ptr();
+        self.run(RawOp {
+            root,
+            ..Self::op(OpKind::Reduce, buf.len(), p, p, op)
+        })
+    }
+
+    /// Returns once every rank has called it.
+    pub fn barrier(&self) -> Result<()> {
+        self.run(Self::op::<u8>(
+            OpKind::Barrier,
+            0,
+            std::ptr::null(),
+            std::ptr::null_mut(),
+            RedOp::None,
+        ))
+    }
+
+    /// Non-blocking in-place all-reduce of an owned buffer.
+    pub fn iall_reduce<T: Element>(
+        &self,
+        mut buf: Vec<T>,
+        op: RedOp,
+        weight: Option<f64>,
+    ) -> Result<Pending<Vec<T>>> {
+        let p = buf.as_mut_ptr();
+        let raw = RawOp {
+            kind: OpKind::AllReduce,
+            dtype: T::DTYPE,
+            redop: op,
+            count: buf.len(),
+            root: 0,
+            send: p.cast(),
+            recv: p.cast(),
+            weight,
+        };
+        // SAFETY: the Vec's heap memory stays put while Pending owns it, and
+        // Pending waits for completion before releasing it.
+        let handle = unsafe { self.submit_raw(raw, None)? };
+        Ok(Pending {
+            handle,
+            bufs: Some(buf),
+        })
+    }
+
+    /// Non-blocking broadcast of an owned buffer.
+    pub fn ibroadcast<T: Element>(&self, mut buf: Vec<T>, root: Rank) -> Result<Pending<Vec<T>>> {
+        let p = buf.as_mut_ptr();
+        let raw = RawOp {
+            kind: OpKind::Broadcast,
+            dtype: T::DTYPE,
+            redop: RedOp::None,
+            count: buf.len(),
+            root,
+            send: p.cast(),
+            recv: p.cast(),
+            weight: None,
+        };
+        // SAFETY: as in iall_reduce.
+        let handle = unsafe { self.submit_raw(raw, None)? };
+        Ok(Pending {
+            handle,
+            bufs: Some(buf),
+        })
+    }
+
+    /// Non-blocking all-gather of owned buffers: returns `(send, recv)`.
+    pub fn iall_gather<T: Element>(
+        &self,
+        send: Vec<T>,
+        mut recv: Vec<T>,
+    ) -> Result<Pending<(Vec<T>, Vec<T>)>> {
+        Self::same_len(
+            "iall_gather (recv = size × send)",
+            recv.len(),
+            send.len() * self.size as usize,
+        )?;
+        let raw = RawOp {
+            kind: OpKind::AllGather,
+            dtype: T::DTYPE,
+            redop: RedOp::None,
+            count: send.len(),
+            root: 0,
+            send: send.as_ptr().cast(),
+            recv: recv.as_mut_ptr().cast(),
+            weight: None,
+        };
+        // SAFETY: as in iall_reduce.
+        let handle = unsafe { self.submit_raw(raw, None)? };
+        Ok(Pending {
+            handle,
+            bufs: Some((send, recv)),
+        })
+    }
+}
+
+impl Drop for Communicator {
+    fn drop(&mut self) {
+        if let Ok(tx) = self.tx.lock() {
+            let _ = tx.send(Msg::Shutdown);
+        }
+        let _ = self.waker.wake();
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+    }
+}

@@ -1,0 +1,316 @@
+//! The typed configuration of one communicator.
+//!
+//! Every knob lives in [`Config`] with its default; a program may set fields
+//! through the API, and `GW_*` environment variables override both (as
+//! `NCCL_*` variables do, so an operator can change a job without rebuilding
+//! it). Each value remembers where it came from, and `GW_DEBUG=info` prints the
+//! effective configuration with those sources at init.
+
+use crate::algo::Algo;
+use gw_transport::{Error, Result};
+use std::fmt;
+use std::time::Duration;
+
+/// Where a setting's value came from.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Source {
+    Default,
+    Api,
+    Env(&'static str),
+}
+
+impl fmt::Display for Source {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Source::Default => f.write_str("default"),
+            Source::Api => f.write_str("API"),
+            Source::Env(v) => write!(f, "env {v}"),
+        }
+    }
+}
+
+/// A value and its origin.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Setting<T> {
+    pub value: T,
+    pub source: Source,
+}
+
+impl<T> Setting<T> {
+    fn default(value: T) -> Self {
+        Setting {
+            value,
+            source: Source::Default,
+        }
+    }
+
+    /// Sets the value from the API.
+    pub fn set(&mut self, value: T) {
+        self.value = value;
+        self.source = Source::Api;
+    }
+}
+
+/// Which transport carries traffic to each peer.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum TransportChoice {
+    /// Shared memory to same-host peers, TCP to the rest.
+    Auto,
+    /// TCP to every peer.
+    Tcp,
+    /// Shared memory to every peer; an error if a peer is on another host.
+    Shm,
+}
+
+impl TransportChoice {
+    pub fn parse(s: &str) -> Option<TransportChoice> {
+        match s {
+            "auto" => Some(TransportChoice::Auto),
+            "tcp" => Some(TransportChoice::Tcp),
+            "shm" => Some(TransportChoice::Shm),
+            _ => None,
+        }
+    }
+
+    pub fn name(self) -> &'static str {
+        match self {
+            TransportChoice::Auto => "auto",
+            TransportChoice::Tcp => "tcp",
+            TransportChoice::Shm => "shm",
+        }
+    }
+}
+
+/// Every setting of a communicator (see the module comment).
+#[derive(Clone, Debug, PartialEq)]
+pub struct Config {
+    /// `GW_TRANSPORT`: auto, tcp or shm.
+    pub transport: Setting<TransportChoice>,
+    /// `GW_TIMEOUT` (seconds): deadline of init and of every operation.
+    pub timeout: Setting<Duration>,
+    /// `GW_LANES`: TCP sockets per peer.
+    pub lanes: Setting<usize>,
+    /// `GW_SEGMENT_BYTES`: pipeline segment of the algorithms, and TCP frame size.
+    pub segment_bytes: Setting<usize>,
+    /// `GW_ALGO`: force ring, tree or rhd for all-reduce.
+    pub algo: Setting<Option<Algo>>,
+    /// `GW_TREE_THRESHOLD` (bytes): all-reduces up to this size use the tree.
+    pub tree_threshold: Setting<usize>,
+    /// `GW_SOCKET_IFNAME`: interface the TCP data plane listens on.
+    pub socket_ifname: Setting<Option<String>>,
+    /// `GW_SPIN_US`: how long the engine polls before it sleeps.
+    pub spin_us: Setting<u64>,
+    /// `GW_SHM_SLOT_BYTES`: payload per shared-memory ring slot.
+    pub shm_slot_bytes: Setting<usize>,
+    /// `GW_SHM_SLOTS`: slots per shared-memory ring.
+    pub shm_slots: Setting<usize>,
+}
+
+impl Default for Config {
+    fn default() -> Self {
+        Config {
+            transport: Setting::default(TransportChoice::Auto),
+            timeout: Setting::default(Duration::from_secs(60)),
+            lanes: Setting::default(2),
+            segment_bytes: Setting::default(512 * 1024),
+            algo: Setting::default(None),
+            tree_threshold: Setting::default(64 * 1024),
+            socket_ifname: Setting::default(None),
+            spin_us: Setting::default(100),
+            shm_slot_bytes: Setting::default(512 * 1024),
+            shm_slots: Setting::default(8),
+        }
+    }
+}
+
+fn env_override<T>(
+    s: &mut Setting<T>,
+    var: &'static str,
+    lookup: &dyn Fn(&str) -> Option<String>,
+    parse: impl Fn(&str) -> Option<T>,
+    expect: &str,
+) -> Result<()> {
+    if let Some(v) = lookup(var) {
+        let v = v.trim().to_string();
+        if v.is_empty() {
+            return Ok(());
+        }
+        s.value =
+            parse(&v).ok_or_else(|| Error::Config(format!("{var}={v:?}: expected {expect}")))?;
+        s.source = Source::Env(var);
+    }
+    Ok(())
+}
+
+fn positive<T: std::str::FromStr + PartialOrd + Default>(v: &str) -> Option<T> {
+    v.parse::<T>().ok().filter(|x| *x > T::default())
+}
+
+impl Config {
+    /// Applies `GW_*` overrides from the process environment.
+    pub fn apply_env(&mut self) -> Result<()> {
+        self.apply_env_from(&|k| std::env::var(k).ok())
+    }
+
+    /// Applies overrides from any variable lookup (tests pass a map).
+    pub fn apply_env_from(&mut self, env: &dyn Fn(&str) -> Option<String>) -> Result<()> {
+        env_override(
+            &mut self.transport,
+            "GW_TRANSPORT",
+            env,
+            TransportChoice::parse,
+            "auto, tcp or shm",
+        )?;
+        env_override(
+            &mut self.timeout,
+            "GW_TIMEOUT",
+            env,
+            |v| {
+                v.parse::<f64>()
+                    .ok()
+                    .filter(|s| s.is_finite() && *s > 0.0 && *s < 1e9)
+                    .map(Duration::from_secs_f64)
+            },
+            "a positive number of seconds",
+        )?;
+        env_override(
+            &mut self.lanes,
+            "GW_LANES",
+            env,
+            |v| positive::<usize>(v).filter(|n| *n <= 64),
+            "1..=64",
+        )?;
+        env_override(
+            &mut self.segment_bytes,
+            "GW_SEGMENT_BYTES",
+            env,
+            |v| positive::<usize>(v).filter(|n| *n >= 64 && *n <= 1 << 30),
+            "64..=1073741824 bytes",
+        )?;
+        env_override(
+            &mut self.algo,
+            "GW_ALGO",
+            env,
+            |v| {
+                if v == "auto" {
+                    Some(None)
+                } else {
+                    Algo::parse(v).map(Some)
+                }
+            },
+            "ring, tree, rhd or auto",
+        )?;
+        env_override(
+            &mut self.tree_threshold,
+            "GW_TREE_THRESHOLD",
+            env,
+            |v| v.parse().ok(),
+            "a byte count",
+        )?;
+        env_override(
+            &mut self.socket_ifname,
+            "GW_SOCKET_IFNAME",
+            env,
+            |v| Some(Some(v.to_string())),
+            "an interface name",
+        )?;
+        env_override(
+            &mut self.spin_us,
+            "GW_SPIN_US",
+            env,
+            |v| v.parse().ok(),
+            "microseconds",
+        )?;
+        env_override(
+            &mut self.shm_slot_bytes,
+            "GW_SHM_SLOT_BYTES",
+            env,
+            |v| positive::<usize>(v).filter(|n| *n >= 4096 && *n <= 1 << 30),
+            "4096..=1073741824 bytes",
+        )?;
+        env_override(
+            &mut self.shm_slots,
+            "GW_SHM_SLOTS",
+            env,
+            |v| positive::<usize>(v).filter(|n| *n >= 2 && *n <= 4096),
+            "2..=4096",
+        )?;
+        Ok(())
+    }
+
+    /// One line per setting: name, value, source.
+    pub fn describe(&self) -> Vec<String> {
+        fn line<T: fmt::Debug>(name: &str, s: &Setting<T>) -> String {
+            format!("{name:<18} = {:?} ({})", s.value, s.source)
+        }
+        vec![
+            line("GW_TRANSPORT", &self.transport),
+            line("GW_TIMEOUT", &self.timeout),
+            line("GW_LANES", &self.lanes),
+            line("GW_SEGMENT_BYTES", &self.segment_bytes),
+            line("GW_ALGO", &self.algo),
+            line("GW_TREE_THRESHOLD", &self.tree_threshold),
+            line("GW_SOCKET_IFNAME", &self.socket_ifname),
+            line("GW_SPIN_US", &self.spin_us),
+            line("GW_SHM_SLOT_BYTES", &self.shm_slot_bytes),
+            line("GW_SHM_SLOTS", &self.shm_slots),
+        ]
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::collections::HashMap;
+
+    fn env(pairs: &[(&str, &str)]) -> impl Fn(&str) -> Option<String> {
+        let m: HashMap<String, String> = pairs
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect();
+        move |k| m.get(k).cloned()
+    }
+
+    #[test]
+    fn env_overrides_api_and_records_source() {
+        let mut c = Config::default();
+        c.lanes.set(4);
+        c.apply_env_from(&env(&[("GW_LANES", "3"), ("GW_TRANSPORT", "tcp")]))
+            .unwrap();
+        assert_eq!(c.lanes.value, 3);
+        assert_eq!(c.lanes.source, Source::Env("GW_LANES"));
+        assert_eq!(c.transport.value, TransportChoice::Tcp);
+        assert_eq!(c.timeout.source, Source::Default);
+        assert!(
+            c.describe()
+                .iter()
+                .any(|l| l.contains("GW_LANES") && l.contains("env GW_LANES"))
+        );
+    }
+
+    #[test]
+    fn bad_values_name_the_variable() {
+        for (k, v) in [
+            ("GW_TRANSPORT", "udp"),
+            ("GW_TIMEOUT", "-1"),
+            ("GW_LANES", "0"),
+            ("GW_ALGO", "butterfly"),
+            ("GW_SHM_SLOTS", "1"),
+        ] {
+            let e = Config::default()
+                .apply_env_from(&env(&[(k, v)]))
+                .unwrap_err()
+                .to_string();
+            assert!(e.contains(k) && e.contains(v), "{e}");
+        }
+    }
+
+    #[test]
+    fn api_setting_is_kept_without_env() {
+        let mut c = Config::default();
+        c.timeout.set(Duration::from_secs(5));
+        c.apply_env_from(&env(&[])).unwrap();
+        assert_eq!(c.timeout.value, Duration::from_secs(5));
+        assert_eq!(c.timeout.source, Source::Api);
+    }
+}

@@ -1,0 +1,652 @@
+//! The progress engine: one thread per communicator that owns the transports
+//! and runs operations' schedules.
+//!
+//! Callers submit operations through a channel and wake the engine through a
+//! `mio::Waker`; the engine runs them one at a time in submission order (the
+//! order every rank agrees on), carrying out each [`Action`] of the schedule
+//! over the transport that reaches the peer. Because the engine makes progress
+//! on its own, a non-blocking collective advances while the caller computes.
+//!
+//! Waiting is spin-then-sleep: after `spin_us` without progress the engine asks
+//! every transport to arm its wakeups and blocks in one `mio::Poll`, so an idle
+//! communicator costs no CPU, and more ranks than cores still make progress.
+//!
+//! Any transport error is fatal to the communicator: the engine tells every
+//! connected peer (an abort frame), fails the running and queued operations,
+//! and fails every later one with the original cause.
+
+use crate::algo::{Action, Buf, Loc, Schedule};
+use crate::reduce::Kernel;
+use gw_transport::seam::Readiness;
+use gw_transport::store::StoreClient;
+use gw_transport::wire::Fingerprint;
+use gw_transport::{Error, MemHandle, Rank, Request, Result, Tag, Transport};
+use mio::{Events, Poll, Token, Waker};
+use std::collections::VecDeque;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::mpsc::{Receiver, TryRecvError};
+use std::sync::{Arc, Condvar, Mutex};
+use std::time::{Duration, Instant};
+
+/// The waker's token; transports use `index << 32 ..`.
+pub(crate) const WAKER: Token = Token(usize::MAX);
+const PEER_CHECK_EVERY: Duration = Duration::from_millis(200);
+
+/// A pointer into caller memory that the engine thread may use.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Ptr(pub *mut u8);
+// SAFETY: the caller guarantees the memory stays valid until the operation's
+// completion is signalled, and only the engine thread touches it meanwhile.
+unsafe impl Send for Ptr {}
+
+/// Completion state shared between the engine and a waiting caller.
+#[derive(Default)]
+pub(crate) struct Completion {
+    state: Mutex<Option<Result<()>>>,
+    cv: Condvar,
+}
+
+impl Completion {
+    pub fn finish(&self, r: Result<()>) {
+        let mut g = self.state.lock().unwrap_or_else(|p| p.into_inner());
+        if g.is_none() {
+            *g = Some(r);
+        }
+        self.cv.notify_all();
+    }
+
+    /// The result if the operation finished.
+    pub fn peek(&self) -> Option<Result<()>> {
+        self.state.lock().unwrap_or_else(|p| p.into_inner()).clone()
+    }
+
+    /// Blocks until finished or `timeout` passes (`None` if it did).
+    pub fn wait(&self, timeout: Option<Duration>) -> Option<Result<()>> {
+        let deadline = timeout.map(|t| Instant::now() + t);
+        let mut g = self.state.lock().unwrap_or_else(|p| p.into_inner());
+        loop {
+            if let Some(r) = g.as_ref() {
+                return Some(r.clone());
+            }
+            match deadline {
+                None => g = self.cv.wait(g).unwrap_or_else(|p| p.into_inner()),
+                Some(d) => {
+                    let now = Instant::now();
+                    if now >= d {
+                        return None;
+                    }
+                    g = self
+                        .cv
+                        .wait_timeout(g, d - now)
+                        .unwrap_or_else(|p| p.into_inner())
+                        .0;
+                }
+            }
+        }
+    }
+}
+
+/// One operation as submitted by a caller.
+pub(crate) struct OpDesc {
+    pub fp: Fingerprint,
+    pub sched: Box<dyn Schedule>,
+    pub kernel: Kernel,
+    pub weight: Option<f64>,
+    pub send: Ptr,
+    pub send_bytes: usize,
+    pub recv: Ptr,
+    pub recv_bytes: usize,
+    pub done: Arc<Completion>,
+}
+
+pub(crate) enum Msg {
+    Op(OpDesc),
+    Shutdown,
+}
+
+struct Running {
+    op: OpDesc,
+    /// Per transport: (send handle, recv handle), registered when first used.
+    handles: Vec<Option<(MemHandle, MemHandle)>>,
+    inflight: Vec<(usize, Request, usize)>,
+    blocked: VecDeque<Action>,
+    deadline: Instant,
+}
+
+/// Static engine settings.
+pub(crate) struct EngineConfig {
+    pub me: Rank,
+    pub timeout: Duration,
+    pub spin: Duration,
+    pub oversubscribed: bool,
+    pub hostnames: Vec<String>,
+    /// A store connection and the key under which a failing rank posts why:
+    /// failures then reach every rank, not only the failed rank's neighbours.
+    pub abort_board: Option<(StoreClient, String)>,
+}
+
+/// The engine state, owned by its thread.
+pub(crate) struct Engine {
+    cfg: EngineConfig,
+    poll: Poll,
+    transports: Vec<Box<dyn Transport>>,
+    /// Transport index per peer rank.
+    route: Vec<usize>,
+    connected: Vec<bool>,
+    rx: Receiver<Msg>,
+    abort: Arc<AtomicBool>,
+    queue: VecDeque<OpDesc>,
+    current: Option<Running>,
+    failed: Option<Error>,
+    scratch: Vec<u64>,
+    scratch_handles: Vec<Option<MemHandle>>,
+    shutting_down: bool,
+}
+
+impl Engine {
+    /// Sets up the poller and attaches every transport to it.
+    pub fn new(
+        cfg: EngineConfig,
+        mut transports: Vec<Box<dyn Transport>>,
+        route: Vec<usize>,
+        rx: Receiver<Msg>,
+        abort: Arc<AtomicBool>,
+    ) -> Result<(Engine, Arc<Waker>)> {
+        let poll = Poll::new().map_err(|e| Error::sys("epoll_create", "engine poller", e))?;
+        let waker = Arc::new(
+            Waker::new(poll.registry(), WAKER)
+                .map_err(|e| Error::sys("eventfd", "engine waker", e))?,
+        );
+        for (i, t) in transports.iter_mut().enumerate() {
+            t.attach(poll.registry(), i << 32)?;
+        }
+        let n = route.len();
+        let nt = transports.len();
+        Ok((
+            Engine {
+                cfg,
+                poll,
+                transports,
+                route,
+                connected: vec![false; n],
+                rx,
+                abort,
+                queue: VecDeque::new(),
+                current: None,
+                failed: None,
+                scratch: Vec::new(),
+                scratch_handles: vec![None; nt],
+                shutting_down: false,
+            },
+            waker,
+        ))
+    }
+
+    /// The engine thread's body.
+    pub fn run(mut self) {
+        let mut events = Events::with_capacity(64);
+        let mut idle_since: Option<Instant> = None;
+        let mut last_check = Instant::now();
+        loop {
+            self.drain_messages();
+            if self.abort.load(Ordering::Acquire) && self.failed.is_none() {
+                self.fail(Error::Aborted(
+                    "the communicator was aborted by the application".into(),
+                ));
+            }
+            if self.current.is_none() {
+                self.start_next();
+            }
+            if self.current.is_none() && self.queue.is_empty() {
+                if self.shutting_down {
+                    break;
+                }
+                // Idle: sleep until a submission wakes us (or a peer event arrives).
+                self.sleep(&mut events, None);
+                idle_since = None;
+                continue;
+            }
+            let moved = match self.step() {
+                Ok(m) => m,
+                Err(e) => {
+                    self.fail(e);
+                    continue;
+                }
+            };
+            if moved {
+                idle_since = None;
+                continue;
+            }
+            let now = Instant::now();
+            if now.duration_since(last_check) >= PEER_CHECK_EVERY {
+                last_check = now;
+                if let Err(e) = self.check() {
+                    self.fail(e);
+                    continue;
+                }
+            }
+            let since = *idle_since.get_or_insert(now);
+            if now.duration_since(since) < self.cfg.spin {
+                if self.cfg.oversubscribed {
+                    std::thread::yield_now();
+                }
+                self.poll_events(&mut events, Some(Duration::ZERO));
+                continue;
+            }
+            let wait = self.current.as_ref().map(|r| {
+                r.deadline
+                    .saturating_duration_since(now)
+                    .min(PEER_CHECK_EVERY)
+            });
+            self.sleep(&mut events, wait);
+        }
+    }
+
+    fn drain_messages(&mut self) {
+        loop {
+            match self.rx.try_recv() {
+                Ok(Msg::Op(op)) => {
+                    if let Some(e) = &self.failed {
+                        op.done.finish(Err(failed_earlier(e)));
+                    } else {
+                        self.queue.push_back(op);
+                    }
+                }
+                Ok(Msg::Shutdown) | Err(TryRecvError::Disconnected) => self.shutting_down = true,
+                Err(TryRecvError::Empty) => break,
+            }
+        }
+    }
+
+    fn sleep(&mut self, events: &mut Events, timeout: Option<Duration>) {
+        let mut ok = true;
+        for t in &mut self.transports {
+            ok &= t.prepare_sleep();
+        }
+        self.poll_events(events, if ok { timeout } else { Some(Duration::ZERO) });
+        for t in &mut self.transports {
+            t.finish_sleep();
+        }
+    }
+
+    fn poll_events(&mut self, events: &mut Events, timeout: Option<Duration>) {
+        if let Err(e) = self.poll.poll(events, timeout) {
+            if e.kind() != std::io::ErrorKind::Interrupted {
+                self.fail(Error::sys("epoll_wait", "engine poller", e));
+            }
+            return;
+        }
+        for ev in events.iter() {
+            if ev.token() == WAKER {
+                continue;
+            }
+            let idx = ev.token().0 >> 32;
+            if let Some(t) = self.transports.get_mut(idx)
+                && let Err(e) = t.on_event(ev)
+            {
+                self.fail(e);
+                return;
+            }
+        }
+    }
+
+    fn check(&mut self) -> Result<()> {
+        for t in &mut self.transports {
+            t.check_peers()?;
+        }
+        if self.current.is_some()
+            && let Some((store, key)) = self.cfg.abort_board.as_mut()
+        {
+            match store.get(key) {
+                Ok(Some(why)) => {
+                    return Err(Error::Aborted(format!(
+                        "another rank failed: {}",
+                        String::from_utf8_lossy(&why)
+                    )));
+                }
+                Ok(None) => {}
+                Err(e) => {
+                    gw_transport::gw_warn!("cannot read failures from the store any more: {e}");
+                    self.cfg.abort_board = None;
+                }
+            }
+        }
+        if let Some(r) = &self.current
+            && Instant::now() >= r.deadline
+        {
+            return Err(Error::Timeout {
+                secs: self.cfg.timeout.as_secs_f64(),
+                what: format!(
+                    "in {} on rank {}: {}",
+                    r.op.fp,
+                    self.cfg.me,
+                    self.describe_wait(r)
+                ),
+            });
+        }
+        Ok(())
+    }
+
+    fn describe_wait(&self, r: &Running) -> String {
+        let mut s = r.op.sched.waiting_for();
+        if let Some(a) = r.blocked.front() {
+            let peer = match a {
+                Action::Send { peer, .. } | Action::Recv { peer, .. } => *peer,
+                _ => self.cfg.me,
+            };
+            s.push_str(&format!(
+                "; still connecting to rank {peer} ({})",
+                self.cfg
+                    .hostnames
+                    .get(peer as usize)
+                    .map(String::as_str)
+                    .unwrap_or("?")
+            ));
+        }
+        s
+    }
+
+    fn start_next(&mut self) {
+        let Some(op) = self.queue.pop_front() else {
+            return;
+        };
+        if let Some(e) = &self.failed {
+            op.done.finish(Err(failed_earlier(e)));
+            return;
+        }
+        let need = op.sched.scratch_elems() * op.kernel.dtype.size();
+        if let Err(e) = self.ensure_scratch(need) {
+            op.done.finish(Err(e));
+            return;
+        }
+        let nt = self.transports.len();
+        self.current = Some(Running {
+            op,
+            handles: vec![None; nt],
+            inflight: Vec::new(),
+            blocked: VecDeque::new(),
+            deadline: Instant::now() + self.cfg.timeout,
+        });
+    }
+
+    /// Grows the communicator's scratch buffer (rarely: it only ever grows) and
+    /// registers it with every transport.
+    fn ensure_scratch(&mut self, bytes: usize) -> Result<()> {
+        if bytes <= self.scratch.len() * 8 {
+            return Ok(());
+        }
+        for (t, h) in self
+            .transports
+            .iter_mut()
+            .zip(self.scratch_handles.iter_mut())
+        {
+            if let Some(h) = h.take() {
+                t.deregister(h)?;
+            }
+        }
+        self.scratch = vec![0u64; bytes.div_ceil(8).next_power_of_two()];
+        let ptr = self.scratch.as_mut_ptr().cast::<u8>();
+        let len = self.scratch.len() * 8;
+        for (t, h) in self
+            .transports
+            .iter_mut()
+            .zip(self.scratch_handles.iter_mut())
+        {
+            // SAFETY: the scratch vector lives until it is deregistered here or the engine drops.
+            *h = Some(unsafe { t.register(ptr, len)? });
+        }
+        Ok(())
+    }
+
+    /// Progresses transports and the running operation once.
+    fn step(&mut self) -> Result<bool> {
+        let mut moved = false;
+        for t in &mut self.transports {
+            moved |= t.progress()?;
+        }
+        let Some(mut r) = self.current.take() else {
+            return Ok(moved);
+        };
+        let res = self.advance(&mut r);
+        match res {
+            Ok(m) => {
+                moved |= m;
+                if r.op.sched.is_done() && r.inflight.is_empty() && r.blocked.is_empty() {
+                    self.release(&mut r);
+                    r.op.done.finish(Ok(()));
+                    moved = true;
+                } else {
+                    self.current = Some(r);
+                }
+                Ok(moved)
+            }
+            Err(e) => {
+                self.release(&mut r);
+                self.current = Some(r);
+                Err(e)
+            }
+        }
+    }
+
+    fn advance(&mut self, r: &mut Running) -> Result<bool> {
+        let mut moved = false;
+        loop {
+            let mut progressed = false;
+            for _ in 0..r.blocked.len() {
+                let Some(a) = r.blocked.pop_front() else {
+                    break;
+                };
+                progressed |= self.execute(r, a)?;
+            }
+            while let Some(a) = r.op.sched.next_action() {
+                self.execute(r, a)?;
+                progressed = true;
+            }
+            let mut i = 0;
+            while i < r.inflight.len() {
+                let (t, req, id) = r.inflight[i];
+                if self.transports[t].test(req)? {
+                    r.inflight.swap_remove(i);
+                    r.op.sched.complete(id);
+                    progressed = true;
+                } else {
+                    i += 1;
+                }
+            }
+            if !progressed {
+                return Ok(moved);
+            }
+            moved = true;
+        }
+    }
+
+    /// Carries out one action. Returns false if it had to wait for a connection.
+    fn execute(&mut self, r: &mut Running, a: Action) -> Result<bool> {
+        match a {
+            Action::Send {
+                id,
+                peer,
+                step,
+                src,
+            }
+            | Action::Recv {
+                id,
+                peer,
+                step,
+                dst: src,
+            } => {
+                let t = self.ready_transport(peer)?;
+                let Some(t) = t else {
+                    r.blocked.push_back(a);
+                    return Ok(false);
+                };
+                let (mem, off, len) = self.locate(r, t, src)?;
+                let tag = Tag { fp: r.op.fp, step };
+                let req = if matches!(a, Action::Send { .. }) {
+                    self.transports[t].isend(peer, tag, mem, off, len)?
+                } else {
+                    self.transports[t].irecv(peer, tag, mem, off, len)?
+                };
+                r.inflight.push((t, req, id));
+            }
+            Action::Reduce {
+                id,
+                dst,
+                a: x,
+                b: y,
+                finalize,
+            } => {
+                let n = dst.len;
+                if x.len != n || y.len != n {
+                    return Err(Error::Internal(format!(
+                        "reduce with unequal lengths: {a:?}"
+                    )));
+                }
+                let (d, xs, ys) = (self.ptr(r, dst)?, self.ptr(r, x)?, self.ptr(r, y)?);
+                let (sx, sy) = (self.scale(r, x), self.scale(r, y));
+                // SAFETY: ptr() bounds-checked each range against its buffer; the
+                // schedule guarantees dst aliases a or b exactly or not at all.
+                unsafe { r.op.kernel.reduce(d, xs, sx, ys, sy, n, finalize) };
+                r.op.sched.complete(id);
+            }
+            Action::Copy {
+                id,
+                dst,
+                src,
+                finalize,
+            } => {
+                if src.len != dst.len {
+                    return Err(Error::Internal(format!("copy with unequal lengths: {a:?}")));
+                }
+                let (d, s) = (self.ptr(r, dst)?, self.ptr(r, src)?);
+                let sc = self.scale(r, src);
+                // SAFETY: as for Reduce.
+                unsafe { r.op.kernel.copy(d, s, sc, dst.len, finalize) };
+                r.op.sched.complete(id);
+            }
+        }
+        Ok(true)
+    }
+
+    fn scale(&self, r: &Running, l: Loc) -> Option<f64> {
+        if l.buf == Buf::Send {
+            r.op.weight
+        } else {
+            None
+        }
+    }
+
+    /// The transport to `peer` once its connection is up (`None` while pending).
+    fn ready_transport(&mut self, peer: Rank) -> Result<Option<usize>> {
+        let p = peer as usize;
+        let t = *self.route.get(p).ok_or_else(|| {
+            Error::Internal(format!("schedule addressed rank {peer} outside the world"))
+        })?;
+        if self.connected[p] {
+            return Ok(Some(t));
+        }
+        match self.transports[t].connect(peer)? {
+            Readiness::Ready => {
+                self.connected[p] = true;
+                gw_transport::gw_info!(
+                    "connected to rank {peer} ({}) over {}",
+                    self.cfg.hostnames.get(p).map(String::as_str).unwrap_or("?"),
+                    self.transports[t].properties().name
+                );
+                Ok(Some(t))
+            }
+            Readiness::Pending => Ok(None),
+        }
+    }
+
+    fn buf_range(&self, r: &Running, l: Loc) -> Result<(Ptr, usize, usize)> {
+        let es = r.op.kernel.dtype.size();
+        let (base, size) = match l.buf {
+            Buf::Send => (r.op.send, r.op.send_bytes),
+            Buf::Recv => (r.op.recv, r.op.recv_bytes),
+            Buf::Scratch => (
+                Ptr(self.scratch.as_ptr() as *mut u8),
+                self.scratch.len() * 8,
+            ),
+        };
+        let off = l.offset.checked_mul(es);
+        let len = l.len.checked_mul(es);
+        match (off, len) {
+            (Some(o), Some(n)) if o.checked_add(n).is_some_and(|e| e <= size) => Ok((base, o, n)),
+            _ => Err(Error::Internal(format!(
+                "schedule range {l:?} exceeds its {size}-byte buffer"
+            ))),
+        }
+    }
+
+    fn ptr(&self, r: &Running, l: Loc) -> Result<*mut u8> {
+        let (base, off, _) = self.buf_range(r, l)?;
+        // SAFETY: buf_range checked off + len <= size of the buffer.
+        Ok(unsafe { base.0.add(off) })
+    }
+
+    fn locate(&mut self, r: &mut Running, t: usize, l: Loc) -> Result<(MemHandle, usize, usize)> {
+        let (_, off, len) = self.buf_range(r, l)?;
+        let mem = match l.buf {
+            Buf::Scratch => self.scratch_handles[t]
+                .ok_or_else(|| Error::Internal("scratch used before it was registered".into()))?,
+            Buf::Send | Buf::Recv => {
+                if r.handles[t].is_none() {
+                    let tr = &mut self.transports[t];
+                    // SAFETY: the caller keeps both buffers valid until the operation
+                    // completes; they are deregistered in release() before that.
+                    let hs = unsafe { tr.register(r.op.send.0, r.op.send_bytes)? };
+                    let hr = unsafe { tr.register(r.op.recv.0, r.op.recv_bytes)? };
+                    r.handles[t] = Some((hs, hr));
+                }
+                let Some((hs, hr)) = r.handles[t] else {
+                    return Err(Error::Internal("registration vanished".into()));
+                };
+                if l.buf == Buf::Send { hs } else { hr }
+            }
+        };
+        Ok((mem, off, len))
+    }
+
+    fn release(&mut self, r: &mut Running) {
+        for (t, h) in r.handles.iter_mut().enumerate() {
+            if let Some((hs, hr)) = h.take() {
+                let _ = self.transports[t].deregister(hs);
+                let _ = self.transports[t].deregister(hr);
+            }
+        }
+    }
+
+    fn fail(&mut self, e: Error) {
+        if self.failed.is_some() {
+            return;
+        }
+        gw_transport::gw_warn!("communicator failed: {e}");
+        let reason = format!("rank {} failed: {e}", self.cfg.me);
+        for t in &mut self.transports {
+            t.abort(&reason);
+        }
+        // Post the first failure for everyone; a rank that learnt of the failure
+        // from the board itself leaves the original cause in place.
+        if !matches!(e, Error::Aborted(_))
+            && let Some((store, key)) = self.cfg.abort_board.as_mut()
+        {
+            let _ = store.set(key, reason.as_bytes());
+        }
+        if let Some(mut r) = self.current.take() {
+            self.release(&mut r);
+            r.op.done.finish(Err(e.clone()));
+        }
+        for op in self.queue.drain(..) {
+            op.done.finish(Err(failed_earlier(&e)));
+        }
+        self.failed = Some(e);
+    }
+}
+
+fn failed_earlier(e: &Error) -> Error {
+    match e {
+        Error::Aborted(_) => e.clone(),
+        _ => Error::Aborted(format!("the communicator failed earlier: {e}")),
+    }
+}

@@ -1,0 +1,265 @@
+//! `gwrun`, the job launcher (in the style of mpirun and torchrun).
+//!
+//! It lives in the library rather than in the binary so that every piece can
+//! be unit-tested: [`args`] parses the command line, [`spawn`] finds the
+//! program and starts ranks, [`output`] tags their output, [`signals`] and
+//! [`job`] supervise them. `src/bin/gwrun.rs` only calls [`main`].
+//!
+//! The order of a run, and why:
+//! 1. parse arguments and resolve PROGRAM *before* anything is started, so a
+//!    typo costs nothing and exits 2;
+//! 2. block SIGINT/SIGTERM/SIGCHLD before any thread exists (see [`signals`]);
+//! 3. start the rendezvous store in-process, so its lifetime is exactly the
+//!    job's and ranks never race a separately started store;
+//! 4. spawn every rank into one process group, start the output forwarders;
+//! 5. supervise until every rank is reaped;
+//! 6. SIGKILL whatever the ranks left behind in their group (it would hold
+//!    our pipes open), drain the output, stop the store, and remove the job's
+//!    shared-memory files `/dev/shm/gw-<job id>-*`, which a crashed rank
+//!    cannot unlink itself.
+//!
+//! Exit statuses are listed in [`args::HELP`]: 0 success; the failing rank's
+//! status, or 128 + signal; 1 when gwrun itself fails; 2 for usage errors.
+
+pub mod args;
+pub mod job;
+pub mod output;
+pub mod signals;
+pub mod spawn;
+
+use std::ffi::OsString;
+use std::net::{Ipv4Addr, SocketAddr};
+use std::path::Path;
+use std::sync::mpsc;
+use std::time::{Duration, Instant};
+
+use gw_transport::store::{StoreConfig, StoreServer};
+
+use args::{Command, Options};
+use job::RankProc;
+use output::Stream;
+use signals::Signals;
+use spawn::RankPlan;
+
+/// Exit status for usage errors and a PROGRAM that cannot be found.
+pub const EXIT_USAGE: i32 = 2;
+/// Exit status when gwrun itself fails (store, spawn).
+pub const EXIT_INTERNAL: i32 = 1;
+/// How long to wait for rank output to drain after the last rank is gone.
+const DRAIN_GRACE: Duration = Duration::from_secs(2);
+
+/// Runs gwrun with `args` (without `argv[0]`) and returns its exit status.
+pub fn main(args: Vec<OsString>) -> i32 {
+    match args::parse(args) {
+        Ok(Command::Help) => {
+            print!("{}", args::HELP);
+            0
+        }
+        Ok(Command::Version) => {
+            println!("gwrun {}", env!("CARGO_PKG_VERSION"));
+            0
+        }
+        Ok(Command::Run(opts)) => run(opts),
+        Err(e) => usage_error(&e.to_string()),
+    }
+}
+
+fn usage_error(msg: &str) -> i32 {
+    eprintln!("gwrun: error: {msg}");
+    EXIT_USAGE
+}
+
+fn internal_error(msg: &str) -> i32 {
+    eprintln!("gwrun: error: {msg}");
+    EXIT_INTERNAL
+}
+
+/// Launches the job described by `opts` and waits for it.
+pub fn run(opts: Options) -> i32 {
+    let program = match spawn::find_program(&opts.program) {
+        Ok(p) => p,
+        Err(e) => return usage_error(&e.0),
+    };
+    let bind = match opts.store_bind {
+        Some(b) => b,
+        None => match std::env::var("GW_STORE_BIND") {
+            Ok(v) if !v.trim().is_empty() => match args::parse_bind(&v) {
+                Ok(b) => b,
+                Err(e) => return usage_error(&format!("GW_STORE_BIND: {e}")),
+            },
+            _ => SocketAddr::from((Ipv4Addr::LOCALHOST, 0)),
+        },
+    };
+    let (token, job_id) = match (spawn::random_hex(16), spawn::random_hex(8)) {
+        (Ok(t), Ok(j)) => (t, j),
+        (Err(e), _) | (_, Err(e)) => {
+            return internal_error(&format!("cannot read /dev/urandom: {e}"));
+        }
+    };
+
+    let mut signals = match Signals::install() {
+        Ok(s) => s,
+        Err(e) => return internal_error(&format!("cannot install signal handlers: {e}")),
+    };
+    let store = match StoreServer::start(bind, &token, StoreConfig::default()) {
+        Ok(s) => s,
+        Err(e) => {
+            return internal_error(&format!("cannot start the rendezvous store on {bind}: {e}"));
+        }
+    };
+    let store_addr = args::advertised_store(opts.store_addr.as_deref(), store.local_addr());
+
+    let mut common_env = vec![
+        ("GW_STORE".to_owned(), store_addr),
+        ("GW_TOKEN".to_owned(), token),
+        ("GW_JOB_ID".to_owned(), job_id.clone()),
+    ];
+    if let Some(t) = opts.transport {
+        common_env.push(("GW_TRANSPORT".to_owned(), t.as_str().to_owned()));
+    }
+    if let Some(t) = &opts.timeout {
+        common_env.push(("GW_TIMEOUT".to_owned(), t.clone()));
+    }
+    if let Some(k) = opts.lanes {
+        common_env.push(("GW_LANES".to_owned(), k.to_string()));
+    }
+    let plan = RankPlan {
+        program,
+        args: opts.args,
+        world: opts.nprocs,
+        common_env,
+        pipe_output: opts.tag_output,
+    };
+
+    let code = launch(&plan, &mut signals);
+
+    store.shutdown();
+    remove_shm_files(Path::new("/dev/shm"), &job_id);
+    drop(signals);
+    code
+}
+
+/// Spawns, supervises and cleans up the ranks; returns the exit status.
+fn launch(plan: &RankPlan, signals: &mut Signals) -> i32 {
+    let (done_tx, done_rx) = mpsc::channel::<()>();
+    let mut ranks: Vec<RankProc> = Vec::with_capacity(plan.world);
+    let mut pgid: Option<i32> = None;
+    let mut code = None;
+    for rank in 0..plan.world {
+        let mut child = match plan.spawn(rank, pgid) {
+            Ok(c) => c,
+            Err(e) => {
+                code = Some(internal_error(&format!(
+                    "cannot start rank {rank} ({}): {e}",
+                    plan.program.display()
+                )));
+                break;
+            }
+        };
+        pgid.get_or_insert(child.id() as i32);
+        if let Some(out) = child.stdout.take() {
+            start_forwarder(rank, out, Stream::Stdout, &done_tx);
+        }
+        if let Some(err) = child.stderr.take() {
+            start_forwarder(rank, err, Stream::Stderr, &done_tx);
+        }
+        ranks.push(RankProc {
+            rank,
+            child,
+            status: None,
+        });
+    }
+    drop(done_tx);
+
+    let Some(pgid) = pgid else {
+        return code.unwrap_or(EXIT_INTERNAL);
+    };
+    let code = match code {
+        Some(c) => {
+            // A later rank failed to start: the job cannot run without it.
+            job::signal_ranks(pgid, &ranks, libc::SIGKILL);
+            for r in &mut ranks {
+                let _ = r.child.wait();
+            }
+            c
+        }
+        None => job::supervise(&mut ranks, pgid, signals),
+    };
+
+    // Anything still in the group was forked by a rank and outlived it.
+    // SAFETY: kill has no memory-safety preconditions.
+    unsafe {
+        libc::kill(-pgid, libc::SIGKILL);
+    }
+    let deadline = Instant::now() + DRAIN_GRACE;
+    while let Some(left) = deadline.checked_duration_since(Instant::now()) {
+        match done_rx.recv_timeout(left) {
+            Ok(()) => {}
+            Err(mpsc::RecvTimeoutError::Disconnected) => break,
+            Err(mpsc::RecvTimeoutError::Timeout) => {
+                eprintln!(
+                    "gwrun: rank output still open {} s after the job ended; not waiting for it",
+                    DRAIN_GRACE.as_secs()
+                );
+                break;
+            }
+        }
+    }
+    code
+}
+
+fn start_forwarder(
+    rank: usize,
+    src: impl std::io::Read + Send + 'static,
+    stream: Stream,
+    done: &mpsc::Sender<()>,
+) {
+    if let Err(e) = output::forward(rank, src, stream, done.clone()) {
+        eprintln!("gwrun: cannot start an output thread for rank {rank}: {e}");
+    }
+}
+
+/// Removes `dir/gw-<job_id>-*`, the job's shared-memory segments; errors are
+/// ignored (another process may have removed them first).
+pub fn remove_shm_files(dir: &Path, job_id: &str) {
+    let prefix = format!("gw-{job_id}-");
+    let Ok(entries) = std::fs::read_dir(dir) else {
+        return;
+    };
+    for e in entries.flatten() {
+        if e.file_name()
+            .as_encoded_bytes()
+            .starts_with(prefix.as_bytes())
+        {
+            let _ = std::fs::remove_file(e.path());
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn shm_cleanup_touches_only_this_job() {
+        let d = std::env::temp_dir().join(format!("gwrun-shm-{}", std::process::id()));
+        std::fs::create_dir_all(&d).unwrap();
+        for f in [
+            "gw-abc-0",
+            "gw-abc-ring-1",
+            "gw-abcd-0",
+            "gw-xyz-0",
+            "other",
+        ] {
+            std::fs::write(d.join(f), b"").unwrap();
+        }
+        remove_shm_files(&d, "abc");
+        let mut left: Vec<String> = std::fs::read_dir(&d)
+            .unwrap()
+            .map(|e| e.unwrap().file_name().into_string().unwrap())
+            .collect();
+        left.sort();
+        assert_eq!(left, ["gw-abcd-0", "gw-xyz-0", "other"]);
+        let _ = std::fs::remove_dir_all(&d);
+    }
+}

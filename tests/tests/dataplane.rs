@@ -1,0 +1,194 @@
+//! The data plane end to end: real rank processes exchanging data over real
+//! TCP sockets and real shared memory, and the failures that must be loud.
+
+use gw_tests::{DirectJob, gwrun};
+use std::time::Duration;
+
+const LONG: Duration = Duration::from_secs(240);
+
+fn exchange(n: u32, transport: &str, sizes: &[&str]) {
+    let mut args = vec!["exchange"];
+    args.extend_from_slice(sizes);
+    let run = gwrun(
+        n,
+        "gwtest",
+        &args,
+        &[("GW_TRANSPORT", transport), ("GW_TIMEOUT", "120")],
+        LONG,
+    );
+    assert!(run.status.success(), "n={n} {transport}: {}", run.all());
+    for r in 0..n {
+        let line = format!("[{r}] rank {r}: exchange ok");
+        assert!(
+            run.stdout.contains(&line),
+            "n={n} {transport}: missing {line:?}\n{}",
+            run.all()
+        );
+    }
+    if n > 1 {
+        assert!(
+            run.stdout.contains(&format!("transports {transport}")),
+            "{}",
+            run.all()
+        );
+    }
+}
+
+#[test]
+fn exchange_matrix_tcp() {
+    for n in [1, 2, 3, 4, 8] {
+        exchange(n, "tcp", &["0", "1", "4095", "1048579"]);
+    }
+}
+
+#[test]
+fn exchange_matrix_shm() {
+    for n in [1, 2, 3, 4, 8] {
+        exchange(n, "shm", &["0", "1", "4095", "1048579"]);
+    }
+}
+
+#[test]
+fn exchange_64mib_both_transports() {
+    exchange(2, "tcp", &["64M"]);
+    exchange(2, "shm", &["64M"]);
+    exchange(3, "shm", &["64M"]);
+}
+
+fn survivors_name_the_dead_rank(transport: &str) {
+    let job = DirectJob::new();
+    let runs = job.run(
+        &[0, 1, 2],
+        3,
+        &["kill-mid-transfer", "1"],
+        &[("GW_TRANSPORT", transport), ("GW_TIMEOUT", "20")],
+        Duration::from_secs(60),
+    );
+    assert!(
+        !runs[1].status.success(),
+        "the victim should have died: {}",
+        runs[1].all()
+    );
+    for r in [0, 2] {
+        let run = &runs[r];
+        assert!(!run.status.success(), "rank {r} should fail: {}", run.all());
+        assert!(
+            run.stdout.contains("rank 1"),
+            "rank {r} must name rank 1: {}",
+            run.all()
+        );
+        assert!(
+            run.elapsed < Duration::from_secs(20),
+            "rank {r} took {:?}: {}",
+            run.elapsed,
+            run.all()
+        );
+    }
+}
+
+#[test]
+fn peer_killed_mid_transfer_tcp() {
+    survivors_name_the_dead_rank("tcp");
+}
+
+#[test]
+fn peer_killed_mid_transfer_shm() {
+    survivors_name_the_dead_rank("shm");
+}
+
+#[test]
+fn wrong_token_is_refused() {
+    let job = DirectJob::new();
+    let runs = job.run(
+        &[0],
+        1,
+        &["init"],
+        &[("GW_TOKEN", "not-the-token"), ("GW_TIMEOUT", "5")],
+        Duration::from_secs(30),
+    );
+    assert!(!runs[0].status.success(), "{}", runs[0].all());
+    assert!(
+        runs[0].stdout.contains("wrong job token"),
+        "{}",
+        runs[0].all()
+    );
+}
+
+#[test]
+fn unreachable_store_is_named() {
+    let job = DirectJob::new();
+    let runs = job.run(
+        &[0],
+        2,
+        &["init"],
+        &[("GW_STORE", "127.0.0.1:1"), ("GW_TIMEOUT", "2")],
+        Duration::from_secs(30),
+    );
+    assert!(!runs[0].status.success(), "{}", runs[0].all());
+    assert!(runs[0].stdout.contains("127.0.0.1:1"), "{}", runs[0].all());
+}
+
+#[test]
+fn rank_started_twice_is_an_error() {
+    let job = DirectJob::new();
+    let runs = job.run(
+        &[0, 0, 1],
+        2,
+        &["exchange", "16"],
+        &[("GW_TIMEOUT", "10")],
+        Duration::from_secs(60),
+    );
+    let twice: Vec<_> = runs
+        .iter()
+        .filter(|r| r.stdout.contains("rank 0 was started twice"))
+        .collect();
+    assert_eq!(
+        twice.len(),
+        1,
+        "exactly one duplicate must be refused: {runs:#?}"
+    );
+    assert!(!twice[0].status.success());
+}
+
+#[test]
+fn missing_rank_is_named_at_init() {
+    let job = DirectJob::new();
+    let runs = job.run(
+        &[0, 1],
+        3,
+        &["init"],
+        &[("GW_TIMEOUT", "3")],
+        Duration::from_secs(30),
+    );
+    for run in &runs {
+        assert!(!run.status.success(), "{}", run.all());
+        assert!(
+            run.stdout.contains("rank(s) 2 of 3 never arrived"),
+            "{}",
+            run.all()
+        );
+    }
+}
+
+#[test]
+fn mismatched_fingerprint_names_both_sides() {
+    for transport in ["tcp", "shm"] {
+        let job = DirectJob::new();
+        let runs = job.run(
+            &[0, 1],
+            2,
+            &["mismatch"],
+            &[("GW_TRANSPORT", transport), ("GW_TIMEOUT", "10")],
+            Duration::from_secs(60),
+        );
+        let r1 = &runs[1];
+        assert!(!r1.status.success(), "{}", r1.all());
+        assert!(
+            r1.stdout.contains("mismatch")
+                && r1.stdout.contains("dtype=int32")
+                && r1.stdout.contains("dtype=float"),
+            "{transport}: {}",
+            r1.all()
+        );
+    }
+}

@@ -1,0 +1,473 @@
+//! A single-producer single-consumer ring of fixed-size slots over a byte region.
+//!
+//! The region starts with a 256-byte control block, then `slots` slots, each a
+//! 64-byte [`FrameHeader`](crate::wire::FrameHeader) followed by up to
+//! `slot_bytes` of payload (the stride is rounded up to a cache line):
+//!
+//! ```text
+//!   0  head             u64  written by the consumer only
+//!  64  tail             u64  written by the producer only
+//! 128  reader_sleeping  u32  set by the consumer, cleared by either side
+//! 192  writer_sleeping  u32  set by the producer, cleared by either side
+//! 256  slot 0: header[64] payload[stride - 64]
+//!      slot 1 ...
+//! ```
+//!
+//! `head` and `tail` are free-running message counters; slot `i` of the ring
+//! holds message `i % slots`. The producer fills the slot at `tail`, then
+//! publishes it with a Release store of `tail + 1`; the consumer Acquire-loads
+//! `tail`, reads the slot at `head`, then frees it with a Release store of
+//! `head + 1`. Each side keeps its own counter privately and only reads the
+//! other's, so a buggy peer can corrupt what we read but never what we own;
+//! counters that make no sense are reported as [`Corrupt`], never trusted.
+//!
+//! This module is pure logic over memory: it knows nothing of files, peers or
+//! sockets, and is tested on an ordinary heap buffer.
+
+use crate::wire::HEADER_LEN;
+use std::ptr::NonNull;
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering, fence};
+
+/// Bytes of the control block in front of the slots.
+pub(crate) const CONTROL_LEN: usize = 256;
+const HEAD_OFF: usize = 0;
+const TAIL_OFF: usize = 64;
+const READER_SLEEPING_OFF: usize = 128;
+const WRITER_SLEEPING_OFF: usize = 192;
+
+/// The ring's counters disagree with the protocol: the peer is buggy or the
+/// memory was overwritten. The string says what was seen.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct Corrupt(pub String);
+
+/// Distance between consecutive slots.
+pub(crate) fn slot_stride(slot_bytes: usize) -> usize {
+    HEADER_LEN + slot_bytes.div_ceil(64) * 64
+}
+
+/// Bytes a ring of `slots` slots of `slot_bytes` payload occupies.
+pub(crate) fn ring_bytes(slots: usize, slot_bytes: usize) -> usize {
+    CONTROL_LEN + slots * slot_stride(slot_bytes)
+}
+
+/// Where the next segment of a `total`-byte message starts and how long it is,
+/// given that `sent` bytes already went: `(offset, len)`. A zero-length
+/// message is one header-only segment.
+pub(crate) fn next_segment(sent: u64, total: u64, slot_bytes: usize) -> (u64, u64) {
+    let left = total.saturating_sub(sent);
+    (sent, left.min(slot_bytes as u64))
+}
+
+/// A view of one ring inside a mapped region. Copyable; it does not own the memory.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct RingRef {
+    base: NonNull<u8>,
+    slots: usize,
+    slot_bytes: usize,
+}
+
+// SAFETY: a RingRef is a pointer into shared memory that is only accessed
+// through atomics (control block) or by the side that currently owns a slot
+// under the SPSC protocol; moving it to another thread changes nothing.
+unsafe impl Send for RingRef {}
+
+impl RingRef {
+    /// # Safety
+    /// `base` must be 8-byte aligned and valid for reads and writes of
+    /// [`ring_bytes`]`(slots, slot_bytes)` bytes for as long as this view (or
+    /// any copy, producer or consumer made from it) is used, and only one
+    /// producer and one consumer may use the ring at a time.
+    pub(crate) unsafe fn new(base: *mut u8, slots: usize, slot_bytes: usize) -> RingRef {
+        assert!(slots > 0, "a ring needs at least one slot");
+        assert_eq!(base as usize % 8, 0, "ring memory must be 8-byte aligned");
+        RingRef {
+            base: NonNull::new(base).expect("ring memory must not be null"),
+            slots,
+            slot_bytes,
+        }
+    }
+
+    /// Resets the control block (before either side uses the ring).
+    pub(crate) fn init(&self) {
+        self.u64_at(HEAD_OFF).store(0, Ordering::Relaxed);
+        self.u64_at(TAIL_OFF).store(0, Ordering::Relaxed);
+        self.u32_at(READER_SLEEPING_OFF).store(0, Ordering::Relaxed);
+        self.u32_at(WRITER_SLEEPING_OFF).store(0, Ordering::Relaxed);
+    }
+
+    fn u64_at(&self, off: usize) -> &AtomicU64 {
+        // SAFETY: `off` is one of the control-block offsets (multiples of 8 below
+        // CONTROL_LEN), the base is 8-aligned and valid for the ring's size (see
+        // `new`), and this memory is only ever accessed atomically.
+        unsafe { &*self.base.as_ptr().add(off).cast::<AtomicU64>() }
+    }
+
+    fn u32_at(&self, off: usize) -> &AtomicU32 {
+        // SAFETY: as in `u64_at`.
+        unsafe { &*self.base.as_ptr().add(off).cast::<AtomicU32>() }
+    }
+
+    fn head(&self) -> &AtomicU64 {
+        self.u64_at(HEAD_OFF)
+    }
+
+    fn tail(&self) -> &AtomicU64 {
+        self.u64_at(TAIL_OFF)
+    }
+
+    fn reader_sleeping(&self) -> &AtomicU32 {
+        self.u32_at(READER_SLEEPING_OFF)
+    }
+
+    fn writer_sleeping(&self) -> &AtomicU32 {
+        self.u32_at(WRITER_SLEEPING_OFF)
+    }
+
+    /// Pointer to the slot that holds message number `n`.
+    fn slot(&self, n: u64) -> *mut u8 {
+        let i = (n % self.slots as u64) as usize;
+        // SAFETY: i < slots, so the slot lies inside the ring (see `new`).
+        unsafe {
+            self.base
+                .as_ptr()
+                .add(CONTROL_LEN + i * slot_stride(self.slot_bytes))
+        }
+    }
+
+    /// Messages between `head` and `tail`, checked against the ring size.
+    fn used(&self, head: u64, tail: u64) -> Result<usize, Corrupt> {
+        let used = tail.wrapping_sub(head);
+        if used > self.slots as u64 {
+            return Err(Corrupt(format!(
+                "ring counters head={head} tail={tail} are {used} apart but the ring has {} slots",
+                self.slots
+            )));
+        }
+        Ok(used as usize)
+    }
+}
+
+/// The writing side of a ring.
+#[derive(Debug)]
+pub(crate) struct Producer {
+    ring: RingRef,
+    tail: u64,
+}
+
+impl Producer {
+    /// Takes the producer role; starts from the tail currently in the ring.
+    pub(crate) fn new(ring: RingRef) -> Producer {
+        let tail = ring.tail().load(Ordering::Relaxed);
+        Producer { ring, tail }
+    }
+
+    /// Payload bytes per slot.
+    pub(crate) fn slot_bytes(&self) -> usize {
+        self.ring.slot_bytes
+    }
+
+    /// Slots the producer may fill now.
+    pub(crate) fn free(&self) -> Result<usize, Corrupt> {
+        let head = self.ring.head().load(Ordering::Acquire);
+        Ok(self.ring.slots - self.ring.used(head, self.tail)?)
+    }
+
+    /// Writes one frame (header, then payload) into the next free slot and
+    /// publishes it. Returns `false`, writing nothing, when the ring is full.
+    pub(crate) fn push(
+        &mut self,
+        header: &[u8; HEADER_LEN],
+        payload: &[u8],
+    ) -> Result<bool, Corrupt> {
+        assert!(
+            payload.len() <= self.ring.slot_bytes,
+            "segment of {} bytes does not fit a {}-byte slot",
+            payload.len(),
+            self.ring.slot_bytes
+        );
+        if self.free()? == 0 {
+            return Ok(false);
+        }
+        let slot = self.ring.slot(self.tail);
+        // SAFETY: the slot at `tail` is free (head has moved past it, observed with
+        // Acquire in `free`), so the consumer does not touch it until we publish;
+        // header and payload fit the slot's stride; sources are valid slices that
+        // cannot overlap shared memory we own exclusively.
+        unsafe {
+            std::ptr::copy_nonoverlapping(header.as_ptr(), slot, HEADER_LEN);
+            std::ptr::copy_nonoverlapping(payload.as_ptr(), slot.add(HEADER_LEN), payload.len());
+        }
+        self.tail = self.tail.wrapping_add(1);
+        self.ring.tail().store(self.tail, Ordering::Release);
+        Ok(true)
+    }
+
+    /// After publishing: whether the consumer asked to be woken (the flag is
+    /// cleared so that one doorbell is rung per sleep).
+    pub(crate) fn take_reader_sleeping(&self) -> bool {
+        fence(Ordering::SeqCst);
+        self.ring.reader_sleeping().load(Ordering::SeqCst) != 0
+            && self.ring.reader_sleeping().swap(0, Ordering::SeqCst) != 0
+    }
+
+    /// Asks the consumer to ring our doorbell when it frees a slot.
+    pub(crate) fn set_writer_sleeping(&self, on: bool) {
+        self.ring
+            .writer_sleeping()
+            .store(on as u32, Ordering::SeqCst);
+    }
+}
+
+/// The reading side of a ring.
+#[derive(Debug)]
+pub(crate) struct Consumer {
+    ring: RingRef,
+    head: u64,
+}
+
+impl Consumer {
+    /// Takes the consumer role; starts from the head currently in the ring.
+    pub(crate) fn new(ring: RingRef) -> Consumer {
+        let head = ring.head().load(Ordering::Relaxed);
+        Consumer { ring, head }
+    }
+
+    /// Payload bytes per slot.
+    pub(crate) fn slot_bytes(&self) -> usize {
+        self.ring.slot_bytes
+    }
+
+    /// Frames waiting to be read.
+    pub(crate) fn available(&self) -> Result<usize, Corrupt> {
+        let tail = self.ring.tail().load(Ordering::Acquire);
+        self.ring.used(self.head, tail)
+    }
+
+    /// A copy of the header of the oldest unread frame, if any.
+    pub(crate) fn peek(&self) -> Result<Option<[u8; HEADER_LEN]>, Corrupt> {
+        if self.available()? == 0 {
+            return Ok(None);
+        }
+        let mut h = [0u8; HEADER_LEN];
+        // SAFETY: the slot at `head` was published (tail observed past it with
+        // Acquire in `available`) and the producer does not reuse it until we
+        // advance head; it is valid for HEADER_LEN bytes.
+        unsafe {
+            std::ptr::copy_nonoverlapping(self.ring.slot(self.head), h.as_mut_ptr(), HEADER_LEN)
+        };
+        Ok(Some(h))
+    }
+
+    /// Copies the first `dst.len()` payload bytes of the oldest unread frame.
+    /// The caller checked that a frame is available ([`Consumer::peek`]).
+    pub(crate) fn read_payload(&self, dst: &mut [u8]) -> Result<(), Corrupt> {
+        if dst.len() > self.ring.slot_bytes {
+            return Err(Corrupt(format!(
+                "segment of {} bytes does not fit a {}-byte slot",
+                dst.len(),
+                self.ring.slot_bytes
+            )));
+        }
+        if self.available()? == 0 {
+            return Err(Corrupt("payload read from an empty ring".into()));
+        }
+        // SAFETY: as in `peek`; the payload area of a slot holds slot_bytes
+        // bytes and dst.len() <= slot_bytes; dst is a distinct local buffer.
+        unsafe {
+            std::ptr::copy_nonoverlapping(
+                self.ring.slot(self.head).add(HEADER_LEN),
+                dst.as_mut_ptr(),
+                dst.len(),
+            )
+        };
+        Ok(())
+    }
+
+    /// Frees the oldest frame's slot for the producer.
+    pub(crate) fn pop(&mut self) {
+        self.head = self.head.wrapping_add(1);
+        self.ring.head().store(self.head, Ordering::Release);
+    }
+
+    /// After freeing slots: whether the producer asked to be woken (the flag is
+    /// cleared so that one doorbell is rung per sleep).
+    pub(crate) fn take_writer_sleeping(&self) -> bool {
+        fence(Ordering::SeqCst);
+        self.ring.writer_sleeping().load(Ordering::SeqCst) != 0
+            && self.ring.writer_sleeping().swap(0, Ordering::SeqCst) != 0
+    }
+
+    /// Asks the producer to ring our doorbell when it publishes a frame.
+    pub(crate) fn set_reader_sleeping(&self, on: bool) {
+        self.ring
+            .reader_sleeping()
+            .store(on as u32, Ordering::SeqCst);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::wire::{DType, Fingerprint, FrameHeader, FrameKind, OpKind, RedOp};
+
+    /// An 8-aligned heap region for a ring.
+    fn region(slots: usize, slot_bytes: usize) -> Vec<u64> {
+        vec![0u64; ring_bytes(slots, slot_bytes).div_ceil(8)]
+    }
+
+    fn pair(buf: &mut [u64], slots: usize, slot_bytes: usize) -> (Producer, Consumer) {
+        // SAFETY: the buffer is 8-aligned, large enough (see `region`) and outlives
+        // the producer and consumer in every test.
+        let r = unsafe { RingRef::new(buf.as_mut_ptr().cast(), slots, slot_bytes) };
+        r.init();
+        (Producer::new(r), Consumer::new(r))
+    }
+
+    fn header(offset: u64, len: u64, total: u64) -> [u8; HEADER_LEN] {
+        FrameHeader {
+            kind: FrameKind::Data,
+            src_rank: 0,
+            fp: Fingerprint {
+                comm_id: 1,
+                seq: 2,
+                op: OpKind::SendRecv,
+                dtype: DType::Bytes,
+                redop: RedOp::None,
+                count: total,
+                root: 0,
+            },
+            step: 0,
+            offset,
+            len,
+            total,
+        }
+        .encode()
+    }
+
+    #[test]
+    fn stride_is_cache_aligned() {
+        assert_eq!(slot_stride(1), 128);
+        assert_eq!(slot_stride(64), 128);
+        assert_eq!(slot_stride(65), 192);
+        assert_eq!(ring_bytes(2, 64), CONTROL_LEN + 256);
+    }
+
+    #[test]
+    fn wraparound_many_times() {
+        let (slots, sb) = (3, 16);
+        let mut buf = region(slots, sb);
+        let (mut p, mut c) = pair(&mut buf, slots, sb);
+        let mut next_in = 0u8;
+        let mut next_out = 0u8;
+        for round in 0..50 {
+            // Fill up to 1..=slots frames, then drain some of them.
+            let n = 1 + round % slots;
+            for _ in 0..n {
+                let payload = [next_in; 16];
+                if p.push(&header(0, 16, 16), &payload).unwrap() {
+                    next_in = next_in.wrapping_add(1);
+                }
+            }
+            assert!(p.free().unwrap() <= slots);
+            let k = 1 + (round * 7) % slots;
+            for _ in 0..k {
+                let Some(h) = c.peek().unwrap() else { break };
+                let d = FrameHeader::decode(&h).unwrap();
+                let mut out = vec![0u8; d.len as usize];
+                c.read_payload(&mut out).unwrap();
+                assert_eq!(out, vec![next_out; 16]);
+                next_out = next_out.wrapping_add(1);
+                c.pop();
+            }
+        }
+        while c.peek().unwrap().is_some() {
+            c.pop();
+            next_out = next_out.wrapping_add(1);
+        }
+        assert_eq!(next_in, next_out);
+        assert_eq!(p.free().unwrap(), slots);
+    }
+
+    #[test]
+    fn full_ring_refuses_and_recovers() {
+        let mut buf = region(2, 8);
+        let (mut p, mut c) = pair(&mut buf, 2, 8);
+        assert!(p.push(&header(0, 1, 1), &[1]).unwrap());
+        assert!(p.push(&header(0, 1, 1), &[2]).unwrap());
+        assert!(!p.push(&header(0, 1, 1), &[3]).unwrap());
+        assert_eq!(p.free().unwrap(), 0);
+        c.pop();
+        assert!(p.push(&header(0, 1, 1), &[3]).unwrap());
+        let mut b = [0u8; 1];
+        c.read_payload(&mut b).unwrap();
+        assert_eq!(b, [2]);
+    }
+
+    #[test]
+    fn segments_reassemble_across_wrap() {
+        let (slots, sb) = (2, 10);
+        let mut buf = region(slots, sb);
+        let (mut p, mut c) = pair(&mut buf, slots, sb);
+        for total in [0u64, 1, 9, 10, 11, 20, 21, 57] {
+            let msg: Vec<u8> = (0..total).map(|i| (i * 31 + total) as u8).collect();
+            let mut out = vec![0xAAu8; total as usize];
+            let (mut sent, mut frames_out, mut frames_in, mut got) = (0u64, 0, 0, 0u64);
+            // Alternate producer and consumer so that the message wraps the ring.
+            while frames_in == 0 || got < total {
+                if frames_out == 0 || sent < total {
+                    let (off, len) = next_segment(sent, total, sb);
+                    let data = &msg[off as usize..(off + len) as usize];
+                    if p.push(&header(off, len, total), data).unwrap() {
+                        sent += len;
+                        frames_out += 1;
+                    }
+                }
+                if let Some(h) = c.peek().unwrap() {
+                    let d = FrameHeader::decode(&h).unwrap();
+                    assert_eq!(d.offset, got);
+                    assert!(d.len as usize <= sb);
+                    c.read_payload(&mut out[d.offset as usize..(d.offset + d.len) as usize])
+                        .unwrap();
+                    got += d.len;
+                    frames_in += 1;
+                    c.pop();
+                }
+            }
+            assert_eq!(out, msg, "total {total}");
+            assert_eq!(frames_in, frames_out);
+            assert_eq!(frames_in as u64, total.div_ceil(sb as u64).max(1));
+        }
+    }
+
+    #[test]
+    fn corrupt_counters_are_reported() {
+        let mut buf = region(2, 8);
+        let (p, c) = pair(&mut buf, 2, 8);
+        // The "peer" scribbles over the tail, then over the head.
+        p.ring.tail().store(1000, Ordering::Relaxed);
+        assert!(c.peek().unwrap_err().0.contains("2 slots"));
+        p.ring.tail().store(0, Ordering::Relaxed);
+        c.ring.head().store(7, Ordering::Relaxed);
+        assert!(p.free().is_err());
+    }
+
+    #[test]
+    fn sleeping_flags_are_taken_once() {
+        let mut buf = region(2, 8);
+        let (p, c) = pair(&mut buf, 2, 8);
+        assert!(!p.take_reader_sleeping());
+        c.set_reader_sleeping(true);
+        assert!(p.take_reader_sleeping());
+        assert!(!p.take_reader_sleeping());
+        p.set_writer_sleeping(true);
+        assert!(c.take_writer_sleeping());
+        assert!(!c.take_writer_sleeping());
+    }
+
+    #[test]
+    fn next_segment_cuts() {
+        assert_eq!(next_segment(0, 0, 4), (0, 0));
+        assert_eq!(next_segment(0, 10, 4), (0, 4));
+        assert_eq!(next_segment(8, 10, 4), (8, 2));
+    }
+}

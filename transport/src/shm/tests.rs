@@ -1,0 +1,755 @@
+//! Two `ShmTransport`s in one process (ranks 0 and 1), over real shared memory.
+
+use super::*;
+use proptest::prelude::*;
+use std::sync::atomic::AtomicU32;
+use std::time::{Duration, Instant};
+
+const HOST: &str = "testhost";
+
+fn job(name: &str) -> String {
+    static N: AtomicU32 = AtomicU32::new(0);
+    format!(
+        "t{}-{name}-{}",
+        std::process::id(),
+        N.fetch_add(1, Ordering::Relaxed)
+    )
+}
+
+fn infos(n: u32) -> Vec<PeerInfo> {
+    (0..n)
+        .map(|rank| PeerInfo {
+            rank,
+            host_id: "same-host".into(),
+            hostname: HOST.into(),
+            pid: std::process::id(),
+            tcp: vec![],
+        })
+        .collect()
+}
+
+fn cfg(job_id: &str, slots: usize, slot_bytes: usize) -> ShmConfig {
+    ShmConfig {
+        job_id: job_id.into(),
+        slot_bytes,
+        slots,
+    }
+}
+
+/// Ranks 0 and 1 of a fresh job, connected.
+fn pair(name: &str, slots: usize, slot_bytes: usize) -> (ShmTransport, ShmTransport) {
+    let j = job(name);
+    let mut a = ShmTransport::new(0, infos(2), cfg(&j, slots, slot_bytes)).unwrap();
+    let mut b = ShmTransport::new(1, infos(2), cfg(&j, slots, slot_bytes)).unwrap();
+    assert_eq!(a.connect(1).unwrap(), Readiness::Ready);
+    assert_eq!(b.connect(0).unwrap(), Readiness::Ready);
+    (a, b)
+}
+
+fn fp(seq: u64, count: u64) -> Fingerprint {
+    Fingerprint {
+        comm_id: 0xc0,
+        seq,
+        op: OpKind::AllReduce,
+        dtype: DType::U8,
+        redop: RedOp::Sum,
+        count,
+        root: 0,
+    }
+}
+
+fn tag(seq: u64, step: u32) -> Tag {
+    Tag {
+        fp: fp(seq, 100),
+        step,
+    }
+}
+
+fn reg(t: &mut ShmTransport, buf: &mut [u8]) -> MemHandle {
+    // SAFETY: every test keeps the buffer alive and untouched until its transfers are done.
+    unsafe { t.register(buf.as_mut_ptr(), buf.len()) }.unwrap()
+}
+
+fn pattern(len: usize, seed: u8) -> Vec<u8> {
+    (0..len)
+        .map(|i| (i as u8).wrapping_mul(31).wrapping_add(seed))
+        .collect()
+}
+
+/// Progresses both sides until every request completes (at most 2 s).
+fn run(a: &mut ShmTransport, b: &mut ShmTransport, mut ra: Vec<Request>, mut rb: Vec<Request>) {
+    let deadline = Instant::now() + Duration::from_secs(2);
+    while !(ra.is_empty() && rb.is_empty()) {
+        assert!(
+            Instant::now() < deadline,
+            "transfers did not finish: {ra:?} {rb:?}"
+        );
+        a.progress().unwrap();
+        b.progress().unwrap();
+        ra.retain(|r| !a.test(*r).unwrap());
+        rb.retain(|r| !b.test(*r).unwrap());
+    }
+}
+
+#[test]
+fn sizes_both_ways() {
+    let (mut a, mut b) = pair("sizes", 2, 64);
+    let sizes = [0usize, 1, 63, 64, 65, 128, 300];
+    let total: usize = sizes.iter().sum();
+    let mut sa = pattern(total, 1);
+    let mut sb = pattern(total, 2);
+    let mut da = vec![0u8; total];
+    let mut db = vec![0u8; total];
+    let (msa, mda) = (reg(&mut a, &mut sa), reg(&mut a, &mut da));
+    let (msb, mdb) = (reg(&mut b, &mut sb), reg(&mut b, &mut db));
+    let (mut ra, mut rb) = (vec![], vec![]);
+    let mut off = 0;
+    for (i, &n) in sizes.iter().enumerate() {
+        let t = tag(1, i as u32);
+        ra.push(a.isend(1, t, msa, off, n).unwrap());
+        ra.push(a.irecv(1, t, mda, off, n).unwrap());
+        rb.push(b.isend(0, t, msb, off, n).unwrap());
+        rb.push(b.irecv(0, t, mdb, off, n).unwrap());
+        off += n;
+    }
+    run(&mut a, &mut b, ra, rb);
+    assert_eq!(db, sa);
+    assert_eq!(da, sb);
+}
+
+#[test]
+fn recvs_posted_in_another_order_than_arrivals() {
+    let (mut a, mut b) = pair("order", 4, 32);
+    let mut src = pattern(150, 7);
+    let mut dst = vec![0u8; 150];
+    let ms = reg(&mut a, &mut src);
+    let md = reg(&mut b, &mut dst);
+    // Steps 0, 1, 2 sent in that order; received posted as 2, 0, 1.
+    let parts = [(0, 0usize, 40usize), (1, 40, 70), (2, 110, 40)];
+    let ra: Vec<_> = parts
+        .iter()
+        .map(|&(s, o, n)| a.isend(1, tag(9, s), ms, o, n).unwrap())
+        .collect();
+    let mut rb = vec![];
+    for &i in &[2usize, 0, 1] {
+        let (s, o, n) = parts[i];
+        rb.push(b.irecv(0, tag(9, s), md, o, n).unwrap());
+    }
+    run(&mut a, &mut b, ra, rb);
+    assert_eq!(dst, src);
+}
+
+#[test]
+fn unmatched_frame_stalls_until_a_recv_is_posted() {
+    let (mut a, mut b) = pair("stall", 2, 16);
+    let mut src = pattern(16, 3);
+    let mut dst = vec![0u8; 16];
+    let ms = reg(&mut a, &mut src);
+    let md = reg(&mut b, &mut dst);
+    let s = a.isend(1, tag(1, 0), ms, 0, 16).unwrap();
+    assert!(a.progress().unwrap());
+    assert!(a.test(s).unwrap());
+    // Nothing posted on b: the frame waits, and there is no work to do.
+    assert!(!b.progress().unwrap());
+    assert!(b.prepare_sleep());
+    b.finish_sleep();
+    let r = b.irecv(0, tag(1, 0), md, 0, 16).unwrap();
+    assert!(!b.prepare_sleep(), "a matching frame is waiting");
+    assert!(b.progress().unwrap());
+    assert!(b.test(r).unwrap());
+    assert_eq!(dst, src);
+    // A completed request is forgotten.
+    assert!(matches!(b.test(r), Err(Error::InvalidUsage(_))));
+}
+
+#[test]
+fn mismatched_fingerprint_names_both_ranks() {
+    let (mut a, mut b) = pair("mismatch", 2, 16);
+    let mut src = vec![0u8; 8];
+    let mut dst = vec![0u8; 8];
+    let ms = reg(&mut a, &mut src);
+    let md = reg(&mut b, &mut dst);
+    a.isend(
+        1,
+        Tag {
+            fp: fp(5, 10),
+            step: 0,
+        },
+        ms,
+        0,
+        8,
+    )
+    .unwrap();
+    b.irecv(
+        0,
+        Tag {
+            fp: fp(5, 20),
+            step: 0,
+        },
+        md,
+        0,
+        8,
+    )
+    .unwrap();
+    a.progress().unwrap();
+    let e = b.progress().unwrap_err();
+    match &e {
+        Error::Mismatch {
+            me,
+            peer,
+            local,
+            remote,
+        } => {
+            assert_eq!((*me, *peer), (1, 0));
+            assert!(
+                local.contains("count=20") && remote.contains("count=10"),
+                "{e}"
+            );
+        }
+        other => panic!("expected a mismatch, got {other}"),
+    }
+    let s = e.to_string();
+    assert!(s.contains("rank 0") && s.contains("rank 1"), "{s}");
+    // prepare_sleep must not hide the error.
+    assert!(!b.prepare_sleep());
+}
+
+#[test]
+fn mismatched_length_is_a_mismatch() {
+    let (mut a, mut b) = pair("mislen", 2, 16);
+    let mut src = vec![0u8; 8];
+    let mut dst = vec![0u8; 8];
+    let ms = reg(&mut a, &mut src);
+    let md = reg(&mut b, &mut dst);
+    a.isend(1, tag(5, 0), ms, 0, 8).unwrap();
+    b.irecv(0, tag(5, 0), md, 0, 4).unwrap();
+    a.progress().unwrap();
+    assert!(matches!(
+        b.progress(),
+        Err(Error::Mismatch { me: 1, peer: 0, .. })
+    ));
+}
+
+#[test]
+fn abort_reaches_the_peer() {
+    let (mut a, mut b) = pair("abort", 2, 16);
+    a.abort("out of memory on the GPU"); // longer than a slot: cut
+    match b.progress().unwrap_err() {
+        Error::Remote { rank, addr, what } => {
+            assert_eq!((rank, addr.as_str()), (0, HOST));
+            assert_eq!(what, "aborted: out of memory on");
+        }
+        other => panic!("expected remote, got {other}"),
+    }
+}
+
+#[test]
+fn corrupt_header_is_a_protocol_error_naming_the_peer() {
+    let (mut a, mut b) = pair("corrupt", 2, 16);
+    let conn = a.peers[1].conn.as_mut().unwrap();
+    assert!(conn.tx.push(&[0xEE; HEADER_LEN], &[]).unwrap());
+    let e = b.progress().unwrap_err();
+    assert!(matches!(e, Error::Protocol(_)), "{e}");
+    assert!(e.to_string().contains("rank 0 (testhost)"), "{e}");
+}
+
+#[test]
+fn dead_peer_is_reported() {
+    let mut child = std::process::Command::new("true").spawn().unwrap();
+    let dead = child.id();
+    child.wait().unwrap();
+    let j = job("dead");
+    let mut ps = infos(2);
+    ps[1].pid = dead;
+    let mut a = ShmTransport::new(0, ps, cfg(&j, 1, 8)).unwrap();
+    a.check_peers().unwrap(); // not connected: not watched
+    a.connect(1).unwrap();
+    match a.check_peers().unwrap_err() {
+        Error::Remote {
+            rank: 1,
+            addr,
+            what,
+        } => {
+            assert_eq!(addr, HOST);
+            assert_eq!(what, format!("process {dead} died"));
+        }
+        other => panic!("{other}"),
+    }
+}
+
+#[test]
+fn segment_files_are_removed() {
+    let j = job("files");
+    let path = segment_path(&j, 0, 1);
+    let mut a = ShmTransport::new(0, infos(2), cfg(&j, 2, 64)).unwrap();
+    let mut b = ShmTransport::new(1, infos(2), cfg(&j, 2, 64)).unwrap();
+    assert_eq!(b.connect(0).unwrap(), Readiness::Pending);
+    assert!(!path.exists());
+    assert_eq!(a.connect(1).unwrap(), Readiness::Ready);
+    assert!(path.exists());
+    // Owner-only permissions.
+    use std::os::unix::fs::PermissionsExt;
+    assert_eq!(
+        std::fs::metadata(&path).unwrap().permissions().mode() & 0o777,
+        0o600
+    );
+    assert_eq!(b.connect(0).unwrap(), Readiness::Ready);
+    assert!(!path.exists(), "the opener unlinks the name");
+    assert_eq!(a.connect(1).unwrap(), Readiness::Ready);
+    drop(a);
+    drop(b);
+    assert!(!path.exists());
+
+    // A creator whose peer never came removes the name itself.
+    let j = job("files2");
+    let path = segment_path(&j, 0, 1);
+    let mut a = ShmTransport::new(0, infos(2), cfg(&j, 2, 64)).unwrap();
+    a.connect(1).unwrap();
+    assert!(path.exists());
+    drop(a);
+    assert!(!path.exists());
+}
+
+#[test]
+fn progress_connects_the_higher_rank() {
+    let j = job("lazy");
+    let mut a = ShmTransport::new(0, infos(2), cfg(&j, 2, 8)).unwrap();
+    let mut b = ShmTransport::new(1, infos(2), cfg(&j, 2, 8)).unwrap();
+    let mut src = pattern(20, 1);
+    let mut dst = vec![0u8; 20];
+    let ms = reg(&mut a, &mut src);
+    let md = reg(&mut b, &mut dst);
+    // Posting before connect is fine: progress brings the pair up.
+    let rb = b.irecv(0, tag(1, 0), md, 0, 20).unwrap();
+    assert!(!b.progress().unwrap());
+    assert!(!b.prepare_sleep() || !segment_path(&j, 0, 1).exists());
+    let ra = a.isend(1, tag(1, 0), ms, 0, 20).unwrap();
+    run(&mut a, &mut b, vec![ra], vec![rb]);
+    assert_eq!(dst, src);
+}
+
+#[test]
+fn layouts_must_agree() {
+    let j = job("layout");
+    let mut a = ShmTransport::new(0, infos(2), cfg(&j, 2, 64)).unwrap();
+    let mut b = ShmTransport::new(1, infos(2), cfg(&j, 4, 64)).unwrap();
+    a.connect(1).unwrap();
+    let e = b.connect(0).unwrap_err();
+    assert!(matches!(e, Error::Config(_)), "{e}");
+    assert!(e.to_string().contains("rank 0 (testhost)"), "{e}");
+}
+
+#[test]
+fn usage_errors() {
+    assert!(ShmTransport::new(0, infos(2), cfg("bad/id", 2, 8)).is_err());
+    assert!(ShmTransport::new(0, infos(2), cfg("ok", 0, 8)).is_err());
+    assert!(ShmTransport::new(0, infos(2), cfg("ok", 2, 0)).is_err());
+    assert!(ShmTransport::new(2, infos(2), cfg("ok", 2, 8)).is_err());
+    let mut ps = infos(3);
+    ps[2].host_id = "elsewhere".into();
+    let mut a = ShmTransport::new(0, ps, cfg(&job("usage"), 2, 8)).unwrap();
+    assert!(matches!(a.connect(0), Err(Error::InvalidArgument(_))));
+    assert!(matches!(a.connect(2), Err(Error::InvalidArgument(_))));
+    assert!(matches!(a.connect(3), Err(Error::InvalidArgument(_))));
+    let mut buf = vec![0u8; 10];
+    let m = reg(&mut a, &mut buf);
+    assert!(matches!(
+        a.isend(1, tag(1, 0), m, 5, 6),
+        Err(Error::InvalidArgument(_))
+    ));
+    assert!(matches!(
+        a.irecv(1, tag(1, 0), m, usize::MAX, 2),
+        Err(Error::InvalidArgument(_))
+    ));
+    assert!(matches!(
+        a.isend(1, tag(1, 0), MemHandle(9), 0, 1),
+        Err(Error::InvalidArgument(_))
+    ));
+    assert!(matches!(
+        a.test(Request(12345)),
+        Err(Error::InvalidUsage(_))
+    ));
+    let r = a.isend(1, tag(1, 0), m, 0, 10).unwrap();
+    assert!(matches!(a.deregister(m), Err(Error::InvalidUsage(_))));
+    a.connect(1).unwrap();
+    a.progress().unwrap();
+    assert!(a.test(r).unwrap());
+    a.deregister(m).unwrap();
+    assert!(a.deregister(m).is_err());
+    let p = a.properties();
+    assert_eq!(
+        (p.name, p.max_segment, p.one_sided_write, p.gpu_memory),
+        ("shm", 8, false, false)
+    );
+}
+
+#[test]
+fn prepare_sleep_sees_waiting_data() {
+    let (mut a, mut b) = pair("sleepcheck", 2, 16);
+    let poll = mio::Poll::new().unwrap();
+    b.attach(poll.registry(), 100).unwrap();
+    let mut src = pattern(16, 5);
+    let mut dst = vec![0u8; 16];
+    let ms = reg(&mut a, &mut src);
+    let md = reg(&mut b, &mut dst);
+    let r = b.irecv(0, tag(2, 0), md, 0, 16).unwrap();
+    assert!(b.prepare_sleep(), "nothing has arrived yet");
+    b.finish_sleep();
+    a.isend(1, tag(2, 0), ms, 0, 16).unwrap();
+    a.progress().unwrap();
+    assert!(!b.prepare_sleep(), "data is waiting");
+    // The flags were cleared again: a's next publish rings nobody.
+    assert!(!a.peers[1].conn.as_ref().unwrap().tx.take_reader_sleeping());
+    b.progress().unwrap();
+    assert!(b.test(r).unwrap());
+}
+
+/// Runs rank `t` in its own thread, sleeping in a mio::Poll whenever it can,
+/// until `reqs` complete. Returns how many wakeups came with events.
+fn sleepy(
+    mut t: ShmTransport,
+    reqs: Vec<Request>,
+) -> std::thread::JoinHandle<(ShmTransport, usize)> {
+    std::thread::spawn(move || {
+        let mut poll = mio::Poll::new().unwrap();
+        let mut events = mio::Events::with_capacity(8);
+        t.attach(poll.registry(), 7 << 32).unwrap();
+        let deadline = Instant::now() + Duration::from_secs(3);
+        let mut reqs = reqs;
+        let mut woken = 0;
+        loop {
+            t.progress().unwrap();
+            reqs.retain(|r| !t.test(*r).unwrap());
+            if reqs.is_empty() {
+                return (t, woken);
+            }
+            assert!(Instant::now() < deadline, "not woken");
+            if t.prepare_sleep() {
+                poll.poll(&mut events, Some(Duration::from_secs(3)))
+                    .unwrap();
+                t.finish_sleep();
+                for ev in events.iter() {
+                    assert_eq!(ev.token(), mio::Token(7 << 32));
+                    t.on_event(ev).unwrap();
+                    woken += 1;
+                }
+            }
+        }
+    })
+}
+
+#[test]
+fn doorbell_wakes_a_sleeping_reader() {
+    let (mut a, mut b) = pair("wake", 2, 32);
+    let mut src = pattern(100, 9);
+    let mut dst = vec![0u8; 100];
+    let ms = reg(&mut a, &mut src);
+    let md = reg(&mut b, &mut dst);
+    let r = b.irecv(0, tag(3, 1), md, 0, 100).unwrap();
+    let start = Instant::now();
+    let h = sleepy(b, vec![r]);
+    std::thread::sleep(Duration::from_millis(100));
+    let s = a.isend(1, tag(3, 1), ms, 0, 100).unwrap();
+    // 100 bytes need 4 slots of a 2-slot ring: a must also be woken by b
+    // freeing slots, which it observes by polling here.
+    while !a.test(s).unwrap() {
+        a.progress().unwrap();
+        assert!(start.elapsed() < Duration::from_secs(2));
+    }
+    let (_b, woken) = h.join().unwrap();
+    assert!(woken >= 1);
+    assert!(
+        start.elapsed() < Duration::from_secs(2),
+        "{:?}",
+        start.elapsed()
+    );
+    drop(_b);
+    assert_eq!(dst, src);
+}
+
+#[test]
+fn doorbell_wakes_a_writer_blocked_on_a_full_ring() {
+    let (mut a, mut b) = pair("wakew", 1, 16);
+    let mut src = pattern(64, 4);
+    let mut dst = vec![0u8; 64];
+    let ms = reg(&mut a, &mut src);
+    let md = reg(&mut b, &mut dst);
+    // Four slots' worth through a one-slot ring: a sleeps after each segment.
+    let s = a.isend(1, tag(4, 0), ms, 0, 64).unwrap();
+    let start = Instant::now();
+    let h = sleepy(a, vec![s]);
+    std::thread::sleep(Duration::from_millis(50));
+    let r = b.irecv(0, tag(4, 0), md, 0, 64).unwrap();
+    while !b.test(r).unwrap() {
+        b.progress().unwrap();
+        std::thread::sleep(Duration::from_millis(5));
+        assert!(start.elapsed() < Duration::from_secs(2));
+    }
+    let (_a, woken) = h.join().unwrap();
+    assert!(woken >= 1);
+    assert_eq!(dst, src);
+}
+
+#[test]
+fn creator_wakes_a_higher_rank_waiting_to_connect() {
+    let j = job("wakec");
+    let a = ShmTransport::new(0, infos(2), cfg(&j, 2, 8)).unwrap();
+    let mut b = ShmTransport::new(1, infos(2), cfg(&j, 2, 8)).unwrap();
+    let mut dst = vec![0u8; 0];
+    let md = reg(&mut b, &mut dst);
+    let r = b.irecv(0, tag(1, 0), md, 0, 0).unwrap();
+    let start = Instant::now();
+    let h = sleepy(b, vec![r]);
+    std::thread::sleep(Duration::from_millis(100));
+    let mut a = a;
+    let mut src = vec![0u8; 0];
+    let ms = reg(&mut a, &mut src);
+    let s = a.isend(1, tag(1, 0), ms, 0, 0).unwrap();
+    a.connect(1).unwrap();
+    a.progress().unwrap();
+    assert!(a.test(s).unwrap());
+    let (_b, _) = h.join().unwrap();
+    assert!(start.elapsed() < Duration::from_secs(2));
+}
+
+/// Actions of a random interleaving.
+#[derive(Clone, Copy, Debug)]
+enum Step {
+    ProgA,
+    ProgB,
+}
+
+fn step() -> impl Strategy<Value = Step> {
+    prop_oneof![Just(Step::ProgA), Just(Step::ProgB)]
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 48, ..ProptestConfig::default() })]
+
+    #[test]
+    fn random_sizes_and_interleavings_deliver_exact_bytes(
+        slot_bytes in prop::sample::select(vec![8usize, 24, 64]),
+        slots in 1usize..4,
+        fracs_ab in prop::collection::vec(0.0f64..3.0, 0..6),
+        fracs_ba in prop::collection::vec(0.0f64..3.0, 0..6),
+        schedule in prop::collection::vec(step(), 0..40),
+        reverse_recvs in any::<bool>(),
+    ) {
+        let (mut a, mut b) = pair("prop", slots, slot_bytes);
+        let sizes = |f: &[f64]| -> Vec<usize> { f.iter().map(|x| (x * slot_bytes as f64) as usize).collect() };
+        let (sab, sba) = (sizes(&fracs_ab), sizes(&fracs_ba));
+        let (tab, tba) = (sab.iter().sum::<usize>(), sba.iter().sum::<usize>());
+        let mut a_src = pattern(tab, 11);
+        let mut b_src = pattern(tba, 22);
+        let mut a_dst = vec![0u8; tba];
+        let mut b_dst = vec![0u8; tab];
+        let (mas, mad) = (reg(&mut a, &mut a_src), reg(&mut a, &mut a_dst));
+        let (mbs, mbd) = (reg(&mut b, &mut b_src), reg(&mut b, &mut b_dst));
+        let (mut ra, mut rb) = (vec![], vec![]);
+        let offsets = |s: &[usize]| -> Vec<(usize, usize)> {
+            s.iter().scan(0, |o, &n| { let r = (*o, n); *o += n; Some(r) }).collect()
+        };
+        let (oab, oba) = (offsets(&sab), offsets(&sba));
+        for (i, &(o, n)) in oab.iter().enumerate() {
+            ra.push(a.isend(1, tag(1, i as u32), mas, o, n).unwrap());
+        }
+        for (i, &(o, n)) in oba.iter().enumerate() {
+            rb.push(b.isend(0, tag(2, i as u32), mbs, o, n).unwrap());
+        }
+        let mut order: Vec<usize> = (0..oab.len()).collect();
+        if reverse_recvs { order.reverse(); }
+        for i in order {
+            let (o, n) = oab[i];
+            rb.push(b.irecv(0, tag(1, i as u32), mbd, o, n).unwrap());
+        }
+        for (i, &(o, n)) in oba.iter().enumerate() {
+            ra.push(a.irecv(1, tag(2, i as u32), mad, o, n).unwrap());
+        }
+        for s in schedule {
+            match s {
+                Step::ProgA => { a.progress().unwrap(); }
+                Step::ProgB => { b.progress().unwrap(); }
+            }
+        }
+        run(&mut a, &mut b, ra, rb);
+        prop_assert_eq!(&b_dst, &a_src);
+        prop_assert_eq!(&a_dst, &b_src);
+    }
+}
+
+#[test]
+fn after_abort_nothing_is_touched_and_posts_fail() {
+    let (mut a, mut b) = pair("abort2", 2, 16);
+    let mut buf = vec![0u8; 16];
+    let m = reg(&mut a, &mut buf);
+    let r = a.irecv(1, tag(1, 0), m, 0, 16).unwrap();
+    a.abort("bye");
+    assert!(matches!(
+        a.isend(1, tag(1, 1), m, 0, 1),
+        Err(Error::Aborted(_))
+    ));
+    assert!(matches!(
+        a.irecv(1, tag(1, 1), m, 0, 1),
+        Err(Error::Aborted(_))
+    ));
+    // b's data for the dropped receive is never copied.
+    let mut src = vec![7u8; 16];
+    let ms = reg(&mut b, &mut src);
+    b.isend(0, tag(1, 0), ms, 0, 16).unwrap();
+    assert!(b.progress().is_err(), "b sees the abort");
+    assert!(!a.progress().unwrap());
+    assert!(!a.test(r).unwrap());
+    assert!(a.prepare_sleep());
+    assert_eq!(buf, vec![0u8; 16]);
+}
+
+#[test]
+fn clean_close_is_not_a_crash() {
+    let (mut a, mut b) = pair("close", 2, 16);
+    let mut src = pattern(20, 1);
+    let mut dst = vec![0u8; 20];
+    let ms = reg(&mut a, &mut src);
+    let md = reg(&mut b, &mut dst);
+    let s = a.isend(1, tag(1, 0), ms, 0, 20).unwrap();
+    let r = b.irecv(0, tag(1, 0), md, 0, 20).unwrap();
+    run(&mut a, &mut b, vec![s], vec![r]);
+    drop(a);
+    assert!(!b.prepare_sleep(), "the close notice is work");
+    assert!(b.progress().unwrap());
+    b.check_peers().unwrap();
+    let e = b.irecv(0, tag(1, 1), md, 0, 1).unwrap_err();
+    assert!(e.to_string().contains("shut its communicator down"), "{e}");
+    assert_eq!(dst, src);
+}
+
+#[test]
+fn close_while_data_is_expected_is_an_error() {
+    let (a, mut b) = pair("close2", 2, 16);
+    let mut dst = vec![0u8; 4];
+    let md = reg(&mut b, &mut dst);
+    b.irecv(0, tag(1, 0), md, 0, 4).unwrap();
+    drop(a);
+    match b.progress().unwrap_err() {
+        Error::Remote { rank: 0, what, .. } => assert!(what.contains("expected data"), "{what}"),
+        other => panic!("{other}"),
+    }
+}
+
+/// Progresses `t` until `reqs` complete, sleeping in a poller when idle.
+fn drive_sleeping(t: &mut ShmTransport, poll: &mut mio::Poll, mut reqs: Vec<Request>) {
+    let mut events = mio::Events::with_capacity(8);
+    let deadline = Instant::now() + Duration::from_secs(3);
+    while !reqs.is_empty() {
+        assert!(Instant::now() < deadline, "transfers did not finish");
+        t.progress().unwrap();
+        reqs.retain(|r| !t.test(*r).unwrap());
+        if !reqs.is_empty() && t.prepare_sleep() {
+            poll.poll(&mut events, Some(Duration::from_millis(500)))
+                .unwrap();
+            t.finish_sleep();
+            for ev in events.iter() {
+                t.on_event(ev).unwrap();
+            }
+        }
+    }
+}
+
+const CHILD_ENV: &str = "GW_SHM_TEST_CHILD";
+
+/// Rank 1 of `two_processes_*`, run in a child process: echoes one message
+/// back, then leaves cleanly or (mode "crash") exits without a word.
+#[test]
+fn child_rank() {
+    let Ok(spec) = std::env::var(CHILD_ENV) else {
+        return; // only meaningful when spawned by a parent test
+    };
+    let mut it = spec.split(':');
+    let (job_id, parent, mode, len) = (
+        it.next().unwrap().to_string(),
+        it.next().unwrap().parse::<u32>().unwrap(),
+        it.next().unwrap().to_string(),
+        it.next().unwrap().parse::<usize>().unwrap(),
+    );
+    let mut ps = infos(2);
+    ps[0].pid = parent;
+    let mut t = ShmTransport::new(1, ps, cfg(&job_id, 4, 64 << 10)).unwrap();
+    let mut poll = mio::Poll::new().unwrap();
+    t.attach(poll.registry(), 0).unwrap();
+    let mut buf = vec![0u8; len];
+    let m = reg(&mut t, &mut buf);
+    let deadline = Instant::now() + Duration::from_secs(3);
+    while t.connect(0).unwrap() == Readiness::Pending {
+        assert!(Instant::now() < deadline);
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    if mode == "crash" {
+        std::process::exit(0); // no destructors: no close notice
+    }
+    let r = t.irecv(0, tag(1, 0), m, 0, len).unwrap();
+    drive_sleeping(&mut t, &mut poll, vec![r]);
+    let s = t.isend(0, tag(1, 1), m, 0, len).unwrap();
+    drive_sleeping(&mut t, &mut poll, vec![s]);
+}
+
+fn spawn_child(job_id: &str, mode: &str, len: usize) -> std::process::Child {
+    std::process::Command::new(std::env::current_exe().unwrap())
+        .args([
+            "--exact",
+            "shm::tests::child_rank",
+            "--nocapture",
+            "--test-threads=1",
+        ])
+        .env(
+            CHILD_ENV,
+            format!("{job_id}:{}:{mode}:{len}", std::process::id()),
+        )
+        .stdout(std::process::Stdio::null())
+        .spawn()
+        .unwrap()
+}
+
+#[test]
+fn two_processes_echo_and_leave_cleanly() {
+    let j = job("proc");
+    let len = (1 << 20) + 123;
+    let mut child = spawn_child(&j, "echo", len);
+    let mut ps = infos(2);
+    ps[1].pid = child.id();
+    let mut t = ShmTransport::new(0, ps, cfg(&j, 4, 64 << 10)).unwrap();
+    let mut poll = mio::Poll::new().unwrap();
+    t.attach(poll.registry(), 0).unwrap();
+    assert_eq!(t.connect(1).unwrap(), Readiness::Ready);
+    let mut src = pattern(len, 77);
+    let mut dst = vec![0u8; len];
+    let (ms, md) = (reg(&mut t, &mut src), reg(&mut t, &mut dst));
+    let s = t.isend(1, tag(1, 0), ms, 0, len).unwrap();
+    let r = t.irecv(1, tag(1, 1), md, 0, len).unwrap();
+    drive_sleeping(&mut t, &mut poll, vec![s, r]);
+    assert_eq!(dst, src);
+    assert!(child.wait().unwrap().success());
+    t.progress().unwrap(); // reads the close notice
+    t.check_peers().unwrap();
+    assert!(!segment_path(&j, 0, 1).exists());
+}
+
+#[test]
+fn two_processes_crash_is_noticed() {
+    let j = job("crash");
+    let mut child = spawn_child(&j, "crash", 1);
+    let mut ps = infos(2);
+    ps[1].pid = child.id();
+    let mut t = ShmTransport::new(0, ps, cfg(&j, 4, 64 << 10)).unwrap();
+    t.connect(1).unwrap();
+    assert!(child.wait().unwrap().success());
+    t.progress().unwrap();
+    let e = t.check_peers().unwrap_err();
+    assert!(
+        e.to_string()
+            .contains(&format!("process {} died", child.id())),
+        "{e}"
+    );
+    assert!(
+        !segment_path(&j, 0, 1).exists(),
+        "the child unlinked the name"
+    );
+}
