@@ -4,6 +4,8 @@
 //! survivor's own error after a rank dies), always with a hard deadline so a
 //! hang fails the test instead of stalling CI.
 
+pub mod coll;
+
 use gw_transport::store::{StoreConfig, StoreServer};
 use std::io::Read;
 use std::path::PathBuf;

@@ -19,7 +19,7 @@
 //! `next_action` pops a queue and `complete` walks a precomputed successor
 //! list, neither allocates.
 
-use std::collections::{BTreeMap, HashMap, VecDeque};
+use std::collections::{BTreeMap, VecDeque};
 use std::fmt::Write as _;
 
 use gw_transport::{Error, Rank, Result};
@@ -166,7 +166,7 @@ impl Space {
 
     /// Records that `node` reads (or writes) `[a, b)`, adding the edges that
     /// order it after earlier conflicting accesses. Returns whether some other
-    /// node wrote part of the range before (for reads).
+    /// node wrote part of the range before.
     fn access(
         &mut self,
         a: usize,
@@ -178,27 +178,38 @@ impl Space {
         if a >= b {
             return false;
         }
+        // Fast path: schedules mostly touch whole segments they touched before.
+        if let Some(iv) = self.map.get_mut(&a)
+            && iv.end == b
+        {
+            return iv.touch(node, write, edges);
+        }
         self.carve(a, b);
         let mut written = false;
-        for iv in self.map.range_mut(a..b).map(|(_, iv)| iv) {
-            if let Some(w) = iv.writer
-                && w != node
-            {
-                edges.push((w, node));
-                written = true;
-            }
-            if write {
-                edges.extend(
-                    iv.readers
-                        .iter()
-                        .filter(|&&r| r != node)
-                        .map(|&r| (r, node)),
-                );
-                iv.readers.clear();
-                iv.writer = Some(node);
-            } else if iv.readers.last() != Some(&node) {
-                iv.readers.push(node);
-            }
+        for (_, iv) in self.map.range_mut(a..b) {
+            written |= iv.touch(node, write, edges);
+        }
+        written
+    }
+}
+
+impl Interval {
+    fn touch(&mut self, node: u32, write: bool, edges: &mut Vec<(u32, u32)>) -> bool {
+        let written = matches!(self.writer, Some(w) if w != node);
+        if let Some(w) = self.writer.filter(|_| written) {
+            edges.push((w, node));
+        }
+        if write {
+            edges.extend(
+                self.readers
+                    .iter()
+                    .filter(|&&r| r != node)
+                    .map(|&r| (r, node)),
+            );
+            self.readers.clear();
+            self.writer = Some(node);
+        } else if self.readers.last() != Some(&node) {
+            self.readers.push(node);
         }
         written
     }
@@ -225,11 +236,9 @@ pub(super) struct Builder {
     edges: Vec<(u32, u32)>,
     spaces: [Space; 3],
     alias: Alias,
-    /// Message nodes per (peer, is_send, stream), in program order.
-    streams: HashMap<(Rank, bool, u32), Vec<u32>>,
+    /// Every message: (peer, is_send, stream, node, step).
+    messages: Vec<(Rank, bool, u32, u32, u32)>,
     scratch: usize,
-    #[cfg(debug_assertions)]
-    steps: std::collections::HashSet<(Rank, bool, u32)>,
 }
 
 impl Builder {
@@ -241,10 +250,8 @@ impl Builder {
             edges: Vec::new(),
             spaces: Default::default(),
             alias,
-            streams: HashMap::new(),
+            messages: Vec::new(),
             scratch: 0,
-            #[cfg(debug_assertions)]
-            steps: Default::default(),
         }
     }
 
@@ -315,18 +322,7 @@ impl Builder {
     }
 
     fn message(&mut self, node: u32, peer: Rank, is_send: bool, step: u32, stream: u32) {
-        #[cfg(debug_assertions)]
-        assert!(
-            self.steps.insert((peer, is_send, step)),
-            "{}: step {step} used twice for {} rank {peer}",
-            self.name,
-            if is_send { "sends to" } else { "receives from" }
-        );
-        let _ = step;
-        self.streams
-            .entry((peer, is_send, stream))
-            .or_default()
-            .push(node);
+        self.messages.push((peer, is_send, stream, node, step));
     }
 
     /// Sends `src` to `peer` as message `step` of `stream`.
@@ -404,9 +400,39 @@ impl Builder {
     }
 
     pub fn finish(mut self) -> DagSchedule {
-        for nodes in self.streams.values() {
-            for w in nodes.windows(DEPTH + 1) {
-                self.edges.push((w[0], w[DEPTH]));
+        #[cfg(debug_assertions)]
+        {
+            let mut steps: Vec<_> = self
+                .messages
+                .iter()
+                .map(|&(p, s, _, _, step)| (p, s, step))
+                .collect();
+            steps.sort_unstable();
+            if let Some(w) = steps.windows(2).find(|w| w[0] == w[1]) {
+                let (peer, is_send, step) = w[0];
+                let dir = if is_send { "sends to" } else { "receives from" };
+                panic!(
+                    "{}: step {step} used twice for {dir} rank {peer}",
+                    self.name
+                );
+            }
+        }
+        // Per stream in program order; each message waits for the one DEPTH
+        // before it in its stream.
+        self.messages
+            .sort_unstable_by_key(|&(p, s, st, node, _)| (p, s, st, node));
+        // Both ends must list a stream in the same order: increasing steps.
+        debug_assert!(
+            self.messages
+                .windows(2)
+                .all(|w| (w[0].0, w[0].1, w[0].2) != (w[1].0, w[1].1, w[1].2) || w[0].4 < w[1].4),
+            "{}: a stream's steps do not increase in program order",
+            self.name
+        );
+        for w in self.messages.windows(DEPTH + 1) {
+            let (first, last) = (w[0], w[DEPTH]);
+            if (first.0, first.1, first.2) == (last.0, last.1, last.2) {
+                self.edges.push((first.3, last.3));
             }
         }
         let n = self.actions.len();
@@ -461,14 +487,6 @@ pub(super) struct DagSchedule {
     ready: VecDeque<u32>,
     finished: usize,
     scratch: usize,
-}
-
-impl DagSchedule {
-    /// Number of actions (for tests).
-    #[cfg(test)]
-    pub fn len(&self) -> usize {
-        self.actions.len()
-    }
 }
 
 impl Schedule for DagSchedule {

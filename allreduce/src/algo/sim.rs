@@ -1,29 +1,36 @@
 //! A simulated network that runs the schedules of all ranks of a collective
 //! together over real data, in a random order, and checks them.
 //!
-//! Every rank has `Send`, `Recv` and `Scratch` buffers of "elements" that are
-//! four `f64` lanes, so one run checks four reductions at once: lane 0 sum,
-//! lane 1 weighted sum (the driver's weight applies to it when the schedule is
-//! scaled), lane 2 average (sum, divided by `n` where `finalize` is set) and
-//! lane 3 max. Data are small integers and weights dyadic, so every sum is
-//! exact and results are compared bit for bit against a sequential reference.
+//! Every rank has `Send`, `Recv` and `Scratch` buffers (in place, `Send`
+//! and `Recv` are windows of one buffer, at NCCL's offsets) of "elements"
+//! that are five `f64` lanes, so one run checks four reductions at once:
+//! lane 0 sum, lane 1 weighted sum (the driver's weight applies to it when the
+//! schedule is scaled), lane 2 average (sum, divided by `n` where `finalize`
+//! is set) and lane 3 max. Lane 4 counts the `finalize` applications in each
+//! element's history (added up by reductions, carried by copies and
+//! messages), so every output element must show exactly 1 after a reduction
+//! and 0 after all-gather or broadcast. Data are small integers and weights
+//! dyadic, so every sum is exact and results are compared bit for bit against
+//! a sequential reference; buffers start as NaN, so stray reads show.
 //!
-//! The driver repeatedly picks a random event: ask a random rank for its next
-//! action (reductions and copies run at once), deliver a message whose
-//! receive is posted (matched by source, destination and step), or complete a
-//! send (after its delivery, or, with probability `eager`, before it, the
-//! data then being buffered at that moment). It fails on: an access out of a
-//! buffer's bounds, a write to `Send`, a reduction whose destination partly
-//! overlaps a source, reading memory that a posted receive may still write or
-//! writing memory that a send or receive in flight still uses, two sends or
-//! two receives with the same (peer, step), a message whose length differs
-//! from the receive posted for it, a send straight from `Send` in a scaled
-//! schedule, a schedule that is done with actions in flight or that hands out
-//! an action id twice, messages left over, and deadlock (no event possible
-//! while a schedule is not done). It counts `finalize` applications per
-//! element.
+//! The driver repeatedly picks a random event (with per-run biases): ask a
+//! random rank for its next action, deliver a message whose receive is posted
+//! (matched by source, destination and step), complete a send (after its
+//! delivery or, with probability `eager`, before it, the data then being
+//! buffered), or run a reduction or copy that was left in flight (with
+//! probability `lazy`; otherwise they run as soon as they are handed out). It
+//! fails on: an access out of a buffer's bounds, a write to `Send`, a
+//! reduction whose destination partly overlaps a source, reading memory that
+//! an action in flight may still write or writing memory that one still
+//! uses, two sends or two receives with the same (peer, step), a message whose
+//! length differs from the receive posted for it, a send straight from `Send`
+//! in a scaled schedule, a schedule that is done with actions in flight or
+//! that hands out an action id twice, a barrier rank leaving before all
+//! entered, messages left over, and deadlock (no event possible while a
+//! schedule is not done).
 
-use std::collections::{HashMap, HashSet};
+use std::collections::{HashMap as StdHashMap, HashSet as StdHashSet};
+use std::hash::{BuildHasherDefault, Hasher};
 
 use gw_transport::wire::OpKind;
 use proptest::prelude::*;
@@ -32,12 +39,42 @@ use rand::{Rng, SeedableRng};
 
 use super::{Action, ActionId, Algo, Buf, Loc, OpSpec, Schedule, build};
 
+/// A cheap hasher for the simulator's small integer keys.
+#[derive(Default)]
+struct FastHasher(u64);
+
+impl Hasher for FastHasher {
+    fn finish(&self) -> u64 {
+        self.0
+    }
+    fn write(&mut self, bytes: &[u8]) {
+        for &b in bytes {
+            self.write_u64(u64::from(b));
+        }
+    }
+    fn write_u64(&mut self, x: u64) {
+        self.0 = (self.0.rotate_left(5) ^ x).wrapping_mul(0x51_7c_c1_b7_27_22_0a_95);
+    }
+    fn write_u32(&mut self, x: u32) {
+        self.write_u64(u64::from(x));
+    }
+    fn write_usize(&mut self, x: usize) {
+        self.write_u64(x as u64);
+    }
+}
+
+type HashMap<K, V> = StdHashMap<K, V, BuildHasherDefault<FastHasher>>;
+type HashSet<K> = StdHashSet<K, BuildHasherDefault<FastHasher>>;
+
 /// One element: sum, weighted sum, average, max.
-type V = [f64; 4];
+type V = [f64; 5];
 const WSUM: usize = 1;
 const AVG: usize = 2;
 const MAX: usize = 3;
-const NAN4: V = [f64::NAN; 4];
+/// Lane 4 is no reduction: it counts the finalize applications in each
+/// element's history (summed by reductions, carried by copies and messages).
+const FIN: usize = 4;
+const NAN4: V = [f64::NAN; 5];
 
 #[derive(Clone, Copy, Debug)]
 struct Case {
@@ -51,6 +88,9 @@ struct Case {
     scaled: bool,
     /// Probability that a send completes before its message is delivered.
     eager: f64,
+    /// Probability that a reduction or copy stays in flight for a while
+    /// (running when it completes) instead of running at once.
+    lazy: f64,
     seed: u64,
 }
 
@@ -77,13 +117,6 @@ impl Case {
             _ => (c, c),
         }
     }
-
-    fn is_reduction(&self) -> bool {
-        matches!(
-            self.op,
-            OpKind::AllReduce | OpKind::ReduceScatter | OpKind::Reduce
-        )
-    }
 }
 
 /// A buffer as a window of one of a rank's stores.
@@ -107,13 +140,12 @@ struct RankSim {
     sched: Box<dyn Schedule>,
     /// 0: Send (and, in place, Recv), 1: Recv out of place, 2: Scratch.
     stores: [Vec<V>; 3],
-    finalized: [Vec<u32>; 3],
     send: View,
     recv: View,
     scratch: View,
     weight: f64,
     inflight: Vec<Region>,
-    issued: HashSet<ActionId>,
+    issued: HashMap<ActionId, Action>,
     pollable: bool,
     entered: bool,
 }
@@ -157,7 +189,7 @@ impl RankSim {
                     "{} elements {start}..{end} of store {store} while action {} ({} {}..{}) is in flight on them",
                     if write { "writes" } else { "reads" },
                     r.id,
-                    if r.write { "recv into" } else { "send from" },
+                    if r.write { "writing" } else { "reading" },
                     r.start,
                     r.end
                 ));
@@ -178,17 +210,12 @@ impl RankSim {
         Ok(out)
     }
 
-    fn write(&mut self, loc: Loc, data: &[V], finalize: bool) -> Result<(), String> {
+    fn write(&mut self, loc: Loc, data: &[V]) -> Result<(), String> {
         if loc.buf == Buf::Send {
             return Err(format!("writes to Send: {loc:?}"));
         }
         let (s, a, b) = self.resolve(loc)?;
         self.stores[s][a..b].copy_from_slice(data);
-        if finalize {
-            for f in &mut self.finalized[s][a..b] {
-                *f += 1;
-            }
-        }
         Ok(())
     }
 
@@ -217,9 +244,6 @@ struct Outcome {
     weights: Vec<f64>,
     recv_before: Vec<Vec<V>>,
     recv: Vec<Vec<V>>,
-    /// Finalize applications per `Recv` element, and in all of a rank's memory.
-    fin_recv: Vec<Vec<u32>>,
-    fin_total: Vec<u32>,
 }
 
 type Make<'a> = &'a dyn Fn(&OpSpec) -> Result<Box<dyn Schedule>, String>;
@@ -235,6 +259,8 @@ struct Sim<'c> {
     recvs_waiting: HashMap<(usize, usize, u32), (ActionId, Loc)>,
     deliverable: Vec<usize>,
     completable: Vec<usize>,
+    /// Reductions and copies in flight: (rank, id).
+    local: Vec<(usize, ActionId)>,
     rng: StdRng,
 }
 
@@ -246,7 +272,7 @@ impl Sim<'_> {
             rank.pollable = false;
             return Ok(());
         };
-        if !rank.issued.insert(action.id()) {
+        if rank.issued.insert(action.id(), action).is_some() {
             return Err(format!(
                 "rank {r}: action id {} handed out twice: {action:?}",
                 action.id()
@@ -347,68 +373,115 @@ impl Sim<'_> {
                     }
                 }
             }
-            Action::Reduce {
+            Action::Reduce { id, dst, a, b, .. } => {
+                if dst.len != a.len || dst.len != b.len {
+                    return Err("length mismatch".into());
+                }
+                self.start_local(r, id, dst, &[a, b])?;
+            }
+            Action::Copy { id, dst, src, .. } => {
+                if dst.len != src.len {
+                    return Err("length mismatch".into());
+                }
+                self.start_local(r, id, dst, &[src])?;
+            }
+        }
+        Ok(())
+    }
+
+    /// Checks a reduction or copy, then runs it now or leaves it in flight.
+    fn start_local(
+        &mut self,
+        r: usize,
+        id: ActionId,
+        dst: Loc,
+        srcs: &[Loc],
+    ) -> Result<(), String> {
+        let rank = &mut self.ranks[r];
+        let rd = rank.resolve(dst)?;
+        for &src in srcs {
+            let rs = rank.resolve(src)?;
+            if rs.0 == rd.0 && rs.1 < rd.2 && rd.1 < rs.2 && rs != rd {
+                return Err("destination partly overlaps a source".into());
+            }
+            rank.hazard(rs, false, id)?;
+        }
+        rank.hazard(rd, true, id)?;
+        if !self.rng.random_bool(self.case.lazy) {
+            return self.run_local(r, id);
+        }
+        let rank = &mut self.ranks[r];
+        for &src in srcs {
+            let (store, start, end) = rank.resolve(src)?;
+            rank.inflight.push(Region {
+                store,
+                start,
+                end,
+                write: false,
                 id,
+            });
+        }
+        rank.inflight.push(Region {
+            store: rd.0,
+            start: rd.1,
+            end: rd.2,
+            write: true,
+            id,
+        });
+        self.local.push((r, id));
+        Ok(())
+    }
+
+    /// Runs rank `r`'s reduction or copy `id` and completes it.
+    fn run_local(&mut self, r: usize, id: ActionId) -> Result<(), String> {
+        let (n, scaled) = (self.case.n, self.case.scaled);
+        let rank = &mut self.ranks[r];
+        let action = rank.issued[&id];
+        let (dst, out) = match action {
+            Action::Reduce {
                 dst,
                 a,
                 b,
                 finalize,
+                ..
             } => {
-                if dst.len != a.len || dst.len != b.len {
-                    return Err("length mismatch".into());
-                }
-                let rank = &mut self.ranks[r];
-                let (rd, ra, rb) = (rank.resolve(dst)?, rank.resolve(a)?, rank.resolve(b)?);
-                for src in [ra, rb] {
-                    let overlap = src.0 == rd.0 && src.1 < rd.2 && rd.1 < src.2;
-                    if overlap && src != rd {
-                        return Err("destination partly overlaps a source".into());
-                    }
-                    rank.hazard(src, false, id)?;
-                }
-                rank.hazard(rd, true, id)?;
                 let (va, vb) = (rank.read(a, scaled)?, rank.read(b, scaled)?);
                 let out: Vec<V> = va
                     .iter()
                     .zip(&vb)
                     .map(|(x, y)| {
-                        let mut z = [x[0] + y[0], x[1] + y[1], x[2] + y[2], x[MAX].max(y[MAX])];
+                        let mut z = [
+                            x[0] + y[0],
+                            x[1] + y[1],
+                            x[2] + y[2],
+                            x[MAX].max(y[MAX]),
+                            x[FIN] + y[FIN],
+                        ];
                         if finalize {
                             z[AVG] /= n as f64;
+                            z[FIN] += 1.0;
                         }
                         z
                     })
                     .collect();
-                rank.write(dst, &out, finalize)?;
-                self.finish(r, id)?;
+                (dst, out)
             }
             Action::Copy {
-                id,
-                dst,
-                src,
-                finalize,
+                dst, src, finalize, ..
             } => {
-                if dst.len != src.len {
-                    return Err("length mismatch".into());
-                }
-                let rank = &mut self.ranks[r];
-                let (rd, rs) = (rank.resolve(dst)?, rank.resolve(src)?);
-                if rd.0 == rs.0 && rs.1 < rd.2 && rd.1 < rs.2 && rd != rs {
-                    return Err("destination partly overlaps the source".into());
-                }
-                rank.hazard(rs, false, id)?;
-                rank.hazard(rd, true, id)?;
                 let mut out = rank.read(src, scaled)?;
                 if finalize {
                     for v in &mut out {
                         v[AVG] /= n as f64;
+                        v[FIN] += 1.0;
                     }
                 }
-                rank.write(dst, &out, finalize)?;
-                self.finish(r, id)?;
+                (dst, out)
             }
-        }
-        Ok(())
+            _ => unreachable!("not a local action"),
+        };
+        rank.write(dst, &out)?;
+        self.finish(r, id)
     }
 
     /// Tells rank `r`'s schedule that `id` completed.
@@ -451,7 +524,7 @@ impl Sim<'_> {
         };
         let dst_rank = m.dst;
         self.ranks[dst_rank]
-            .write(dst, &data, false)
+            .write(dst, &data)
             .map_err(|e| format!("{}: {e}", what()))?;
         let m = &mut self.msgs[idx];
         m.delivered = true;
@@ -485,7 +558,7 @@ impl Sim<'_> {
                 m.src, m.dst, m.step
             );
         }
-        for (k, _) in &self.recvs_waiting {
+        for k in self.recvs_waiting.keys() {
             s += &format!("\n  unmatched recv: rank {} <- {} step {}", k.1, k.0, k.2);
         }
         s
@@ -517,7 +590,7 @@ fn run_with(case: &Case, make: Make) -> Result<Outcome, String> {
             let mut user = vec![NAN4; len];
             if meaningful {
                 for (i, &x) in input.iter().enumerate() {
-                    user[off_send + i] = [x; 4];
+                    user[off_send + i] = [x, x, x, x, 0.0];
                 }
             }
             let send = View {
@@ -533,7 +606,7 @@ fn run_with(case: &Case, make: Make) -> Result<Outcome, String> {
             ([user, Vec::new(), vec![NAN4; scratch_len]], send, recv)
         } else {
             let user: Vec<V> = if meaningful {
-                input.iter().map(|&x| [x; 4]).collect()
+                input.iter().map(|&x| [x, x, x, x, 0.0]).collect()
             } else {
                 vec![NAN4; send_len]
             };
@@ -553,11 +626,6 @@ fn run_with(case: &Case, make: Make) -> Result<Outcome, String> {
                 recv,
             )
         };
-        let finalized = [
-            vec![0; stores[0].len()],
-            vec![0; stores[1].len()],
-            vec![0; stores[2].len()],
-        ];
         let scratch = View {
             store: 2,
             base: 0,
@@ -566,13 +634,12 @@ fn run_with(case: &Case, make: Make) -> Result<Outcome, String> {
         ranks.push(RankSim {
             sched,
             stores,
-            finalized,
             send,
             recv,
             scratch,
             weight,
             inflight: Vec::new(),
-            issued: HashSet::new(),
+            issued: HashMap::default(),
             pollable: true,
             entered: false,
         });
@@ -584,33 +651,35 @@ fn run_with(case: &Case, make: Make) -> Result<Outcome, String> {
         .map(|x| x.stores[x.recv.store][x.recv.base..][..x.recv.len].to_vec())
         .collect();
     // How much each kind of event is favoured, per run.
-    let bias = [
-        rng.random_range(1..8u32),
-        rng.random_range(1..8u32),
-        rng.random_range(1..8u32),
-    ];
+    let bias: [u32; 4] = std::array::from_fn(|_| rng.random_range(1..8));
     let mut sim = Sim {
         case,
         ranks,
         msgs: Vec::new(),
-        sends: HashMap::new(),
-        recv_keys: HashSet::new(),
-        recvs_waiting: HashMap::new(),
+        sends: HashMap::default(),
+        recv_keys: HashSet::default(),
+        recvs_waiting: HashMap::default(),
         deliverable: Vec::new(),
         completable: Vec::new(),
+        local: Vec::new(),
         rng,
     };
     let mut pollable = Vec::with_capacity(n);
     for _events in 0..50_000_000u64 {
         pollable.clear();
         pollable.extend((0..n).filter(|&r| sim.ranks[r].pollable));
-        let sizes = [pollable.len(), sim.deliverable.len(), sim.completable.len()];
-        let total: u32 = (0..3).filter(|&k| sizes[k] > 0).map(|k| bias[k]).sum();
+        let sizes = [
+            pollable.len(),
+            sim.deliverable.len(),
+            sim.completable.len(),
+            sim.local.len(),
+        ];
+        let total: u32 = (0..4).filter(|&k| sizes[k] > 0).map(|k| bias[k]).sum();
         if total == 0 {
             break;
         }
         let mut pick = sim.rng.random_range(0..total);
-        let kind = (0..3).find(|&k| {
+        let kind = (0..4).find(|&k| {
             if sizes[k] == 0 {
                 return false;
             }
@@ -627,9 +696,14 @@ fn run_with(case: &Case, make: Make) -> Result<Outcome, String> {
                 let idx = sim.deliverable.swap_remove(i);
                 sim.deliver(idx)?;
             }
-            _ => {
+            Some(2) => {
                 let idx = sim.completable.swap_remove(i);
                 sim.complete_send(idx)?;
+            }
+            _ => {
+                let (r, id) = sim.local.swap_remove(i);
+                sim.run_local(r, id)
+                    .map_err(|e| format!("rank {r}: action {id}: {e}"))?;
             }
         }
     }
@@ -653,16 +727,6 @@ fn run_with(case: &Case, make: Make) -> Result<Outcome, String> {
             .iter()
             .map(|x| x.stores[x.recv.store][x.recv.base..][..x.recv.len].to_vec())
             .collect(),
-        fin_recv: sim
-            .ranks
-            .iter()
-            .map(|x| x.finalized[x.recv.store][x.recv.base..][..x.recv.len].to_vec())
-            .collect(),
-        fin_total: sim
-            .ranks
-            .iter()
-            .map(|x| x.finalized.iter().flatten().sum())
-            .collect(),
     })
 }
 
@@ -675,7 +739,7 @@ fn check(case: &Case, o: &Outcome) -> Result<(), String> {
     let (n, count) = (case.n, case.count);
     let contrib = |q: usize, i: usize| -> V {
         let x = o.inputs[q][i];
-        [x, if case.scaled { x * o.weights[q] } else { x }, x, x]
+        [x, if case.scaled { x * o.weights[q] } else { x }, x, x, 0.0]
     };
     let reduced = |i: usize| -> V {
         let mut acc = contrib(0, i);
@@ -687,9 +751,10 @@ fn check(case: &Case, o: &Outcome) -> Result<(), String> {
             acc[MAX] = acc[MAX].max(c[MAX]);
         }
         acc[AVG] /= n as f64;
+        acc[FIN] = 1.0;
         acc
     };
-    let same = |a: &V, b: &V| {
+    let same = |a: &[f64], b: &[f64]| {
         a.iter()
             .zip(b)
             .all(|(x, y)| x == y || (x.is_nan() && y.is_nan()))
@@ -697,70 +762,39 @@ fn check(case: &Case, o: &Outcome) -> Result<(), String> {
     let expect = |r: usize, want: &dyn Fn(usize) -> V| -> Result<(), String> {
         for (i, got) in o.recv[r].iter().enumerate() {
             let w = want(i);
+            if got.iter().any(|x| x.is_nan()) && !w.iter().any(|x| x.is_nan()) {
+                return Err(format!(
+                    "rank {r} Recv[{i}] = {got:?} holds data never written, expected {w:?}"
+                ));
+            }
+            if !same(&[got[FIN]], &[w[FIN]]) {
+                return Err(format!(
+                    "finalize applied {} times to rank {r} Recv[{i}], expected {}",
+                    got[FIN], w[FIN]
+                ));
+            }
             if !same(got, &w) {
                 return Err(format!("rank {r} Recv[{i}] = {got:?}, expected {w:?}"));
             }
         }
         Ok(())
     };
-    let total: u32 = o.fin_total.iter().sum();
-    let fin_err = |what: String| {
-        Err(format!(
-            "finalize: {what} (applied {:?} times per rank)",
-            o.fin_total
-        ))
-    };
     match case.op {
-        OpKind::AllReduce => {
-            for r in 0..n {
-                expect(r, &reduced)?;
+        OpKind::AllReduce => (0..n).try_for_each(|r| expect(r, &reduced)),
+        OpKind::ReduceScatter => (0..n).try_for_each(|r| expect(r, &|i| reduced(r * count + i))),
+        OpKind::Reduce => (0..n).try_for_each(|r| {
+            if r == case.root {
+                expect(r, &reduced)
+            } else {
+                expect(r, &|i| o.recv_before[r][i])
             }
-            for i in 0..count {
-                let k: u32 = (0..n).map(|r| o.fin_recv[r][i]).sum();
-                if k != 1 {
-                    return fin_err(format!("element {i} finalized {k} times over all ranks"));
-                }
-            }
-            if total as usize != count {
-                return fin_err(format!("{total} applications for {count} elements"));
-            }
-        }
-        OpKind::ReduceScatter => {
-            for r in 0..n {
-                expect(r, &|i| reduced(r * count + i))?;
-                if o.fin_recv[r].iter().any(|&k| k != 1) || o.fin_total[r] as usize != count {
-                    return fin_err(format!("rank {r}: {:?}", o.fin_recv[r]));
-                }
-            }
-        }
-        OpKind::Reduce => {
-            for r in 0..n {
-                if r == case.root {
-                    expect(r, &reduced)?;
-                } else {
-                    expect(r, &|i| o.recv_before[r][i])?;
-                }
-            }
-            if o.fin_recv[case.root].iter().any(|&k| k != 1) || total as usize != count {
-                return fin_err(format!("root: {:?}", o.fin_recv[case.root]));
-            }
-        }
+        }),
         OpKind::AllGather => {
-            for r in 0..n {
-                expect(r, &|i| contrib(i / count.max(1), i % count.max(1)))?;
-            }
+            (0..n).try_for_each(|r| expect(r, &|i| contrib(i / count.max(1), i % count.max(1))))
         }
-        OpKind::Broadcast => {
-            for r in 0..n {
-                expect(r, &|i| contrib(case.root, i))?;
-            }
-        }
-        OpKind::Barrier | OpKind::SendRecv => {}
+        OpKind::Broadcast => (0..n).try_for_each(|r| expect(r, &|i| contrib(case.root, i))),
+        OpKind::Barrier | OpKind::SendRecv => Ok(()),
     }
-    if !case.is_reduction() && total != 0 {
-        return fin_err("applied in an operation without reduction".into());
-    }
-    Ok(())
 }
 
 fn run_case(case: &Case) -> Result<(), String> {
@@ -782,6 +816,20 @@ const OPS: [(OpKind, Algo); 8] = [
 /// Every n in 1..=9 × counts × segment sizes × {out of place, in place} ×
 /// {unscaled, scaled}, each with its own delivery order; half the runs
 /// complete sends only once delivered (rendezvous), half mostly eagerly.
+const SMALL: Case = Case {
+    op: OpKind::AllReduce,
+    algo: Algo::Ring,
+    n: 2,
+    count: 2,
+    seg: 1,
+    root: 0,
+    in_place: false,
+    scaled: false,
+    eager: 0.0,
+    lazy: 0.0,
+    seed: 7,
+};
+
 fn matrix(op: OpKind, algo: Algo, counts: &[usize]) {
     let mut runs = 0;
     for n in 1..=9usize {
@@ -795,8 +843,7 @@ fn matrix(op: OpKind, algo: Algo, counts: &[usize]) {
                 root: 0,
                 in_place: false,
                 scaled: false,
-                eager: 0.0,
-                seed: 0,
+                ..SMALL
             }
             .spec(0);
             let err = build(&spec, algo)
@@ -815,6 +862,19 @@ fn matrix(op: OpKind, algo: Algo, counts: &[usize]) {
                         .into_iter()
                         .enumerate()
                 {
+                    // Large runs (the whole message through seg-1 pipelines
+                    // on many ranks) take one variant each, rotating, to keep
+                    // the suite fast.
+                    let (send_len, recv_len) = Case {
+                        op,
+                        n,
+                        count,
+                        ..SMALL
+                    }
+                    .lens();
+                    if n * send_len.max(recv_len) / seg > 6_000 && v != n % 4 {
+                        continue;
+                    }
                     let seed = (n as u64) << 40
                         ^ (count as u64) << 20
                         ^ (seg as u64 % 1000) << 4
@@ -829,6 +889,7 @@ fn matrix(op: OpKind, algo: Algo, counts: &[usize]) {
                         in_place,
                         scaled,
                         eager: if in_place == scaled { 0.0 } else { 0.8 },
+                        lazy: if in_place { 0.5 } else { 0.0 },
                         seed,
                     };
                     if let Err(e) = run_case(&case) {
@@ -845,47 +906,47 @@ fn matrix(op: OpKind, algo: Algo, counts: &[usize]) {
 const COUNTS: [usize; 7] = [0, 1, 7, 1000, 13, 100, 389];
 
 #[test]
-fn ring_allreduce() {
+fn matrix_ring_allreduce() {
     matrix(OpKind::AllReduce, Algo::Ring, &COUNTS);
 }
 
 #[test]
-fn tree_allreduce() {
+fn matrix_tree_allreduce() {
     matrix(OpKind::AllReduce, Algo::Tree, &COUNTS);
 }
 
 #[test]
-fn rhd_allreduce() {
+fn matrix_rhd_allreduce() {
     matrix(OpKind::AllReduce, Algo::Rhd, &COUNTS);
 }
 
 #[test]
-fn ring_reduce_scatter() {
+fn matrix_ring_reduce_scatter() {
     matrix(OpKind::ReduceScatter, Algo::Ring, &COUNTS);
 }
 
 #[test]
-fn ring_all_gather() {
+fn matrix_ring_all_gather() {
     matrix(OpKind::AllGather, Algo::Ring, &COUNTS);
 }
 
 #[test]
-fn broadcast() {
+fn matrix_broadcast() {
     matrix(OpKind::Broadcast, Algo::Ring, &COUNTS);
 }
 
 #[test]
-fn reduce() {
+fn matrix_reduce() {
     matrix(OpKind::Reduce, Algo::Ring, &COUNTS);
 }
 
 #[test]
-fn barrier() {
+fn matrix_barrier() {
     matrix(OpKind::Barrier, Algo::Ring, &[0]);
 }
 
 proptest! {
-    #![proptest_config(ProptestConfig { cases: 200, failure_persistence: None, ..ProptestConfig::default() })]
+    #![proptest_config(ProptestConfig { cases: 400, failure_persistence: None, ..ProptestConfig::default() })]
 
     /// Random operation, world size, count, segment size, layout, scaling,
     /// delivery order and eagerness.
@@ -899,16 +960,556 @@ proptest! {
         in_place: bool,
         scaled: bool,
         eager in prop_oneof![Just(0.0), 0.0f64..1.0],
+        lazy in prop_oneof![Just(0.0), 0.0f64..1.0],
         seed: u64,
     ) {
         let (op, algo) = OPS[which];
         let count = if op == OpKind::Barrier { 0 } else { count };
-        let case = Case { op, algo, n, count, seg, root: root % n, in_place, scaled, eager, seed };
+        let case = Case { op, algo, n, count, seg, root: root % n, in_place, scaled, eager, lazy, seed };
         if algo == Algo::Rhd && op == OpKind::AllReduce && !n.is_power_of_two() {
             prop_assert!(build(&case.spec(0), algo).is_err());
         } else {
             let r = run_case(&case);
             prop_assert!(r.is_ok(), "{:?}: {}", case, r.unwrap_err());
         }
+    }
+}
+
+/// A hand-written schedule, for checking that the simulator catches faults.
+/// `Free` hands out every action at once; `Ordered` runs them in order, except
+/// that a receive or send may start while earlier sends are in flight.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Mode {
+    Free,
+    Ordered,
+}
+
+struct Script {
+    actions: Vec<Action>,
+    next: usize,
+    sends_in_flight: usize,
+    others_in_flight: usize,
+    finished: usize,
+    mode: Mode,
+}
+
+impl Schedule for Script {
+    fn next_action(&mut self) -> Option<Action> {
+        let a = *self.actions.get(self.next)?;
+        let is_send = matches!(a, Action::Send { .. });
+        let blocked = self.others_in_flight > 0
+            || (self.sends_in_flight > 0
+                && !matches!(a, Action::Send { .. } | Action::Recv { .. }));
+        if self.mode == Mode::Ordered && blocked {
+            return None;
+        }
+        self.next += 1;
+        *if is_send {
+            &mut self.sends_in_flight
+        } else {
+            &mut self.others_in_flight
+        } += 1;
+        Some(a)
+    }
+    fn complete(&mut self, id: ActionId) {
+        let is_send = matches!(self.actions[id], Action::Send { .. });
+        *if is_send {
+            &mut self.sends_in_flight
+        } else {
+            &mut self.others_in_flight
+        } -= 1;
+        self.finished += 1;
+    }
+    fn is_done(&self) -> bool {
+        self.finished == self.actions.len()
+    }
+    fn scratch_elems(&self) -> usize {
+        4
+    }
+    fn waiting_for(&self) -> String {
+        format!("script action {}", self.finished)
+    }
+}
+
+/// Runs per-rank scripts (actions are numbered in order) and checks the
+/// result; returns the first error.
+fn run_script(
+    case: &Case,
+    mode: Mode,
+    script: &dyn Fn(usize) -> Vec<Action>,
+) -> Result<(), String> {
+    let make = |spec: &OpSpec| -> Result<Box<dyn Schedule>, String> {
+        let mut actions = script(spec.rank as usize);
+        for (i, a) in actions.iter_mut().enumerate() {
+            match a {
+                Action::Send { id, .. }
+                | Action::Recv { id, .. }
+                | Action::Reduce { id, .. }
+                | Action::Copy { id, .. } => *id = i,
+            }
+        }
+        Ok(Box::new(Script {
+            actions,
+            next: 0,
+            sends_in_flight: 0,
+            others_in_flight: 0,
+            finished: 0,
+            mode,
+        }))
+    };
+    let o = run_with(case, &make)?;
+    check(case, &o)
+}
+
+fn pair_case() -> Case {
+    Case {
+        op: OpKind::AllReduce,
+        algo: Algo::Ring,
+        n: 2,
+        count: 2,
+        seg: 1,
+        root: 0,
+        in_place: false,
+        scaled: false,
+        eager: 0.0,
+        lazy: 0.0,
+        seed: 7,
+    }
+}
+
+fn fault_in(n: usize, count: usize, mode: Mode, script: &dyn Fn(usize) -> Vec<Action>) -> String {
+    let case = Case {
+        n,
+        count,
+        ..pair_case()
+    };
+    run_script(&case, mode, script).expect_err("the simulator must reject this schedule")
+}
+
+fn fault(n: usize, count: usize, script: &dyn Fn(usize) -> Vec<Action>) -> String {
+    fault_in(n, count, Mode::Ordered, script)
+}
+
+fn send(peer: u32, step: u32, src: Loc) -> Action {
+    Action::Send {
+        id: 0,
+        peer,
+        step,
+        src,
+    }
+}
+fn recv(peer: u32, step: u32, dst: Loc) -> Action {
+    Action::Recv {
+        id: 0,
+        peer,
+        step,
+        dst,
+    }
+}
+fn copy(dst: Loc, src: Loc, finalize: bool) -> Action {
+    Action::Copy {
+        id: 0,
+        dst,
+        src,
+        finalize,
+    }
+}
+fn reduce(dst: Loc, a: Loc, b: Loc, finalize: bool) -> Action {
+    Action::Reduce {
+        id: 0,
+        dst,
+        a,
+        b,
+        finalize,
+    }
+}
+fn send_loc(o: usize, l: usize) -> Loc {
+    Loc::new(Buf::Send, o, l)
+}
+fn recv_loc(o: usize, l: usize) -> Loc {
+    Loc::new(Buf::Recv, o, l)
+}
+const TMP: Loc = Loc {
+    buf: Buf::Scratch,
+    offset: 0,
+    len: 2,
+};
+
+/// A correct two-rank all-reduce by hand: exchange, add, finalize (both
+/// ranks reduce, so both finalize). The fault tests are small edits of it.
+fn good_pair(r: usize) -> Vec<Action> {
+    let peer = 1 - r as u32;
+    vec![
+        send(peer, 0, send_loc(0, 2)),
+        recv(peer, 0, TMP),
+        reduce(recv_loc(0, 2), send_loc(0, 2), TMP, true),
+    ]
+}
+
+#[test]
+fn simulator_accepts_a_correct_script() {
+    for seed in 0..20 {
+        for in_place in [false, true] {
+            run_script(
+                &Case {
+                    seed,
+                    in_place,
+                    eager: 0.5,
+                    ..pair_case()
+                },
+                Mode::Ordered,
+                &good_pair,
+            )
+            .unwrap();
+        }
+    }
+}
+
+#[test]
+fn simulator_catches_faults() {
+    let has = |e: String, what: &str| assert!(e.contains(what), "expected '{what}' in: {e}");
+    fn edit(f: impl Fn(usize, &mut Vec<Action>)) -> impl Fn(usize) -> Vec<Action> {
+        move |r| {
+            let mut s = good_pair(r);
+            f(r, &mut s);
+            s
+        }
+    }
+    has(
+        fault(1, 4, &|_| vec![copy(recv_loc(0, 5), send_loc(0, 5), true)]),
+        "out of bounds",
+    );
+    has(
+        fault(1, 4, &|_| {
+            vec![copy(Loc::new(Buf::Scratch, 3, 2), send_loc(0, 2), false)]
+        }),
+        "out of bounds",
+    );
+    has(
+        fault(1, 4, &|_| vec![copy(send_loc(0, 4), recv_loc(0, 4), true)]),
+        "writes to Send",
+    );
+    has(
+        fault(1, 4, &|_| {
+            vec![reduce(recv_loc(0, 2), recv_loc(1, 2), send_loc(0, 2), true)]
+        }),
+        "partly overlaps",
+    );
+    // Finalize missing, applied twice, or on one rank only.
+    has(
+        fault(1, 2, &|_| vec![copy(recv_loc(0, 2), send_loc(0, 2), false)]),
+        "finalize applied 0 times",
+    );
+    let twice = |_| {
+        vec![
+            copy(recv_loc(0, 2), send_loc(0, 2), true),
+            copy(recv_loc(0, 2), recv_loc(0, 2), true),
+        ]
+    };
+    has(fault(1, 2, &twice), "finalize applied 2 times");
+    has(
+        fault(
+            2,
+            2,
+            &edit(|r, s| s[2] = reduce(recv_loc(0, 2), send_loc(0, 2), TMP, r == 0)),
+        ),
+        "finalize applied 0 times",
+    );
+    // A partial result finalized and then reduced again.
+    let early = |r: usize| {
+        let peer = 1 - r as u32;
+        vec![
+            copy(TMP, send_loc(0, 2), true),
+            send(peer, 0, TMP),
+            recv(peer, 0, recv_loc(0, 2)),
+            reduce(recv_loc(0, 2), recv_loc(0, 2), send_loc(0, 2), true),
+        ]
+    };
+    has(fault(2, 2, &early), "finalize applied 2 times");
+    // Wrong data: forgets the own contribution.
+    has(
+        fault(2, 2, &edit(|_, s| s[2] = copy(recv_loc(0, 2), TMP, true))),
+        "expected",
+    );
+    // Two receives with the same (peer, step); a second send with the same step.
+    has(
+        fault(
+            2,
+            2,
+            &edit(|r, s| s.insert(2, recv(1 - r as u32, 0, Loc::new(Buf::Scratch, 2, 2)))),
+        ),
+        "same (peer, step)",
+    );
+    has(
+        fault(
+            2,
+            2,
+            &edit(|r, s| s.insert(1, send(1 - r as u32, 0, send_loc(0, 1)))),
+        ),
+        "second send",
+    );
+    // Length mismatch.
+    has(
+        fault(
+            2,
+            2,
+            &edit(|r, s| s[0] = send(1 - r as u32, 0, send_loc(0, 1))),
+        ),
+        "elements sent",
+    );
+    // Deadlock: both wait before sending.
+    has(fault(2, 2, &edit(|_, s| s.swap(0, 1))), "deadlock");
+    // A send nobody receives.
+    has(
+        fault(2, 2, &|r| {
+            if r == 0 {
+                vec![send(1, 0, send_loc(0, 1))]
+            } else {
+                vec![]
+            }
+        }),
+        "deadlock",
+    );
+    // Overwriting memory that a send in flight still reads (the peer never
+    // receives, so the send stays in flight).
+    let clobber = |r: usize| {
+        let v = vec![
+            copy(recv_loc(0, 2), send_loc(0, 2), false),
+            send(1, 0, recv_loc(0, 2)),
+            copy(recv_loc(0, 2), send_loc(0, 2), false),
+        ];
+        if r == 0 { v } else { vec![] }
+    };
+    has(fault_in(2, 2, Mode::Free, &clobber), "in flight");
+    // Reading memory that a posted receive may still write.
+    let early_read = |r: usize| {
+        if r == 0 {
+            vec![
+                recv(1, 0, recv_loc(0, 2)),
+                copy(recv_loc(0, 2), recv_loc(0, 2), false),
+            ]
+        } else {
+            vec![]
+        }
+    };
+    has(fault_in(2, 2, Mode::Free, &early_read), "in flight");
+    // Reading what a reduction or copy in flight still writes.
+    let racing = |_| {
+        vec![
+            copy(recv_loc(0, 2), send_loc(0, 2), true),
+            copy(TMP, recv_loc(0, 2), false),
+        ]
+    };
+    has(
+        run_script(
+            &Case {
+                n: 1,
+                lazy: 1.0,
+                ..pair_case()
+            },
+            Mode::Free,
+            &racing,
+        )
+        .unwrap_err(),
+        "in flight",
+    );
+    // Sending straight from Send in a scaled schedule.
+    has(
+        run_script(
+            &Case {
+                scaled: true,
+                ..pair_case()
+            },
+            Mode::Ordered,
+            &good_pair,
+        )
+        .unwrap_err(),
+        "straight from Send",
+    );
+}
+
+/// A schedule that reads `Send` after writing the aliased `Recv` element is
+/// fine out of place and wrong in place; the in-place runs catch it.
+#[test]
+fn simulator_catches_in_place_clobbering() {
+    let script = |r: usize| {
+        if r == 0 {
+            vec![
+                recv(1, 0, TMP),
+                reduce(recv_loc(0, 2), send_loc(0, 2), TMP, true),
+                send(1, 0, send_loc(0, 2)),
+            ]
+        } else {
+            good_pair(1)
+        }
+    };
+    for seed in 0..10 {
+        let case = Case {
+            seed,
+            eager: 0.5,
+            ..pair_case()
+        };
+        run_script(&case, Mode::Ordered, &script).expect("out of place it is fine");
+        let e = run_script(
+            &Case {
+                in_place: true,
+                ..case
+            },
+            Mode::Ordered,
+            &script,
+        )
+        .unwrap_err();
+        assert!(e.contains("rank 1"), "{e}");
+    }
+}
+
+/// Every schedule has work where there is data, stays within small scratch,
+/// and says what it waits for.
+#[test]
+fn schedule_properties() {
+    for (op, algo) in OPS {
+        for n in [2u32, 4, 5, 8] {
+            if algo == Algo::Rhd && op == OpKind::AllReduce && !n.is_power_of_two() {
+                continue;
+            }
+            let count = if op == OpKind::Barrier { 0 } else { 1000 };
+            for seg in [1, 64, 1 << 20] {
+                let spec = OpSpec {
+                    op,
+                    rank: 1,
+                    nranks: n,
+                    count,
+                    root: 0,
+                    segment_elems: seg,
+                    scaled: true,
+                };
+                let mut s = build(&spec, algo).unwrap();
+                assert!(!s.is_done(), "{spec:?}");
+                assert!(
+                    s.scratch_elems() <= 4 * 2 * 4 * seg.min(count),
+                    "{spec:?}: {}",
+                    s.scratch_elems()
+                );
+                let a = s.next_action().expect("a first action");
+                let w = s.waiting_for();
+                assert!(w.contains("step") && w.contains("segment"), "{w}");
+                let _ = a;
+            }
+        }
+    }
+    let spec = OpSpec {
+        op: OpKind::AllReduce,
+        rank: 1,
+        nranks: 4,
+        count: 1000,
+        root: 0,
+        segment_elems: 100,
+        scaled: false,
+    };
+    let mut s = build(&spec, Algo::Ring).unwrap();
+    while let Some(a) = s.next_action() {
+        if let Action::Reduce { .. } | Action::Copy { .. } = a {
+            s.complete(a.id());
+        }
+    }
+    let w = s.waiting_for();
+    assert!(
+        w.starts_with(
+            "ring all-reduce reduce-scatter step 1/3: waiting for recv from rank 0 (segment 1/3)"
+        ),
+        "{w}"
+    );
+}
+
+#[test]
+fn invalid_arguments() {
+    let spec = OpSpec {
+        op: OpKind::AllReduce,
+        rank: 0,
+        nranks: 6,
+        count: 10,
+        root: 0,
+        segment_elems: 4,
+        scaled: false,
+    };
+    let msg = |spec: OpSpec, algo| {
+        build(&spec, algo)
+            .err()
+            .map(|e| e.to_string())
+            .unwrap_or_default()
+    };
+    assert_eq!(
+        msg(spec, Algo::Rhd),
+        "invalid argument: rhd needs a power-of-two world size, got 6 ranks"
+    );
+    assert!(
+        msg(
+            OpSpec {
+                op: OpKind::SendRecv,
+                ..spec
+            },
+            Algo::Ring
+        )
+        .starts_with("invalid argument")
+    );
+    assert!(msg(OpSpec { rank: 6, ..spec }, Algo::Ring).contains("rank 6"));
+    assert!(msg(OpSpec { nranks: 0, ..spec }, Algo::Ring).contains("world size"));
+    assert!(
+        msg(
+            OpSpec {
+                op: OpKind::Broadcast,
+                root: 9,
+                ..spec
+            },
+            Algo::Ring
+        )
+        .contains("root 9")
+    );
+    assert!(
+        msg(
+            OpSpec {
+                segment_elems: 0,
+                ..spec
+            },
+            Algo::Ring
+        )
+        .contains("segment_elems")
+    );
+    assert!(
+        msg(
+            OpSpec {
+                op: OpKind::AllGather,
+                count: usize::MAX / 2,
+                ..spec
+            },
+            Algo::Ring
+        )
+        .contains("overflows")
+    );
+    assert!(
+        msg(
+            OpSpec {
+                op: OpKind::Barrier,
+                ..spec
+            },
+            Algo::Ring
+        )
+        .contains("count 0")
+    );
+    assert!(
+        msg(
+            OpSpec {
+                count: 1 << 40,
+                segment_elems: 1,
+                ..spec
+            },
+            Algo::Tree
+        )
+        .contains("segments")
+    );
+    for algo in [Algo::Ring, Algo::Tree, Algo::Rhd] {
+        let one = OpSpec { nranks: 1, ..spec };
+        assert!(build(&one, algo).is_ok());
+        assert!(build(&OpSpec { count: 0, ..one }, algo).unwrap().is_done());
     }
 }

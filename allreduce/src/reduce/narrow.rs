@@ -1,27 +1,13 @@
-//! Widening f16/bf16 blocks to f32 and rounding them back.
+//! Conversions between 16-bit floats and f32.
 //!
 //! Both directions round exactly as the `half` crate does (round to nearest,
 //! ties to even; NaN stays NaN, quieted): bf16 by integer arithmetic that the
-//! compiler vectorises, f16 with the F16C instructions (`vcvtph2ps` /
-//! `vcvtps2ph`, eight at a time) or, without them, `half`'s own slice
-//! conversions.
+//! compiler vectorises inside the element loops, f16 with the F16C
+//! instructions (`vcvtph2ps` / `vcvtps2ph`, eight lanes at a time) or,
+//! without them, `half`'s own slice conversions.
 
 use super::kernels::{BLOCK, Un};
 use std::mem::MaybeUninit;
-
-/// A block converter between a 16-bit float format and f32.
-pub(crate) trait Conv {
-    /// Widens `src` into `dst`, writing every element. `src.len() == dst.len() <= BLOCK`.
-    ///
-    /// # Safety
-    /// The CPU supports the instructions the implementor uses.
-    unsafe fn load(src: &[Un<u16>], dst: &mut [MaybeUninit<f32>]);
-    /// Rounds `src` into `dst`. `src.len() == dst.len() <= BLOCK`.
-    ///
-    /// # Safety
-    /// As [`Conv::load`].
-    unsafe fn store(src: &[f32], dst: &mut [Un<u16>]);
-}
 
 /// bf16 → f32: exact (bf16 is the upper half of an f32).
 #[inline(always)]
@@ -41,33 +27,14 @@ pub(crate) fn f32_to_bf16(x: f32) -> u16 {
     if x.is_nan() { quiet_nan } else { rounded }
 }
 
-/// bf16 in plain code: vectorised by the compiler under whichever target
-/// features the calling kernel has.
-pub(crate) struct Bf16;
-
-impl Conv for Bf16 {
-    #[inline(always)]
-    unsafe fn load(src: &[Un<u16>], dst: &mut [MaybeUninit<f32>]) {
-        for (d, s) in dst.iter_mut().zip(src) {
-            d.write(bf16_to_f32(s.0));
-        }
-    }
-
-    #[inline(always)]
-    unsafe fn store(src: &[f32], dst: &mut [Un<u16>]) {
-        for (d, s) in dst.iter_mut().zip(src) {
-            d.0 = f32_to_bf16(*s);
-        }
-    }
-}
-
 /// f16 through `half`'s slice conversions (which use F16C when the CPU has
 /// it, software otherwise), via aligned stack copies.
 pub(crate) struct F16Base;
 
-impl Conv for F16Base {
+impl F16Base {
+    /// Widens `src` into `dst`, writing every element. `src.len() == dst.len() <= BLOCK`.
     #[inline]
-    unsafe fn load(src: &[Un<u16>], dst: &mut [MaybeUninit<f32>]) {
+    pub(crate) fn load(src: &[Un<u16>], dst: &mut [MaybeUninit<f32>]) {
         use half::slice::{HalfBitsSliceExt, HalfFloatSliceExt};
         let m = src.len();
         assert!(m <= BLOCK && dst.len() == m);
@@ -79,102 +46,127 @@ impl Conv for F16Base {
         // SAFETY: every element of `dst` was just initialised, and
         // `MaybeUninit<f32>` has the layout of `f32`.
         let out = unsafe { std::slice::from_raw_parts_mut(dst.as_mut_ptr().cast::<f32>(), m) };
-        bits[..m].reinterpret_cast::<half::f16>().convert_to_f32_slice(out);
+        bits[..m]
+            .reinterpret_cast::<half::f16>()
+            .convert_to_f32_slice(out);
     }
 
+    /// Rounds `src` into `dst`. `src.len() == dst.len() <= BLOCK`.
     #[inline]
-    unsafe fn store(src: &[f32], dst: &mut [Un<u16>]) {
+    pub(crate) fn store(src: &[f32], dst: &mut [Un<u16>]) {
         use half::slice::{HalfBitsSliceExt, HalfFloatSliceExt};
         let m = src.len();
         assert!(m <= BLOCK && dst.len() == m);
         let mut bits = [0u16; BLOCK];
-        bits[..m].reinterpret_cast_mut::<half::f16>().convert_from_f32_slice(src);
+        bits[..m]
+            .reinterpret_cast_mut::<half::f16>()
+            .convert_from_f32_slice(src);
         for (d, s) in dst.iter_mut().zip(&bits[..m]) {
             d.0 = *s;
         }
     }
 }
 
-/// f16 with F16C, eight lanes per instruction. Only for AVX2 kernels.
+/// f16 with F16C: eight lanes per conversion, fused with the arithmetic.
+/// For AVX2 kernels only.
 #[cfg(target_arch = "x86_64")]
-pub(crate) struct F16Avx2;
+pub(crate) mod f16c {
+    use super::Un;
+    use std::arch::x86_64::{__m256, _MM_FROUND_TO_NEAREST_INT, _mm_loadu_si128, _mm_storeu_si128};
+    use std::arch::x86_64::{_mm256_cvtph_ps, _mm256_cvtps_ph};
 
-#[cfg(target_arch = "x86_64")]
-impl Conv for F16Avx2 {
-    #[inline(always)]
-    unsafe fn load(src: &[Un<u16>], dst: &mut [MaybeUninit<f32>]) {
-        // SAFETY: the caller guarantees F16C and AVX2.
-        unsafe { f16_load_f16c(src, dst) }
-    }
-
-    #[inline(always)]
-    unsafe fn store(src: &[f32], dst: &mut [Un<u16>]) {
-        // SAFETY: the caller guarantees F16C and AVX2.
-        unsafe { f16_store_f16c(src, dst) }
-    }
-}
-
-/// # Safety
-/// The CPU supports F16C and AVX2.
-#[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx2,f16c")]
-#[inline]
-unsafe fn f16_load_f16c(src: &[Un<u16>], dst: &mut [MaybeUninit<f32>]) {
-    use std::arch::x86_64::*;
-    let m = src.len();
-    assert_eq!(dst.len(), m);
-    let (sp, dp) = (src.as_ptr().cast::<__m128i>(), dst.as_mut_ptr().cast::<f32>());
-    let full = m / 8;
-    for k in 0..full {
-        // SAFETY: lanes `8k..8k+8` are within both slices (`k < m / 8`);
-        // unaligned load and store.
-        unsafe { _mm256_storeu_ps(dp.add(8 * k), _mm256_cvtph_ps(_mm_loadu_si128(sp.add(k)))) };
-    }
-    let rest = m - 8 * full;
-    if rest > 0 {
-        let mut t = [0u16; 8];
-        for (t, s) in t.iter_mut().zip(&src[8 * full..]) {
-            *t = s.0;
-        }
-        let mut o = [0f32; 8];
-        // SAFETY: `t` and `o` are 8-lane stack arrays.
-        unsafe { _mm256_storeu_ps(o.as_mut_ptr(), _mm256_cvtph_ps(_mm_loadu_si128(t.as_ptr().cast()))) };
-        for (d, o) in dst[8 * full..].iter_mut().zip(o) {
-            d.write(o);
-        }
-    }
-}
-
-/// # Safety
-/// The CPU supports F16C and AVX2.
-#[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx2,f16c")]
-#[inline]
-unsafe fn f16_store_f16c(src: &[f32], dst: &mut [Un<u16>]) {
-    use std::arch::x86_64::*;
-    let m = src.len();
-    assert_eq!(dst.len(), m);
-    let (sp, dp) = (src.as_ptr(), dst.as_mut_ptr().cast::<__m128i>());
-    let full = m / 8;
-    for k in 0..full {
-        // SAFETY: lanes `8k..8k+8` are within both slices; unaligned access.
+    /// Widens eight f16.
+    #[target_feature(enable = "avx2,f16c")]
+    #[inline]
+    pub(crate) fn load8(s: &[Un<u16>; 8]) -> [f32; 8] {
+        // SAFETY: `s` is 16 readable bytes (unaligned load); `__m256` and
+        // `[f32; 8]` have the same size and no invalid bit patterns.
         unsafe {
-            let v = _mm256_loadu_ps(sp.add(8 * k));
-            _mm_storeu_si128(dp.add(k), _mm256_cvtps_ph::<_MM_FROUND_TO_NEAREST_INT>(v));
+            std::mem::transmute::<__m256, [f32; 8]>(_mm256_cvtph_ps(_mm_loadu_si128(
+                s.as_ptr().cast(),
+            )))
         }
     }
-    let rest = m - 8 * full;
-    if rest > 0 {
-        let mut t = [0f32; 8];
-        t[..rest].copy_from_slice(&src[8 * full..]);
-        let mut o = [0u16; 8];
-        // SAFETY: `t` and `o` are 8-lane stack arrays.
+
+    /// Rounds eight f32 to f16, to nearest even.
+    #[target_feature(enable = "avx2,f16c")]
+    #[inline]
+    pub(crate) fn store8(d: &mut [Un<u16>; 8], v: [f32; 8]) {
+        // SAFETY: as in `load8`; `d` is 16 writable bytes (unaligned store).
         unsafe {
-            let h = _mm256_cvtps_ph::<_MM_FROUND_TO_NEAREST_INT>(_mm256_loadu_ps(t.as_ptr()));
-            _mm_storeu_si128(o.as_mut_ptr().cast(), h);
+            let v = std::mem::transmute::<[f32; 8], __m256>(v);
+            _mm_storeu_si128(
+                d.as_mut_ptr().cast(),
+                _mm256_cvtps_ph::<_MM_FROUND_TO_NEAREST_INT>(v),
+            );
         }
-        for (d, o) in dst[8 * full..].iter_mut().zip(o) {
-            d.0 = o;
+    }
+
+    /// A partial chunk padded with zeros.
+    #[inline(always)]
+    fn pad(s: &[Un<u16>]) -> [Un<u16>; 8] {
+        let mut t = [Un(0u16); 8];
+        t[..s.len()].copy_from_slice(s);
+        t
+    }
+
+    /// `d[i] = f(a[i], b[i])` on f16 bits, computed in f32.
+    #[target_feature(enable = "avx2,f16c")]
+    #[inline]
+    pub(crate) fn zip3(
+        d: &mut [Un<u16>],
+        a: &[Un<u16>],
+        b: &[Un<u16>],
+        f: impl Fn(f32, f32) -> f32,
+    ) {
+        let (dc, dr) = d.as_chunks_mut::<8>();
+        let ((ac, ar), (bc, br)) = (a.as_chunks::<8>(), b.as_chunks::<8>());
+        for ((d, a), b) in dc.iter_mut().zip(ac).zip(bc) {
+            let (x, y) = (load8(a), load8(b));
+            store8(d, std::array::from_fn(|i| f(x[i], y[i])));
+        }
+        if !dr.is_empty() {
+            let (x, y) = (load8(&pad(ar)), load8(&pad(br)));
+            let mut o = [Un(0u16); 8];
+            store8(&mut o, std::array::from_fn(|i| f(x[i], y[i])));
+            dr.copy_from_slice(&o[..dr.len()]);
+        }
+    }
+
+    /// `d[i] = f(d[i], s[i])` on f16 bits, computed in f32.
+    #[target_feature(enable = "avx2,f16c")]
+    #[inline]
+    pub(crate) fn zip2(d: &mut [Un<u16>], s: &[Un<u16>], f: impl Fn(f32, f32) -> f32) {
+        let (dc, dr) = d.as_chunks_mut::<8>();
+        let (sc, sr) = s.as_chunks::<8>();
+        for (d, s) in dc.iter_mut().zip(sc) {
+            let (x, y) = (load8(d), load8(s));
+            store8(d, std::array::from_fn(|i| f(x[i], y[i])));
+        }
+        if !dr.is_empty() {
+            let (x, y) = (load8(&pad(dr)), load8(&pad(sr)));
+            let mut o = [Un(0u16); 8];
+            store8(&mut o, std::array::from_fn(|i| f(x[i], y[i])));
+            let k = dr.len();
+            dr.copy_from_slice(&o[..k]);
+        }
+    }
+
+    /// `d[i] = f(d[i])` on f16 bits, computed in f32.
+    #[target_feature(enable = "avx2,f16c")]
+    #[inline]
+    pub(crate) fn zip1(d: &mut [Un<u16>], f: impl Fn(f32) -> f32) {
+        let (dc, dr) = d.as_chunks_mut::<8>();
+        for d in dc.iter_mut() {
+            let x = load8(d);
+            store8(d, std::array::from_fn(|i| f(x[i])));
+        }
+        if !dr.is_empty() {
+            let x = load8(&pad(dr));
+            let mut o = [Un(0u16); 8];
+            store8(&mut o, std::array::from_fn(|i| f(x[i])));
+            let k = dr.len();
+            dr.copy_from_slice(&o[..k]);
         }
     }
 }

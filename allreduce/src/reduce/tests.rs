@@ -2,7 +2,8 @@
 //! weight × finalize × length × alignment, on every instruction set this CPU
 //! has.
 
-use super::narrow::{self, Conv};
+use super::kernels::Un;
+use super::narrow;
 use super::{Isa, Kernel};
 use crate::{DType, Error, RedOp};
 use half::{bf16, f16};
@@ -78,7 +79,7 @@ fn random_elems(dtype: DType, n: usize, r: &mut Rng) -> Vec<u8> {
     let mut out = Vec::with_capacity(n * dtype.size());
     for _ in 0..n {
         let x = r.next();
-        let special = x % 16 == 0;
+        let special = x.is_multiple_of(16);
         match dtype {
             DType::F32 => {
                 let v = if special {
@@ -857,20 +858,21 @@ fn f32_patterns() -> Vec<u32> {
     v
 }
 
-fn check_conv<C: Conv>(to_bits: impl Fn(f32) -> u16, from_bits: impl Fn(u16) -> f32, name: &str) {
+/// Checks a block conversion pair against `half` on [`f32_patterns`].
+fn check_conv(
+    store: impl Fn(&[f32], &mut [Un<u16>]),
+    load: impl Fn(&[Un<u16>], &mut [MaybeUninit<f32>]),
+    to_bits: impl Fn(f32) -> u16,
+    from_bits: impl Fn(u16) -> f32,
+    name: &str,
+) {
     let pats = f32_patterns();
     for chunk in pats.chunks(1000) {
         let src: Vec<f32> = chunk.iter().map(|&b| f32::from_bits(b)).collect();
-        let mut out = vec![0u16; src.len()];
-        // SAFETY: `Un<u16>` is `u16` with alignment 1; the caller checked the ISA.
-        unsafe {
-            C::store(
-                &src,
-                super::kernels::un_mut(out.as_mut_ptr().cast(), out.len()),
-            )
-        };
-        for (x, &h) in src.iter().zip(&out) {
-            let want = to_bits(*x);
+        let mut out = vec![Un(0u16); src.len()];
+        store(&src, &mut out);
+        for (x, h) in src.iter().zip(&out) {
+            let (h, want) = (h.0, to_bits(*x));
             assert!(
                 h == want || (x.is_nan() && from_bits(h).is_nan()),
                 "{name} store {:#010x}: got {h:#06x} want {want:#06x}",
@@ -878,16 +880,11 @@ fn check_conv<C: Conv>(to_bits: impl Fn(f32) -> u16, from_bits: impl Fn(u16) -> 
             );
         }
         let mut back = vec![MaybeUninit::<f32>::uninit(); out.len()];
-        // SAFETY: as above.
-        unsafe {
-            C::load(
-                super::kernels::un(out.as_ptr().cast(), out.len()),
-                &mut back,
-            )
-        };
-        for (&h, y) in out.iter().zip(&back) {
+        load(&out, &mut back);
+        for (h, y) in out.iter().zip(&back) {
             // SAFETY: `load` writes every element.
             let y = unsafe { y.assume_init() };
+            let h = h.0;
             let want = from_bits(h);
             assert!(
                 y.to_bits() == want.to_bits() || (y.is_nan() && want.is_nan()),
@@ -899,7 +896,17 @@ fn check_conv<C: Conv>(to_bits: impl Fn(f32) -> u16, from_bits: impl Fn(u16) -> 
 
 #[test]
 fn bf16_conversion_matches_half() {
-    check_conv::<narrow::Bf16>(
+    check_conv(
+        |s, d| {
+            d.iter_mut()
+                .zip(s)
+                .for_each(|(d, s)| d.0 = narrow::f32_to_bf16(*s))
+        },
+        |s, d| {
+            d.iter_mut()
+                .zip(s)
+                .for_each(|(d, s)| _ = d.write(narrow::bf16_to_f32(s.0)))
+        },
         |x| bf16::from_f32(x).to_bits(),
         |h| bf16::from_bits(h).to_f32(),
         "bf16",
@@ -908,17 +915,39 @@ fn bf16_conversion_matches_half() {
 
 #[test]
 fn f16_conversion_matches_half() {
-    check_conv::<narrow::F16Base>(
+    check_conv(
+        narrow::F16Base::store,
+        narrow::F16Base::load,
         |x| f16::from_f32(x).to_bits(),
         |h| f16::from_bits(h).to_f32(),
         "f16 base",
     );
     #[cfg(target_arch = "x86_64")]
     if Isa::Avx2.is_available() {
-        check_conv::<narrow::F16Avx2>(
+        use narrow::f16c;
+        check_conv(
+            |s, d| {
+                for (s, d) in s.chunks(8).zip(d.chunks_mut(8)) {
+                    let mut t = [0f32; 8];
+                    t[..s.len()].copy_from_slice(s);
+                    let mut o = [Un(0u16); 8];
+                    // SAFETY: AVX2 and F16C are available (checked above).
+                    unsafe { f16c::store8(&mut o, t) };
+                    d.copy_from_slice(&o[..d.len()]);
+                }
+            },
+            |s, d| {
+                for (s, d) in s.chunks(8).zip(d.chunks_mut(8)) {
+                    let mut t = [Un(0u16); 8];
+                    t[..s.len()].copy_from_slice(s);
+                    // SAFETY: AVX2 and F16C are available (checked above).
+                    let v = unsafe { f16c::load8(&t) };
+                    d.iter_mut().zip(v).for_each(|(d, v)| _ = d.write(v));
+                }
+            },
             |x| f16::from_f32(x).to_bits(),
             |h| f16::from_bits(h).to_f32(),
-            "f16 avx2",
+            "f16 f16c",
         );
     }
 }

@@ -4,7 +4,9 @@
 //! line per rank and exits non-zero on any wrong byte or error, printing the
 //! error text so that tests can check what it names.
 
-use gw_allreduce::{Communicator, RedOp};
+use gw_allreduce::{Communicator, DType, Error, OpKind, RawOp, RedOp};
+use gw_tests::coll::{self, Case};
+use rand::{Rng, SeedableRng};
 use std::process::ExitCode;
 use std::time::Instant;
 
@@ -107,6 +109,135 @@ fn collective_mismatch(comm: &Communicator) -> Result<String, String> {
     Ok("no error".into())
 }
 
+/// The Gloo-style matrix: every collective × dtype × op × count × placement.
+fn collectives(comm: &Communicator, counts: &[usize]) -> Result<String, String> {
+    let cases = coll::matrix(comm.size(), counts);
+    let mut wrong = 0;
+    for c in &cases {
+        let w = coll::run_case(comm, c)?;
+        if w > 0 {
+            println!("rank {}: {w} wrong elements in {c:?}", comm.rank());
+        }
+        wrong += w;
+    }
+    if wrong > 0 {
+        return Err(format!("{wrong} wrong elements over {} cases", cases.len()));
+    }
+    Ok(format!(
+        "collectives ok: {} cases, transports {}",
+        cases.len(),
+        comm.transport_summary()
+    ))
+}
+
+/// Several non-blocking operations outstanding at once, waited in reverse.
+fn nonblocking(comm: &Communicator) -> Result<String, String> {
+    let (r, n) = (comm.rank(), comm.size());
+    let e = |e: Error| e.to_string();
+    let mut pend = Vec::new();
+    for k in 0..6usize {
+        let len = 1000 * (k + 1) + 13;
+        let v: Vec<f32> = (0..len).map(|i| (r as usize + i + k) as f32).collect();
+        pend.push((k, len, comm.iall_reduce(v, RedOp::Sum, None).map_err(e)?));
+    }
+    let bc = comm.ibroadcast(vec![r as f64; 777], n - 1).map_err(e)?;
+    let ag = comm
+        .iall_gather(vec![r as i64; 5], vec![0i64; 5 * n as usize])
+        .map_err(e)?;
+    let (_, g) = ag.wait().map_err(e)?;
+    let b = bc.wait().map_err(e)?;
+    if b.iter().any(|x| *x != (n - 1) as f64)
+        || (0..n as usize).any(|q| g[q * 5..q * 5 + 5].iter().any(|x| *x != q as i64))
+    {
+        return Err("wrong broadcast or all-gather result".into());
+    }
+    while let Some((k, len, p)) = pend.pop() {
+        let v = p.wait().map_err(e)?;
+        for (i, x) in v.iter().enumerate().take(len) {
+            let want: usize = (0..n as usize).map(|q| q + i + k).sum();
+            if *x != want as f32 {
+                return Err(format!("iall_reduce {k}: element {i} is {x}, want {want}"));
+            }
+        }
+    }
+    Ok("nonblocking ok".into())
+}
+
+/// Random collectives with random sizes and roots; every rank draws the same sequence.
+fn stress(comm: &Communicator, iters: usize) -> Result<String, String> {
+    let mut rng = rand::rngs::StdRng::seed_from_u64(0x5eed);
+    let kinds = [
+        OpKind::AllReduce,
+        OpKind::ReduceScatter,
+        OpKind::AllGather,
+        OpKind::Broadcast,
+        OpKind::Reduce,
+        OpKind::Barrier,
+    ];
+    let ops = [RedOp::Sum, RedOp::Max, RedOp::Min, RedOp::Prod];
+    for it in 0..iters {
+        let kind = kinds[rng.random_range(0..kinds.len())];
+        let count = if rng.random_bool(0.8) {
+            rng.random_range(0..2000)
+        } else {
+            rng.random_range(0..200_000)
+        };
+        let c = Case {
+            kind,
+            dtype: [DType::F32, DType::I32, DType::F64, DType::Bf16][rng.random_range(0..4)],
+            op: ops[rng.random_range(0..ops.len())],
+            count,
+            root: rng.random_range(0..comm.size()),
+            in_place: rng.random_bool(0.5),
+            weighted: false,
+        };
+        let wrong = coll::run_case(comm, &c)?;
+        if wrong > 0 {
+            return Err(format!("iteration {it}: {wrong} wrong elements in {c:?}"));
+        }
+    }
+    Ok(format!("stress ok: {iters} random collectives"))
+}
+
+/// Bad calls fail locally with a clear error before anything is sent, and
+/// the communicator stays usable.
+fn refusals(comm: &Communicator) -> Result<String, String> {
+    let mut errors = Vec::new();
+    let mut ints = vec![1i32; 10];
+    errors.push(comm.all_reduce_in_place(&mut ints, RedOp::Avg).err());
+    errors.push(comm.all_reduce_weighted_in_place(&mut ints, 0.5).err());
+    let mut short = vec![0f32; 3];
+    errors.push(comm.all_reduce(&[1f32; 4], &mut short, RedOp::Sum).err());
+    errors.push(comm.broadcast(&mut short, comm.size()).err());
+    let huge = RawOp {
+        kind: OpKind::AllReduce,
+        dtype: DType::F64,
+        redop: RedOp::Sum,
+        count: usize::MAX / 4,
+        root: 0,
+        send: std::ptr::null(),
+        recv: std::ptr::null_mut(),
+        weight: None,
+    };
+    // SAFETY: refused before any memory is touched.
+    errors.push(unsafe { comm.submit_raw(huge, None) }.err());
+    let mut lines = Vec::new();
+    for (i, e) in errors.into_iter().enumerate() {
+        match e {
+            Some(e @ Error::InvalidArgument(_)) => lines.push(e.to_string()),
+            Some(e) => return Err(format!("case {i}: wrong error kind: {e}")),
+            None => return Err(format!("case {i}: bad call was accepted")),
+        }
+    }
+    let mut v = vec![1f32; 100];
+    comm.all_reduce_in_place(&mut v, RedOp::Sum)
+        .map_err(|e| e.to_string())?;
+    if v.iter().any(|x| *x != comm.size() as f32) {
+        return Err("communicator unusable after refused calls".into());
+    }
+    Ok(format!("refusals ok: {}", lines.join(" | ")))
+}
+
 fn main() -> ExitCode {
     let args: Vec<String> = std::env::args().skip(1).collect();
     let Some(cmd) = args.first().cloned() else {
@@ -130,6 +261,13 @@ fn main() -> ExitCode {
         }
         "mismatch" => mismatch(&comm),
         "collective-mismatch" => collective_mismatch(&comm),
+        "collectives" => collectives(&comm, &parse_sizes(&args[1..])),
+        "nonblocking" => nonblocking(&comm),
+        "stress" => stress(
+            &comm,
+            args.get(1).and_then(|v| v.parse().ok()).unwrap_or(1000),
+        ),
+        "refusals" => refusals(&comm),
         other => Err(format!("unknown scenario {other}")),
     };
     match res {

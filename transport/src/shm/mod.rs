@@ -2,7 +2,7 @@
 //!
 //! Each unordered pair of ranks `{lo, hi}` shares one segment,
 //! `/dev/shm/gw-<job>-<lo>-<hi>`, holding two single-producer single-consumer
-//! slot rings (`lo -> hi` and `hi -> lo`, see [`ring`](self) and the segment
+//! slot rings (`lo -> hi` and `hi -> lo`, see `ring.rs` and the segment
 //! layout in `segment.rs`). The lower rank creates it on `connect`; the higher
 //! rank maps it once it exists and removes the name, so nothing is left behind
 //! if a process dies later.
@@ -36,6 +36,7 @@ use self::segment::{Layout, Opened, Segment, pid_alive, segment_path};
 use crate::error::{Error, Result};
 use crate::peers::PeerInfo;
 use crate::seam::{MemHandle, Properties, Rank, Readiness, Request, Tag, Transport};
+use crate::unexpected::Unexpected;
 use crate::wire::{DType, Fingerprint, FrameHeader, FrameKind, HEADER_LEN, OpKind, RedOp};
 use std::collections::{HashMap, VecDeque};
 use std::os::unix::net::SocketAddr;
@@ -160,6 +161,8 @@ struct Peer {
     active: Option<u64>,
     /// The peer sent a Close frame: it shut its side down cleanly.
     closed: bool,
+    /// Frames that arrived before their receive was posted.
+    early: Unexpected,
 }
 
 impl Peer {
@@ -188,8 +191,8 @@ impl Peer {
 enum Head {
     /// Copy it into posted receive number `.0`.
     Deliver(usize, FrameHeader),
-    /// No posted receive wants it yet.
-    Stall,
+    /// No posted receive wants it yet: buffer it (see `unexpected`).
+    Early(FrameHeader),
     /// The peer shut down cleanly; nothing follows.
     Close,
 }
@@ -238,6 +241,7 @@ impl ShmTransport {
                 recvs: Vec::new(),
                 active: None,
                 closed: false,
+                early: Unexpected::default(),
             });
         }
         crate::gw_info!(
@@ -390,11 +394,8 @@ impl ShmTransport {
         if !p.sends.is_empty() && !matches!(conn.tx.free(), Ok(0)) {
             return true;
         }
-        match conn.rx.peek() {
-            Ok(None) => false,
-            Ok(Some(raw)) => !matches!(examine(self.me, p, &conn.rx, &raw), Ok(Head::Stall)),
-            Err(_) => true,
-        }
+        // Any inbound frame is work: it is delivered or buffered.
+        !matches!(conn.rx.peek(), Ok(None))
     }
 
     fn set_sleep_flags(&self, on: bool) {
@@ -483,7 +484,7 @@ fn examine(me: Rank, p: &Peer, rx: &Consumer, raw: &[u8; HEADER_LEN]) -> Result<
             return Ok(Head::Deliver(i, h));
         }
     }
-    Ok(Head::Stall)
+    Ok(Head::Early(h))
 }
 
 /// Copies as many queued segments to `p` as its ring has free slots.
@@ -555,7 +556,20 @@ fn pump_recvs(
             break;
         };
         let (i, h) = match examine(me, p, &conn.rx, &raw)? {
-            Head::Stall => break,
+            Head::Early(h) => {
+                let mut buf = p.early.buffer(h.len as usize);
+                let conn = p
+                    .conn
+                    .as_mut()
+                    .ok_or_else(|| Error::Internal("connection vanished".into()))?;
+                conn.rx.read_payload(&mut buf).map_err(|c| {
+                    Error::Protocol(format!("shared memory from rank {}: {}", p.info.rank, c.0))
+                })?;
+                conn.rx.pop();
+                p.early.push(h, buf);
+                popped = true;
+                continue;
+            }
             Head::Close => {
                 if !p.recvs.is_empty() {
                     return Err(p.closed_error(
@@ -745,16 +759,38 @@ impl Transport for ShmTransport {
         offset: usize,
         len: usize,
     ) -> Result<Request> {
-        self.check_post(peer)?;
+        if self.aborted {
+            return Err(Error::Aborted("the shm transport was aborted".into()));
+        }
+        self.check_peer(peer)?;
         let ptr = self.range(mem, offset, len, "irecv")?;
         let req = self.new_req();
-        self.peers[peer as usize].recvs.push(RecvOp {
+        let me = self.me;
+        let p = &mut self.peers[peer as usize];
+        // SAFETY: ptr is valid for len bytes (checked against the registration).
+        let (got, frames) = unsafe { p.early.take(me, &tag, len, ptr.0)? };
+        if got >= len && frames > 0 {
+            self.reqs.insert(req, true);
+            return Ok(Request(req));
+        }
+        if p.closed {
+            // Frames sent before the close were buffered; nothing more comes.
+            self.reqs.remove(&req);
+            return Err(p.closed_error(
+                "has shut its communicator down; nothing more can be exchanged with it",
+            ));
+        }
+        if got > 0 {
+            // The rest of this message is next in the ring.
+            p.active = Some(req);
+        }
+        p.recvs.push(RecvOp {
             req,
             tag,
             mem,
             ptr,
             len,
-            received: 0,
+            received: got as u64,
         });
         Ok(Request(req))
     }
@@ -862,6 +898,7 @@ impl Transport for ShmTransport {
         for p in &mut self.peers {
             p.sends.clear();
             p.recvs.clear();
+            p.early.clear();
             p.active = None;
         }
         self.aborted = true;

@@ -3,9 +3,8 @@
 //! A lane carries a stream of `[64-byte header][payload]` frames. The send
 //! side writes queued segments with `writev` straight from registered memory.
 //! The receive side reads a header, then reads the payload straight into the
-//! matching posted receive; when no receive matches yet it *stalls*, leaving
-//! the rest of the stream in the kernel's socket buffer. That gives zero-copy
-//! receives and lets TCP's own flow control hold back a sender that runs ahead.
+//! matching posted receive (zero-copy); a frame that arrives before its
+//! receive is posted is read into a pooled buffer (see `unexpected`).
 
 use crate::wire::{FrameHeader, HEADER_LEN};
 use std::collections::VecDeque;
@@ -40,8 +39,8 @@ pub(crate) enum Rx {
     },
     /// Reading the reason text of an abort frame.
     Abort { hdr: FrameHeader, buf: Vec<u8> },
-    /// A complete header whose message has no posted receive yet.
-    Stalled(FrameHeader),
+    /// Reading a frame whose receive is not posted yet into a buffer.
+    Early { hdr: FrameHeader, buf: Vec<u8>, got: usize },
 }
 
 impl Rx {

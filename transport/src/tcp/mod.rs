@@ -15,6 +15,7 @@ pub use iface::{choose_bind_ip, interface_addrs};
 use crate::error::{Error, Result};
 use crate::peers::PeerInfo;
 use crate::seam::{MemHandle, Properties, Rank, Readiness, Request, Tag, Transport};
+use crate::unexpected::Unexpected;
 use crate::wire::{Fingerprint, FrameHeader, FrameKind, HEADER_LEN, OpKind, RedOp};
 use lane::{HELLO_LEN, Hello, Lane, OutSeg, RawPtr, Rx};
 use mio::net::{TcpListener, TcpStream};
@@ -87,6 +88,7 @@ struct Conn {
     lanes: Vec<Option<Lane>>,
     dials: Vec<Option<Dial>>,
     posted: Vec<Posted>,
+    early: Unexpected,
     next_lane: usize,
 }
 
@@ -234,6 +236,7 @@ impl TcpTransport {
             lanes: (0..lanes).map(|_| None).collect(),
             dials: (0..lanes).map(|_| None).collect(),
             posted: Vec::new(),
+            early: Unexpected::default(),
             next_lane: 0,
         })
     }
@@ -531,6 +534,7 @@ impl TcpTransport {
                 lanes,
                 posted,
                 addr,
+                early,
                 ..
             } = conn;
             let nlanes = lanes.len();
@@ -538,14 +542,52 @@ impl TcpTransport {
             for lane in lanes.iter_mut().flatten() {
                 loop {
                     match &mut lane.rx {
-                        Rx::Stalled(hdr) => {
+                        Rx::Early { hdr, buf, got } => {
+                            if *got < buf.len() {
+                                if !(lane.readable || always) {
+                                    break;
+                                }
+                                match lane.sock.read(&mut buf[*got..]) {
+                                    Ok(0) => return Err(closed(peer, addr, true)),
+                                    Ok(n) => {
+                                        moved = true;
+                                        *got += n;
+                                    }
+                                    Err(e) if would_block(&e) => {
+                                        lane.readable = false;
+                                        break;
+                                    }
+                                    Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                                    Err(e) => return Err(peer_io_error(peer, addr, "receiving", e)),
+                                }
+                                continue;
+                            }
                             let hdr = *hdr;
+                            let buf = std::mem::take(buf);
+                            lane.rx = Rx::new();
+                            moved = true;
+                            // The receive may have been posted while the payload was read.
                             match Self::find_posted(me, posted, &hdr)? {
                                 Some(i) => {
-                                    moved = true;
-                                    lane.rx = start_payload(hdr, &posted[i]);
+                                    let p = &mut posted[i];
+                                    // SAFETY: as in start_payload, the segment lies within
+                                    // the posted registered range.
+                                    unsafe {
+                                        std::ptr::copy_nonoverlapping(
+                                            buf.as_ptr(),
+                                            p.ptr.0.add(hdr.offset as usize),
+                                            buf.len(),
+                                        )
+                                    };
+                                    p.got += buf.len();
+                                    if p.got >= p.len {
+                                        let req = p.req;
+                                        posted.swap_remove(i);
+                                        self.reqs.insert(req, ReqState::Done);
+                                    }
+                                    early.recycle(buf);
                                 }
-                                None => break,
+                                None => early.push(hdr, buf),
                             }
                         }
                         Rx::Header { buf, got } => {
@@ -608,7 +650,11 @@ impl TcpTransport {
                                     }
                                     lane.rx = match Self::find_posted(me, posted, &hdr)? {
                                         Some(i) => start_payload(hdr, &posted[i]),
-                                        None => Rx::Stalled(hdr),
+                                        None => Rx::Early {
+                                            hdr,
+                                            buf: early.buffer(hdr.len as usize),
+                                            got: 0,
+                                        },
                                     };
                                 }
                                 Err(e) if would_block(&e) => {
@@ -902,20 +948,21 @@ impl Transport for TcpTransport {
                     "irecv from rank {peer} before its connection is ready"
                 ))
             })?;
-        if conn.lanes.iter().flatten().all(|l| l.closed) {
+        // SAFETY: ptr is valid for len bytes (checked against the registration).
+        let (got, frames) = unsafe { conn.early.take(self.me, &tag, len, ptr.0)? };
+        if got >= len && frames > 0 {
+            self.reqs.insert(req, ReqState::Done);
+        } else if conn.lanes.iter().flatten().all(|l| l.closed) {
+            // Everything the peer sent before closing has been read already.
+            self.reqs.remove(&req);
             return Err(Error::Remote {
                 rank: peer,
                 addr: conn.addr.clone(),
                 what: "has shut its communicator down; nothing more can be received from it".into(),
             });
+        } else {
+            conn.posted.push(Posted { req, tag, ptr, len, got });
         }
-        conn.posted.push(Posted {
-            req,
-            tag,
-            ptr,
-            len,
-            got: 0,
-        });
         Ok(Request(req))
     }
 
@@ -985,6 +1032,7 @@ impl Transport for TcpTransport {
             // The caller's buffers are handed back after an abort: forget every
             // pointer into them.
             conn.posted.clear();
+            conn.early.clear();
             for lane in conn.lanes.iter_mut().flatten() {
                 lane.sendq.clear();
                 lane.rx = Rx::new();

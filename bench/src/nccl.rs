@@ -1,0 +1,570 @@
+//! The collective benchmark, as nccl-tests runs it.
+//!
+//! For every size, out-of-place then in-place: fill the inputs, run `-w`
+//! untimed iterations, barrier, then submit `-n` iterations back to back (the
+//! engine runs them in order, as a CUDA stream would) and wait for the last;
+//! the time is the mean per call, and the row shows the largest mean over
+//! ranks. With `-c 1` the buffers are then filled again (outputs poisoned) and
+//! one more call is checked element by element, outside the timed region.
+
+use crate::Fail;
+use crate::args::{Coll, CollOpts};
+use crate::check::{Pattern, Value, count_wrong, poison};
+use crate::report::{self, Header, Meas, RankLine, Row, Summary};
+use gw_allreduce::{Algo, Communicator, DType, Error, RawOp, RedOp};
+use half::{bf16, f16};
+use std::io::Write as _;
+use std::time::Instant;
+
+/// Buffer sizes of one row, in elements (nccl-tests' `getCollByteCount`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Layout {
+    /// The count column, and the count given to the library.
+    pub count: usize,
+    /// Out-of-place send buffer.
+    pub send: usize,
+    /// Out-of-place receive buffer.
+    pub recv: usize,
+    /// The size column: max(send, recv) bytes.
+    pub bytes: usize,
+}
+
+impl Layout {
+    /// The in-place buffer, in elements.
+    pub fn in_place(&self) -> usize {
+        self.send.max(self.recv)
+    }
+}
+
+/// The buffers of the row for `size` bytes of `esz`-byte elements on `n` ranks:
+/// all-reduce, broadcast and reduce move `size / esz` elements; reduce-scatter
+/// and all-gather split them into `n` chunks rounded down to whole 16 bytes
+/// (`(count / n) & -(16 / esz)`, as nccl-tests does), so their size column is
+/// the send (reduce-scatter) or receive (all-gather) buffer: chunk · n.
+pub fn layout(coll: Coll, size: usize, esz: usize, n: usize) -> Layout {
+    let count = size / esz;
+    match coll {
+        Coll::AllReduce | Coll::Broadcast | Coll::Reduce => Layout {
+            count,
+            send: count,
+            recv: count,
+            bytes: count * esz,
+        },
+        Coll::ReduceScatter | Coll::AllGather => {
+            let align = (16 / esz).max(1);
+            let chunk = count / n / align * align;
+            let whole = chunk * n;
+            let (send, recv) = if coll == Coll::ReduceScatter {
+                (whole, chunk)
+            } else {
+                (chunk, whole)
+            };
+            Layout {
+                count: chunk,
+                send,
+                recv,
+                bytes: whole * esz,
+            }
+        }
+    }
+}
+
+/// The header's algorithm line.
+pub fn algorithm_text(
+    coll: Coll,
+    forced: Option<Algo>,
+    env_algo: Option<Algo>,
+    threshold: usize,
+) -> String {
+    match (coll, forced, env_algo) {
+        (Coll::AllReduce, Some(a), _) => a.name().to_string(),
+        (Coll::AllReduce, None, Some(a)) => format!("auto: {} (GW_ALGO)", a.name()),
+        (Coll::AllReduce, None, None) => format!("auto (tree ≤ {threshold} B, ring above)"),
+        (Coll::ReduceScatter | Coll::AllGather, _, _) => "ring".into(),
+        (Coll::Broadcast | Coll::Reduce, _, _) => {
+            "pipelined chain, or binary tree for few segments".into()
+        }
+    }
+}
+
+/// Runs the benchmark; `Ok(false)` when some result was wrong.
+pub fn run(comm: &Communicator, o: &CollOpts) -> Result<bool, Fail> {
+    if o.coll.rooted() && o.root >= comm.size() {
+        return Err(Fail::Usage(format!(
+            "-r {} is not a rank of this {}-rank job",
+            o.root,
+            comm.size()
+        )));
+    }
+    match o.dtype {
+        DType::F32 => Bench::<f32>::new(comm, o)?.run(),
+        DType::F64 => Bench::<f64>::new(comm, o)?.run(),
+        DType::F16 => Bench::<f16>::new(comm, o)?.run(),
+        DType::Bf16 => Bench::<bf16>::new(comm, o)?.run(),
+        DType::I32 => Bench::<i32>::new(comm, o)?.run(),
+        DType::I64 => Bench::<i64>::new(comm, o)?.run(),
+        DType::U8 => Bench::<u8>::new(comm, o)?.run(),
+        DType::Bytes => Err(Fail::Usage("datatype bytes cannot be benchmarked".into())),
+    }
+}
+
+/// Creates the `-J` file on rank 0 up front, so that a bad path fails before
+/// the run rather than after it.
+pub fn create_json(path: Option<&std::path::Path>, rank: u32) -> Result<Option<JsonOut>, Fail> {
+    match path {
+        Some(p) if rank == 0 => match std::fs::File::create(p) {
+            Ok(f) => Ok(Some(JsonOut {
+                file: f,
+                path: p.to_path_buf(),
+            })),
+            Err(e) => Err(Fail::Other(format!("cannot create {}: {e}", p.display()))),
+        },
+        _ => Ok(None),
+    }
+}
+
+/// The open `-J` file.
+pub struct JsonOut {
+    file: std::fs::File,
+    path: std::path::PathBuf,
+}
+
+impl JsonOut {
+    pub fn write(mut self, text: &str) -> Result<(), Fail> {
+        self.file
+            .write_all(text.as_bytes())
+            .and_then(|()| self.file.flush())
+            .map_err(|e| Fail::Other(format!("cannot write {}: {e}", self.path.display())))
+    }
+}
+
+/// Zero-filled memory for `n` elements, or an error instead of an abort.
+pub fn alloc<T: Value>(n: usize, what: &str) -> Result<Vec<T>, Fail> {
+    let mut v = Vec::new();
+    if v.try_reserve_exact(n).is_err() {
+        return Err(Fail::Other(format!(
+            "cannot allocate the {what} buffer ({n} elements of {} bytes)",
+            size_of::<T>()
+        )));
+    }
+    v.resize(n, T::from_exact(0, 0.0));
+    Ok(v)
+}
+
+/// Submits `k` copies of `op` back to back and waits for all of them.
+///
+/// # Safety
+/// The buffers `op` points at must be valid for its layout and untouched by
+/// the caller until this returns.
+pub unsafe fn launch(
+    comm: &Communicator,
+    op: RawOp,
+    algo: Option<Algo>,
+    k: usize,
+) -> Result<(), Error> {
+    let mut handles = Vec::with_capacity(k);
+    let mut first = None;
+    for _ in 0..k {
+        // SAFETY: forwarded from the caller; every handle is waited for below.
+        match unsafe { comm.submit_raw(op, algo) } {
+            Ok(h) => handles.push(h),
+            Err(e) => {
+                first = Some(e);
+                break;
+            }
+        }
+    }
+    for h in handles {
+        if let Err(e) = h.wait() {
+            first.get_or_insert(e);
+        }
+    }
+    first.map_or(Ok(()), Err)
+}
+
+struct Bench<'a, T: Value> {
+    comm: &'a Communicator,
+    o: &'a CollOpts,
+    me: u32,
+    n: u32,
+    pattern: Pattern,
+    send: Vec<T>,
+    recv: Vec<T>,
+    sizes: Vec<(usize, Layout)>,
+}
+
+impl<'a, T: Value> Bench<'a, T> {
+    fn new(comm: &'a Communicator, o: &'a CollOpts) -> Result<Self, Fail> {
+        let n = comm.size();
+        let esz = size_of::<T>();
+        let sizes: Vec<(usize, Layout)> = o
+            .sizes
+            .seq()
+            .into_iter()
+            .map(|s| (s, layout(o.coll, s, esz, n as usize)))
+            .collect();
+        let max_send = sizes.iter().map(|(_, l)| l.send).max().unwrap_or(0);
+        let max_buf = sizes.iter().map(|(_, l)| l.in_place()).max().unwrap_or(0);
+        Ok(Bench {
+            comm,
+            o,
+            me: comm.rank(),
+            n,
+            pattern: Pattern::new(o.dtype, o.redop, n),
+            send: alloc(max_send, "send")?,
+            recv: alloc(max_buf, "receive")?,
+            sizes,
+        })
+    }
+
+    fn header(&self) -> Header {
+        let cfg = self.comm.config();
+        let routes = self.comm.routes();
+        Header {
+            collective: self.o.coll.name().into(),
+            world: self.n,
+            transport: self.comm.transport_summary(),
+            algorithm: Some(algorithm_text(
+                self.o.coll,
+                self.o.algo,
+                cfg.algo.value,
+                cfg.tree_threshold.value,
+            )),
+            datatype: Some(self.o.dtype.name()),
+            redop: Some(self.o.redop.name()),
+            root: self.root_column(),
+            min_bytes: self.o.sizes.min,
+            max_bytes: self.o.sizes.max,
+            step_factor: self.o.sizes.factor,
+            iters: self.o.iters,
+            warmup: self.o.warmup,
+            check: self.o.check,
+            ranks: self
+                .comm
+                .hostnames()
+                .iter()
+                .enumerate()
+                .map(|(r, h)| RankLine {
+                    rank: r as u32,
+                    host: h.clone(),
+                    route: routes.get(r).copied().unwrap_or("?").into(),
+                })
+                .collect(),
+        }
+    }
+
+    fn root_column(&self) -> i64 {
+        if self.o.coll.rooted() {
+            i64::from(self.o.root)
+        } else {
+            -1
+        }
+    }
+
+    fn print(&self, line: &str) {
+        if self.me == 0 {
+            let mut out = std::io::stdout().lock();
+            let _ = writeln!(out, "{line}");
+            let _ = out.flush();
+        }
+    }
+
+    fn run(mut self) -> Result<bool, Fail> {
+        let json = create_json(self.o.json.as_deref(), self.me)?;
+        let header = self.header();
+        for l in report::header_lines(&header) {
+            self.print(&l);
+        }
+        for l in report::COLUMNS {
+            self.print(l);
+        }
+        let factor = self.o.coll.busbw_factor(self.n);
+        let mut rows = Vec::new();
+        let mut out_of_bounds = 0u64;
+        let sizes = std::mem::take(&mut self.sizes);
+        for &(size, l) in &sizes {
+            let mut meas = [None, None];
+            for (slot, in_place) in meas.iter_mut().zip([false, true]) {
+                let (secs, wrong) = self.measure(size, &l, in_place)?;
+                if let Some((_, failed)) = wrong {
+                    out_of_bounds += failed;
+                }
+                *slot = Some(Meas::new(l.bytes, secs, factor, wrong.map(|w| w.0)));
+            }
+            let [Some(out_of_place), Some(in_place)] = meas else {
+                unreachable!("both placements measured")
+            };
+            let algo = (self.o.coll == Coll::AllReduce).then(|| {
+                self.o
+                    .algo
+                    .unwrap_or_else(|| self.comm.choose_algo(l.count * size_of::<T>()))
+                    .name()
+            });
+            let row = Row {
+                size: l.bytes,
+                count: l.count,
+                dtype: self.o.dtype.name(),
+                redop: self.o.redop.name(),
+                root: self.root_column(),
+                algo,
+                out_of_place,
+                in_place,
+            };
+            self.print(&report::row_line(&row));
+            rows.push(row);
+        }
+        let avg = if rows.is_empty() {
+            0.0
+        } else {
+            rows.iter()
+                .map(|r| r.out_of_place.busbw + r.in_place.busbw)
+                .sum::<f64>()
+                / (2 * rows.len()) as f64
+        };
+        let summary = Summary {
+            out_of_bounds,
+            avg_busbw: Some(avg),
+        };
+        for l in report::footer_lines(&summary) {
+            self.print(&l);
+        }
+        if let Some(out) = json {
+            out.write(&report::json(&header, &rows, &summary))?;
+        }
+        // Rank 0's last lines are out before any rank exits (and the launcher,
+        // on a failing status, stops the rest).
+        self.comm
+            .barrier()
+            .map_err(|e| Fail::lib("final barrier", e))?;
+        Ok(out_of_bounds == 0)
+    }
+
+    /// Fills the inputs of one call with the pattern and poisons the outputs.
+    fn prepare(&mut self, l: &Layout, in_place: bool) {
+        let (me, p) = (self.me, self.pattern);
+        if !in_place {
+            for (j, x) in self.send[..l.send].iter_mut().enumerate() {
+                *x = p.input(me, j);
+            }
+            poison(&mut self.recv[..l.recv]);
+            return;
+        }
+        let buf = &mut self.recv[..l.in_place()];
+        if self.o.coll == Coll::AllGather {
+            poison(buf);
+            let c = l.count;
+            for (i, x) in buf[me as usize * c..][..c].iter_mut().enumerate() {
+                *x = p.input(me, i);
+            }
+        } else {
+            for (j, x) in buf[..l.send].iter_mut().enumerate() {
+                *x = p.input(me, j);
+            }
+        }
+    }
+
+    /// The call, with in-place offsets as NCCL defines them.
+    fn op(&mut self, l: &Layout, in_place: bool) -> RawOp {
+        let c = l.count;
+        let mine = self.me as usize * c;
+        let recv = self.recv.as_mut_ptr();
+        let (send, recv): (*const T, *mut T) = if !in_place {
+            (self.send.as_ptr(), recv)
+        } else {
+            // SAFETY: mine + c <= n · c = l.in_place() <= recv.len() for the
+            // collectives that offset.
+            match self.o.coll {
+                Coll::ReduceScatter => (recv, unsafe { recv.add(mine) }),
+                Coll::AllGather => (unsafe { recv.add(mine) }, recv),
+                _ => (recv, recv),
+            }
+        };
+        RawOp {
+            kind: self.o.coll.kind(),
+            dtype: T::DTYPE,
+            redop: self.o.redop,
+            count: c,
+            root: self.o.root,
+            send: send.cast(),
+            recv: recv.cast(),
+            weight: None,
+        }
+    }
+
+    fn call(
+        &mut self,
+        l: &Layout,
+        in_place: bool,
+        k: usize,
+        what: &str,
+        size: usize,
+    ) -> Result<(), Fail> {
+        if k == 0 {
+            return Ok(());
+        }
+        let op = self.op(l, in_place);
+        // SAFETY: `op` points into self.send / self.recv, sized for every row
+        // at construction; nothing touches them until `launch` has waited for
+        // every call.
+        unsafe { launch(self.comm, op, self.o.algo, k) }.map_err(|e| Fail::Lib {
+            what: format!(
+                "{} of {size} bytes ({}, {what})",
+                self.o.coll.name(),
+                if in_place { "in-place" } else { "out-of-place" }
+            ),
+            err: e,
+        })
+    }
+
+    /// Times one placement of one size; with `-c 1` also checks it and returns
+    /// (wrong elements over ranks, ranks that saw any).
+    #[allow(clippy::type_complexity)]
+    fn measure(
+        &mut self,
+        size: usize,
+        l: &Layout,
+        in_place: bool,
+    ) -> Result<(f64, Option<(u64, u64)>), Fail> {
+        self.prepare(l, in_place);
+        self.call(l, in_place, self.o.warmup, "warm-up", size)?;
+        self.comm
+            .barrier()
+            .map_err(|e| Fail::lib("barrier before timing", e))?;
+        let t0 = Instant::now();
+        self.call(l, in_place, self.o.iters, "timed", size)?;
+        let mine = t0.elapsed().as_secs_f64() / self.o.iters as f64;
+        let mut slowest = [0.0f64];
+        self.comm
+            .all_reduce(&[mine], &mut slowest, RedOp::Max)
+            .map_err(|e| Fail::lib("all_reduce of the times (max)", e))?;
+        if !self.o.check {
+            return Ok((slowest[0], None));
+        }
+        self.prepare(l, in_place);
+        self.call(l, in_place, 1, "checked", size)?;
+        let wrong = self.count_wrong(l, in_place) as i64;
+        let mut total = [0i64; 2];
+        self.comm
+            .all_reduce(&[wrong, i64::from(wrong > 0)], &mut total, RedOp::Sum)
+            .map_err(|e| Fail::lib("all_reduce of the wrong counts (sum)", e))?;
+        Ok((slowest[0], Some((total[0] as u64, total[1] as u64))))
+    }
+
+    /// Wrong elements in this rank's result.
+    fn count_wrong(&self, l: &Layout, in_place: bool) -> u64 {
+        let (me, n, c, p) = (self.me as usize, self.n, l.count, self.pattern);
+        let root = self.o.root;
+        let out = &self.recv;
+        match self.o.coll {
+            Coll::AllReduce => count_wrong(&out[..c], |i| p.reduced::<T>(i)),
+            Coll::Reduce if self.me != root => 0,
+            Coll::Reduce => count_wrong(&out[..c], |i| p.reduced::<T>(i)),
+            Coll::Broadcast => count_wrong(&out[..c], |i| p.input::<T>(root, i)),
+            Coll::ReduceScatter => {
+                let at = if in_place { me * c } else { 0 };
+                count_wrong(&out[at..at + c], |i| p.reduced::<T>(me * c + i))
+            }
+            Coll::AllGather => {
+                // Element k is element k % c of rank k / c's input (c > 0
+                // whenever there is an element).
+                let c = c.max(1);
+                count_wrong(&out[..n as usize * l.count], |k| {
+                    p.input::<T>((k / c) as u32, k % c)
+                })
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn layouts_follow_nccl_tests() {
+        // all-reduce: count = size / esz, size column = count · esz.
+        let l = layout(Coll::AllReduce, 1 << 20, 4, 4);
+        assert_eq!(
+            l,
+            Layout {
+                count: 262144,
+                send: 262144,
+                recv: 262144,
+                bytes: 1 << 20
+            }
+        );
+        assert_eq!(layout(Coll::AllReduce, 6, 4, 2).bytes, 4);
+        assert_eq!(
+            layout(Coll::Broadcast, 10, 2, 3),
+            Layout {
+                count: 5,
+                send: 5,
+                recv: 5,
+                bytes: 10
+            }
+        );
+        // reduce-scatter: per-rank chunk of whole 16-byte units; size = send buffer.
+        let rs = layout(Coll::ReduceScatter, 1 << 20, 4, 3);
+        assert_eq!(rs.count, (262144 / 3) & !3);
+        assert_eq!(
+            (rs.send, rs.recv, rs.bytes),
+            (rs.count * 3, rs.count, rs.count * 3 * 4)
+        );
+        // all-gather: size = receive buffer.
+        let ag = layout(Coll::AllGather, 1 << 20, 8, 4);
+        assert_eq!(
+            ag,
+            Layout {
+                count: 32768,
+                send: 32768,
+                recv: 131072,
+                bytes: 1 << 20
+            }
+        );
+        // Small sizes round down to nothing, as nccl-tests' rows of size 0 do.
+        assert_eq!(layout(Coll::AllGather, 8, 4, 2).count, 0);
+        assert_eq!(
+            layout(Coll::AllGather, 64, 4, 2),
+            Layout {
+                count: 8,
+                send: 8,
+                recv: 16,
+                bytes: 64
+            }
+        );
+        assert_eq!(layout(Coll::ReduceScatter, 64, 1, 4).count, 16);
+        assert_eq!(layout(Coll::ReduceScatter, 64, 1, 3).count, 16);
+        for coll in Coll::ALL {
+            for n in 1..=8 {
+                for esz in [1, 2, 4, 8] {
+                    for size in [8, 100, 4096, 1 << 20] {
+                        let l = layout(coll, size, esz, n);
+                        assert!(l.bytes <= size);
+                        assert_eq!(l.bytes, l.in_place() * esz);
+                        if matches!(coll, Coll::ReduceScatter | Coll::AllGather) {
+                            assert_eq!(l.in_place(), l.count * n);
+                            assert_eq!(l.count * esz % 16, 0);
+                        }
+                    }
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn algorithm_header() {
+        assert_eq!(
+            algorithm_text(Coll::AllReduce, None, None, 65536),
+            "auto (tree ≤ 65536 B, ring above)"
+        );
+        assert_eq!(
+            algorithm_text(Coll::AllReduce, Some(Algo::Rhd), None, 65536),
+            "rhd"
+        );
+        assert_eq!(
+            algorithm_text(Coll::AllReduce, None, Some(Algo::Ring), 65536),
+            "auto: ring (GW_ALGO)"
+        );
+        assert_eq!(algorithm_text(Coll::AllGather, None, None, 65536), "ring");
+    }
+}

@@ -1,0 +1,301 @@
+//! Point-to-point benchmark on exactly two ranks.
+//!
+//! Per size:
+//! - latency: ping-pong (rank 0 sends, rank 1 echoes), half the mean round
+//!   trip as rank 0 measures it;
+//! - one-way bandwidth: rank 0 posts `-n` sends back to back, rank 1 the
+//!   matching receives, then rank 1 acknowledges with one byte; rank 0's
+//!   time from the start to the acknowledgement;
+//! - bidirectional bandwidth: both ranks post `-n` sendrecv calls at once;
+//!   bytes moved in both directions over the slower rank's time;
+//! - with `-c 1`, one more exchange of a known pattern, checked byte by byte.
+//!
+//! Only point-to-point calls are used, so it runs without any collective
+//! algorithm.
+
+use crate::Fail;
+use crate::args::P2pOpts;
+use crate::report::{self, Header, P2pRow, RankLine, Summary};
+use gw_allreduce::{Communicator, DType, Error, Handle};
+use std::io::Write as _;
+use std::time::Instant;
+
+/// The byte rank `src` sends at index `i`; never 0xff.
+pub fn pattern(src: u32, size: usize, i: usize) -> u8 {
+    ((src as usize * 131 + i * 7 + size) % 251) as u8
+}
+
+/// Posts `k` transfers (each a send of `send`, a receive into `recv`, or both)
+/// back to back and waits for all of them.
+fn post(
+    comm: &Communicator,
+    peer: u32,
+    k: usize,
+    send: Option<&[u8]>,
+    recv: Option<&mut [u8]>,
+) -> Result<(), Error> {
+    let s = send.map(|b| (peer, b.as_ptr(), b.len()));
+    let r = recv.map(|b| (peer, b.as_mut_ptr(), b.len()));
+    let mut handles: Vec<Handle> = Vec::with_capacity(k);
+    let mut first = None;
+    for _ in 0..k {
+        // SAFETY: the slices are borrowed for this whole function, and every
+        // submitted handle is waited for before it returns.
+        match unsafe { comm.sendrecv_raw(DType::U8, s, r) } {
+            Ok(h) => handles.push(h),
+            Err(e) => {
+                first = Some(e);
+                break;
+            }
+        }
+    }
+    for h in handles {
+        if let Err(e) = h.wait() {
+            first.get_or_insert(e);
+        }
+    }
+    first.map_or(Ok(()), Err)
+}
+
+struct P2p<'a> {
+    comm: &'a Communicator,
+    me: u32,
+    peer: u32,
+    send: Vec<u8>,
+    recv: Vec<u8>,
+    tiny: [u8; 1],
+}
+
+impl P2p<'_> {
+    /// One round trip of `size` bytes (rank 0 first).
+    fn round(&mut self, size: usize) -> Result<(), Error> {
+        let (c, p) = (self.comm, self.peer);
+        if self.me == 0 {
+            c.send(p, &self.send[..size])?;
+            c.recv(p, &mut self.recv[..size])
+        } else {
+            c.recv(p, &mut self.recv[..size])?;
+            c.send(p, &self.send[..size])
+        }
+    }
+
+    /// A one-byte round trip, so that both ranks start the next phase together.
+    /// Rank 0 posts its receive together with its send, so that it is posted
+    /// before rank 1 can answer (and, after the last one, exit).
+    fn sync(&mut self) -> Result<(), Error> {
+        let (c, p) = (self.comm, self.peer);
+        let one = [1u8];
+        if self.me == 0 {
+            c.sendrecv(&one, p, &mut self.tiny, p)
+        } else {
+            c.recv(p, &mut self.tiny)?;
+            c.send(p, &one)
+        }
+    }
+
+    fn latency(&mut self, size: usize, warmup: usize, iters: usize) -> Result<f64, Error> {
+        for _ in 0..warmup {
+            self.round(size)?;
+        }
+        let t0 = Instant::now();
+        for _ in 0..iters {
+            self.round(size)?;
+        }
+        Ok(t0.elapsed().as_secs_f64() / iters as f64 / 2.0)
+    }
+
+    /// Seconds for `k` one-way messages plus the acknowledgement (rank 0).
+    fn stream(&mut self, size: usize, k: usize) -> Result<f64, Error> {
+        self.sync()?;
+        let (c, p) = (self.comm, self.peer);
+        let t0 = Instant::now();
+        if self.me == 0 {
+            post(c, p, k, Some(&self.send[..size]), None)?;
+            c.recv(p, &mut self.tiny)?;
+        } else {
+            post(c, p, k, None, Some(&mut self.recv[..size]))?;
+            c.send(p, &[1u8])?;
+        }
+        Ok(t0.elapsed().as_secs_f64())
+    }
+
+    /// Seconds for `k` simultaneous exchanges, the larger of the two ranks'.
+    fn both_ways(&mut self, size: usize, k: usize) -> Result<f64, Error> {
+        self.sync()?;
+        let t0 = Instant::now();
+        post(
+            self.comm,
+            self.peer,
+            k,
+            Some(&self.send[..size]),
+            Some(&mut self.recv[..size]),
+        )?;
+        let mine = t0.elapsed().as_secs_f64();
+        let mut theirs = [0.0f64];
+        self.comm
+            .sendrecv(&[mine], self.peer, &mut theirs, self.peer)?;
+        Ok(mine.max(theirs[0]))
+    }
+
+    /// Exchanges the pattern once; wrong bytes on (this rank, both ranks).
+    fn check(&mut self, size: usize) -> Result<(u64, u64), Error> {
+        for (i, b) in self.send[..size].iter_mut().enumerate() {
+            *b = pattern(self.me, size, i);
+        }
+        self.recv[..size].fill(0xff);
+        self.comm.sendrecv(
+            &self.send[..size],
+            self.peer,
+            &mut self.recv[..size],
+            self.peer,
+        )?;
+        let wrong = (0..size)
+            .filter(|&i| self.recv[i] != pattern(self.peer, size, i))
+            .count() as i64;
+        let mut theirs = [0i64];
+        self.comm
+            .sendrecv(&[wrong], self.peer, &mut theirs, self.peer)?;
+        Ok((wrong as u64, (wrong + theirs[0]) as u64))
+    }
+}
+
+/// Runs the benchmark; `Ok(false)` when some byte arrived wrong.
+pub fn run(comm: &Communicator, o: &P2pOpts) -> Result<bool, Fail> {
+    let n = comm.size();
+    if n != 2 {
+        return Err(Fail::Usage(format!(
+            "p2p needs exactly 2 ranks, this job has {n} (run: gwrun -n 2 gwbench p2p)"
+        )));
+    }
+    let me = comm.rank();
+    let json = crate::nccl::create_json(o.json.as_deref(), me)?;
+    let sizes = o.sizes.seq();
+    let max = sizes.last().copied().unwrap_or(0);
+    let mut b = P2p {
+        comm,
+        me,
+        peer: 1 - me,
+        send: crate::nccl::alloc::<u8>(max, "send")?,
+        recv: crate::nccl::alloc::<u8>(max, "receive")?,
+        tiny: [0],
+    };
+    let routes = comm.routes();
+    let header = Header {
+        collective: "p2p".into(),
+        world: n,
+        transport: comm.transport_summary(),
+        algorithm: None,
+        datatype: None,
+        redop: None,
+        root: -1,
+        min_bytes: o.sizes.min,
+        max_bytes: o.sizes.max,
+        step_factor: o.sizes.factor,
+        iters: o.iters,
+        warmup: o.warmup,
+        check: o.check,
+        ranks: comm
+            .hostnames()
+            .iter()
+            .enumerate()
+            .map(|(r, h)| RankLine {
+                rank: r as u32,
+                host: h.clone(),
+                route: routes.get(r).copied().unwrap_or("?").into(),
+            })
+            .collect(),
+    };
+    let print = |line: &str| {
+        if me == 0 {
+            let mut out = std::io::stdout().lock();
+            let _ = writeln!(out, "{line}");
+            let _ = out.flush();
+        }
+    };
+    for l in report::header_lines(&header) {
+        print(&l);
+    }
+    for l in report::p2p_columns() {
+        print(&l);
+    }
+
+    let lib = |what: &str, size: usize| {
+        let what = format!("p2p {what} of {size} bytes");
+        move |e: Error| Fail::Lib { what, err: e }
+    };
+    let mut rows = Vec::new();
+    let mut out_of_bounds = 0u64;
+    for &size in &sizes {
+        for (i, x) in b.send[..size].iter_mut().enumerate() {
+            *x = pattern(me, size, i);
+        }
+        let lat = b
+            .latency(size, o.warmup, o.iters)
+            .map_err(lib("ping-pong", size))?;
+        if o.warmup > 0 {
+            b.stream(size, o.warmup)
+                .map_err(lib("one-way warm-up", size))?;
+        }
+        let one = b
+            .stream(size, o.iters)
+            .map_err(lib("one-way stream", size))?;
+        if o.warmup > 0 {
+            b.both_ways(size, o.warmup)
+                .map_err(lib("bidirectional warm-up", size))?;
+        }
+        let two = b
+            .both_ways(size, o.iters)
+            .map_err(lib("bidirectional exchange", size))?;
+        let wrong = if o.check {
+            let (mine, total) = b.check(size).map_err(lib("checked exchange", size))?;
+            // Each rank's failed check counts once, as in the collective table.
+            let mut theirs = [0i64];
+            comm.sendrecv(&[i64::from(mine > 0)], b.peer, &mut theirs, b.peer)
+                .map_err(lib("exchange of check results", size))?;
+            out_of_bounds += u64::from(mine > 0) + theirs[0] as u64;
+            Some(total)
+        } else {
+            None
+        };
+        let bytes = (size * o.iters) as f64;
+        let row = P2pRow {
+            size,
+            latency_us: lat * 1e6,
+            bw: bytes / one / 1e9,
+            bibw: 2.0 * bytes / two / 1e9,
+            wrong,
+        };
+        print(&report::p2p_row_line(&row));
+        rows.push(row);
+    }
+    let summary = Summary {
+        out_of_bounds,
+        avg_busbw: None,
+    };
+    for l in report::footer_lines(&summary) {
+        print(&l);
+    }
+    if let Some(out) = json {
+        out.write(&report::p2p_json(&header, &rows, &summary))?;
+    }
+    // Rank 0's last lines are out before either rank exits.
+    b.sync()
+        .map_err(|e| Fail::lib("final synchronisation", e))?;
+    Ok(out_of_bounds == 0)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn pattern_never_matches_the_poison_and_tells_ranks_apart() {
+        for size in [1, 7, 4096] {
+            for i in 0..size {
+                assert_ne!(pattern(0, size, i), 0xff);
+                assert_ne!(pattern(1, size, i), 0xff);
+                assert_ne!(pattern(0, size, i), pattern(1, size, i));
+            }
+        }
+    }
+}

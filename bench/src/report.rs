@@ -1,0 +1,667 @@
+//! The printed table (nccl-tests' columns and number formats, to the
+//! character) and the JSON file of `-J`.
+
+use std::fmt::Write as _;
+
+/// One measurement: a row's out-of-place or in-place half.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Meas {
+    /// Mean microseconds per call, the largest over ranks.
+    pub time_us: f64,
+    /// GB/s (1e9 bytes).
+    pub algbw: f64,
+    pub busbw: f64,
+    /// Wrong elements summed over ranks; `None` without `-c 1`.
+    pub wrong: Option<u64>,
+}
+
+impl Meas {
+    /// nccl-tests' definitions: algbw = size / time, busbw = algbw · factor.
+    pub fn new(size: usize, secs: f64, factor: f64, wrong: Option<u64>) -> Meas {
+        let algbw = if secs > 0.0 {
+            size as f64 / 1e9 / secs
+        } else {
+            0.0
+        };
+        Meas {
+            time_us: secs * 1e6,
+            algbw,
+            busbw: algbw * factor,
+            wrong,
+        }
+    }
+}
+
+/// One row of the collective table.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Row {
+    pub size: usize,
+    pub count: usize,
+    pub dtype: &'static str,
+    pub redop: &'static str,
+    /// -1 where there is no root.
+    pub root: i64,
+    /// The all-reduce algorithm that ran (JSON only; the table has no column).
+    pub algo: Option<&'static str>,
+    pub out_of_place: Meas,
+    pub in_place: Meas,
+}
+
+/// One rank in the header's "Using ranks" list.
+#[derive(Clone, Debug, PartialEq)]
+pub struct RankLine {
+    pub rank: u32,
+    pub host: String,
+    /// How rank 0 reaches it ("self", "shm", "tcp").
+    pub route: String,
+}
+
+/// Everything the header block says.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Header {
+    /// "allreduce", ..., "p2p".
+    pub collective: String,
+    pub world: u32,
+    pub transport: String,
+    /// `None` for p2p.
+    pub algorithm: Option<String>,
+    pub datatype: Option<&'static str>,
+    pub redop: Option<&'static str>,
+    pub root: i64,
+    pub min_bytes: usize,
+    pub max_bytes: usize,
+    pub step_factor: usize,
+    pub iters: usize,
+    pub warmup: usize,
+    pub check: bool,
+    pub ranks: Vec<RankLine>,
+}
+
+/// The totals after the last row.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Summary {
+    /// Checks (rank × size × placement) that found wrong elements.
+    pub out_of_bounds: u64,
+    /// Mean busbw over every row and placement (collectives only).
+    pub avg_busbw: Option<f64>,
+}
+
+pub const COLUMNS: [&str; 3] = [
+    "#                                                              out-of-place                       in-place",
+    "#       size         count      type   redop    root     time   algbw   busbw #wrong     time   algbw   busbw #wrong",
+    "#        (B)    (elements)                               (us)  (GB/s)  (GB/s)            (us)  (GB/s)  (GB/s)",
+];
+
+/// C's `%g` (six significant digits, trailing zeros dropped).
+pub fn fmt_g(x: f64) -> String {
+    if x == 0.0 {
+        return if x.is_sign_negative() { "-0" } else { "0" }.into();
+    }
+    if x.is_nan() {
+        return "nan".into();
+    }
+    if x.is_infinite() {
+        return if x > 0.0 { "inf" } else { "-inf" }.into();
+    }
+    let sci = format!("{x:.5e}");
+    let (mant, exp) = sci.split_once('e').unwrap_or((&sci, "0"));
+    let exp: i32 = exp.parse().unwrap_or(0);
+    if !(-4..6).contains(&exp) {
+        let sign = if exp < 0 { '-' } else { '+' };
+        format!("{}e{sign}{:02}", trim_zeros(mant), exp.abs())
+    } else {
+        trim_zeros(&format!("{x:.*}", (5 - exp) as usize)).to_string()
+    }
+}
+
+fn trim_zeros(s: &str) -> &str {
+    if s.contains('.') {
+        s.trim_end_matches('0').trim_end_matches('.')
+    } else {
+        s
+    }
+}
+
+/// nccl-tests' time column: 7 wide, 2, 1 or 0 decimals as the value grows.
+pub fn fmt_time(us: f64) -> String {
+    if us >= 10000.0 {
+        format!("{us:7.0}")
+    } else if us >= 100.0 {
+        format!("{us:7.1}")
+    } else {
+        format!("{us:7.2}")
+    }
+}
+
+fn fmt_meas(m: &Meas) -> String {
+    let wrong = match m.wrong {
+        Some(w) => fmt_g(w as f64),
+        None => "N/A".into(),
+    };
+    format!(
+        "  {}  {:6.2}  {:6.2}  {wrong:>5}",
+        fmt_time(m.time_us),
+        m.algbw,
+        m.busbw
+    )
+}
+
+/// A table row, exactly as nccl-tests prints it.
+pub fn row_line(r: &Row) -> String {
+    format!(
+        "{:>12}  {:>12}  {:>8}  {:>6}  {:>6}{}{}",
+        r.size,
+        r.count,
+        r.dtype,
+        r.redop,
+        r.root,
+        fmt_meas(&r.out_of_place),
+        fmt_meas(&r.in_place)
+    )
+}
+
+/// The `#` lines before the column header: the run's parameters, transport,
+/// algorithm and ranks.
+pub fn header_lines(h: &Header) -> Vec<String> {
+    let mut v = vec![format!(
+        "# gwbench {}  nRanks {} minBytes {} maxBytes {} step: {}(factor) warmup iters: {} iters: {} validation: {}",
+        h.collective,
+        h.world,
+        h.min_bytes,
+        h.max_bytes,
+        h.step_factor,
+        h.warmup,
+        h.iters,
+        u8::from(h.check)
+    )];
+    v.push(format!("# Transport: {}", h.transport));
+    if let Some(a) = &h.algorithm {
+        v.push(format!("# Algorithm: {a}"));
+    }
+    v.push("#".into());
+    v.push("# Using ranks".into());
+    for r in &h.ranks {
+        v.push(format!(
+            "#  Rank {:>2} on {:>10} via {}",
+            r.rank, r.host, r.route
+        ));
+    }
+    v.push("#".into());
+    v
+}
+
+/// The lines after the last row.
+pub fn footer_lines(s: &Summary) -> Vec<String> {
+    let mut v = vec![format!(
+        "# Out of bounds values : {} {}",
+        s.out_of_bounds,
+        if s.out_of_bounds == 0 { "OK" } else { "FAILED" }
+    )];
+    if let Some(bw) = s.avg_busbw {
+        v.push(format!("# Avg bus bandwidth    : {}", fmt_g(bw)));
+    }
+    v.push("#".into());
+    v
+}
+
+/// The p2p table's column header.
+pub fn p2p_columns() -> [String; 3] {
+    [
+        format!(
+            "#{:>11}  {:>11}  {:>9}  {:>13}",
+            "", "ping-pong", "one-way", "bidirectional"
+        ),
+        format!(
+            "#{:>11}  {:>11}  {:>9}  {:>13}  {:>6}",
+            "size", "latency", "bandwidth", "bandwidth", "#wrong"
+        ),
+        format!(
+            "#{:>11}  {:>11}  {:>9}  {:>13}",
+            "(B)", "(us)", "(GB/s)", "(GB/s)"
+        ),
+    ]
+}
+
+/// One row of the p2p table.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct P2pRow {
+    pub size: usize,
+    /// Half the mean round trip, microseconds.
+    pub latency_us: f64,
+    /// One direction, GB/s.
+    pub bw: f64,
+    /// Both directions at once, summed, GB/s.
+    pub bibw: f64,
+    /// Wrong bytes over both ranks; `None` without `-c 1`.
+    pub wrong: Option<u64>,
+}
+
+pub fn p2p_row_line(r: &P2pRow) -> String {
+    let wrong = r.wrong.map_or_else(|| "N/A".to_string(), |w| w.to_string());
+    format!(
+        "{:>12}  {:>11}  {:>9.2}  {:>13.2}  {:>6}",
+        r.size,
+        fmt_time(r.latency_us).trim_start(),
+        r.bw,
+        r.bibw,
+        wrong
+    )
+}
+
+// ---- JSON --------------------------------------------------------------
+
+/// A JSON string literal.
+pub fn jstr(s: &str) -> String {
+    let mut o = String::with_capacity(s.len() + 2);
+    o.push('"');
+    for c in s.chars() {
+        match c {
+            '"' => o.push_str("\\\""),
+            '\\' => o.push_str("\\\\"),
+            '\n' => o.push_str("\\n"),
+            '\r' => o.push_str("\\r"),
+            '\t' => o.push_str("\\t"),
+            c if (c as u32) < 0x20 => {
+                let _ = write!(o, "\\u{:04x}", c as u32);
+            }
+            c => o.push(c),
+        }
+    }
+    o.push('"');
+    o
+}
+
+/// A JSON number (`null` for NaN and infinities, which JSON lacks).
+pub fn jnum(x: f64) -> String {
+    if x.is_finite() {
+        format!("{x}")
+    } else {
+        "null".into()
+    }
+}
+
+fn jopt<T: ToString>(x: Option<T>) -> String {
+    x.map_or_else(|| "null".into(), |v| v.to_string())
+}
+
+fn header_json(h: &Header) -> String {
+    let ranks: Vec<String> = h
+        .ranks
+        .iter()
+        .map(|r| {
+            format!(
+                "{{\"rank\": {}, \"host\": {}, \"route\": {}}}",
+                r.rank,
+                jstr(&r.host),
+                jstr(&r.route)
+            )
+        })
+        .collect();
+    format!(
+        concat!(
+            "{{\"benchmark\": \"gwbench\", \"collective\": {}, \"world_size\": {}, \"transport\": {}, ",
+            "\"algorithm\": {}, \"datatype\": {}, \"redop\": {}, \"root\": {}, \"min_bytes\": {}, ",
+            "\"max_bytes\": {}, \"step_factor\": {}, \"iters\": {}, \"warmup_iters\": {}, \"check\": {}, ",
+            "\"ranks\": [{}]}}"
+        ),
+        jstr(&h.collective),
+        h.world,
+        jstr(&h.transport),
+        h.algorithm.as_deref().map_or_else(|| "null".into(), jstr),
+        h.datatype.map_or_else(|| "null".into(), jstr),
+        h.redop.map_or_else(|| "null".into(), jstr),
+        h.root,
+        h.min_bytes,
+        h.max_bytes,
+        h.step_factor,
+        h.iters,
+        h.warmup,
+        h.check,
+        ranks.join(", ")
+    )
+}
+
+fn meas_json(m: &Meas) -> String {
+    format!(
+        "{{\"time_us\": {}, \"algbw\": {}, \"busbw\": {}, \"wrong\": {}}}",
+        jnum(m.time_us),
+        jnum(m.algbw),
+        jnum(m.busbw),
+        jopt(m.wrong)
+    )
+}
+
+fn summary_json(s: &Summary) -> String {
+    format!(
+        "\"out_of_bounds\": {}, \"ok\": {}, \"avg_busbw\": {}",
+        s.out_of_bounds,
+        s.out_of_bounds == 0,
+        s.avg_busbw.map_or_else(|| "null".into(), jnum)
+    )
+}
+
+/// The `-J` file of a collective run.
+pub fn json(h: &Header, rows: &[Row], s: &Summary) -> String {
+    let rows: Vec<String> = rows
+        .iter()
+        .map(|r| {
+            format!(
+                "    {{\"size\": {}, \"count\": {}, \"type\": {}, \"redop\": {}, \"root\": {}, \"algorithm\": {}, \"out_of_place\": {}, \"in_place\": {}}}",
+                r.size,
+                r.count,
+                jstr(r.dtype),
+                jstr(r.redop),
+                r.root,
+                r.algo.map_or_else(|| "null".into(), jstr),
+                meas_json(&r.out_of_place),
+                meas_json(&r.in_place)
+            )
+        })
+        .collect();
+    format!(
+        "{{\n  \"header\": {},\n  \"rows\": [\n{}\n  ],\n  {}\n}}\n",
+        header_json(h),
+        rows.join(",\n"),
+        summary_json(s)
+    )
+}
+
+/// The `-J` file of a p2p run.
+pub fn p2p_json(h: &Header, rows: &[P2pRow], s: &Summary) -> String {
+    let rows: Vec<String> = rows
+        .iter()
+        .map(|r| {
+            format!(
+                "    {{\"size\": {}, \"latency_us\": {}, \"bw\": {}, \"bibw\": {}, \"wrong\": {}}}",
+                r.size,
+                jnum(r.latency_us),
+                jnum(r.bw),
+                jnum(r.bibw),
+                jopt(r.wrong)
+            )
+        })
+        .collect();
+    format!(
+        "{{\n  \"header\": {},\n  \"rows\": [\n{}\n  ],\n  {}\n}}\n",
+        header_json(h),
+        rows.join(",\n"),
+        summary_json(s)
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn meas(t: f64, wrong: Option<u64>) -> Meas {
+        Meas {
+            time_us: t,
+            algbw: 1.5,
+            busbw: 2.25,
+            wrong,
+        }
+    }
+
+    fn row() -> Row {
+        Row {
+            size: 1048576,
+            count: 262144,
+            dtype: "float",
+            redop: "sum",
+            root: -1,
+            algo: Some("ring"),
+            out_of_place: meas(123.456, Some(0)),
+            in_place: meas(12345.6, Some(3)),
+        }
+    }
+
+    fn header() -> Header {
+        Header {
+            collective: "allreduce".into(),
+            world: 2,
+            transport: "shm".into(),
+            algorithm: Some("auto (tree ≤ 65536 B, ring above)".into()),
+            datatype: Some("float"),
+            redop: Some("sum"),
+            root: -1,
+            min_bytes: 8,
+            max_bytes: 1 << 20,
+            step_factor: 2,
+            iters: 20,
+            warmup: 5,
+            check: true,
+            ranks: vec![
+                RankLine {
+                    rank: 0,
+                    host: "node\"1".into(),
+                    route: "self".into(),
+                },
+                RankLine {
+                    rank: 1,
+                    host: "node1".into(),
+                    route: "shm".into(),
+                },
+            ],
+        }
+    }
+
+    #[test]
+    fn printf_g() {
+        for (x, want) in [
+            (0.0, "0"),
+            (1.0, "1"),
+            (0.5, "0.5"),
+            (3.86911234, "3.86911"),
+            (123456.0, "123456"),
+            (1234567.0, "1.23457e+06"),
+            (0.0001, "0.0001"),
+            (0.00001234, "1.234e-05"),
+            (999999.5, "1e+06"),
+            (42.0, "42"),
+            (1e20, "1e+20"),
+        ] {
+            assert_eq!(fmt_g(x), want, "{x}");
+        }
+    }
+
+    #[test]
+    fn time_column() {
+        assert_eq!(fmt_time(19.684), "  19.68");
+        assert_eq!(fmt_time(123.456), "  123.5");
+        assert_eq!(fmt_time(12345.6), "  12346");
+        assert_eq!(fmt_time(99.999), " 100.00");
+        assert_eq!(fmt_time(1234567.0), "1234567");
+    }
+
+    #[test]
+    fn rows_line_up_with_the_column_header() {
+        let line = row_line(&row());
+        assert_eq!(
+            line,
+            "     1048576        262144     float     sum      -1    123.5    1.50    2.25      0    12346    1.50    2.25      3"
+        );
+        assert_eq!(line.len(), COLUMNS[1].len());
+        // Every column ends where its title ends.
+        for title in [
+            "size", "count", "type", "redop", "root", "time", "algbw", "busbw", "#wrong",
+        ] {
+            let end = COLUMNS[1].find(title).unwrap() + title.len();
+            assert!(
+                line.as_bytes()[end - 1] != b' '
+                    && line.as_bytes().get(end).is_none_or(|&b| b == b' '),
+                "{title} misaligned:\n{}\n{line}",
+                COLUMNS[1]
+            );
+        }
+        let na = Row {
+            out_of_place: meas(1.0, None),
+            in_place: meas(1.0, None),
+            ..row()
+        };
+        assert!(row_line(&na).ends_with("    N/A"));
+        assert_eq!(row_line(&na).len(), COLUMNS[1].len());
+    }
+
+    #[test]
+    fn bandwidth_definitions() {
+        let m = Meas::new(1_000_000, 1e-3, 1.5, Some(0));
+        assert!((m.algbw - 1.0).abs() < 1e-12);
+        assert!((m.busbw - 1.5).abs() < 1e-12);
+        assert!((m.time_us - 1000.0).abs() < 1e-9);
+        assert_eq!(Meas::new(0, 0.0, 1.0, None).algbw, 0.0);
+    }
+
+    #[test]
+    fn header_and_footer() {
+        let h = header_lines(&header());
+        assert!(h[0].starts_with(
+            "# gwbench allreduce  nRanks 2 minBytes 8 maxBytes 1048576 step: 2(factor)"
+        ));
+        assert!(h.contains(&"# Transport: shm".to_string()));
+        assert!(h.contains(&"# Algorithm: auto (tree ≤ 65536 B, ring above)".to_string()));
+        assert!(h.iter().any(|l| l == "#  Rank  1 on      node1 via shm"));
+        assert!(h.iter().all(|l| l.starts_with('#')));
+        let ok = footer_lines(&Summary {
+            out_of_bounds: 0,
+            avg_busbw: Some(3.869112),
+        });
+        assert_eq!(
+            ok,
+            [
+                "# Out of bounds values : 0 OK",
+                "# Avg bus bandwidth    : 3.86911",
+                "#"
+            ]
+        );
+        let bad = footer_lines(&Summary {
+            out_of_bounds: 2,
+            avg_busbw: None,
+        });
+        assert_eq!(bad, ["# Out of bounds values : 2 FAILED", "#"]);
+    }
+
+    #[test]
+    fn json_strings_escape() {
+        assert_eq!(jstr("a\"b\\c\nd\u{1}é≤"), "\"a\\\"b\\\\c\\nd\\u0001é≤\"");
+        assert_eq!(jnum(1.5), "1.5");
+        assert_eq!(jnum(f64::NAN), "null");
+        assert_eq!(jnum(f64::INFINITY), "null");
+    }
+
+    #[test]
+    fn json_shape() {
+        let s = Summary {
+            out_of_bounds: 0,
+            avg_busbw: Some(2.25),
+        };
+        let j = json(&header(), &[row(), row()], &s);
+        for want in [
+            "\"header\": {\"benchmark\": \"gwbench\", \"collective\": \"allreduce\", \"world_size\": 2, \"transport\": \"shm\"",
+            "\"algorithm\": \"auto (tree ≤ 65536 B, ring above)\"",
+            "\"ranks\": [{\"rank\": 0, \"host\": \"node\\\"1\", \"route\": \"self\"}",
+            "{\"size\": 1048576, \"count\": 262144, \"type\": \"float\", \"redop\": \"sum\", \"root\": -1, \"algorithm\": \"ring\"",
+            "\"out_of_place\": {\"time_us\": 123.456, \"algbw\": 1.5, \"busbw\": 2.25, \"wrong\": 0}",
+            "\"in_place\": {\"time_us\": 12345.6, \"algbw\": 1.5, \"busbw\": 2.25, \"wrong\": 3}",
+            "\"out_of_bounds\": 0, \"ok\": true, \"avg_busbw\": 2.25",
+        ] {
+            assert!(j.contains(want), "missing {want}\n{j}");
+        }
+        assert_eq!(j.matches("\"size\":").count(), 2);
+        assert_balanced(&j);
+
+        let unchecked = Row {
+            out_of_place: meas(1.0, None),
+            ..row()
+        };
+        assert!(json(&header(), &[unchecked], &s).contains("\"wrong\": null"));
+        let empty = json(&header(), &[], &s);
+        assert_balanced(&empty);
+
+        let p = p2p_json(
+            &Header {
+                collective: "p2p".into(),
+                algorithm: None,
+                datatype: None,
+                redop: None,
+                ..header()
+            },
+            &[P2pRow {
+                size: 8,
+                latency_us: 3.5,
+                bw: 0.25,
+                bibw: 0.5,
+                wrong: Some(0),
+            }],
+            &Summary {
+                out_of_bounds: 0,
+                avg_busbw: None,
+            },
+        );
+        assert!(
+            p.contains(
+                "{\"size\": 8, \"latency_us\": 3.5, \"bw\": 0.25, \"bibw\": 0.5, \"wrong\": 0}"
+            ),
+            "{p}"
+        );
+        assert!(p.contains("\"algorithm\": null"), "{p}");
+        assert!(p.contains("\"avg_busbw\": null"), "{p}");
+        assert_balanced(&p);
+    }
+
+    /// Brackets balance outside strings and no value is left dangling.
+    fn assert_balanced(j: &str) {
+        let (mut depth, mut in_str, mut esc) = (0i32, false, false);
+        let mut prev = ' ';
+        for c in j.chars() {
+            if in_str {
+                match (esc, c) {
+                    (true, _) => esc = false,
+                    (false, '\\') => esc = true,
+                    (false, '"') => in_str = false,
+                    _ => {}
+                }
+                continue;
+            }
+            match c {
+                '"' => in_str = true,
+                '{' | '[' => depth += 1,
+                '}' | ']' => {
+                    assert!(prev != ',', "trailing comma in\n{j}");
+                    depth -= 1;
+                }
+                _ => {}
+            }
+            assert!(depth >= 0, "{j}");
+            if !c.is_whitespace() {
+                prev = c;
+            }
+        }
+        assert_eq!(depth, 0, "{j}");
+        assert!(!in_str);
+    }
+
+    #[test]
+    fn p2p_table_lines_up() {
+        let cols = p2p_columns();
+        let line = p2p_row_line(&P2pRow {
+            size: 65536,
+            latency_us: 12.345,
+            bw: 1.5,
+            bibw: 2.75,
+            wrong: Some(0),
+        });
+        assert_eq!(line.len(), cols[1].len(), "\n{}\n{line}", cols[1]);
+        assert_eq!(
+            line,
+            "       65536        12.35       1.50           2.75       0"
+        );
+        let na = p2p_row_line(&P2pRow {
+            size: 8,
+            latency_us: 1.0,
+            bw: 0.0,
+            bibw: 0.0,
+            wrong: None,
+        });
+        assert!(na.ends_with("   N/A"));
+    }
+}

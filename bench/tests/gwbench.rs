@@ -1,0 +1,385 @@
+//! gwbench end to end: real rank processes started by gwrun.
+//!
+//! gwrun is another package's binary, so `cargo test -p gw-bench` does not
+//! build it: run `cargo build --workspace --bins` first. The collective tests
+//! need the collective algorithms; the p2p and usage tests need only
+//! point-to-point transfers.
+
+use std::io::Read;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+const DEADLINE: Duration = Duration::from_secs(180);
+
+/// The exact column header nccl-tests prints.
+const COLUMNS: [&str; 3] = [
+    "#                                                              out-of-place                       in-place",
+    "#       size         count      type   redop    root     time   algbw   busbw #wrong     time   algbw   busbw #wrong",
+    "#        (B)    (elements)                               (us)  (GB/s)  (GB/s)            (us)  (GB/s)  (GB/s)",
+];
+
+fn gwbench() -> PathBuf {
+    PathBuf::from(env!("CARGO_BIN_EXE_gwbench"))
+}
+
+fn gwrun() -> PathBuf {
+    let bench = gwbench();
+    let dir = bench.parent().expect("gwbench has a directory");
+    let gwrun = dir.join("gwrun");
+    assert!(
+        gwrun.is_file(),
+        "{} does not exist: gwrun is built by another package; run `cargo build --workspace --bins` \
+         (with the same CARGO_TARGET_DIR and profile) before `cargo test -p gw-bench`",
+        gwrun.display()
+    );
+    gwrun
+}
+
+struct Run {
+    code: Option<i32>,
+    stdout: String,
+    stderr: String,
+}
+
+impl Run {
+    fn all(&self) -> String {
+        format!(
+            "exit {:?}\n--- stdout\n{}--- stderr\n{}",
+            self.code, self.stdout, self.stderr
+        )
+    }
+
+    /// Rank 0's lines, without gwrun's "[0] " tag.
+    fn rank0(&self) -> Vec<&str> {
+        self.stdout
+            .lines()
+            .filter_map(|l| l.strip_prefix("[0] "))
+            .collect()
+    }
+}
+
+/// Runs `program args` with a deadline, killing it when the deadline passes.
+fn run(program: &Path, args: &[&str]) -> Run {
+    let mut child = Command::new(program)
+        .args(args)
+        .env("GW_TIMEOUT", "60")
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap_or_else(|e| panic!("cannot start {}: {e}", program.display()));
+    let mut out = child.stdout.take().unwrap();
+    let mut err = child.stderr.take().unwrap();
+    let t_out = std::thread::spawn(move || {
+        let mut s = String::new();
+        let _ = out.read_to_string(&mut s);
+        s
+    });
+    let t_err = std::thread::spawn(move || {
+        let mut s = String::new();
+        let _ = err.read_to_string(&mut s);
+        s
+    });
+    let start = Instant::now();
+    let status = loop {
+        if let Some(st) = child.try_wait().unwrap() {
+            break Some(st);
+        }
+        if start.elapsed() > DEADLINE {
+            let _ = child.kill();
+            let _ = child.wait();
+            break None;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    let r = Run {
+        code: status.and_then(|s| s.code()),
+        stdout: t_out.join().unwrap(),
+        stderr: t_err.join().unwrap(),
+    };
+    assert!(
+        status.is_some(),
+        "{} {args:?} ran past {DEADLINE:?}\n{}",
+        program.display(),
+        r.all()
+    );
+    r
+}
+
+fn bench(n: u32, args: &[&str]) -> Run {
+    let n = n.to_string();
+    let bench = gwbench();
+    let mut all = vec!["-n", &n, bench.to_str().unwrap()];
+    all.extend_from_slice(args);
+    run(&gwrun(), &all)
+}
+
+/// Checks the table of a collective run and returns its rows, split into fields.
+fn table(r: &Run) -> Vec<Vec<String>> {
+    assert!(
+        !r.stdout.lines().any(|l| !l.starts_with("[0] ")),
+        "only rank 0 prints:\n{}",
+        r.all()
+    );
+    let lines = r.rank0();
+    let col = lines
+        .iter()
+        .position(|l| *l == COLUMNS[0])
+        .unwrap_or_else(|| panic!("no column header\n{}", r.all()));
+    assert_eq!(&lines[col..col + 3], COLUMNS, "{}", r.all());
+    for want in [
+        "# Transport: ",
+        "# Algorithm: ",
+        "# Using ranks",
+        "#  Rank  0 on ",
+        "#  Rank  1 on ",
+    ] {
+        assert!(
+            lines[..col].iter().any(|l| l.starts_with(want)),
+            "header lacks {want:?}\n{}",
+            r.all()
+        );
+    }
+    let rows: Vec<&str> = lines[col + 3..]
+        .iter()
+        .copied()
+        .take_while(|l| !l.starts_with('#'))
+        .collect();
+    let mut out = Vec::new();
+    for row in &rows {
+        assert_eq!(row.len(), COLUMNS[1].len(), "row width: {row:?}");
+        let f: Vec<String> = row.split_whitespace().map(String::from).collect();
+        assert_eq!(f.len(), 13, "{row:?}");
+        for i in [5, 6, 7, 9, 10, 11] {
+            let x: f64 = f[i]
+                .parse()
+                .unwrap_or_else(|_| panic!("field {i} of {row:?}"));
+            assert!(x >= 0.0, "{row:?}");
+        }
+        out.push(f);
+    }
+    let footer = &lines[col + 3 + rows.len()..];
+    assert!(
+        footer
+            .iter()
+            .any(|l| l.starts_with("# Avg bus bandwidth    : ")),
+        "{}",
+        r.all()
+    );
+    out
+}
+
+#[test]
+fn allreduce_two_ranks_rows_and_no_wrong_elements() {
+    let r = bench(
+        2,
+        &[
+            "allreduce",
+            "-b",
+            "8",
+            "-e",
+            "64K",
+            "-f",
+            "8",
+            "-n",
+            "2",
+            "-w",
+            "1",
+            "-c",
+            "1",
+        ],
+    );
+    assert_eq!(r.code, Some(0), "{}", r.all());
+    let sizes = [8, 64, 512, 4096, 32768];
+    let rows = table(&r);
+    assert_eq!(rows.len(), sizes.len(), "{}", r.all());
+    for (f, size) in rows.iter().zip(sizes) {
+        assert_eq!(f[0], size.to_string(), "{f:?}");
+        assert_eq!(f[1], (size / 4).to_string(), "{f:?}");
+        assert_eq!(&f[2..5], ["float", "sum", "-1"], "{f:?}");
+        assert_eq!(f[8], "0", "out-of-place #wrong: {f:?}");
+        assert_eq!(f[12], "0", "in-place #wrong: {f:?}");
+        // 2 ranks: busbw = algbw · 2(n-1)/n = algbw.
+        assert_eq!(f[6], f[7], "{f:?}");
+    }
+    assert!(
+        r.rank0().contains(&"# Out of bounds values : 0 OK"),
+        "{}",
+        r.all()
+    );
+    assert!(r.stdout.contains("nRanks 2"), "{}", r.all());
+}
+
+#[test]
+fn every_collective_and_algorithm_checks_out_on_three_ranks() {
+    let cases: &[&[&str]] = &[
+        &["allreduce", "-a", "ring", "-d", "half", "-o", "max"],
+        &["allreduce", "-a", "tree", "-d", "int64", "-o", "prod"],
+        &["allreduce", "-d", "bfloat16", "-o", "avg"],
+        &["reduce_scatter", "-d", "uint8", "-o", "sum"],
+        &["allgather", "-d", "double"],
+        &["broadcast", "-r", "2", "-d", "int32"],
+        &["reduce", "-r", "1", "-o", "min"],
+    ];
+    for case in cases {
+        let mut args = case.to_vec();
+        args.extend_from_slice(&[
+            "-b", "64", "-e", "256K", "-f", "64", "-n", "2", "-w", "1", "-J",
+        ]);
+        let json = std::env::temp_dir().join(format!(
+            "gwbench-test-{}-{}.json",
+            std::process::id(),
+            case[0]
+        ));
+        args.push(json.to_str().unwrap());
+        let r = bench(3, &args);
+        assert_eq!(r.code, Some(0), "{case:?}\n{}", r.all());
+        let rows = table(&r);
+        assert_eq!(rows.len(), 3, "{case:?}\n{}", r.all());
+        for f in &rows {
+            assert_eq!(
+                (f[8].as_str(), f[12].as_str()),
+                ("0", "0"),
+                "{case:?}: {f:?}"
+            );
+        }
+        let lines = r.rank0();
+        assert!(
+            lines.contains(&"# Out of bounds values : 0 OK"),
+            "{case:?}\n{}",
+            r.all()
+        );
+        let j = std::fs::read_to_string(&json).unwrap();
+        let _ = std::fs::remove_file(&json);
+        assert_eq!(j.matches("\"out_of_place\": {").count(), 3, "{case:?}\n{j}");
+        assert!(j.contains("\"world_size\": 3"), "{j}");
+        assert!(!j.contains("\"wrong\": 1"), "{j}");
+    }
+}
+
+#[test]
+fn algorithm_that_cannot_run_is_one_line_exit_1() {
+    let r = bench(3, &["allreduce", "-a", "rhd", "-b", "8", "-e", "8"]);
+    assert_eq!(r.code, Some(1), "{}", r.all());
+    let errors: Vec<&str> = r
+        .stderr
+        .lines()
+        .filter(|l| l.contains("gwbench: error:"))
+        .collect();
+    assert_eq!(errors.len(), 1, "{}", r.all());
+    assert!(
+        errors[0].contains("rhd") && errors[0].contains("power-of-two"),
+        "{}",
+        r.all()
+    );
+}
+
+#[test]
+fn p2p_two_ranks() {
+    let json = std::env::temp_dir().join(format!("gwbench-test-{}-p2p.json", std::process::id()));
+    let r = bench(
+        2,
+        &[
+            "p2p",
+            "-b",
+            "8",
+            "-e",
+            "64K",
+            "-f",
+            "8",
+            "-n",
+            "3",
+            "-w",
+            "1",
+            "-J",
+            json.to_str().unwrap(),
+        ],
+    );
+    assert_eq!(r.code, Some(0), "{}", r.all());
+    assert!(
+        !r.stdout.lines().any(|l| !l.starts_with("[0] ")),
+        "only rank 0 prints:\n{}",
+        r.all()
+    );
+    let lines = r.rank0();
+    assert!(
+        lines.iter().any(|l| l.starts_with("# Transport: ")),
+        "{}",
+        r.all()
+    );
+    let header = lines
+        .iter()
+        .position(|l| l.contains("latency") && l.contains("#wrong"))
+        .unwrap_or_else(|| panic!("no column header\n{}", r.all()));
+    let rows: Vec<&str> = lines[header + 2..]
+        .iter()
+        .copied()
+        .take_while(|l| !l.starts_with('#'))
+        .collect();
+    let sizes = [8, 64, 512, 4096, 32768];
+    assert_eq!(rows.len(), sizes.len(), "{}", r.all());
+    for (row, size) in rows.iter().zip(sizes) {
+        assert_eq!(row.len(), lines[header].len(), "row width: {row:?}");
+        let f: Vec<&str> = row.split_whitespace().collect();
+        assert_eq!(f.len(), 5, "{row:?}");
+        assert_eq!(f[0], size.to_string());
+        for x in &f[1..4] {
+            let v: f64 = x.parse().unwrap_or_else(|_| panic!("{row:?}"));
+            assert!(v >= 0.0, "{row:?}");
+        }
+        let latency: f64 = f[1].parse().unwrap();
+        assert!(latency > 0.0, "{row:?}");
+        assert_eq!(f[4], "0", "#wrong: {row:?}");
+    }
+    assert!(
+        lines.contains(&"# Out of bounds values : 0 OK"),
+        "{}",
+        r.all()
+    );
+    let j = std::fs::read_to_string(&json).unwrap();
+    let _ = std::fs::remove_file(&json);
+    assert_eq!(j.matches("\"latency_us\":").count(), 5, "{j}");
+    assert!(j.contains("\"collective\": \"p2p\""), "{j}");
+}
+
+#[test]
+fn p2p_refuses_other_world_sizes() {
+    let r = bench(3, &["p2p", "-e", "8"]);
+    assert_eq!(r.code, Some(2), "{}", r.all());
+    let errors: Vec<&str> = r
+        .stderr
+        .lines()
+        .filter(|l| l.contains("gwbench: error:"))
+        .collect();
+    assert_eq!(errors.len(), 1, "{}", r.all());
+    assert!(errors[0].contains("exactly 2 ranks"), "{}", r.all());
+}
+
+#[test]
+fn usage_errors_and_help_without_a_launcher() {
+    for args in [
+        &["allreduce", "-x"][..],
+        &["allreduce", "-b", "1Q"],
+        &["alltoall"],
+        &[],
+        &["allreduce", "-o", "avg", "-d", "int32"],
+    ] {
+        let r = run(&gwbench(), args);
+        assert_eq!(r.code, Some(2), "{args:?}\n{}", r.all());
+        assert_eq!(r.stderr.lines().count(), 1, "{args:?}\n{}", r.all());
+        assert!(
+            r.stderr.starts_with("gwbench: error: "),
+            "{args:?}\n{}",
+            r.all()
+        );
+        assert!(r.stdout.is_empty());
+    }
+    let h = run(&gwbench(), &["--help"]);
+    assert_eq!(h.code, Some(0));
+    for flag in [
+        "-b", "-e", "-f", "-n", "-w", "-c", "-d", "-o", "-r", "-a", "-J", "p2p",
+    ] {
+        assert!(h.stdout.contains(flag), "--help lacks {flag}");
+    }
+}

@@ -1,0 +1,131 @@
+//! Frames that arrive before the receive they belong to is posted.
+//!
+//! Transports deliver straight into posted receives when they can. A frame
+//! whose receive is not posted yet is copied here instead of blocking the
+//! stream behind it: a stream that stalls on its head frame deadlocks as soon
+//! as two ranks post their receives in a different order than the peer sent
+//! (a pipelined schedule waiting for segment k+1 to free a slot before posting
+//! the receive for the frame in front of it). This is MPI's unexpected-message
+//! queue. Buffers are pooled, so a steady state with early arrivals does not
+//! allocate.
+
+use crate::error::Result;
+use crate::seam::{Rank, Tag};
+use crate::wire::FrameHeader;
+use std::collections::VecDeque;
+
+/// Pooled buffers kept for reuse at most.
+const POOL: usize = 64;
+
+/// Buffered early frames of one peer, oldest first.
+#[derive(Debug, Default)]
+pub(crate) struct Unexpected {
+    frames: VecDeque<(FrameHeader, Vec<u8>)>,
+    pool: Vec<Vec<u8>>,
+}
+
+impl Unexpected {
+    /// A buffer of `len` bytes for a frame about to be read.
+    pub fn buffer(&mut self, len: usize) -> Vec<u8> {
+        let mut b = self.pool.pop().unwrap_or_default();
+        b.clear();
+        b.resize(len, 0);
+        b
+    }
+
+    /// Files a fully read frame.
+    pub fn push(&mut self, hdr: FrameHeader, buf: Vec<u8>) {
+        self.frames.push_back((hdr, buf));
+    }
+
+    /// Copies every buffered segment of the message `tag` (of `len` bytes)
+    /// into `dst` and returns how many bytes and frames that was (a zero-length
+    /// message is one frame of no bytes). A buffered frame of the
+    /// same operation that disagrees with `tag` is a mismatch error.
+    ///
+    /// # Safety
+    /// `dst` must be valid for writes of `len` bytes.
+    pub unsafe fn take(&mut self, me: Rank, tag: &Tag, len: usize, dst: *mut u8) -> Result<(usize, usize)> {
+        let (mut got, mut frames) = (0, 0);
+        let mut i = 0;
+        while i < self.frames.len() {
+            let (h, _) = &self.frames[i];
+            if !tag.matches(me, h, len as u64)? {
+                i += 1;
+                continue;
+            }
+            let Some((h, buf)) = self.frames.remove(i) else { break };
+            // SAFETY: matches() checked h.total == len and decode checked
+            // offset + len <= total, so the copy stays within dst's len bytes.
+            unsafe { std::ptr::copy_nonoverlapping(buf.as_ptr(), dst.add(h.offset as usize), buf.len()) };
+            got += buf.len();
+            frames += 1;
+            self.recycle(buf);
+        }
+        Ok((got, frames))
+    }
+
+    /// Returns a buffer to the pool.
+    pub fn recycle(&mut self, buf: Vec<u8>) {
+        if self.pool.len() < POOL {
+            self.pool.push(buf);
+        }
+    }
+
+    /// Forgets everything (after an abort).
+    pub fn clear(&mut self) {
+        self.frames.clear();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::wire::{DType, Fingerprint, FrameKind, OpKind, RedOp};
+
+    fn fp(seq: u64, count: u64) -> Fingerprint {
+        Fingerprint { comm_id: 1, seq, op: OpKind::AllReduce, dtype: DType::F32, redop: RedOp::Sum, count, root: 0 }
+    }
+
+    fn frame(seq: u64, step: u32, offset: u64, payload: &[u8], total: u64) -> (FrameHeader, Vec<u8>) {
+        let h = FrameHeader {
+            kind: FrameKind::Data,
+            src_rank: 1,
+            fp: fp(seq, 4),
+            step,
+            offset,
+            len: payload.len() as u64,
+            total,
+        };
+        (h, payload.to_vec())
+    }
+
+    #[test]
+    fn segments_of_a_message_reassemble_in_any_order() {
+        let mut u = Unexpected::default();
+        let (h, b) = frame(7, 2, 4, &[5, 6, 7, 8], 8);
+        u.push(h, b);
+        let (h, b) = frame(7, 3, 0, &[9; 8], 8); // another step: must stay
+        u.push(h, b);
+        let (h, b) = frame(7, 2, 0, &[1, 2, 3, 4], 8);
+        u.push(h, b);
+        let mut dst = [0u8; 8];
+        let tag = Tag { fp: fp(7, 4), step: 2 };
+        let got = unsafe { u.take(0, &tag, 8, dst.as_mut_ptr()) }.unwrap();
+        assert_eq!(got, (8, 2));
+        assert_eq!(dst, [1, 2, 3, 4, 5, 6, 7, 8]);
+        assert_eq!(u.frames.len(), 1);
+    }
+
+    #[test]
+    fn a_disagreeing_buffered_frame_is_a_mismatch() {
+        let mut u = Unexpected::default();
+        let (mut h, b) = frame(7, 0, 0, &[1; 4], 4);
+        h.fp.count = 99;
+        u.push(h, b);
+        let tag = Tag { fp: fp(7, 4), step: 0 };
+        let mut dst = [0u8; 4];
+        let e = unsafe { u.take(0, &tag, 4, dst.as_mut_ptr()) }.unwrap_err().to_string();
+        assert!(e.contains("count=99") && e.contains("count=4"), "{e}");
+    }
+}
