@@ -11,6 +11,7 @@
 
 use crate::algo::p2p::{Half, P2p};
 use crate::algo::{self, Algo, OpSpec};
+use crate::board::Board;
 use crate::bootstrap::{Bootstrap, fnv1a};
 use crate::config::{Config, TransportChoice};
 use crate::element::Element;
@@ -327,9 +328,10 @@ impl Communicator {
                 spin: Duration::from_micros(cfg.spin_us.value),
                 oversubscribed: boot.local_size as usize > ncpu,
                 hostnames: hostnames.clone(),
-                abort_board: Some((
+                board: Some(Board::new(
                     StoreClient::connect(&boot.store, &boot.token, deadline)?,
-                    format!("{prefix}/abort"),
+                    prefix.clone(),
+                    world,
                 )),
             },
             transports,

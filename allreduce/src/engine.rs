@@ -16,9 +16,9 @@
 //! and fails every later one with the original cause.
 
 use crate::algo::{Action, Buf, Loc, Schedule};
+use crate::board::Board;
 use crate::reduce::Kernel;
 use gw_transport::seam::Readiness;
-use gw_transport::store::StoreClient;
 use gw_transport::wire::Fingerprint;
 use gw_transport::{Error, MemHandle, Rank, Request, Result, Tag, Transport};
 use mio::{Events, Poll, Token, Waker};
@@ -31,6 +31,8 @@ use std::time::{Duration, Instant};
 /// The waker's token; transports use `index << 32 ..`.
 pub(crate) const WAKER: Token = Token(usize::MAX);
 const PEER_CHECK_EVERY: Duration = Duration::from_millis(200);
+/// How long an operation may wait before the board is consulted.
+const STALL: Duration = Duration::from_secs(1);
 
 /// A pointer into caller memory that the engine thread may use.
 #[derive(Clone, Copy, Debug)]
@@ -111,6 +113,10 @@ struct Running {
     inflight: Vec<(usize, Request, usize)>,
     blocked: VecDeque<Action>,
     deadline: Instant,
+    /// When the operation stops making progress long enough, it is posted
+    /// on the board and compared with what the other ranks are doing.
+    stalled_at: Instant,
+    posted: bool,
 }
 
 /// Static engine settings.
@@ -120,9 +126,8 @@ pub(crate) struct EngineConfig {
     pub spin: Duration,
     pub oversubscribed: bool,
     pub hostnames: Vec<String>,
-    /// A store connection and the key under which a failing rank posts why:
-    /// failures then reach every rank, not only the failed rank's neighbours.
-    pub abort_board: Option<(StoreClient, String)>,
+    /// Where failures and stalled operations are posted for every rank.
+    pub board: Option<Board>,
 }
 
 /// The engine state, owned by its thread.
@@ -291,40 +296,94 @@ impl Engine {
     }
 
     fn check(&mut self) -> Result<()> {
-        for t in &mut self.transports {
-            t.check_peers()?;
-        }
-        if self.current.is_some()
-            && let Some((store, key)) = self.cfg.abort_board.as_mut()
-        {
-            match store.get(key) {
-                Ok(Some(why)) => {
-                    return Err(Error::Aborted(format!(
-                        "another rank failed: {}",
-                        String::from_utf8_lossy(&why)
-                    )));
+        for i in 0..self.transports.len() {
+            if let Err(e) = self.transports[i].check_peers() {
+                // A peer that failed posts why before it exits; that cause
+                // explains its death better than the death itself.
+                if let Some(Ok(Some(why))) = self.cfg.board.as_mut().map(|b| b.failure()) {
+                    return Err(Error::Aborted(format!("another rank failed: {why}")));
                 }
-                Ok(None) => {}
-                Err(e) => {
-                    gw_transport::gw_warn!("cannot read failures from the store any more: {e}");
-                    self.cfg.abort_board = None;
-                }
+                return Err(e);
             }
         }
-        if let Some(r) = &self.current
-            && Instant::now() >= r.deadline
+        match self.check_board() {
+            Ok(Some(e)) => return Err(e),
+            Ok(None) => {}
+            Err(e) => {
+                gw_transport::gw_warn!("cannot use the store to coordinate failures any more: {e}");
+                self.cfg.board = None;
+            }
+        }
+        if self
+            .current
+            .as_ref()
+            .is_some_and(|r| Instant::now() >= r.deadline)
         {
-            return Err(Error::Timeout {
-                secs: self.cfg.timeout.as_secs_f64(),
-                what: format!(
-                    "in {} on rank {}: {}",
-                    r.op.fp,
-                    self.cfg.me,
-                    self.describe_wait(r)
-                ),
-            });
+            let others = self.others_doing();
+            if let Some(r) = &self.current {
+                return Err(Error::Timeout {
+                    secs: self.cfg.timeout.as_secs_f64(),
+                    what: format!(
+                        "in {} on rank {}: {}{others}",
+                        r.op.fp,
+                        self.cfg.me,
+                        self.describe_wait(r)
+                    ),
+                });
+            }
         }
         Ok(())
+    }
+
+    /// Reads failures posted by other ranks and, once the running operation
+    /// has stalled, compares it with what the other ranks are doing. The outer
+    /// error is the store failing; the inner one is the failure found.
+    fn check_board(&mut self) -> Result<Option<Error>> {
+        let me = self.cfg.me;
+        let (Some(board), Some(r)) = (self.cfg.board.as_mut(), self.current.as_mut()) else {
+            return Ok(None);
+        };
+        if let Some(why) = board.failure()? {
+            return Ok(Some(Error::Aborted(format!("another rank failed: {why}"))));
+        }
+        if r.op.fp.op == gw_transport::OpKind::SendRecv || Instant::now() < r.stalled_at {
+            return Ok(None);
+        }
+        if !r.posted {
+            board.post_doing(me, &r.op.fp)?;
+            r.posted = true;
+        }
+        let mine = r.op.fp.to_string();
+        for d in board.others(me)? {
+            if d.seq == r.op.fp.seq && d.what != mine {
+                return Ok(Some(Error::Mismatch {
+                    me,
+                    peer: d.rank,
+                    local: mine,
+                    remote: format!("is in {}", d.what),
+                }));
+            }
+        }
+        Ok(None)
+    }
+
+    /// What the other ranks posted, for timeout errors.
+    fn others_doing(&mut self) -> String {
+        let me = self.cfg.me;
+        let Some(board) = self.cfg.board.as_mut() else {
+            return String::new();
+        };
+        match board.others(me) {
+            Ok(v) if !v.is_empty() => {
+                let list: Vec<String> = v
+                    .iter()
+                    .take(16)
+                    .map(|d| format!("rank {} in {}", d.rank, d.what))
+                    .collect();
+                format!("; stalled ranks: {}", list.join(", "))
+            }
+            _ => String::new(),
+        }
     }
 
     fn describe_wait(&self, r: &Running) -> String {
@@ -366,6 +425,8 @@ impl Engine {
             inflight: Vec::new(),
             blocked: VecDeque::new(),
             deadline: Instant::now() + self.cfg.timeout,
+            stalled_at: Instant::now() + (self.cfg.timeout / 8).min(STALL),
+            posted: false,
         });
     }
 
@@ -629,9 +690,9 @@ impl Engine {
         // Post the first failure for everyone; a rank that learnt of the failure
         // from the board itself leaves the original cause in place.
         if !matches!(e, Error::Aborted(_))
-            && let Some((store, key)) = self.cfg.abort_board.as_mut()
+            && let Some(board) = self.cfg.board.as_mut()
         {
-            let _ = store.set(key, reason.as_bytes());
+            let _ = board.post_failure(&reason);
         }
         if let Some(mut r) = self.current.take() {
             self.release(&mut r);

@@ -8,6 +8,7 @@
 //! each peer.
 
 pub mod algo;
+mod board;
 pub mod bootstrap;
 pub mod communicator;
 pub mod config;

@@ -240,7 +240,7 @@ pub fn matrix(n: u32, counts: &[usize]) -> Vec<Case> {
                         let weighted = kind == OpKind::AllReduce
                             && op == RedOp::Sum
                             && dtype.is_float()
-                            && k % 2 == 0;
+                            && k.is_multiple_of(2);
                         cases.push(Case {
                             kind,
                             dtype,

@@ -17,7 +17,7 @@ pub use seam::{MemHandle, Properties, Rank, Request, Tag, Transport};
 pub use wire::{DType, Fingerprint, FrameHeader, FrameKind, OpKind, RedOp};
 
 pub mod peers;
-mod unexpected;
 pub mod shm;
 pub mod store;
 pub mod tcp;
+mod unexpected;

@@ -45,7 +45,13 @@ impl Unexpected {
     ///
     /// # Safety
     /// `dst` must be valid for writes of `len` bytes.
-    pub unsafe fn take(&mut self, me: Rank, tag: &Tag, len: usize, dst: *mut u8) -> Result<(usize, usize)> {
+    pub unsafe fn take(
+        &mut self,
+        me: Rank,
+        tag: &Tag,
+        len: usize,
+        dst: *mut u8,
+    ) -> Result<(usize, usize)> {
         let (mut got, mut frames) = (0, 0);
         let mut i = 0;
         while i < self.frames.len() {
@@ -54,10 +60,14 @@ impl Unexpected {
                 i += 1;
                 continue;
             }
-            let Some((h, buf)) = self.frames.remove(i) else { break };
+            let Some((h, buf)) = self.frames.remove(i) else {
+                break;
+            };
             // SAFETY: matches() checked h.total == len and decode checked
             // offset + len <= total, so the copy stays within dst's len bytes.
-            unsafe { std::ptr::copy_nonoverlapping(buf.as_ptr(), dst.add(h.offset as usize), buf.len()) };
+            unsafe {
+                std::ptr::copy_nonoverlapping(buf.as_ptr(), dst.add(h.offset as usize), buf.len())
+            };
             got += buf.len();
             frames += 1;
             self.recycle(buf);
@@ -84,10 +94,24 @@ mod tests {
     use crate::wire::{DType, Fingerprint, FrameKind, OpKind, RedOp};
 
     fn fp(seq: u64, count: u64) -> Fingerprint {
-        Fingerprint { comm_id: 1, seq, op: OpKind::AllReduce, dtype: DType::F32, redop: RedOp::Sum, count, root: 0 }
+        Fingerprint {
+            comm_id: 1,
+            seq,
+            op: OpKind::AllReduce,
+            dtype: DType::F32,
+            redop: RedOp::Sum,
+            count,
+            root: 0,
+        }
     }
 
-    fn frame(seq: u64, step: u32, offset: u64, payload: &[u8], total: u64) -> (FrameHeader, Vec<u8>) {
+    fn frame(
+        seq: u64,
+        step: u32,
+        offset: u64,
+        payload: &[u8],
+        total: u64,
+    ) -> (FrameHeader, Vec<u8>) {
         let h = FrameHeader {
             kind: FrameKind::Data,
             src_rank: 1,
@@ -110,7 +134,10 @@ mod tests {
         let (h, b) = frame(7, 2, 0, &[1, 2, 3, 4], 8);
         u.push(h, b);
         let mut dst = [0u8; 8];
-        let tag = Tag { fp: fp(7, 4), step: 2 };
+        let tag = Tag {
+            fp: fp(7, 4),
+            step: 2,
+        };
         let got = unsafe { u.take(0, &tag, 8, dst.as_mut_ptr()) }.unwrap();
         assert_eq!(got, (8, 2));
         assert_eq!(dst, [1, 2, 3, 4, 5, 6, 7, 8]);
@@ -123,9 +150,14 @@ mod tests {
         let (mut h, b) = frame(7, 0, 0, &[1; 4], 4);
         h.fp.count = 99;
         u.push(h, b);
-        let tag = Tag { fp: fp(7, 4), step: 0 };
+        let tag = Tag {
+            fp: fp(7, 4),
+            step: 0,
+        };
         let mut dst = [0u8; 4];
-        let e = unsafe { u.take(0, &tag, 4, dst.as_mut_ptr()) }.unwrap_err().to_string();
+        let e = unsafe { u.take(0, &tag, 4, dst.as_mut_ptr()) }
+            .unwrap_err()
+            .to_string();
         assert!(e.contains("count=99") && e.contains("count=4"), "{e}");
     }
 }

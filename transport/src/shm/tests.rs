@@ -155,9 +155,16 @@ fn unmatched_frame_is_buffered_until_its_recv_is_posted() {
     assert!(!b.progress().unwrap());
     assert!(b.prepare_sleep());
     b.finish_sleep();
-    assert_eq!(dst, vec![0u8; 16], "nothing is written before the receive is posted");
+    assert_eq!(
+        dst,
+        vec![0u8; 16],
+        "nothing is written before the receive is posted"
+    );
     let r = b.irecv(0, tag(1, 0), md, 0, 16).unwrap();
-    assert!(b.test(r).unwrap(), "the buffered frame completes the receive at once");
+    assert!(
+        b.test(r).unwrap(),
+        "the buffered frame completes the receive at once"
+    );
     assert_eq!(dst, src);
     // A completed request is forgotten.
     assert!(matches!(b.test(r), Err(Error::InvalidUsage(_))));

@@ -40,7 +40,11 @@ pub(crate) enum Rx {
     /// Reading the reason text of an abort frame.
     Abort { hdr: FrameHeader, buf: Vec<u8> },
     /// Reading a frame whose receive is not posted yet into a buffer.
-    Early { hdr: FrameHeader, buf: Vec<u8>, got: usize },
+    Early {
+        hdr: FrameHeader,
+        buf: Vec<u8>,
+        got: usize,
+    },
 }
 
 impl Rx {

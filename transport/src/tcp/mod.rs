@@ -558,7 +558,9 @@ impl TcpTransport {
                                         break;
                                     }
                                     Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
-                                    Err(e) => return Err(peer_io_error(peer, addr, "receiving", e)),
+                                    Err(e) => {
+                                        return Err(peer_io_error(peer, addr, "receiving", e));
+                                    }
                                 }
                                 continue;
                             }
@@ -961,7 +963,13 @@ impl Transport for TcpTransport {
                 what: "has shut its communicator down; nothing more can be received from it".into(),
             });
         } else {
-            conn.posted.push(Posted { req, tag, ptr, len, got });
+            conn.posted.push(Posted {
+                req,
+                tag,
+                ptr,
+                len,
+                got,
+            });
         }
         Ok(Request(req))
     }
