@@ -18,4 +18,14 @@ cargo build --workspace --bins
 cargo clippy --workspace --all-targets -- -D warnings
 # The multi-process tests start several rank processes each; two test threads
 # keep a 2-core machine busy without starving ranks of CPU for minutes.
-cargo test --workspace -- --test-threads=2
+log=$(mktemp)
+trap 'rm -f "$log"' EXIT
+set +e
+cargo test --workspace -- --test-threads=2 2>&1 | tee "$log"
+status=${PIPESTATUS[0]}
+set -e
+# One closing line for the whole workspace (cargo prints one per test binary).
+awk '/^test result:/ { p += $4; f += $6; i += $8 }
+     END { printf "tests: %d passed, %d failed", p, f; if (i) printf ", %d skipped", i; print "" }' \
+  "$log" | sed 's/;//g'
+exit "$status"

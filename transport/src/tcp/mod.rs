@@ -547,20 +547,18 @@ impl TcpTransport {
                                 if !(lane.readable || always) {
                                     break;
                                 }
-                                match lane.sock.read(&mut buf[*got..]) {
-                                    Ok(0) => return Err(closed(peer, addr, true)),
-                                    Ok(n) => {
+                                match read_some(
+                                    &mut lane.sock,
+                                    &mut lane.readable,
+                                    &mut buf[*got..],
+                                    peer,
+                                    addr,
+                                )? {
+                                    Some(n) => {
                                         moved = true;
                                         *got += n;
                                     }
-                                    Err(e) if would_block(&e) => {
-                                        lane.readable = false;
-                                        break;
-                                    }
-                                    Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
-                                    Err(e) => {
-                                        return Err(peer_io_error(peer, addr, "receiving", e));
-                                    }
+                                    None => break,
                                 }
                                 continue;
                             }
@@ -678,20 +676,18 @@ impl TcpTransport {
                                 let buf = unsafe {
                                     std::slice::from_raw_parts_mut(dst.0.add(*got), len - *got)
                                 };
-                                match lane.sock.read(buf) {
-                                    Ok(0) => return Err(closed(peer, addr, true)),
-                                    Ok(n) => {
+                                match read_some(
+                                    &mut lane.sock,
+                                    &mut lane.readable,
+                                    buf,
+                                    peer,
+                                    addr,
+                                )? {
+                                    Some(n) => {
                                         moved = true;
                                         *got += n;
                                     }
-                                    Err(e) if would_block(&e) => {
-                                        lane.readable = false;
-                                        break;
-                                    }
-                                    Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
-                                    Err(e) => {
-                                        return Err(peer_io_error(peer, addr, "receiving", e));
-                                    }
+                                    None => break,
                                 }
                                 continue;
                             }
@@ -769,6 +765,29 @@ fn start_payload(hdr: FrameHeader, p: &Posted) -> Rx {
         req: p.req,
         dst,
         got: 0,
+    }
+}
+
+/// One non-blocking read of a frame's remaining bytes: `Some(n)` bytes came
+/// in, `None` means the socket has nothing now (and is marked not readable).
+fn read_some(
+    sock: &mut TcpStream,
+    readable: &mut bool,
+    buf: &mut [u8],
+    peer: Rank,
+    addr: &str,
+) -> Result<Option<usize>> {
+    loop {
+        match sock.read(buf) {
+            Ok(0) => return Err(closed(peer, addr, true)),
+            Ok(n) => return Ok(Some(n)),
+            Err(e) if would_block(&e) => {
+                *readable = false;
+                return Ok(None);
+            }
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+            Err(e) => return Err(peer_io_error(peer, addr, "receiving", e)),
+        }
     }
 }
 
