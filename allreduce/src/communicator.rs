@@ -128,6 +128,8 @@ pub struct Communicator {
     routes: Vec<&'static str>,
     hostnames: Vec<String>,
     store: Mutex<StoreClient>,
+    /// The fusion buffer, kept between calls so steady-state steps reuse it.
+    fusion: Mutex<Vec<u64>>,
     _store_server: Option<StoreServer>,
 }
 
@@ -360,6 +362,7 @@ impl Communicator {
             routes,
             hostnames,
             store: Mutex::new(store),
+            fusion: Mutex::new(Vec::new()),
             _store_server: store_server,
         })
     }
@@ -913,6 +916,69 @@ impl Communicator {
             std::ptr::null_mut(),
             RedOp::None,
         ))
+    }
+
+    /// All-reduces many tensors in place through one fusion buffer, as
+    /// Horovod's tensor fusion: consecutive tensors are packed until the buffer
+    /// (`GW_FUSION_BYTES`) is full, each full buffer is reduced by one
+    /// all-reduce, and the results are unpacked. Per-call latency is paid once
+    /// per buffer instead of once per tensor. A tensor larger than the buffer
+    /// is reduced on its own, in place. Every rank must pass tensors of the
+    /// same lengths in the same order. `weight` scales this rank's contribution
+    /// as in [`Communicator::all_reduce_weighted`].
+    pub fn all_reduce_fused<T: Element>(
+        &self,
+        tensors: &mut [&mut [T]],
+        op: RedOp,
+        weight: Option<f64>,
+    ) -> Result<()> {
+        let es = std::mem::size_of::<T>();
+        let cap = (self.cfg.fusion_bytes.value / es).max(1);
+        let mut fusion = self.fusion.lock().unwrap_or_else(|p| p.into_inner());
+        let mut i = 0;
+        while i < tensors.len() {
+            if tensors[i].len() >= cap {
+                let t = &mut tensors[i];
+                let p = t.as_mut_ptr();
+                self.run(RawOp {
+                    weight,
+                    ..Self::op(OpKind::AllReduce, t.len(), p, p, op)
+                })?;
+                i += 1;
+                continue;
+            }
+            // Pack tensors i..j, which fit in the buffer together.
+            let mut j = i;
+            let mut elems = 0;
+            while j < tensors.len() && tensors[j].len() < cap && elems + tensors[j].len() <= cap {
+                elems += tensors[j].len();
+                j += 1;
+            }
+            let words = (elems * es).div_ceil(8);
+            if fusion.len() < words {
+                fusion.resize(words, 0);
+            }
+            let base = fusion.as_mut_ptr().cast::<T>();
+            let mut off = 0;
+            for t in tensors[i..j].iter() {
+                // SAFETY: off + t.len() <= elems, and the buffer holds elems T
+                // (8-byte aligned, at least T's alignment); no overlap with t.
+                unsafe { std::ptr::copy_nonoverlapping(t.as_ptr(), base.add(off), t.len()) };
+                off += t.len();
+            }
+            self.run(RawOp {
+                weight,
+                ..Self::op(OpKind::AllReduce, elems, base, base, op)
+            })?;
+            let mut off = 0;
+            for t in tensors[i..j].iter_mut() {
+                // SAFETY: as above, in the other direction.
+                unsafe { std::ptr::copy_nonoverlapping(base.add(off), t.as_mut_ptr(), t.len()) };
+                off += t.len();
+            }
+            i = j;
+        }
+        Ok(())
     }
 
     /// Non-blocking in-place all-reduce of an owned buffer.

@@ -96,6 +96,9 @@ pub struct Config {
     pub algo: Setting<Option<Algo>>,
     /// `GW_TREE_THRESHOLD` (bytes): all-reduces up to this size use the tree.
     pub tree_threshold: Setting<usize>,
+    /// `GW_FUSION_BYTES`: size of the fusion buffer that packs many small
+    /// tensors into one all-reduce.
+    pub fusion_bytes: Setting<usize>,
     /// `GW_SOCKET_IFNAME`: interface the TCP data plane listens on.
     pub socket_ifname: Setting<Option<String>>,
     /// `GW_SPIN_US`: how long the engine polls before it sleeps.
@@ -115,6 +118,7 @@ impl Default for Config {
             segment_bytes: Setting::default(512 * 1024),
             algo: Setting::default(None),
             tree_threshold: Setting::default(64 * 1024),
+            fusion_bytes: Setting::default(64 << 20),
             socket_ifname: Setting::default(None),
             spin_us: Setting::default(100),
             shm_slot_bytes: Setting::default(512 * 1024),
@@ -208,6 +212,13 @@ impl Config {
             "a byte count",
         )?;
         env_override(
+            &mut self.fusion_bytes,
+            "GW_FUSION_BYTES",
+            env,
+            |v| positive::<usize>(v).filter(|n| *n <= 1 << 34),
+            "1..=17179869184 bytes",
+        )?;
+        env_override(
             &mut self.socket_ifname,
             "GW_SOCKET_IFNAME",
             env,
@@ -250,6 +261,7 @@ impl Config {
             line("GW_SEGMENT_BYTES", &self.segment_bytes),
             line("GW_ALGO", &self.algo),
             line("GW_TREE_THRESHOLD", &self.tree_threshold),
+            line("GW_FUSION_BYTES", &self.fusion_bytes),
             line("GW_SOCKET_IFNAME", &self.socket_ifname),
             line("GW_SPIN_US", &self.spin_us),
             line("GW_SHM_SLOT_BYTES", &self.shm_slot_bytes),

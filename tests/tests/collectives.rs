@@ -180,3 +180,16 @@ fn mismatched_collectives_fail_on_every_rank_naming_both_calls() {
         }
     }
 }
+
+#[test]
+fn fused_small_tensors_equal_one_by_one_all_reduces() {
+    // A 1 MiB fusion buffer: the 300,000-element tensors go alone, the rest are packed.
+    for transport in ["tcp", "shm"] {
+        run_ok(
+            3,
+            &[("GW_TRANSPORT", transport), ("GW_FUSION_BYTES", "1048576")],
+            &["fusion"],
+            "fusion ok: 200 tensors",
+        );
+    }
+}

@@ -250,6 +250,38 @@ fn refusals(comm: &Communicator) -> Result<String, String> {
     Ok(format!("refusals ok: {}", lines.join(" | ")))
 }
 
+/// Many small tensors through the fusion buffer equal their one-by-one all-reduces.
+fn fusion(comm: &Communicator) -> Result<String, String> {
+    let e = |e: Error| e.to_string();
+    let mut rng = rand::rngs::StdRng::seed_from_u64(7);
+    let r = comm.rank() as f32;
+    let mut tensors: Vec<Vec<f32>> = (0..200)
+        .map(|k| {
+            let len = if k % 50 == 49 {
+                300_000
+            } else {
+                rng.random_range(0..3000)
+            };
+            (0..len).map(|i| r + ((i + k) % 5) as f32).collect()
+        })
+        .collect();
+    let mut singles = tensors.clone();
+    for t in singles.iter_mut() {
+        comm.all_reduce_weighted_in_place(t, 0.5).map_err(e)?;
+    }
+    let mut views: Vec<&mut [f32]> = tensors.iter_mut().map(|t| t.as_mut_slice()).collect();
+    comm.all_reduce_fused(&mut views, RedOp::Sum, Some(0.5))
+        .map_err(e)?;
+    if tensors != singles {
+        return Err("fused results differ from one-by-one all-reduces".into());
+    }
+    let elems: usize = tensors.iter().map(Vec::len).sum();
+    Ok(format!(
+        "fusion ok: {} tensors, {elems} elements",
+        tensors.len()
+    ))
+}
+
 fn main() -> ExitCode {
     let args: Vec<String> = std::env::args().skip(1).collect();
     let Some(cmd) = args.first().cloned() else {
@@ -280,6 +312,7 @@ fn main() -> ExitCode {
             args.get(1).and_then(|v| v.parse().ok()).unwrap_or(1000),
         ),
         "refusals" => refusals(&comm),
+        "fusion" => fusion(&comm),
         other => Err(format!("unknown scenario {other}")),
     };
     match res {
