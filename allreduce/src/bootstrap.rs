@@ -24,6 +24,10 @@ pub struct Bootstrap {
     pub host_store: bool,
     /// Which launcher's variables were used: "gwrun", "slurm" or "torchrun".
     pub launcher: &'static str,
+    /// Names this communicator's store keys. When `None`, communicators are
+    /// numbered in creation order per process (every rank must create them in
+    /// the same order); a unique id (C ABI) names its communicator itself.
+    pub comm_key: Option<String>,
 }
 
 fn num(env: &dyn Fn(&str) -> Option<String>, var: &str) -> Result<Option<u32>> {
@@ -124,6 +128,7 @@ impl Bootstrap {
             job_id,
             host_store,
             launcher,
+            comm_key: None,
         })
     }
 }

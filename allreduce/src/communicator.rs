@@ -181,7 +181,11 @@ impl Communicator {
         let mut store = StoreClient::connect(&boot.store, &boot.token, deadline)?;
 
         let generation = GENERATION.fetch_add(1, Ordering::Relaxed);
-        let prefix = format!("gw/c{generation}");
+        let key = match &boot.comm_key {
+            Some(k) => k.clone(),
+            None => format!("c{generation}"),
+        };
+        let prefix = format!("gw/{key}");
         let claims = store.add(&format!("{prefix}/claim/{me}"), 1)?;
         if claims > 1 {
             return Err(Error::Config(format!(
@@ -274,7 +278,7 @@ impl Communicator {
                 me,
                 peers.clone(),
                 ShmConfig {
-                    job_id: format!("{}-c{generation}", boot.job_id),
+                    job_id: format!("{}-{key}", boot.job_id),
                     slot_bytes: cfg.shm_slot_bytes.value,
                     slots: cfg.shm_slots.value,
                 },
@@ -426,12 +430,27 @@ impl Communicator {
         let _ = self.waker.wake();
     }
 
-    /// The all-reduce algorithm used for `bytes` (forced by `GW_ALGO`, else by size).
+    /// The all-reduce algorithm used for `bytes` (forced by `GW_ALGO`, else by
+    /// size). On two ranks the ring is one exchange each way and the trees only
+    /// add hops (measured: 8 B over tcp, ring 72 µs, tree 421 µs), so the ring
+    /// is used at every size there.
     pub fn choose_algo(&self, bytes: usize) -> Algo {
         match self.cfg.algo.value {
             Some(a) => a,
-            None if bytes <= self.cfg.tree_threshold.value => Algo::Tree,
+            None if self.size > 2 && bytes <= self.cfg.tree_threshold.value => Algo::Tree,
             None => Algo::Ring,
+        }
+    }
+
+    /// A one-line description of the automatic all-reduce choice.
+    pub fn describe_auto_algo(&self) -> String {
+        if self.size <= 2 {
+            format!("auto (ring on {} rank(s))", self.size)
+        } else {
+            format!(
+                "auto (tree ≤ {} B, ring above)",
+                self.cfg.tree_threshold.value
+            )
         }
     }
 

@@ -74,12 +74,12 @@ pub fn algorithm_text(
     coll: Coll,
     forced: Option<Algo>,
     env_algo: Option<Algo>,
-    threshold: usize,
+    auto: &str,
 ) -> String {
     match (coll, forced, env_algo) {
         (Coll::AllReduce, Some(a), _) => a.name().to_string(),
         (Coll::AllReduce, None, Some(a)) => format!("auto: {} (GW_ALGO)", a.name()),
-        (Coll::AllReduce, None, None) => format!("auto (tree ≤ {threshold} B, ring above)"),
+        (Coll::AllReduce, None, None) => auto.to_string(),
         (Coll::ReduceScatter | Coll::AllGather, _, _) => "ring".into(),
         (Coll::Broadcast | Coll::Reduce, _, _) => {
             "pipelined chain, or binary tree for few segments".into()
@@ -228,7 +228,7 @@ impl<'a, T: Value> Bench<'a, T> {
                 self.o.coll,
                 self.o.algo,
                 cfg.algo.value,
-                cfg.tree_threshold.value,
+                &self.comm.describe_auto_algo(),
             )),
             datatype: Some(self.o.dtype.name()),
             redop: Some(self.o.redop.name()),
@@ -554,17 +554,22 @@ mod tests {
     #[test]
     fn algorithm_header() {
         assert_eq!(
-            algorithm_text(Coll::AllReduce, None, None, 65536),
+            algorithm_text(
+                Coll::AllReduce,
+                None,
+                None,
+                "auto (tree ≤ 65536 B, ring above)"
+            ),
             "auto (tree ≤ 65536 B, ring above)"
         );
         assert_eq!(
-            algorithm_text(Coll::AllReduce, Some(Algo::Rhd), None, 65536),
+            algorithm_text(Coll::AllReduce, Some(Algo::Rhd), None, "auto"),
             "rhd"
         );
         assert_eq!(
-            algorithm_text(Coll::AllReduce, None, Some(Algo::Ring), 65536),
+            algorithm_text(Coll::AllReduce, None, Some(Algo::Ring), "auto"),
             "auto: ring (GW_ALGO)"
         );
-        assert_eq!(algorithm_text(Coll::AllGather, None, None, 65536), "ring");
+        assert_eq!(algorithm_text(Coll::AllGather, None, None, "auto"), "ring");
     }
 }

@@ -1,1 +1,1339 @@
-//! The C ABI over gw-allreduce (issue 5).
+//! The C ABI over gw-allreduce (issue 5): `libgradwire.so` / `libgradwire.a`
+//! and `include/gradwire.h` (generated from this file by cbindgen in
+//! `build.rs`).
+//!
+//! Every entry point catches panics (returning `gwInternalError`), validates
+//! its pointers and enum values (taken as raw integers), and looks its
+//! communicator up in a registry of live handles, so that a destroyed or bogus
+//! handle is `gwInvalidUsage`, never a crash. Handles are opaque numbers that
+//! are never reused and never dereferenced.
+#![allow(
+    non_camel_case_types,
+    non_snake_case,
+    non_upper_case_globals,
+    clippy::missing_safety_doc
+)]
+
+use gw_allreduce::{Bootstrap, Communicator, Config, Handle, OpKind, RawOp, TransportChoice};
+use gw_transport::store::{StoreConfig, StoreServer};
+use gw_transport::{DType, Error, RedOp};
+use std::cell::RefCell;
+use std::collections::HashMap;
+use std::ffi::{CStr, CString, c_char, c_int};
+use std::panic::{AssertUnwindSafe, catch_unwind};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex, OnceLock};
+use std::time::Duration;
+
+/// Library version, `major * 10000 + minor * 100 + patch`.
+pub const GW_VERSION_CODE: c_int = 100;
+/// Value of `gwConfig_t.magic`.
+pub const GW_CONFIG_MAGIC: u32 = 0x6777_6366;
+/// Current layout version of `gwConfig_t`.
+pub const GW_CONFIG_VERSION: u32 = 1;
+/// Bytes of a `gwUniqueId`.
+pub const GW_UNIQUE_ID_BYTES: usize = 128;
+
+/// Result codes of every call.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum gwResult_t {
+    /// The call succeeded.
+    gwSuccess = 0,
+    /// An argument is unusable: null pointer, unknown enum value, count overflow, root out of range.
+    gwInvalidArgument = 1,
+    /// The call is not allowed now: destroyed or unknown communicator or request, wrong state.
+    gwInvalidUsage = 2,
+    /// A system call failed (the message names it).
+    gwSystemError = 3,
+    /// Another rank failed, died, or disagrees about the operation (the message names it).
+    gwRemoteError = 4,
+    /// A deadline passed (`GW_TIMEOUT`, `gwConfig_t.timeout_ms`, or `gwWait`'s timeout).
+    gwTimeout = 5,
+    /// The communicator was aborted (`gwCommAbort`, or a peer failure).
+    gwAborted = 6,
+    /// A bug in gradwire, or a configuration/protocol/store error.
+    gwInternalError = 7,
+}
+use gwResult_t::*;
+
+/// Element types. Parameters of this type are validated: another value is `gwInvalidArgument`.
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+pub enum gwDataType_t {
+    gwUint8 = 0,
+    gwInt32 = 1,
+    gwInt64 = 2,
+    gwFloat16 = 3,
+    gwBfloat16 = 4,
+    gwFloat32 = 5,
+    gwFloat64 = 6,
+}
+
+/// Reduction operators. `gwAvg` is for floating-point types only.
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+pub enum gwRedOp_t {
+    gwSum = 0,
+    gwProd = 1,
+    gwMin = 2,
+    gwMax = 3,
+    gwAvg = 4,
+}
+
+/// Transport choice of `gwConfig_t.transport`.
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+pub enum gwTransport_t {
+    /// Keep the default (`auto`, or `GW_TRANSPORT`).
+    gwTransportDefault = -1,
+    /// Shared memory to same-host peers, TCP to the rest.
+    gwTransportAuto = 0,
+    /// TCP to every peer.
+    gwTransportTcp = 1,
+    /// Shared memory to every peer (an error if a peer is on another host).
+    gwTransportShm = 2,
+}
+
+/// A `gwDataType_t` as passed by C: any int, validated before use.
+#[repr(transparent)]
+#[derive(Clone, Copy)]
+pub struct DataTypeArg(pub c_int);
+
+/// A `gwRedOp_t` as passed by C: any int, validated before use.
+#[repr(transparent)]
+#[derive(Clone, Copy)]
+pub struct RedOpArg(pub c_int);
+
+/// A `gwResult_t` as passed by C: any int.
+#[repr(transparent)]
+#[derive(Clone, Copy)]
+pub struct ResultArg(pub c_int);
+
+/// Opaque communicator (never dereferenced by the library).
+pub enum gwComm {}
+/// Opaque request (never dereferenced by the library).
+pub enum gwRequest {}
+/// A communicator handle.
+pub type gwComm_t = *mut gwComm;
+/// A request handle of an `...Async` call.
+pub type gwRequest_t = *mut gwRequest;
+
+/// Names a rendezvous for `gwCommInitRank`: made by one process with
+/// `gwGetUniqueId` and sent to every rank by the application.
+#[repr(C)]
+#[derive(Clone, Copy)]
+pub struct gwUniqueId {
+    pub internal: [c_char; 128],
+}
+
+/// Options of `gwCommInitRankConfig`. Initialise with `GW_CONFIG_INITIALIZER`
+/// and change only the fields you need: the library reads `size` bytes, so
+/// fields added later keep their defaults for old programs.
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+pub struct gwConfig_t {
+    /// `sizeof(gwConfig_t)`.
+    pub size: usize,
+    /// `GW_CONFIG_MAGIC`.
+    pub magic: u32,
+    /// `GW_CONFIG_VERSION`.
+    pub version: u32,
+    /// Deadline of init and of every operation in milliseconds; <= 0 keeps the default (60 s, or `GW_TIMEOUT`).
+    pub timeout_ms: c_int,
+    /// A `gwTransport_t` value; `gwTransportDefault` keeps the default.
+    pub transport: c_int,
+}
+
+// ---------------------------------------------------------------------------
+// Registries and errors.
+
+struct CommState {
+    comm: Communicator,
+    /// Every message reported for this communicator, kept until destroy so
+    /// that pointers returned by `gwGetLastError` stay valid.
+    errors: Mutex<Vec<CString>>,
+}
+
+struct Request {
+    handle: Handle,
+    comm: Arc<CommState>,
+}
+
+static NEXT_HANDLE: AtomicUsize = AtomicUsize::new(1);
+
+fn comms() -> &'static Mutex<HashMap<usize, Arc<CommState>>> {
+    static M: OnceLock<Mutex<HashMap<usize, Arc<CommState>>>> = OnceLock::new();
+    M.get_or_init(Default::default)
+}
+
+fn requests() -> &'static Mutex<HashMap<usize, Arc<Request>>> {
+    static M: OnceLock<Mutex<HashMap<usize, Arc<Request>>>> = OnceLock::new();
+    M.get_or_init(Default::default)
+}
+
+/// Stores started by `gwGetUniqueId`, alive until the process exits.
+fn stores() -> &'static Mutex<Vec<StoreServer>> {
+    static M: OnceLock<Mutex<Vec<StoreServer>>> = OnceLock::new();
+    M.get_or_init(Default::default)
+}
+
+fn new_handle() -> usize {
+    // Spaced like pointers; never reused, so a stale handle is always detected.
+    NEXT_HANDLE.fetch_add(1, Ordering::Relaxed) << 4
+}
+
+thread_local! {
+    static LAST: RefCell<Vec<CString>> = const { RefCell::new(Vec::new()) };
+}
+
+const NO_ERROR: &CStr = c"no error";
+
+fn cstring(s: &str) -> CString {
+    CString::new(s.replace('\0', " ")).unwrap_or_default()
+}
+
+struct Failure {
+    code: gwResult_t,
+    msg: String,
+}
+
+type CResult<T> = Result<T, Failure>;
+
+fn fail<T>(code: gwResult_t, msg: impl Into<String>) -> CResult<T> {
+    Err(Failure {
+        code,
+        msg: msg.into(),
+    })
+}
+
+fn code_of(e: &Error) -> gwResult_t {
+    match e {
+        Error::InvalidArgument(_) => gwInvalidArgument,
+        Error::InvalidUsage(_) => gwInvalidUsage,
+        Error::Sys { .. } => gwSystemError,
+        Error::Remote { .. } | Error::Mismatch { .. } => gwRemoteError,
+        Error::Timeout { .. } => gwTimeout,
+        Error::Aborted(_) => gwAborted,
+        _ => gwInternalError,
+    }
+}
+
+impl From<Error> for Failure {
+    fn from(e: Error) -> Failure {
+        Failure {
+            code: code_of(&e),
+            msg: e.to_string(),
+        }
+    }
+}
+
+fn record(comm: Option<&CommState>, msg: &str) {
+    let c = cstring(msg);
+    if let Some(st) = comm {
+        let mut v = st.errors.lock().unwrap_or_else(|p| p.into_inner());
+        if v.last().map(|l| l.as_c_str()) != Some(c.as_c_str()) {
+            v.push(c.clone());
+        }
+    }
+    LAST.with(|l| {
+        let mut l = l.borrow_mut();
+        if l.last().map(|x| x.as_c_str()) != Some(c.as_c_str()) {
+            if l.len() >= 64 {
+                l.remove(0);
+            }
+            l.push(c);
+        }
+    });
+}
+
+/// Runs an entry point's body: catches panics and records failures.
+fn guard(comm: gwComm_t, f: impl FnOnce() -> CResult<()>) -> gwResult_t {
+    let r = catch_unwind(AssertUnwindSafe(f)).unwrap_or_else(|p| {
+        let what = p
+            .downcast_ref::<&str>()
+            .map(|s| s.to_string())
+            .or_else(|| p.downcast_ref::<String>().cloned())
+            .unwrap_or_else(|| "unknown panic".into());
+        fail(gwInternalError, format!("internal error: panic: {what}"))
+    });
+    match r {
+        Ok(()) => gwSuccess,
+        Err(f) => {
+            let st = comms()
+                .lock()
+                .ok()
+                .and_then(|m| m.get(&(comm as usize)).cloned());
+            record(st.as_deref(), &f.msg);
+            f.code
+        }
+    }
+}
+
+fn lookup(comm: gwComm_t) -> CResult<Arc<CommState>> {
+    if comm.is_null() {
+        return fail(gwInvalidArgument, "invalid argument: comm is NULL");
+    }
+    let m = comms().lock().unwrap_or_else(|p| p.into_inner());
+    match m.get(&(comm as usize)) {
+        Some(c) => Ok(c.clone()),
+        None => fail(
+            gwInvalidUsage,
+            format!("invalid usage: communicator {comm:p} was destroyed or never created"),
+        ),
+    }
+}
+
+fn dtype(d: DataTypeArg) -> CResult<DType> {
+    match u8::try_from(d.0).ok().and_then(DType::from_code) {
+        Some(t) if t != DType::Bytes => Ok(t),
+        _ => fail(
+            gwInvalidArgument,
+            format!("invalid argument: datatype {} is not a gwDataType_t", d.0),
+        ),
+    }
+}
+
+fn redop(o: RedOpArg) -> CResult<RedOp> {
+    match u8::try_from(o.0).ok().and_then(RedOp::from_code) {
+        Some(r) if r != RedOp::None => Ok(r),
+        _ => fail(
+            gwInvalidArgument,
+            format!("invalid argument: op {} is not a gwRedOp_t", o.0),
+        ),
+    }
+}
+
+fn root_of(root: c_int, st: &CommState) -> CResult<u32> {
+    match u32::try_from(root) {
+        Ok(r) if r < st.comm.size() => Ok(r),
+        _ => fail(
+            gwInvalidArgument,
+            format!(
+                "invalid argument: root {root} is not a rank of this {}-rank communicator",
+                st.comm.size()
+            ),
+        ),
+    }
+}
+
+fn out<T>(p: *mut T, name: &str) -> CResult<()> {
+    if p.is_null() {
+        return fail(
+            gwInvalidArgument,
+            format!("invalid argument: {name} is NULL"),
+        );
+    }
+    Ok(())
+}
+
+/// Validates and submits one collective.
+///
+/// # Safety
+/// The caller's buffers must satisfy the layout of `kind` until completion.
+unsafe fn submit(st: &CommState, op: RawOp) -> CResult<Handle> {
+    if op.count > isize::MAX as usize {
+        return fail(
+            gwInvalidArgument,
+            format!("invalid argument: count {} overflows", op.count),
+        );
+    }
+    // SAFETY: forwarded from the caller.
+    Ok(unsafe { st.comm.submit_raw(op, None) }?)
+}
+
+fn raw(kind: OpKind, dt: DType, op: RedOp, count: usize, send: *const u8, recv: *mut u8) -> RawOp {
+    RawOp {
+        kind,
+        dtype: dt,
+        redop: op,
+        count,
+        root: 0,
+        send,
+        recv,
+        weight: None,
+    }
+}
+
+/// Runs `op` to completion (blocking form) or hands back a request (async form).
+fn run(
+    comm: gwComm_t,
+    request: Option<*mut gwRequest_t>,
+    mk: impl FnOnce(&CommState) -> CResult<RawOp>,
+) -> gwResult_t {
+    guard(comm, || {
+        let st = lookup(comm)?;
+        if let Some(r) = request {
+            out(r, "request")?;
+            // SAFETY: checked non-null.
+            unsafe { *r = std::ptr::null_mut() };
+        }
+        let op = mk(&st)?;
+        // SAFETY: the C caller promises the buffers per the header's contract.
+        let h = unsafe { submit(&st, op)? };
+        match request {
+            None => {
+                // No registry lock is held while blocking: gwCommAbort can run.
+                h.wait()?;
+            }
+            Some(r) => {
+                let id = new_handle();
+                requests().lock().unwrap_or_else(|p| p.into_inner()).insert(
+                    id,
+                    Arc::new(Request {
+                        handle: h,
+                        comm: st.clone(),
+                    }),
+                );
+                // SAFETY: checked non-null above.
+                unsafe { *r = id as gwRequest_t };
+            }
+        }
+        Ok(())
+    })
+}
+
+// ---------------------------------------------------------------------------
+// Unique ids.
+
+fn random_hex(bytes: usize) -> String {
+    use std::io::Read;
+    let mut b = vec![0u8; bytes];
+    let ok = std::fs::File::open("/dev/urandom")
+        .and_then(|mut f| f.read_exact(&mut b))
+        .is_ok();
+    if !ok {
+        let t = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map(|d| d.as_nanos())
+            .unwrap_or(0);
+        let seed = t ^ ((std::process::id() as u128) << 64);
+        for (i, x) in b.iter_mut().enumerate() {
+            *x = (seed >> ((i % 16) * 8)) as u8 ^ (i as u8).wrapping_mul(151);
+        }
+    }
+    b.iter().map(|x| format!("{x:02x}")).collect()
+}
+
+/// The address other hosts use to reach this one: `GW_UNIQUEID_HOST` if set,
+/// else the source address of the default route, else 127.0.0.1.
+fn advertised_host() -> String {
+    if let Ok(h) = std::env::var("GW_UNIQUEID_HOST")
+        && !h.trim().is_empty()
+    {
+        return h.trim().to_string();
+    }
+    std::net::UdpSocket::bind("0.0.0.0:0")
+        .and_then(|s| {
+            s.connect("192.0.2.1:9")?;
+            s.local_addr()
+        })
+        .ok()
+        .map(|a| a.ip())
+        .filter(|ip| !ip.is_unspecified())
+        .map(|ip| ip.to_string())
+        .unwrap_or_else(|| "127.0.0.1".into())
+}
+
+struct Decoded {
+    store: String,
+    token: String,
+    job_id: String,
+}
+
+fn decode_id(id: &gwUniqueId) -> CResult<Decoded> {
+    let bytes: Vec<u8> = id.internal.iter().map(|c| *c as u8).collect();
+    let end = bytes.iter().position(|b| *b == 0).unwrap_or(bytes.len());
+    let text = std::str::from_utf8(&bytes[..end]).unwrap_or("");
+    let mut parts = text.split('|');
+    match (parts.next(), parts.next(), parts.next(), parts.next()) {
+        (Some(s), Some(t), Some(j), None) if !s.is_empty() && !t.is_empty() && !j.is_empty() => {
+            Ok(Decoded {
+                store: s.into(),
+                token: t.into(),
+                job_id: j.into(),
+            })
+        }
+        _ => fail(
+            gwInvalidArgument,
+            "invalid argument: uniqueId was not made by gwGetUniqueId",
+        ),
+    }
+}
+
+fn init_rank(
+    comm: *mut gwComm_t,
+    nranks: c_int,
+    id: &gwUniqueId,
+    rank: c_int,
+    cfg: Config,
+) -> CResult<()> {
+    out(comm, "comm")?;
+    // SAFETY: checked non-null.
+    unsafe { *comm = std::ptr::null_mut() };
+    let world = u32::try_from(nranks)
+        .ok()
+        .filter(|n| *n > 0)
+        .ok_or_else(|| Failure {
+            code: gwInvalidArgument,
+            msg: format!("invalid argument: nranks {nranks} must be positive"),
+        })?;
+    let me = u32::try_from(rank)
+        .ok()
+        .filter(|r| *r < world)
+        .ok_or_else(|| Failure {
+            code: gwInvalidArgument,
+            msg: format!("invalid argument: rank {rank} is not in 0..{nranks}"),
+        })?;
+    let d = decode_id(id)?;
+    let job_key = d.job_id.clone();
+    let boot = Bootstrap {
+        rank: me,
+        world,
+        local_rank: me,
+        local_size: world,
+        store: d.store,
+        token: d.token,
+        job_id: d.job_id,
+        host_store: false,
+        launcher: "capi",
+        comm_key: Some(format!("u{}", job_key)),
+    };
+    publish(Communicator::init(boot, cfg)?, comm)
+}
+
+fn publish(c: Communicator, comm: *mut gwComm_t) -> CResult<()> {
+    let id = new_handle();
+    comms().lock().unwrap_or_else(|p| p.into_inner()).insert(
+        id,
+        Arc::new(CommState {
+            comm: c,
+            errors: Mutex::new(Vec::new()),
+        }),
+    );
+    // SAFETY: the callers checked `comm` is non-null.
+    unsafe { *comm = id as gwComm_t };
+    Ok(())
+}
+
+fn config_from(c: *const gwConfig_t) -> CResult<Config> {
+    let mut cfg = Config::default();
+    if c.is_null() {
+        return Ok(cfg);
+    }
+    // Read only the header first: older callers may pass a shorter struct.
+    // SAFETY: non-null; the header fields exist in every version.
+    let (size, magic) = unsafe { ((*c).size, (*c).magic) };
+    if magic != GW_CONFIG_MAGIC {
+        return fail(
+            gwInvalidArgument,
+            "invalid argument: config was not initialised with GW_CONFIG_INITIALIZER (bad magic)",
+        );
+    }
+    let full = std::mem::size_of::<gwConfig_t>();
+    let header = std::mem::offset_of!(gwConfig_t, timeout_ms);
+    if size < header {
+        return fail(
+            gwInvalidArgument,
+            format!("invalid argument: config size {size} is too small"),
+        );
+    }
+    let mut v = gwConfig_t {
+        size,
+        magic,
+        version: GW_CONFIG_VERSION,
+        timeout_ms: -1,
+        transport: gwTransport_t::gwTransportDefault as c_int,
+    };
+    // SAFETY: copies at most `size` bytes of the caller's struct.
+    unsafe {
+        std::ptr::copy_nonoverlapping(
+            c as *const u8,
+            &mut v as *mut gwConfig_t as *mut u8,
+            size.min(full),
+        )
+    };
+    if v.timeout_ms > 0 {
+        cfg.timeout.set(Duration::from_millis(v.timeout_ms as u64));
+    }
+    match v.transport {
+        -1 => {}
+        0 => cfg.transport.set(TransportChoice::Auto),
+        1 => cfg.transport.set(TransportChoice::Tcp),
+        2 => cfg.transport.set(TransportChoice::Shm),
+        t => {
+            return fail(
+                gwInvalidArgument,
+                format!("invalid argument: transport {t} is not a gwTransport_t"),
+            );
+        }
+    }
+    Ok(cfg)
+}
+
+// ---------------------------------------------------------------------------
+// Entry points.
+
+/// Stores `GW_VERSION_CODE` of the loaded library in `*version`. Thread-safe.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn gwGetVersion(version: *mut c_int) -> gwResult_t {
+    guard(std::ptr::null_mut(), || {
+        out(version, "version")?;
+        // SAFETY: checked non-null.
+        unsafe { *version = GW_VERSION_CODE };
+        Ok(())
+    })
+}
+
+/// Starts a rendezvous store in this process (alive until the process exits)
+/// and describes it in `*uniqueId`: its address, a random job token and a job
+/// id. Call it in one process and send the id to every rank (including this
+/// one) for `gwCommInitRank`. The advertised address is `GW_UNIQUEID_HOST` if
+/// set, else this host's default-route address, else 127.0.0.1. Thread-safe.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn gwGetUniqueId(uniqueId: *mut gwUniqueId) -> gwResult_t {
+    guard(std::ptr::null_mut(), || {
+        out(uniqueId, "uniqueId")?;
+        let token = random_hex(16);
+        let server = StoreServer::start(
+            std::net::SocketAddr::from(([0, 0, 0, 0], 0)),
+            &token,
+            StoreConfig::default(),
+        )?;
+        let port = server.local_addr().port();
+        let text = format!(
+            "{}:{port}|{token}|capi-{}",
+            advertised_host(),
+            random_hex(8)
+        );
+        if text.len() >= GW_UNIQUE_ID_BYTES {
+            return fail(gwInternalError, "internal error: unique id text too long");
+        }
+        let mut id = gwUniqueId {
+            internal: [0; GW_UNIQUE_ID_BYTES],
+        };
+        for (d, s) in id.internal.iter_mut().zip(text.bytes()) {
+            *d = s as c_char;
+        }
+        stores()
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .push(server);
+        // SAFETY: checked non-null.
+        unsafe { *uniqueId = id };
+        Ok(())
+    })
+}
+
+/// Creates rank `rank` of an `nranks`-rank communicator that meets at
+/// `uniqueId`; blocks until all ranks arrive or the timeout (`GW_TIMEOUT`,
+/// default 60 s) passes. `*comm` is NULL on failure (`gwGetLastError(NULL)`
+/// tells why). Thread-safe; several ranks may live in one process (one
+/// thread each). A unique id names one communicator: get a new one for each.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn gwCommInitRank(
+    comm: *mut gwComm_t,
+    nranks: c_int,
+    uniqueId: gwUniqueId,
+    rank: c_int,
+) -> gwResult_t {
+    guard(std::ptr::null_mut(), || {
+        init_rank(comm, nranks, &uniqueId, rank, Config::default())
+    })
+}
+
+/// As `gwCommInitRank`, with options (`config` may be NULL for defaults).
+/// `GW_*` environment variables override `config`. Thread-safe.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn gwCommInitRankConfig(
+    comm: *mut gwComm_t,
+    nranks: c_int,
+    uniqueId: gwUniqueId,
+    rank: c_int,
+    config: *const gwConfig_t,
+) -> gwResult_t {
+    guard(std::ptr::null_mut(), || {
+        let cfg = config_from(config)?;
+        init_rank(comm, nranks, &uniqueId, rank, cfg)
+    })
+}
+
+/// Creates a communicator from the variables `gwrun` sets (`GW_RANK`,
+/// `GW_WORLD_SIZE`, `GW_STORE`, `GW_TOKEN`, ...; Slurm and torchrun variables
+/// work too). `*comm` is NULL on failure. Thread-safe.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn gwCommInitFromEnv(comm: *mut gwComm_t) -> gwResult_t {
+    guard(std::ptr::null_mut(), || {
+        out(comm, "comm")?;
+        // SAFETY: checked non-null.
+        unsafe { *comm = std::ptr::null_mut() };
+        publish(Communicator::from_env()?, comm)
+    })
+}
+
+/// This process's rank in `comm`. Thread-safe.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn gwCommRank(comm: gwComm_t, rank: *mut c_int) -> gwResult_t {
+    guard(comm, || {
+        let st = lookup(comm)?;
+        out(rank, "rank")?;
+        // SAFETY: checked non-null.
+        unsafe { *rank = st.comm.rank() as c_int };
+        Ok(())
+    })
+}
+
+/// The number of ranks of `comm`. Thread-safe.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn gwCommCount(comm: gwComm_t, count: *mut c_int) -> gwResult_t {
+    guard(comm, || {
+        let st = lookup(comm)?;
+        out(count, "count")?;
+        // SAFETY: checked non-null.
+        unsafe { *count = st.comm.size() as c_int };
+        Ok(())
+    })
+}
+
+/// Frees `comm`; the handle is invalid afterwards (later calls with it return
+/// `gwInvalidUsage`). Wait for every request of `comm` first: resources are
+/// released when the last call or request using it finishes. Thread-safe, but
+/// must be the last call on `comm`.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn gwCommDestroy(comm: gwComm_t) -> gwResult_t {
+    guard(comm, || {
+        lookup(comm)?;
+        let st = comms()
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .remove(&(comm as usize));
+        drop(st);
+        Ok(())
+    })
+}
+
+/// Fails every operation in flight on `comm` and every later one with
+/// `gwAborted`, on this rank. Safe to call from any thread, including while
+/// another thread blocks in a call on `comm` (that call then returns). Call
+/// `gwCommDestroy` afterwards.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn gwCommAbort(comm: gwComm_t) -> gwResult_t {
+    guard(comm, || {
+        lookup(comm)?.comm.abort();
+        Ok(())
+    })
+}
+
+/// `recvbuff[i] = op over ranks of sendbuff[i]` for `count` elements;
+/// in place when `sendbuff == recvbuff`. Blocks until done. Calls on one
+/// communicator must be issued in the same order on every rank; several
+/// threads may issue calls on one communicator only if they agree on that
+/// order.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn gwAllReduce(
+    sendbuff: *const std::ffi::c_void,
+    recvbuff: *mut std::ffi::c_void,
+    count: usize,
+    datatype: DataTypeArg,
+    op: RedOpArg,
+    comm: gwComm_t,
+) -> gwResult_t {
+    run(comm, None, |_| {
+        Ok(raw(
+            OpKind::AllReduce,
+            dtype(datatype)?,
+            redop(op)?,
+            count,
+            sendbuff.cast(),
+            recvbuff.cast(),
+        ))
+    })
+}
+
+/// `recvbuff[i] = sum over ranks r of weight_r * sendbuff_r[i]`, where
+/// `weight` is this rank's factor (e.g. local batch / global batch). Floating
+/// types only. In place when `sendbuff == recvbuff`. Blocks; ordering as
+/// `gwAllReduce`.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn gwAllReduceWeighted(
+    sendbuff: *const std::ffi::c_void,
+    recvbuff: *mut std::ffi::c_void,
+    count: usize,
+    datatype: DataTypeArg,
+    weight: f64,
+    comm: gwComm_t,
+) -> gwResult_t {
+    run(comm, None, |_| {
+        weighted(sendbuff, recvbuff, count, datatype, weight)
+    })
+}
+
+fn weighted(
+    sendbuff: *const std::ffi::c_void,
+    recvbuff: *mut std::ffi::c_void,
+    count: usize,
+    datatype: DataTypeArg,
+    weight: f64,
+) -> CResult<RawOp> {
+    Ok(RawOp {
+        weight: Some(weight),
+        ..raw(
+            OpKind::AllReduce,
+            dtype(datatype)?,
+            RedOp::Sum,
+            count,
+            sendbuff.cast(),
+            recvbuff.cast(),
+        )
+    })
+}
+
+/// Rank r receives block r (of `recvcount` elements) of the reduction of
+/// every rank's `sendbuff` (`nranks * recvcount` elements). In place when
+/// `recvbuff == sendbuff + rank * recvcount` (elements). Blocks; ordering as
+/// `gwAllReduce`.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn gwReduceScatter(
+    sendbuff: *const std::ffi::c_void,
+    recvbuff: *mut std::ffi::c_void,
+    recvcount: usize,
+    datatype: DataTypeArg,
+    op: RedOpArg,
+    comm: gwComm_t,
+) -> gwResult_t {
+    run(comm, None, |_| {
+        Ok(raw(
+            OpKind::ReduceScatter,
+            dtype(datatype)?,
+            redop(op)?,
+            recvcount,
+            sendbuff.cast(),
+            recvbuff.cast(),
+        ))
+    })
+}
+
+/// `recvbuff` (`nranks * sendcount` elements) receives every rank's
+/// `sendbuff` in rank order. In place when
+/// `sendbuff == recvbuff + rank * sendcount` (elements). Blocks; ordering as
+/// `gwAllReduce`.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn gwAllGather(
+    sendbuff: *const std::ffi::c_void,
+    recvbuff: *mut std::ffi::c_void,
+    sendcount: usize,
+    datatype: DataTypeArg,
+    comm: gwComm_t,
+) -> gwResult_t {
+    run(comm, None, |_| {
+        Ok(raw(
+            OpKind::AllGather,
+            dtype(datatype)?,
+            RedOp::None,
+            sendcount,
+            sendbuff.cast(),
+            recvbuff.cast(),
+        ))
+    })
+}
+
+/// Copies `root`'s `sendbuff` into every rank's `recvbuff` (`sendbuff` is
+/// read on the root only). In place when `sendbuff == recvbuff`. Blocks;
+/// ordering as `gwAllReduce`.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn gwBroadcast(
+    sendbuff: *const std::ffi::c_void,
+    recvbuff: *mut std::ffi::c_void,
+    count: usize,
+    datatype: DataTypeArg,
+    root: c_int,
+    comm: gwComm_t,
+) -> gwResult_t {
+    run(comm, None, |st| {
+        Ok(RawOp {
+            root: root_of(root, st)?,
+            ..raw(
+                OpKind::Broadcast,
+                dtype(datatype)?,
+                RedOp::None,
+                count,
+                sendbuff.cast(),
+                recvbuff.cast(),
+            )
+        })
+    })
+}
+
+/// Reduces every rank's `sendbuff` into `root`'s `recvbuff` (other ranks'
+/// `recvbuff` is unspecified afterwards). In place when `sendbuff == recvbuff`.
+/// Blocks; ordering as `gwAllReduce`.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn gwReduce(
+    sendbuff: *const std::ffi::c_void,
+    recvbuff: *mut std::ffi::c_void,
+    count: usize,
+    datatype: DataTypeArg,
+    op: RedOpArg,
+    root: c_int,
+    comm: gwComm_t,
+) -> gwResult_t {
+    run(comm, None, |st| {
+        Ok(RawOp {
+            root: root_of(root, st)?,
+            ..raw(
+                OpKind::Reduce,
+                dtype(datatype)?,
+                redop(op)?,
+                count,
+                sendbuff.cast(),
+                recvbuff.cast(),
+            )
+        })
+    })
+}
+
+/// Returns once every rank has called it. Blocks; ordering as `gwAllReduce`.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn gwBarrier(comm: gwComm_t) -> gwResult_t {
+    run(comm, None, |_| {
+        Ok(raw(
+            OpKind::Barrier,
+            DType::U8,
+            RedOp::None,
+            0,
+            std::ptr::null(),
+            std::ptr::null_mut(),
+        ))
+    })
+}
+
+/// Starts `gwAllReduce` and returns at once with `*request`; the buffers must
+/// stay valid and untouched until `gwWait` returns. Ordering as `gwAllReduce`.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn gwAllReduceAsync(
+    sendbuff: *const std::ffi::c_void,
+    recvbuff: *mut std::ffi::c_void,
+    count: usize,
+    datatype: DataTypeArg,
+    op: RedOpArg,
+    comm: gwComm_t,
+    request: *mut gwRequest_t,
+) -> gwResult_t {
+    run(comm, Some(request), |_| {
+        Ok(raw(
+            OpKind::AllReduce,
+            dtype(datatype)?,
+            redop(op)?,
+            count,
+            sendbuff.cast(),
+            recvbuff.cast(),
+        ))
+    })
+}
+
+/// Non-blocking `gwAllReduceWeighted` (see `gwAllReduceAsync`).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn gwAllReduceWeightedAsync(
+    sendbuff: *const std::ffi::c_void,
+    recvbuff: *mut std::ffi::c_void,
+    count: usize,
+    datatype: DataTypeArg,
+    weight: f64,
+    comm: gwComm_t,
+    request: *mut gwRequest_t,
+) -> gwResult_t {
+    run(comm, Some(request), |_| {
+        weighted(sendbuff, recvbuff, count, datatype, weight)
+    })
+}
+
+/// Non-blocking `gwReduceScatter` (see `gwAllReduceAsync`).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn gwReduceScatterAsync(
+    sendbuff: *const std::ffi::c_void,
+    recvbuff: *mut std::ffi::c_void,
+    recvcount: usize,
+    datatype: DataTypeArg,
+    op: RedOpArg,
+    comm: gwComm_t,
+    request: *mut gwRequest_t,
+) -> gwResult_t {
+    run(comm, Some(request), |_| {
+        Ok(raw(
+            OpKind::ReduceScatter,
+            dtype(datatype)?,
+            redop(op)?,
+            recvcount,
+            sendbuff.cast(),
+            recvbuff.cast(),
+        ))
+    })
+}
+
+/// Non-blocking `gwAllGather` (see `gwAllReduceAsync`).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn gwAllGatherAsync(
+    sendbuff: *const std::ffi::c_void,
+    recvbuff: *mut std::ffi::c_void,
+    sendcount: usize,
+    datatype: DataTypeArg,
+    comm: gwComm_t,
+    request: *mut gwRequest_t,
+) -> gwResult_t {
+    run(comm, Some(request), |_| {
+        Ok(raw(
+            OpKind::AllGather,
+            dtype(datatype)?,
+            RedOp::None,
+            sendcount,
+            sendbuff.cast(),
+            recvbuff.cast(),
+        ))
+    })
+}
+
+/// Non-blocking `gwBroadcast` (see `gwAllReduceAsync`).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn gwBroadcastAsync(
+    sendbuff: *const std::ffi::c_void,
+    recvbuff: *mut std::ffi::c_void,
+    count: usize,
+    datatype: DataTypeArg,
+    root: c_int,
+    comm: gwComm_t,
+    request: *mut gwRequest_t,
+) -> gwResult_t {
+    run(comm, Some(request), |st| {
+        Ok(RawOp {
+            root: root_of(root, st)?,
+            ..raw(
+                OpKind::Broadcast,
+                dtype(datatype)?,
+                RedOp::None,
+                count,
+                sendbuff.cast(),
+                recvbuff.cast(),
+            )
+        })
+    })
+}
+
+/// Non-blocking `gwBarrier` (see `gwAllReduceAsync`).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn gwBarrierAsync(comm: gwComm_t, request: *mut gwRequest_t) -> gwResult_t {
+    run(comm, Some(request), |_| {
+        Ok(raw(
+            OpKind::Barrier,
+            DType::U8,
+            RedOp::None,
+            0,
+            std::ptr::null(),
+            std::ptr::null_mut(),
+        ))
+    })
+}
+
+fn lookup_request(request: gwRequest_t) -> CResult<Arc<Request>> {
+    if request.is_null() {
+        return fail(gwInvalidArgument, "invalid argument: request is NULL");
+    }
+    let m = requests().lock().unwrap_or_else(|p| p.into_inner());
+    match m.get(&(request as usize)) {
+        Some(r) => Ok(r.clone()),
+        None => fail(
+            gwInvalidUsage,
+            format!(
+                "invalid usage: request {request:p} was already freed by gwWait or never created"
+            ),
+        ),
+    }
+}
+
+/// Records a finished request's failure on its communicator.
+fn finish(r: &Request, res: gw_transport::Result<()>) -> CResult<()> {
+    res.map_err(|e| {
+        let f = Failure::from(e);
+        record(Some(&r.comm), &f.msg);
+        f
+    })
+}
+
+fn free_request(request: gwRequest_t) {
+    requests()
+        .lock()
+        .unwrap_or_else(|p| p.into_inner())
+        .remove(&(request as usize));
+}
+
+/// Sets `*done` to 1 if the request's operation finished, else 0, without
+/// blocking. When it finished with an error, that error is returned (and
+/// `*done` is 1). Does not free the request: call `gwWait` for that (it then
+/// returns at once). Thread-safe.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn gwTest(request: gwRequest_t, done: *mut c_int) -> gwResult_t {
+    guard(std::ptr::null_mut(), || {
+        let r = lookup_request(request)?;
+        out(done, "done")?;
+        let res = r.handle.test();
+        // SAFETY: checked non-null.
+        unsafe { *done = res.is_some() as c_int };
+        match res {
+            None => Ok(()),
+            Some(res) => finish(&r, res),
+        }
+    })
+}
+
+/// Waits for the request's operation at most `timeout_ms` milliseconds
+/// (a negative value waits without limit; the operation's own deadline,
+/// `GW_TIMEOUT`, still applies). Returns `gwTimeout` if it is still running
+/// (the request stays valid), else the operation's result; in that case the
+/// request is freed (on success and on failure) and must not be used again.
+/// Thread-safe, but only one thread may wait on a request.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn gwWait(request: gwRequest_t, timeout_ms: c_int) -> gwResult_t {
+    guard(std::ptr::null_mut(), || {
+        let r = lookup_request(request)?;
+        let res = if timeout_ms < 0 {
+            Some(r.handle.wait())
+        } else {
+            r.handle
+                .wait_timeout(Duration::from_millis(timeout_ms as u64))
+        };
+        match res {
+            None => {
+                let msg = format!("timeout: request still running after gwWait's {timeout_ms} ms");
+                record(Some(&r.comm), &msg);
+                fail(gwTimeout, msg)
+            }
+            Some(res) => {
+                free_request(request);
+                finish(&r, res)
+            }
+        }
+    })
+}
+
+/// A static description of a result code (never NULL). Thread-safe.
+#[unsafe(no_mangle)]
+pub extern "C" fn gwGetErrorString(result: ResultArg) -> *const c_char {
+    let s: &'static CStr = match result.0 {
+        0 => c"success",
+        1 => c"invalid argument",
+        2 => c"invalid usage",
+        3 => c"system error",
+        4 => c"remote error (another rank failed or disagrees)",
+        5 => c"timeout",
+        6 => c"aborted",
+        7 => c"internal error",
+        _ => c"unknown gwResult_t value",
+    };
+    s.as_ptr()
+}
+
+/// The message of the last failure on `comm` (naming the cause: peer rank,
+/// operation, address), or "no error". With `comm` NULL (or a destroyed one):
+/// the last failure of any call on the calling thread, e.g. of an init. The
+/// string stays valid until `comm` is destroyed (for NULL: until 64 newer
+/// distinct failures on this thread, and while the thread lives). Thread-safe.
+#[unsafe(no_mangle)]
+pub extern "C" fn gwGetLastError(comm: gwComm_t) -> *const c_char {
+    let r = catch_unwind(AssertUnwindSafe(|| {
+        let st = if comm.is_null() {
+            None
+        } else {
+            comms()
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .get(&(comm as usize))
+                .cloned()
+        };
+        if let Some(st) = st {
+            let v = st.errors.lock().unwrap_or_else(|p| p.into_inner());
+            // The CString's heap buffer does not move while it stays in `v`,
+            // and `v` only grows until the communicator is destroyed.
+            return v.last().map(|c| c.as_ptr()).unwrap_or(NO_ERROR.as_ptr());
+        }
+        LAST.with(|l| {
+            l.borrow()
+                .last()
+                .map(|c| c.as_ptr())
+                .unwrap_or(NO_ERROR.as_ptr())
+        })
+    }));
+    r.unwrap_or(c"internal error: panic in gwGetLastError".as_ptr())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn last(comm: gwComm_t) -> String {
+        // SAFETY: gwGetLastError returns a valid NUL-terminated string.
+        unsafe { CStr::from_ptr(gwGetLastError(comm)) }
+            .to_string_lossy()
+            .into_owned()
+    }
+
+    #[test]
+    fn panics_become_internal_errors_with_a_message() {
+        let r = guard(std::ptr::null_mut(), || panic!("boom in a test"));
+        assert_eq!(r, gwInternalError);
+        assert!(last(std::ptr::null_mut()).contains("boom in a test"));
+    }
+
+    #[test]
+    fn error_codes_follow_the_issue() {
+        assert_eq!(
+            code_of(&Error::InvalidArgument("x".into())),
+            gwInvalidArgument
+        );
+        assert_eq!(code_of(&Error::InvalidUsage("x".into())), gwInvalidUsage);
+        assert_eq!(code_of(&Error::last_os("read", "test")), gwSystemError);
+        let remote = Error::Remote {
+            rank: 3,
+            addr: "a:1".into(),
+            what: "died".into(),
+        };
+        assert_eq!(code_of(&remote), gwRemoteError);
+        let mismatch = Error::Mismatch {
+            me: 0,
+            peer: 1,
+            local: "a".into(),
+            remote: "b".into(),
+        };
+        assert_eq!(code_of(&mismatch), gwRemoteError);
+        let t = Error::Timeout {
+            secs: 1.0,
+            what: "x".into(),
+        };
+        assert_eq!(code_of(&t), gwTimeout);
+        assert_eq!(code_of(&Error::Aborted("x".into())), gwAborted);
+        assert_eq!(code_of(&Error::Config("x".into())), gwInternalError);
+        assert_eq!(code_of(&Error::Internal("x".into())), gwInternalError);
+    }
+
+    #[test]
+    fn enums_are_validated_as_integers() {
+        assert!(dtype(DataTypeArg(5)).is_ok());
+        assert!(dtype(DataTypeArg(7)).is_err());
+        assert!(dtype(DataTypeArg(255)).is_err());
+        assert!(dtype(DataTypeArg(-1)).is_err());
+        assert!(redop(RedOpArg(4)).is_ok());
+        assert!(redop(RedOpArg(5)).is_err());
+        assert!(redop(RedOpArg(255)).is_err());
+    }
+
+    #[test]
+    fn unique_ids_round_trip_and_garbage_is_rejected() {
+        let mut id = gwUniqueId { internal: [0; 128] };
+        // SAFETY: a valid out-pointer.
+        assert_eq!(unsafe { gwGetUniqueId(&mut id) }, gwSuccess);
+        let d = decode_id(&id).ok().expect("decodes");
+        assert!(d.store.contains(':') && d.token.len() == 32 && d.job_id.starts_with("capi-"));
+        let junk = gwUniqueId {
+            internal: [b'x' as c_char; 128],
+        };
+        assert!(decode_id(&junk).is_err());
+        let mut comm: gwComm_t = std::ptr::null_mut();
+        // SAFETY: a valid out-pointer.
+        let r = unsafe { gwCommInitRank(&mut comm, 2, junk, 0) };
+        assert_eq!(r, gwInvalidArgument);
+        assert!(comm.is_null());
+        // SAFETY: as above.
+        assert_eq!(
+            unsafe { gwCommInitRank(&mut comm, 0, id, 0) },
+            gwInvalidArgument
+        );
+    }
+
+    #[test]
+    fn config_needs_the_magic_and_valid_transport() {
+        let mut c = gwConfig_t {
+            size: std::mem::size_of::<gwConfig_t>(),
+            magic: GW_CONFIG_MAGIC,
+            version: GW_CONFIG_VERSION,
+            timeout_ms: 1500,
+            transport: 1,
+        };
+        let cfg = config_from(&c).ok().expect("valid config");
+        assert_eq!(cfg.timeout.value, Duration::from_millis(1500));
+        assert_eq!(cfg.transport.value, TransportChoice::Tcp);
+        c.transport = 9;
+        assert!(config_from(&c).is_err());
+        c.transport = -1;
+        c.magic = 1;
+        assert!(config_from(&c).is_err());
+        // An older, shorter struct keeps the defaults of the missing fields.
+        c.magic = GW_CONFIG_MAGIC;
+        c.size = std::mem::offset_of!(gwConfig_t, timeout_ms);
+        let cfg = config_from(&c).ok().expect("short config");
+        assert_eq!(cfg.timeout.value, Config::default().timeout.value);
+    }
+
+    #[test]
+    fn single_rank_communicator_through_a_unique_id() {
+        let mut id = gwUniqueId { internal: [0; 128] };
+        let mut comm: gwComm_t = std::ptr::null_mut();
+        // SAFETY: valid pointers and buffers throughout.
+        unsafe {
+            assert_eq!(gwGetUniqueId(&mut id), gwSuccess);
+            assert_eq!(
+                gwCommInitRank(&mut comm, 1, id, 0),
+                gwSuccess,
+                "{}",
+                last(std::ptr::null_mut())
+            );
+            let mut buf = [1.0f32, 2.0, 3.0];
+            let p = buf.as_mut_ptr().cast();
+            assert_eq!(
+                gwAllReduce(p, p, 3, DataTypeArg(5), RedOpArg(0), comm),
+                gwSuccess
+            );
+            assert_eq!(buf, [1.0, 2.0, 3.0]);
+            let mut req: gwRequest_t = std::ptr::null_mut();
+            assert_eq!(gwBarrierAsync(comm, &mut req), gwSuccess);
+            assert_eq!(gwWait(req, 5000), gwSuccess);
+            assert_eq!(gwWait(req, 0), gwInvalidUsage);
+            assert_eq!(gwCommDestroy(comm), gwSuccess);
+            assert_eq!(gwBarrier(comm), gwInvalidUsage);
+            assert!(last(comm).contains("destroyed"));
+        }
+    }
+
+    #[test]
+    fn two_ranks_in_one_process_meet_through_a_unique_id() {
+        let mut id = gwUniqueId { internal: [0; 128] };
+        // SAFETY: a valid out-pointer.
+        assert_eq!(unsafe { gwGetUniqueId(&mut id) }, gwSuccess);
+        let ranks: Vec<_> = (0..2)
+            .map(|r| {
+                std::thread::spawn(move || {
+                    let mut comm: gwComm_t = std::ptr::null_mut();
+                    let mut buf = [r as f64 + 1.0; 5];
+                    let p = buf.as_mut_ptr().cast();
+                    // SAFETY: valid pointers and buffers throughout.
+                    unsafe {
+                        assert_eq!(
+                            gwCommInitRank(&mut comm, 2, id, r),
+                            gwSuccess,
+                            "{}",
+                            last(std::ptr::null_mut())
+                        );
+                        assert_eq!(
+                            gwAllReduce(p, p, 5, DataTypeArg(6), RedOpArg(0), comm),
+                            gwSuccess,
+                            "{}",
+                            last(comm)
+                        );
+                        assert_eq!(gwCommDestroy(comm), gwSuccess);
+                    }
+                    buf
+                })
+            })
+            .collect();
+        for t in ranks {
+            assert_eq!(t.join().expect("rank thread"), [3.0; 5]);
+        }
+    }
+}

@@ -1,0 +1,390 @@
+"""gradwire for Python: collectives on numpy arrays over gradwire's C ABI.
+
+    import gradwire, numpy as np
+    comm = gradwire.init()                      # under `gwrun -n N python prog.py`
+    g = comm.allreduce(np.ones(10, np.float32), op="sum")
+    g = comm.allreduce(grad, weight=local_batch / global_batch)   # Σ_r w_r·grad_r
+    req = comm.allreduce_async(grad); ...; g = req.wait()
+    comm.destroy()                              # or: with gradwire.init() as comm: ...
+
+Enums and result codes are read from gradwire.h at import; errors raise
+GradwireError subclasses carrying the code name and gwGetLastError's message.
+"""
+
+import builtins
+import ctypes
+import enum
+import threading
+
+import numpy as np
+
+from . import _header, _lib
+
+__all__ = [
+    "init", "init_rank", "get_unique_id", "version", "Comm", "Request", "GradwireError",
+    "Result", "DataType", "RedOp", "error_class", "HEADER_PATH", "LIBRARY_PATH",
+]
+
+HEADER_PATH = _lib.find_header()
+ENUMS, DEFINES = _header.load(HEADER_PATH)
+_C, LIBRARY_PATH = _lib.load_library()
+_lib.declare(_C)
+
+
+def _short(name):
+    return name[2:] if name.startswith("gw") else name
+
+
+Result = enum.IntEnum("Result", {_short(k): v for k, v in ENUMS["gwResult_t"].items()})
+DataType = enum.IntEnum("DataType", {_short(k): v for k, v in ENUMS["gwDataType_t"].items()})
+RedOp = enum.IntEnum("RedOp", {_short(k): v for k, v in ENUMS["gwRedOp_t"].items()})
+_CODE_NAME = {v: k for k, v in ENUMS["gwResult_t"].items()}
+_SUCCESS = ENUMS["gwResult_t"].get("gwSuccess", 0)
+_TIMEOUT = ENUMS["gwResult_t"].get("gwTimeout")
+_INVALID_USAGE = ENUMS["gwResult_t"].get("gwInvalidUsage")
+
+# Operators by lower-case name: gwSum -> "sum", ...
+OPS = {_short(k).lower(): v for k, v in ENUMS["gwRedOp_t"].items()}
+
+# numpy dtype -> gwDataType_t, by the enumerator's name: gwFloat32 -> numpy "float32".
+DTYPES = {}
+for _k, _v in ENUMS["gwDataType_t"].items():
+    _n = _short(_k).lower()
+    try:
+        _dt = np.dtype(_n)
+    except TypeError:
+        if _n != "bfloat16":
+            continue
+        try:
+            import ml_dtypes  # optional
+        except ImportError:
+            continue
+        _dt = np.dtype(ml_dtypes.bfloat16)
+    DTYPES[_dt] = _v
+_DTYPE_NAME = {v: _short(k).lower() for k, v in ENUMS["gwDataType_t"].items()}
+
+
+class GradwireError(Exception):
+    """A gradwire call failed. `code` (int), `code_name` (e.g. "gwInvalidArgument"),
+    `message` (gwGetLastError's text), `function` (the C function)."""
+
+    code = None
+    code_name = None
+
+    def __init__(self, code, message, function=None):
+        self.code = code
+        self.code_name = _CODE_NAME.get(code, f"unknown result {code}")
+        self.message = message
+        self.function = function
+        where = f"{function}: " if function else ""
+        super().__init__(f"{where}{self.code_name}: {message}")
+
+
+_ERROR_CLASSES = {}
+for _k, _v in ENUMS["gwResult_t"].items():
+    if _v == _SUCCESS:
+        continue
+    _cname = _short(_k) if _short(_k).endswith("Error") else _short(_k) + "Error"
+    # gradwire.TimeoutError is also a builtins.TimeoutError (so `except TimeoutError` works).
+    _bases = (GradwireError,) + ((builtins.TimeoutError,) if _cname == "TimeoutError" else ())
+    _cls = type(_cname, _bases, {"__module__": __name__, "__doc__": f"{_k} (= {_v})"})
+    _cls.code, _cls.code_name = _v, _k
+    _ERROR_CLASSES[_v] = _cls
+    globals()[_cname] = _cls
+    __all__.append(_cname)
+
+
+def error_class(code):
+    """The GradwireError subclass of a result code (int, Result, or its name, e.g. "gwAborted")."""
+    if isinstance(code, str):
+        code = ENUMS["gwResult_t"].get(code, ENUMS["gwResult_t"].get("gw" + code))
+    return _ERROR_CLASSES.get(code, GradwireError)
+
+
+def _last_error(handle):
+    s = _C.gwGetLastError(handle)
+    return s.decode("utf-8", "replace") if s else ""
+
+
+def _check(res, function, handle=None):
+    if res != _SUCCESS:
+        raise error_class(res)(res, _last_error(handle), function)
+
+
+def version():
+    v = ctypes.c_int()
+    _check(_C.gwGetVersion(ctypes.byref(v)), "gwGetVersion")
+    return v.value
+
+
+def get_unique_id():
+    """A rendezvous id (bytes) for init_rank; starts a store in this process."""
+    uid = _lib.UniqueId()
+    _check(_C.gwGetUniqueId(ctypes.byref(uid)), "gwGetUniqueId")
+    return ctypes.string_at(ctypes.addressof(uid), ctypes.sizeof(uid))
+
+
+def init():
+    """A communicator from the environment `gwrun` sets (gwCommInitFromEnv)."""
+    h = ctypes.c_void_p()
+    _check(_C.gwCommInitFromEnv(ctypes.byref(h)), "gwCommInitFromEnv")
+    return Comm(h)
+
+
+def init_rank(nranks, unique_id, rank):
+    """gwCommInitRank with an id from get_unique_id (sent to every rank by you)."""
+    uid = _lib.UniqueId()
+    ctypes.memmove(ctypes.addressof(uid), bytes(unique_id), min(len(unique_id), ctypes.sizeof(uid)))
+    h = ctypes.c_void_p()
+    _check(_C.gwCommInitRank(ctypes.byref(h), int(nranks), uid, int(rank)), "gwCommInitRank")
+    return Comm(h)
+
+
+def _dtype_code(dt):
+    try:
+        return DTYPES[np.dtype(dt)]
+    except KeyError:
+        names = ", ".join(sorted(str(d) for d in DTYPES))
+        raise TypeError(f"gradwire: dtype {np.dtype(dt)} is not supported (supported: {names})") from None
+
+
+def _op_code(op):
+    if isinstance(op, str):
+        try:
+            return OPS[op.lower()]
+        except KeyError:
+            raise ValueError(f"gradwire: unknown op {op!r} (one of {', '.join(OPS)})") from None
+    return int(op)
+
+
+def _send(array):
+    """A C-contiguous numpy view of `array` (copied if it is not contiguous)."""
+    a = np.asarray(array)
+    if a.ndim == 0:
+        a = a.reshape(1)
+    return np.ascontiguousarray(a)
+
+
+def _recv(out, shape, dtype, what):
+    if out is None:
+        return np.empty(shape, dtype)
+    if not isinstance(out, np.ndarray):
+        raise TypeError(f"gradwire: {what}: out must be a numpy array")
+    if not out.flags.c_contiguous or not out.flags.writeable:
+        raise ValueError(f"gradwire: {what}: out must be a writeable C-contiguous array")
+    if out.dtype != dtype:
+        raise TypeError(f"gradwire: {what}: out has dtype {out.dtype}, expected {np.dtype(dtype)}")
+    if out.size != int(np.prod(shape)):
+        raise ValueError(f"gradwire: {what}: out has {out.size} elements, expected {int(np.prod(shape))}")
+    return out
+
+
+def _ptr(a):
+    return ctypes.c_void_p(a.ctypes.data)
+
+
+class Request:
+    """A pending ...Async call. Holds the arrays until it finishes."""
+
+    def __init__(self, comm, handle, function, keep, result):
+        self._comm = comm
+        self._h = handle
+        self._function = function
+        self._keep = keep  # buffers C reads or writes: alive until gwWait returns
+        self._result = result
+        self._done = False
+        self._error = None
+
+    def test(self):
+        """True if finished (without blocking); raises the operation's error if it failed."""
+        if self._done:
+            if self._error is not None:
+                raise self._error
+            return True
+        d = ctypes.c_int()
+        res = _C.gwTest(self._h, ctypes.byref(d))
+        if res != _SUCCESS:
+            self.wait()  # frees the request and raises its error
+        return bool(d.value)
+
+    def wait(self, timeout_ms=-1):
+        """Waits (at most timeout_ms ms; <0 without limit) and returns the result array
+        (None for barrier). Raises gradwire.TimeoutError if still running (the request
+        stays valid), or the operation's error."""
+        if self._done:
+            if self._error is not None:
+                raise self._error
+            return self._result
+        res = _C.gwWait(self._h, int(timeout_ms))
+        if res == _TIMEOUT and timeout_ms >= 0:
+            # Still running (request valid), or the operation itself timed out (freed)?
+            d = ctypes.c_int()
+            if _C.gwTest(self._h, ctypes.byref(d)) != _INVALID_USAGE:
+                raise error_class(res)(res, _last_error(self._comm._h), "gwWait")
+        self._finish()
+        if res != _SUCCESS:
+            self._error = error_class(res)(res, _last_error(self._comm._h), self._function)
+            raise self._error
+        return self._result
+
+    def _finish(self):
+        self._done = True
+        self._keep = None
+        self._comm._pending.pop(id(self), None)
+
+
+class Comm:
+    """A gradwire communicator. Calls must be issued in the same order on every rank."""
+
+    def __init__(self, handle):
+        self._h = handle
+        self._pending = {}
+        self._lock = threading.Lock()
+        r, n = ctypes.c_int(), ctypes.c_int()
+        _check(_C.gwCommRank(self._h, ctypes.byref(r)), "gwCommRank", self._h)
+        _check(_C.gwCommCount(self._h, ctypes.byref(n)), "gwCommCount", self._h)
+        self.rank, self.size = r.value, n.value
+
+    # -- lifecycle
+    def _handle(self):
+        if self._h is None:
+            raise error_class("gwInvalidUsage")(_INVALID_USAGE, "communicator was destroyed", None)
+        return self._h
+
+    def abort(self):
+        """Fails every call in flight on this communicator (from any thread) and later ones."""
+        _check(_C.gwCommAbort(self._handle()), "gwCommAbort", self._h)
+
+    def destroy(self):
+        """Waits for pending requests, then frees the communicator (idempotent)."""
+        with self._lock:
+            h, self._h = self._h, None
+        if h is None:
+            return
+        for req in list(self._pending.values()):
+            res = _C.gwWait(req._h, -1)  # the buffers must outlive the operation
+            if res != _SUCCESS:
+                req._error = error_class(res)(res, _last_error(h), req._function)
+            req._done, req._keep = True, None
+        self._pending.clear()
+        _check(_C.gwCommDestroy(h), "gwCommDestroy")
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, exc_type, exc, tb):
+        if exc_type is not None and self._h is not None:
+            try:
+                self.abort()
+            except GradwireError:
+                pass
+        self.destroy()
+        return False
+
+    def __del__(self):
+        try:
+            if self._h is not None:
+                self.destroy()
+        except Exception:
+            pass
+
+    def __repr__(self):
+        state = "destroyed" if self._h is None else f"rank {self.rank} of {self.size}"
+        return f"<gradwire.Comm {state}>"
+
+    # -- helpers
+    def _call(self, fname, *args):
+        _check(getattr(_C, fname)(*args), fname, self._h)
+
+    def _async(self, fname, args, keep, result):
+        req_h = ctypes.c_void_p()
+        self._call(fname, *args, ctypes.byref(req_h))
+        req = Request(self, req_h, fname, keep, result)
+        self._pending[id(req)] = req
+        return req
+
+    def _allreduce_args(self, array, op, weight, out):
+        a = _send(array)
+        dt = _dtype_code(a.dtype)
+        r = _recv(out, a.shape, a.dtype, "allreduce")
+        if weight is not None:
+            if op not in ("sum", None) and _op_code(op) != OPS.get("sum"):
+                raise ValueError("gradwire: allreduce: weight is only valid with op='sum'")
+            return "gwAllReduceWeighted", (_ptr(a), _ptr(r), a.size, dt, float(weight), self._handle()), a, r
+        return "gwAllReduce", (_ptr(a), _ptr(r), a.size, dt, _op_code(op), self._handle()), a, r
+
+    def _reduce_scatter_args(self, array, op, out):
+        a = _send(array)
+        if a.size % self.size:
+            raise ValueError(f"gradwire: reduce_scatter: {a.size} elements do not split over {self.size} ranks")
+        n = a.size // self.size
+        shape = (a.shape[0] // self.size,) + a.shape[1:] if a.shape[0] % self.size == 0 else (n,)
+        r = _recv(out, shape, a.dtype, "reduce_scatter")
+        return (_ptr(a), _ptr(r), n, _dtype_code(a.dtype), _op_code(op), self._handle()), a, r
+
+    def _allgather_args(self, array, out):
+        a = _send(array)
+        r = _recv(out, (self.size,) + a.shape, a.dtype, "allgather")
+        return (_ptr(a), _ptr(r), a.size, _dtype_code(a.dtype), self._handle()), a, r
+
+    def _broadcast_args(self, array, root, out):
+        a = _send(array)
+        r = _recv(out, a.shape, a.dtype, "broadcast")
+        return (_ptr(a), _ptr(r), a.size, _dtype_code(a.dtype), int(root), self._handle()), a, r
+
+    # -- blocking collectives
+    def allreduce(self, array, op="sum", weight=None, out=None):
+        """Element-wise `op` over ranks; with `weight`, Σ_r weight_r·array_r (floating types).
+        Returns `out` (a new array if None; may be `array` itself for in place)."""
+        fname, args, a, r = self._allreduce_args(array, op, weight, out)
+        self._call(fname, *args)
+        return r
+
+    def reduce_scatter(self, array, op="sum", out=None):
+        """Rank r gets block r of the reduction (array.size must divide by size)."""
+        args, a, r = self._reduce_scatter_args(array, op, out)
+        self._call("gwReduceScatter", *args)
+        return r
+
+    def allgather(self, array, out=None):
+        """Every rank's array stacked in rank order: shape (size, *array.shape)."""
+        args, a, r = self._allgather_args(array, out)
+        self._call("gwAllGather", *args)
+        return r
+
+    def broadcast(self, array, root=0, out=None):
+        """root's array on every rank (array's shape and dtype must agree on all ranks)."""
+        args, a, r = self._broadcast_args(array, root, out)
+        self._call("gwBroadcast", *args)
+        return r
+
+    def reduce(self, array, op="sum", root=0, out=None):
+        """The reduction on `root` (returned there); None on the other ranks."""
+        a = _send(array)
+        r = _recv(out, a.shape, a.dtype, "reduce")
+        self._call("gwReduce", _ptr(a), _ptr(r), a.size, _dtype_code(a.dtype), _op_code(op),
+                   int(root), self._handle())
+        return r if self.rank == int(root) else None
+
+    def barrier(self):
+        self._call("gwBarrier", self._handle())
+
+    # -- non-blocking collectives (Request.wait() returns what the blocking call returns)
+    def allreduce_async(self, array, op="sum", weight=None, out=None):
+        fname, args, a, r = self._allreduce_args(array, op, weight, out)
+        return self._async(fname + "Async", args, (a, r), r)
+
+    def reduce_scatter_async(self, array, op="sum", out=None):
+        args, a, r = self._reduce_scatter_args(array, op, out)
+        return self._async("gwReduceScatterAsync", args, (a, r), r)
+
+    def allgather_async(self, array, out=None):
+        args, a, r = self._allgather_args(array, out)
+        return self._async("gwAllGatherAsync", args, (a, r), r)
+
+    def broadcast_async(self, array, root=0, out=None):
+        args, a, r = self._broadcast_args(array, root, out)
+        return self._async("gwBroadcastAsync", args, (a, r), r)
+
+    def barrier_async(self):
+        return self._async("gwBarrierAsync", (self._handle(),), None, None)

@@ -1,0 +1,29 @@
+#!/usr/bin/env bash
+# Installs what the Python tests need: numpy, scikit-learn, pytest, and the
+# gradwire package from python/. Idempotent; fast when everything is present.
+#   ./scripts/python-deps.sh && python3 -m pytest -q python/tests
+set -euo pipefail
+cd "$(dirname "$0")/.."
+PY=${PYTHON:-python3}
+export PIP_DISABLE_PIP_VERSION_CHECK=1 PIP_ROOT_USER_ACTION=ignore
+
+# wheel: lets pip build ./python without build isolation (no index needed then).
+have() { "$PY" -c "import importlib.util as u, sys; sys.exit(any(u.find_spec(m) is None for m in sys.argv[1:]))" "$@"; }
+if ! have numpy sklearn pytest wheel; then
+  echo "python-deps: installing numpy scikit-learn pytest wheel"
+  "$PY" -m pip install -q --root-user-action=ignore numpy scikit-learn pytest wheel
+fi
+
+# Reinstall the package only when python/ or the header changed since the last install.
+stamp_dir=${CARGO_TARGET_DIR:-target}
+mkdir -p "$stamp_dir"
+stamp="$stamp_dir/.python-deps.stamp"
+sum=$( (find python \( -path python/tests -o -path python/build -o -name '*.egg-info' \) -prune -o -type f \( -name '*.py' -o -name '*.toml' -o -name '*.md' \) -print0 \
+         | sort -z | xargs -0 cat; cat capi/include/gradwire.h; echo "$PY") | sha256sum | cut -d' ' -f1)
+if [[ ! -f $stamp || $(cat "$stamp") != "$sum" ]] || ! (cd / && have gradwire); then
+  echo "python-deps: pip install ./python"
+  # No build isolation: setuptools is already here, so no index is needed.
+  "$PY" -m pip install -q --root-user-action=ignore --no-build-isolation --no-deps --force-reinstall ./python
+  rm -rf python/build python/gradwire.egg-info
+  echo "$sum" >"$stamp"
+fi
