@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Runs every gradwire test: installs what the tests need (iproute2 for the
-# network-namespace test), builds every binary the multi-process tests launch,
-# then runs the whole workspace's tests.
+# network-namespace test, gcc for the C ABI tests, numpy/scikit-learn/pytest
+# for the Python ones), builds every binary the multi-process tests launch,
+# then runs the whole workspace's tests and the Python tests.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -22,10 +23,24 @@ log=$(mktemp)
 trap 'rm -f "$log"' EXIT
 set +e
 cargo test --workspace -- --test-threads=2 2>&1 | tee "$log"
-status=${PIPESTATUS[0]}
+rust_status=${PIPESTATUS[0]}
 set -e
-# One closing line for the whole workspace (cargo prints one per test binary).
+
+# The Python binding and the data-parallel training example (issue 5): they
+# load target/debug/libgradwire.so, built by the C ABI's tests above.
+cargo build -p gw-capi
+./scripts/python-deps.sh
+set +e
+python3 -m pytest -q python/tests 2>&1 | tee -a "$log"
+py_status=${PIPESTATUS[0]}
+set -e
+
+# One closing line for everything (cargo prints one per test binary, pytest its own).
 awk '/^test result:/ { p += $4; f += $6; i += $8 }
-     END { printf "tests: %d passed, %d failed", p, f; if (i) printf ", %d skipped", i; print "" }' \
-  "$log" | sed 's/;//g'
-exit "$status"
+     /^(=+ )?[0-9]+ (passed|failed|errors?)[ ,]/ {
+       for (k = 1; k < NF; k++) {
+         if ($(k+1) ~ /^passed/) p += $k; if ($(k+1) ~ /^failed/) f += $k; if ($(k+1) ~ /^skipped/) i += $k
+       }
+     }
+     END { printf "tests: %d passed, %d failed", p, f; if (i) printf ", %d skipped", i; print "" }' "$log"
+if [[ $rust_status -ne 0 || $py_status -ne 0 ]]; then exit 1; fi
