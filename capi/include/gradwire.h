@@ -375,6 +375,18 @@ gwResult_t gwBroadcastAsync(const void *sendbuff,
                             gwRequest_t *request);
 
 /**
+ * Non-blocking `gwReduce` (see `gwAllReduceAsync`).
+ */
+gwResult_t gwReduceAsync(const void *sendbuff,
+                         void *recvbuff,
+                         size_t count,
+                         gwDataType_t datatype,
+                         gwRedOp_t op,
+                         int root,
+                         gwComm_t comm,
+                         gwRequest_t *request);
+
+/**
  * Non-blocking `gwBarrier` (see `gwAllReduceAsync`).
  */
 gwResult_t gwBarrierAsync(gwComm_t comm, gwRequest_t *request);

@@ -1018,6 +1018,33 @@ pub unsafe extern "C" fn gwBroadcastAsync(
     })
 }
 
+/// Non-blocking `gwReduce` (see `gwAllReduceAsync`).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn gwReduceAsync(
+    sendbuff: *const std::ffi::c_void,
+    recvbuff: *mut std::ffi::c_void,
+    count: usize,
+    datatype: DataTypeArg,
+    op: RedOpArg,
+    root: c_int,
+    comm: gwComm_t,
+    request: *mut gwRequest_t,
+) -> gwResult_t {
+    run(comm, Some(request), |st| {
+        Ok(RawOp {
+            root: root_of(root, st)?,
+            ..raw(
+                OpKind::Reduce,
+                dtype(datatype)?,
+                redop(op)?,
+                count,
+                sendbuff.cast(),
+                recvbuff.cast(),
+            )
+        })
+    })
+}
+
 /// Non-blocking `gwBarrier` (see `gwAllReduceAsync`).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn gwBarrierAsync(comm: gwComm_t, request: *mut gwRequest_t) -> gwResult_t {

@@ -126,6 +126,20 @@ int main(void) {
     }
   }
 
+  /* Non-blocking reduce to the last rank, in place. */
+  {
+    gwRequest_t req = NULL;
+    for (i = 0; i < N; i++) send[i] = (float)(rank * 2);
+    CHECK(gwReduceAsync(send, send, N, gwFloat32, gwMax, n - 1, comm, &req));
+    CHECK(gwWait(req, -1));
+    if (rank == n - 1) {
+      for (i = 0; i < N; i++) {
+        float want = (float)((n - 1) * 2);
+        if (send[i] != want) return fail(rank, "reduce_async", i, send[i], want);
+      }
+    }
+  }
+
   CHECK(gwBarrier(comm));
   CHECK(gwCommDestroy(comm));
   free(send);
