@@ -172,21 +172,24 @@ pub(super) fn reduce(spec: &OpSpec) -> Result<DagSchedule> {
 
 /// Dissemination barrier, `n >= 2`: in round `k` (of `⌈log2 n⌉`) send an
 /// empty message to `rank + 2^k` and wait for one from `rank − 2^k`; a round's
-/// send waits for the previous round's receive. Step `k`.
+/// send waits for the receives of *all* earlier rounds (waiting for the
+/// previous one only lets a later receive overtake an earlier one, and a rank
+/// could then leave before the rank behind that earlier one entered — found
+/// by the simulator at 8 ranks). Step `k`.
 pub(super) fn barrier(spec: &OpSpec) -> Result<DagSchedule> {
     let (n, r) = (spec.nranks as usize, spec.rank as usize);
     let rounds = n.next_power_of_two().trailing_zeros() as usize;
     let mut b = Builder::new("dissemination barrier", identity(0));
     let empty = Loc::new(Buf::Recv, 0, 0);
-    let mut prev = None;
+    let mut earlier = Vec::with_capacity(rounds);
     for k in 0..rounds {
         let d = 1 << k;
         let desc = Desc::new("round", k, rounds, 0, 1);
         let s = b.send(((r + d) % n) as u32, k as u32, k as u32, empty, desc);
-        if let Some(p) = prev {
+        for &p in &earlier {
             b.dep(p, s);
         }
-        prev = Some(b.recv(((r + n - d) % n) as u32, k as u32, k as u32, empty, desc));
+        earlier.push(b.recv(((r + n - d) % n) as u32, k as u32, k as u32, empty, desc));
     }
     Ok(b.finish())
 }

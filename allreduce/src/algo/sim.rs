@@ -975,6 +975,32 @@ proptest! {
     }
 }
 
+/// The delivery order proptest found in which a barrier rank left early:
+/// at 8 ranks a round-2 receive overtook a round-0 receive, and the round-2
+/// send waited only for round 1. Kept, with nearby seeds, as a regression test.
+#[test]
+fn barrier_receive_overtaking_an_earlier_round() {
+    for seed in (0..200u64).chain([6982555602367590828]) {
+        for n in [5, 7, 8, 12] {
+            let case = Case {
+                op: OpKind::Barrier,
+                algo: Algo::Ring,
+                n,
+                count: 0,
+                seg: 1,
+                root: 0,
+                in_place: false,
+                scaled: false,
+                eager: 0.0,
+                lazy: 0.0,
+                seed,
+            };
+            let r = run_case(&case);
+            assert!(r.is_ok(), "{case:?}: {}", r.unwrap_err());
+        }
+    }
+}
+
 /// A hand-written schedule, for checking that the simulator catches faults.
 /// `Free` hands out every action at once; `Ordered` runs them in order, except
 /// that a receive or send may start while earlier sends are in flight.
