@@ -228,6 +228,20 @@ impl TcpTransport {
         Ok(())
     }
 
+    /// Checks, before any request exists, that a transfer with `peer` may be
+    /// posted now.
+    fn check_post(&self, peer: Rank, what: &str) -> Result<()> {
+        if self.aborted {
+            return Err(Error::Aborted("the TCP transport was aborted".into()));
+        }
+        if !self.conns.get(&peer).is_some_and(Conn::ready) {
+            return Err(Error::InvalidUsage(format!(
+                "{what} rank {peer} before its connection is ready"
+            )));
+        }
+        Ok(())
+    }
+
     fn conn_entry(&mut self, peer: Rank) -> &mut Conn {
         let lanes = self.cfg.lanes;
         let addr = self.peer_addr(peer);
@@ -791,6 +805,11 @@ fn read_some(
     }
 }
 
+/// A connection that `check_post` found ready is gone (cannot happen).
+fn vanished(peer: Rank) -> Error {
+    Error::Internal(format!("connection to rank {peer} vanished"))
+}
+
 fn would_block(e: &io::Error) -> bool {
     e.kind() == io::ErrorKind::WouldBlock
 }
@@ -899,9 +918,7 @@ impl Transport for TcpTransport {
         offset: usize,
         len: usize,
     ) -> Result<Request> {
-        if self.aborted {
-            return Err(Error::Aborted("the TCP transport was aborted".into()));
-        }
+        self.check_post(peer, "isend to")?;
         let base = self.mem(mem, offset, len)?;
         let seg = self.cfg.segment_bytes;
         let nseg = len.div_ceil(seg).max(1);
@@ -909,15 +926,7 @@ impl Transport for TcpTransport {
         let req = self.new_req(ReqState::Send {
             segments_left: nseg,
         });
-        let conn = self
-            .conns
-            .get_mut(&peer)
-            .filter(|c| c.ready())
-            .ok_or_else(|| {
-                Error::InvalidUsage(format!(
-                    "isend to rank {peer} before its connection is ready"
-                ))
-            })?;
+        let conn = self.conns.get_mut(&peer).ok_or_else(|| vanished(peer))?;
         let nl = conn.lanes.len();
         for s in 0..nseg {
             let off = s * seg;
@@ -955,22 +964,13 @@ impl Transport for TcpTransport {
         offset: usize,
         len: usize,
     ) -> Result<Request> {
-        if self.aborted {
-            return Err(Error::Aborted("the TCP transport was aborted".into()));
-        }
+        self.check_post(peer, "irecv from")?;
         let ptr = self.mem(mem, offset, len)?;
         let req = self.new_req(ReqState::Recv);
-        let conn = self
-            .conns
-            .get_mut(&peer)
-            .filter(|c| c.ready())
-            .ok_or_else(|| {
-                Error::InvalidUsage(format!(
-                    "irecv from rank {peer} before its connection is ready"
-                ))
-            })?;
+        let me = self.me;
+        let conn = self.conns.get_mut(&peer).ok_or_else(|| vanished(peer))?;
         // SAFETY: ptr is valid for len bytes (checked against the registration).
-        let (got, frames) = unsafe { conn.early.take(self.me, &tag, len, ptr.0)? };
+        let (got, frames) = unsafe { conn.early.take(me, &tag, len, ptr.0)? };
         if got >= len && frames > 0 {
             self.reqs.insert(req, ReqState::Done);
         } else if conn.lanes.iter().flatten().all(|l| l.closed) {
