@@ -1,0 +1,8 @@
+//! What the gradwire job server and its clients say to each other.
+//!
+//! [`types`] holds the HTTP/JSON messages; the worker's step client (used by
+//! Rust workers, the C ABI and through it Python) lives beside them so every
+//! language speaks the protocol through one implementation.
+
+pub mod http;
+pub mod types;
