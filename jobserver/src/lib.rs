@@ -1,6 +1,11 @@
 //! gradwire control plane: coordinating ranks, never carrying gradient bytes.
 //!
-//! For now this is the launcher [`launcher`] (`gwrun`); the job server, step
-//! planner and cluster scheduler will live beside it.
+//! [`launcher`] is `gwrun` (mpirun-style, one host). The job server
+//! ([`server`], `gwjob serve`) keeps jobs, nodes and step plans in SQLite and
+//! answers the step protocol; [`agent`] (`gwjob agent`) runs each node's
+//! workers; [`cli`] is `gwjob submit|status|cancel`.
 
+pub mod agent;
+pub mod cli;
 pub mod launcher;
+pub mod server;

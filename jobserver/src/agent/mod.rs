@@ -1,0 +1,1 @@
+//! `gwjob agent`: runs a node's workers (being built).

@@ -1,0 +1,1 @@
+//! `gwjob submit|status|cancel` (being built).

@@ -1,0 +1,1 @@
+//! `gwjob serve`: the job server (being built).
