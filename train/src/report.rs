@@ -1,0 +1,258 @@
+//! `gwtrain report`: reads the logs of finished runs (rank 0's
+//! `steps.jsonl` and `params.bin` under each `--out` directory) and prints
+//! what the heterogeneous demo reports: mean step time after warm-up, the
+//! planner's prediction beside the measurement, the local batches chosen,
+//! how far apart the runs' final parameters are, and the step-time ratio of
+//! the last run to the first. Kept in the worker's crate so the demo script
+//! needs nothing beyond the binaries it builds.
+
+use crate::worker::{StepLog, read_params};
+use std::fmt::Write as _;
+use std::path::{Path, PathBuf};
+
+/// One run's figures after warm-up.
+#[derive(Clone, Debug)]
+pub struct RunSummary {
+    pub name: String,
+    pub steps: usize,
+    pub warmup: usize,
+    pub mean_step_s: f64,
+    /// Mean over the post-warm-up steps that had a prediction.
+    pub mean_predicted_s: Option<f64>,
+    /// Post-warm-up steps with a prediction.
+    pub predicted_steps: usize,
+    pub mean_loss_first: f64,
+    pub mean_loss_last: f64,
+    /// Local batches (rank order) chosen after warm-up, with how many steps used each.
+    pub batches: Vec<(Vec<u64>, usize)>,
+    pub global_batches: Vec<u64>,
+    pub logs: Vec<StepLog>,
+}
+
+pub fn read_log(dir: &Path) -> Result<Vec<StepLog>, String> {
+    let path = dir.join("steps.jsonl");
+    let text =
+        std::fs::read_to_string(&path).map_err(|e| format!("reading {}: {e}", path.display()))?;
+    text.lines()
+        .enumerate()
+        .filter(|(_, l)| !l.trim().is_empty())
+        .map(|(i, l)| {
+            serde_json::from_str::<StepLog>(l)
+                .map_err(|e| format!("{} line {}: {e}", path.display(), i + 1))
+        })
+        .collect()
+}
+
+pub fn summarize(name: &str, logs: Vec<StepLog>, warmup: usize) -> Result<RunSummary, String> {
+    if logs.len() <= warmup {
+        return Err(format!(
+            "{name}: {} steps logged, not more than the {warmup} warm-up steps",
+            logs.len()
+        ));
+    }
+    let after = &logs[warmup..];
+    let mean = |xs: &mut dyn Iterator<Item = f64>| {
+        let (s, c) = xs.fold((0.0, 0usize), |(s, c), x| (s + x, c + 1));
+        if c == 0 { None } else { Some(s / c as f64) }
+    };
+    let mean_step_s = mean(&mut after.iter().map(|l| l.step_s)).unwrap_or(0.0);
+    let preds: Vec<f64> = after.iter().filter_map(|l| l.predicted_step_s).collect();
+    let k = (logs.len() / 10).max(1);
+    let mean_loss_first = mean(&mut logs.iter().take(k).map(|l| l.loss)).unwrap_or(0.0);
+    let mean_loss_last = mean(&mut logs.iter().rev().take(k).map(|l| l.loss)).unwrap_or(0.0);
+    let mut batches: Vec<(Vec<u64>, usize)> = Vec::new();
+    for l in after {
+        match batches.iter_mut().find(|(b, _)| *b == l.local_batches) {
+            Some(e) => e.1 += 1,
+            None => batches.push((l.local_batches.clone(), 1)),
+        }
+    }
+    batches.sort_by_key(|b| std::cmp::Reverse(b.1));
+    Ok(RunSummary {
+        name: name.to_string(),
+        steps: logs.len(),
+        warmup,
+        mean_step_s,
+        mean_predicted_s: mean(&mut preds.iter().copied()),
+        predicted_steps: preds.len(),
+        mean_loss_first,
+        mean_loss_last,
+        batches,
+        global_batches: logs.iter().map(|l| l.global_batch).collect(),
+        logs,
+    })
+}
+
+/// Largest element-wise relative difference, |a−b| / max(|a|, |b|), with
+/// elements that are both below 1e-12 in size counted as equal.
+pub fn max_rel_diff(a: &[f64], b: &[f64]) -> Result<f64, String> {
+    if a.len() != b.len() {
+        return Err(format!(
+            "the parameter files hold {} and {} values",
+            a.len(),
+            b.len()
+        ));
+    }
+    Ok(a.iter()
+        .zip(b)
+        .map(|(x, y)| {
+            let d = (x - y).abs();
+            let s = x.abs().max(y.abs());
+            if s < 1e-12 { 0.0 } else { d / s }
+        })
+        .fold(0.0, f64::max))
+}
+
+fn fmt_batches(b: &[(Vec<u64>, usize)]) -> String {
+    let shown: Vec<String> = b
+        .iter()
+        .take(6)
+        .map(|(v, c)| format!("{v:?} ×{c}"))
+        .collect();
+    let more = if b.len() > 6 {
+        format!(", … ({} distinct splits)", b.len())
+    } else {
+        String::new()
+    };
+    format!("{}{more}", shown.join(", "))
+}
+
+/// The text of the report for runs `(name, dir)`; the last line compares the
+/// last run's mean step time to the first's.
+pub fn report(runs: &[(String, PathBuf)], warmup: usize) -> Result<String, String> {
+    if runs.is_empty() {
+        return Err("no runs to report on".into());
+    }
+    let mut o = String::new();
+    let mut sums = Vec::new();
+    for (name, dir) in runs {
+        let s = summarize(name, read_log(dir)?, warmup)?;
+        let _ = writeln!(
+            o,
+            "== {name}: {} steps (first {warmup} are warm-up), loss {:.4} -> {:.4}",
+            s.steps, s.mean_loss_first, s.mean_loss_last
+        );
+        let _ = writeln!(o, "  step  local batches          predicted   measured");
+        let stride = (s.steps / 12).max(1);
+        let mut shown: Vec<usize> = (0..s.steps).step_by(stride).collect();
+        if shown.last() != Some(&(s.steps - 1)) {
+            shown.push(s.steps - 1);
+        }
+        for l in shown.iter().map(|&i| &s.logs[i]) {
+            let pred = l
+                .predicted_step_s
+                .map(|p| format!("{:>8.1} ms", p * 1e3))
+                .unwrap_or_else(|| format!("{:>11}", "-"));
+            let _ = writeln!(
+                o,
+                "  {:>4}  {:<22} {pred} {:>8.1} ms",
+                l.step,
+                format!("{:?}", l.local_batches),
+                l.step_s * 1e3
+            );
+        }
+        let _ = writeln!(
+            o,
+            "  mean step time after warm-up: {:.1} ms",
+            s.mean_step_s * 1e3
+        );
+        match s.mean_predicted_s {
+            Some(p) => {
+                let _ = writeln!(
+                    o,
+                    "  predicted step time after warm-up: {:.1} ms (measured/predicted {:.3}, {} steps with a prediction)",
+                    p * 1e3,
+                    s.mean_step_s / p,
+                    s.predicted_steps
+                );
+            }
+            None => {
+                let _ = writeln!(o, "  predicted step time: none given by the planner");
+            }
+        }
+        let _ = writeln!(
+            o,
+            "  local batches chosen after warm-up: {}",
+            fmt_batches(&s.batches)
+        );
+        sums.push(s);
+    }
+    let first = &sums[0];
+    let last = &sums[sums.len() - 1];
+    if sums.len() > 1 {
+        let same_b = sums
+            .iter()
+            .all(|s| s.global_batches == first.global_batches);
+        let _ = writeln!(
+            o,
+            "global batches identical in every run: {}",
+            if same_b { "yes" } else { "NO" }
+        );
+        let p0 = read_params(&runs[0].1.join("params.bin"))?;
+        for (name, dir) in runs.iter().skip(1) {
+            let pi = read_params(&dir.join("params.bin"))?;
+            let _ = writeln!(
+                o,
+                "max relative difference of final parameters, {} vs {name}: {:.3e}",
+                runs[0].0,
+                max_rel_diff(&p0, &pi)?
+            );
+        }
+    }
+    let ratio = if first.mean_step_s > 0.0 {
+        last.mean_step_s / first.mean_step_s
+    } else {
+        f64::NAN
+    };
+    let _ = write!(
+        o,
+        "{}/{} step time ratio: {ratio:.2}",
+        last.name, first.name
+    );
+    Ok(o)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn log(step: u64, b: Vec<u64>, step_s: f64, pred: Option<f64>) -> StepLog {
+        StepLog {
+            step,
+            global_batch: b.iter().sum(),
+            weights: vec![0.5; b.len()],
+            local_batches: b,
+            step_s,
+            compute_s: vec![],
+            comm_s: vec![],
+            predicted_step_s: pred,
+            algo: "auto".into(),
+            loss: 1.0 / (step + 1) as f64,
+            grad_sq: 0.0,
+        }
+    }
+
+    #[test]
+    fn summary_skips_warmup_and_counts_splits() {
+        let logs = vec![
+            log(0, vec![4, 4], 9.0, None),
+            log(1, vec![6, 2], 1.0, Some(1.0)),
+            log(2, vec![6, 2], 3.0, Some(2.0)),
+            log(3, vec![5, 3], 2.0, None),
+        ];
+        let s = summarize("x", logs, 1).expect("summary");
+        assert_eq!(s.mean_step_s, 2.0);
+        assert_eq!(s.mean_predicted_s, Some(1.5));
+        assert_eq!(s.predicted_steps, 2);
+        assert_eq!(s.batches[0], (vec![6, 2], 2));
+        assert!(summarize("x", vec![log(0, vec![1], 1.0, None)], 1).is_err());
+    }
+
+    #[test]
+    fn relative_difference() {
+        assert_eq!(max_rel_diff(&[1.0, 0.0], &[1.0, 1e-13]), Ok(0.0));
+        let d = max_rel_diff(&[2.0, 1.0], &[2.0, 1.5]).expect("same length");
+        assert!((d - 1.0 / 3.0).abs() < 1e-12);
+        assert!(max_rel_diff(&[1.0], &[]).is_err());
+    }
+}
