@@ -1,1 +1,106 @@
-//! `gwjob serve`: the job server (being built).
+//! `gwjob serve`: the job server. It exists so that a data-parallel job
+//! outlives any one process: nodes register with it, it places jobs on
+//! them, tells their agents what to start and stop, and runs the per-step
+//! protocol through which workers get their (OptPerf-planned) local batch
+//! and report their timings. Everything it knows is in SQLite (`db.rs`), so
+//! a `kill -9` and restart on the same database loses nothing.
+//!
+//! Layout: `args` (command line), `http` (tiny_http threads) → `app`
+//! (routing, auth, one transaction per request) → `jobs`, `nodes`, `steps`
+//! (the handlers) → `plan` and `placement` (pure policy) and `db`.
+
+pub mod app;
+pub mod args;
+pub mod auth;
+pub mod db;
+pub mod error;
+pub mod http;
+pub mod jobs;
+pub mod nodes;
+pub mod placement;
+pub mod plan;
+pub mod routes;
+pub mod steps;
+pub mod validate;
+
+use app::App;
+use args::{Serve, ServeOptions};
+use auth::TokenSource;
+use db::Db;
+use nodes::Liveness;
+use std::io::Write;
+use std::sync::Arc;
+use std::time::Duration;
+
+/// `gwjob serve ARGS`: returns the process exit status (it only returns on
+/// errors; the server runs until killed).
+pub fn main(args: Vec<String>) -> i32 {
+    match args::parse(args) {
+        Ok(Serve::Help) => {
+            print!("{}", args::HELP);
+            0
+        }
+        Ok(Serve::Run(o)) => match run(o) {
+            Ok(()) => 0,
+            Err(e) => {
+                eprintln!("gwjob serve: error: {e}");
+                1
+            }
+        },
+        Err(e) => {
+            eprintln!("gwjob serve: error: {e}\n(see 'gwjob serve --help')");
+            2
+        }
+    }
+}
+
+fn run(o: ServeOptions) -> Result<(), String> {
+    let db = Db::open(&o.db)?;
+    let env_token = std::env::var("GW_ADMIN_TOKEN").ok();
+    let (admin_token, source) = auth::admin_token(o.token_file.as_deref(), env_token, &o.db)?;
+    match &source {
+        TokenSource::File(p) => println!("gwjob: admin token from {}", p.display()),
+        TokenSource::Env => println!("gwjob: admin token from GW_ADMIN_TOKEN"),
+        TokenSource::Generated(p) => println!("gwjob: admin token in {}", p.display()),
+    }
+    let up = db.tx(nodes::up_nodes).map_err(|e| e.message)?;
+    let live = Liveness::new(o.node_timeout, up);
+    let server = tiny_http::Server::http(o.listen.as_str())
+        .map_err(|e| format!("cannot listen on {}: {e}", o.listen))?;
+    let addr = server
+        .server_addr()
+        .to_ip()
+        .ok_or_else(|| format!("{} is not an IP address", o.listen))?;
+    let listen_url = format!("http://{addr}");
+    let app = Arc::new(App {
+        db,
+        admin_token,
+        live,
+        heartbeat_ms: o.heartbeat_ms,
+        advertise: o.advertise,
+        listen_url: listen_url.clone(),
+    });
+    start_liveness(app.clone())?;
+    println!("gwjob: listening on {listen_url}");
+    let _ = std::io::stdout().flush();
+    http::serve(app, Arc::new(server), o.threads);
+    Ok(())
+}
+
+/// The thread that marks silent nodes lost, checking several times per
+/// timeout so a loss is noticed within ~10% of it.
+fn start_liveness(app: Arc<App>) -> Result<(), String> {
+    let period = (app.live.timeout / 10).clamp(Duration::from_millis(20), Duration::from_secs(1));
+    std::thread::Builder::new()
+        .name("gwjob-liveness".into())
+        .spawn(move || {
+            loop {
+                std::thread::sleep(period);
+                if let Err(e) = app.check_nodes() {
+                    eprintln!("gwjob: node liveness check failed: {e}");
+                }
+            }
+        })
+        .map(|_| ())
+        .map_err(|e| format!("cannot start the liveness thread: {e}"))
+}

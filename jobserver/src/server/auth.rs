@@ -1,0 +1,134 @@
+//! Who may call what: the admin token (operators, `gwjob` clients, agents)
+//! and each job's own worker token (its workers' step protocol only). Tokens
+//! are compared in constant time; every refusal is logged with the peer.
+
+use crate::launcher::spawn::random_hex;
+use crate::server::error::{ApiError, ApiResult};
+use std::fs::OpenOptions;
+use std::io::Write;
+use std::os::unix::fs::OpenOptionsExt;
+use std::path::{Path, PathBuf};
+
+/// Where the admin token came from, for the startup message.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum TokenSource {
+    File(PathBuf),
+    Env,
+    /// Generated now (or by an earlier run) and kept in this file.
+    Generated(PathBuf),
+}
+
+/// Resolves the admin token: `--admin-token-file`, else `GW_ADMIN_TOKEN`,
+/// else `<db dir>/admin.token`, generated (mode 0600) on the first start and
+/// reused afterwards so agents and clients survive a server restart.
+pub fn admin_token(
+    file: Option<&Path>,
+    env: Option<String>,
+    db: &Path,
+) -> Result<(String, TokenSource), String> {
+    if let Some(f) = file {
+        let t = read_token(f)?;
+        return Ok((t, TokenSource::File(f.to_path_buf())));
+    }
+    if let Some(t) = env.map(|t| t.trim().to_owned()).filter(|t| !t.is_empty()) {
+        return Ok((t, TokenSource::Env));
+    }
+    let dir = match db.parent() {
+        Some(d) if !d.as_os_str().is_empty() => d.to_path_buf(),
+        _ => PathBuf::from("."),
+    };
+    let path = dir.join("admin.token");
+    if path.exists() {
+        let t = read_token(&path)?;
+        return Ok((t, TokenSource::Generated(path)));
+    }
+    let t = random_hex(16).map_err(|e| format!("cannot read /dev/urandom: {e}"))?;
+    let mut f = OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .mode(0o600)
+        .open(&path)
+        .map_err(|e| format!("cannot create {}: {e}", path.display()))?;
+    writeln!(f, "{t}").map_err(|e| format!("cannot write {}: {e}", path.display()))?;
+    Ok((t, TokenSource::Generated(path)))
+}
+
+/// Reads a token file: the first line, trimmed; empty is an error.
+pub fn read_token(path: &Path) -> Result<String, String> {
+    let text = std::fs::read_to_string(path)
+        .map_err(|e| format!("cannot read token file {}: {e}", path.display()))?;
+    let t = text.lines().next().unwrap_or("").trim().to_owned();
+    if t.is_empty() {
+        return Err(format!("token file {} is empty", path.display()));
+    }
+    Ok(t)
+}
+
+/// The token of an `Authorization: Bearer TOKEN` header value.
+pub fn bearer(header: Option<&str>) -> ApiResult<&str> {
+    let h = header.ok_or_else(|| ApiError::unauthorized("missing Authorization header"))?;
+    let (scheme, token) = h
+        .trim()
+        .split_once(' ')
+        .ok_or_else(|| ApiError::unauthorized("Authorization must be 'Bearer TOKEN'"))?;
+    let token = token.trim();
+    if !scheme.eq_ignore_ascii_case("bearer") || token.is_empty() {
+        return Err(ApiError::unauthorized(
+            "Authorization must be 'Bearer TOKEN'",
+        ));
+    }
+    Ok(token)
+}
+
+/// Equality whose time does not depend on where the strings differ.
+pub fn same(a: &str, b: &str) -> bool {
+    let (a, b) = (a.as_bytes(), b.as_bytes());
+    if a.len() != b.len() {
+        return false;
+    }
+    a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn bearer_parsing() {
+        assert_eq!(bearer(Some("Bearer abc")).ok(), Some("abc"));
+        assert_eq!(bearer(Some("bearer  abc ")).ok(), Some("abc"));
+        assert_eq!(bearer(None).map_err(|e| e.status), Err(401));
+        assert!(bearer(Some("Basic abc")).is_err());
+        assert!(bearer(Some("Bearer ")).is_err());
+        assert!(bearer(Some("abc")).is_err());
+    }
+
+    #[test]
+    fn constant_time_equality() {
+        assert!(same("abc", "abc"));
+        assert!(!same("abc", "abd"));
+        assert!(!same("abc", "ab"));
+        assert!(!same("", "a"));
+    }
+
+    #[test]
+    fn generated_token_is_private_and_reused() {
+        use std::os::unix::fs::PermissionsExt;
+        let dir = std::env::temp_dir().join(format!("gw-auth-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).unwrap();
+        let db = dir.join("s.db");
+        let (t1, src) = admin_token(None, None, &db).unwrap();
+        let path = dir.join("admin.token");
+        assert_eq!(src, TokenSource::Generated(path.clone()));
+        let mode = std::fs::metadata(&path).unwrap().permissions().mode();
+        assert_eq!(mode & 0o777, 0o600);
+        let (t2, _) = admin_token(None, None, &db).unwrap();
+        assert_eq!(t1, t2);
+        let (t3, src) = admin_token(None, Some("xyz".into()), &db).unwrap();
+        assert_eq!((t3.as_str(), src), ("xyz", TokenSource::Env));
+        let (t4, _) = admin_token(Some(&path), Some("xyz".into()), &db).unwrap();
+        assert_eq!(t4, t1);
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+}

@@ -1,0 +1,459 @@
+//! Nodes: registration, the heartbeat through which agents learn what to
+//! run (open a store, launch ranks, stop a job) and report what happened
+//! (stores opened, workers exited), and liveness.
+//!
+//! Delivery rules, chosen so a server restart (or a lost reply) never starts
+//! a rank twice:
+//! * `open_stores` is repeated in every heartbeat of rank 0's node until the
+//!   store's address is reported (agents ignore a job whose store they
+//!   already run), so a lost reply only delays the job;
+//! * `launches` are delivered **at most once**: the ranks are marked launched
+//!   in the same transaction that builds the reply. A reply lost after the
+//!   commit leaves those ranks unstarted; the job's other ranks then time out
+//!   in rendezvous and fail it with their exit status;
+//! * `stops` are repeated while the job has ended and a launched rank on the
+//!   node has not reported its exit;
+//! * `exits` may arrive more than once; only the first report of a rank
+//!   counts.
+//!
+//! Liveness is deliberately in memory: when the server starts, every node's
+//! timer starts from that moment, so downtime of the server itself never
+//! makes nodes look lost.
+
+use crate::server::db::event;
+use crate::server::error::{ApiError, ApiResult};
+use crate::server::jobs::{self, Job};
+use gw_jobapi::types::{
+    Heartbeat, HeartbeatReply, JobState, Launch, OpenStore, RegisterNode, RegisterReply,
+    StoreOpened, WorkerExit,
+};
+use rusqlite::{OptionalExtension, Transaction, params};
+use std::collections::HashMap;
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
+
+/// When each node last heartbeated, since this server started.
+pub struct Liveness {
+    pub timeout: Duration,
+    seen: Mutex<HashMap<String, Instant>>,
+}
+
+impl Liveness {
+    /// Every node in `up` counts as just seen.
+    pub fn new(timeout: Duration, up: Vec<String>) -> Liveness {
+        let now = Instant::now();
+        Liveness {
+            timeout,
+            seen: Mutex::new(up.into_iter().map(|n| (n, now)).collect()),
+        }
+    }
+
+    fn map(&self) -> std::sync::MutexGuard<'_, HashMap<String, Instant>> {
+        self.seen
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    pub fn touch(&self, node: &str) {
+        self.map().insert(node.to_owned(), Instant::now());
+    }
+
+    /// Nodes silent for longer than the timeout.
+    pub fn expired(&self) -> Vec<String> {
+        let now = Instant::now();
+        self.map()
+            .iter()
+            .filter(|(_, t)| now.duration_since(**t) > self.timeout)
+            .map(|(n, _)| n.clone())
+            .collect()
+    }
+
+    /// Stops watching these nodes (they were marked lost), unless one
+    /// heartbeated in the meantime; a later heartbeat brings a node back.
+    pub fn forget_if_silent(&self, nodes: &[String]) {
+        let mut m = self.map();
+        let now = Instant::now();
+        for n in nodes {
+            if m.get(n)
+                .is_some_and(|t| now.duration_since(*t) > self.timeout)
+            {
+                m.remove(n);
+            }
+        }
+    }
+}
+
+/// Names of nodes currently up, for [`Liveness::new`] at startup.
+pub fn up_nodes(tx: &Transaction<'_>) -> ApiResult<Vec<String>> {
+    let mut st = tx.prepare("SELECT name FROM nodes WHERE state = 'up'")?;
+    let rows = st.query_map([], |r| r.get(0))?;
+    Ok(rows.collect::<rusqlite::Result<Vec<String>>>()?)
+}
+
+/// Node names travel in URL paths and environment variables: keep them to
+/// hostname characters.
+fn check_name(what: &str, s: &str) -> ApiResult<()> {
+    let ok = !s.is_empty()
+        && s.len() <= 128
+        && s.chars()
+            .all(|c| c.is_ascii_alphanumeric() || "._-".contains(c));
+    if ok {
+        Ok(())
+    } else {
+        Err(ApiError::bad_request(format!(
+            "{what} {s:?} must be 1..=128 characters of A-Z a-z 0-9 . _ -"
+        )))
+    }
+}
+
+/// `POST /v1/nodes/register`: adds the node or updates it (same name), and
+/// marks it up. Jobs already on it are not touched.
+pub fn register(
+    tx: &Transaction<'_>,
+    live: &Liveness,
+    req: &RegisterNode,
+    heartbeat_ms: u64,
+) -> ApiResult<RegisterReply> {
+    check_name("node", &req.node)?;
+    check_name("rack", &req.rack)?;
+    if req.slots == 0 || req.slots > 4096 {
+        return Err(ApiError::bad_request(format!(
+            "slots must be 1..=4096 (got {})",
+            req.slots
+        )));
+    }
+    if req.addr.trim().is_empty() {
+        return Err(ApiError::bad_request("addr must not be empty"));
+    }
+    if req.device_type.len() > 128 {
+        return Err(ApiError::bad_request(
+            "device_type is longer than 128 characters",
+        ));
+    }
+    tx.execute(
+        "INSERT INTO racks(name) VALUES (?1) ON CONFLICT(name) DO NOTHING",
+        params![req.rack],
+    )?;
+    let seq: i64 = tx.query_row("SELECT COALESCE(MAX(reg_seq), 0) + 1 FROM nodes", [], |r| {
+        r.get(0)
+    })?;
+    tx.execute(
+        "INSERT INTO nodes(name, rack, slots, device_type, addr, state, reason, reg_seq, updated_at)
+         VALUES (?1, ?2, ?3, ?4, ?5, 'up', NULL, ?6, ?7)
+         ON CONFLICT(name) DO UPDATE SET rack = excluded.rack, slots = excluded.slots,
+             device_type = excluded.device_type, addr = excluded.addr, state = 'up',
+             reason = NULL, updated_at = excluded.updated_at",
+        params![req.node, req.rack, req.slots, req.device_type, req.addr, seq, crate::server::db::now()],
+    )?;
+    live.touch(&req.node);
+    event(
+        tx,
+        None,
+        Some(&req.node),
+        &format!(
+            "node {} registered: rack {}, {} slots of {}, addr {}",
+            req.node, req.rack, req.slots, req.device_type, req.addr
+        ),
+    )?;
+    jobs::place_pending(tx)?;
+    Ok(RegisterReply { heartbeat_ms })
+}
+
+/// `POST /v1/nodes/{node}/heartbeat`. `server_url` is what workers are told
+/// as `GW_JOB_SERVER`.
+pub fn heartbeat(
+    tx: &Transaction<'_>,
+    live: &Liveness,
+    node: &str,
+    hb: &Heartbeat,
+    server_url: &str,
+) -> ApiResult<HeartbeatReply> {
+    let state: Option<String> = tx
+        .query_row(
+            "SELECT state FROM nodes WHERE name = ?1",
+            params![node],
+            |r| r.get(0),
+        )
+        .optional()?;
+    let Some(state) = state else {
+        return Err(ApiError::not_found(format!(
+            "node {node} is not registered (POST /v1/nodes/register first)"
+        )));
+    };
+    live.touch(node);
+    if state == "lost" {
+        tx.execute(
+            "UPDATE nodes SET state = 'up', reason = NULL, updated_at = ?2 WHERE name = ?1",
+            params![node, crate::server::db::now()],
+        )?;
+        event(
+            tx,
+            None,
+            Some(node),
+            &format!("node {node} is heartbeating again"),
+        )?;
+    }
+    for s in &hb.stores {
+        store_opened(tx, node, s)?;
+    }
+    for e in &hb.exits {
+        worker_exited(tx, node, e)?;
+    }
+    jobs::place_pending(tx)?;
+    Ok(HeartbeatReply {
+        open_stores: open_stores(tx, node)?,
+        launches: launches(tx, node, server_url)?,
+        stops: stops(tx, node)?,
+    })
+}
+
+/// Records the store address of a job whose rank 0 is on `node`; later
+/// reports for the same job are ignored (the first store stays).
+fn store_opened(tx: &Transaction<'_>, node: &str, s: &StoreOpened) -> ApiResult<()> {
+    let Some(job) = jobs::find(tx, &s.job_id)? else {
+        eprintln!(
+            "gwjob: node {node} reported a store for unknown job {}",
+            s.job_id
+        );
+        return Ok(());
+    };
+    let rank0: Option<String> = tx
+        .query_row(
+            "SELECT node FROM ranks WHERE job_id = ?1 AND rank = 0",
+            params![job.id],
+            |r| r.get(0),
+        )
+        .optional()?;
+    if rank0.as_deref() != Some(node) {
+        eprintln!(
+            "gwjob: node {node} reported a store for job {}, whose rank 0 is not on it; ignored",
+            job.id
+        );
+        return Ok(());
+    }
+    if job.state != JobState::Running || job.store_addr.is_some() || s.addr.trim().is_empty() {
+        return Ok(());
+    }
+    tx.execute(
+        "UPDATE jobs SET store_addr = ?2 WHERE id = ?1",
+        params![job.id, s.addr],
+    )?;
+    event(
+        tx,
+        Some(&job.id),
+        Some(node),
+        &format!(
+            "job {}: rendezvous store at {} on node {node}",
+            job.id, s.addr
+        ),
+    )
+}
+
+/// The failure text for a worker that did not exit cleanly.
+pub fn exit_reason(node: &str, e: &WorkerExit) -> Option<String> {
+    match (e.code, e.signal) {
+        (Some(0), _) => None,
+        (Some(c), _) => Some(format!(
+            "rank {} on node {node} exited with status {c}",
+            e.rank
+        )),
+        (None, Some(s)) => Some(format!(
+            "rank {} on node {node} was killed by signal {s}",
+            e.rank
+        )),
+        (None, None) => Some(format!(
+            "rank {} on node {node} exited with an unknown status",
+            e.rank
+        )),
+    }
+}
+
+fn worker_exited(tx: &Transaction<'_>, node: &str, e: &WorkerExit) -> ApiResult<()> {
+    let row: Option<bool> = tx
+        .query_row(
+            "SELECT exited FROM ranks WHERE job_id = ?1 AND rank = ?2 AND node = ?3",
+            params![e.job_id, e.rank, node],
+            |r| r.get(0),
+        )
+        .optional()?;
+    match row {
+        None => {
+            eprintln!(
+                "gwjob: node {node} reported an exit of rank {} of job {}, which is not on it; ignored",
+                e.rank, e.job_id
+            );
+            return Ok(());
+        }
+        Some(true) => return Ok(()), // a duplicate report
+        Some(false) => {}
+    }
+    tx.execute(
+        "UPDATE ranks SET exited = 1, exit_code = ?3, exit_signal = ?4, released = 1
+         WHERE job_id = ?1 AND rank = ?2",
+        params![e.job_id, e.rank, e.code, e.signal],
+    )?;
+    let job = jobs::get(tx, &e.job_id)?;
+    let reason = exit_reason(node, e);
+    let line = reason
+        .clone()
+        .unwrap_or_else(|| format!("rank {} on node {node} exited with status 0", e.rank));
+    event(
+        tx,
+        Some(&job.id),
+        Some(node),
+        &format!("job {}: {line}", job.id),
+    )?;
+    if job.state != JobState::Running {
+        return Ok(());
+    }
+    match reason {
+        Some(r) => jobs::end(tx, &job, JobState::Failed, Some(&r)),
+        None => {
+            let (left, failed): (i64, i64) = tx.query_row(
+                "SELECT SUM(exited = 0), SUM(exited = 1 AND (exit_code IS NULL OR exit_code != 0))
+                 FROM ranks WHERE job_id = ?1",
+                params![job.id],
+                |r| {
+                    Ok((
+                        r.get::<_, Option<i64>>(0)?.unwrap_or(0),
+                        r.get::<_, Option<i64>>(1)?.unwrap_or(0),
+                    ))
+                },
+            )?;
+            if left == 0 && failed == 0 {
+                jobs::end(tx, &job, JobState::Succeeded, None)?;
+            }
+            Ok(())
+        }
+    }
+}
+
+/// Running jobs with rank 0 here whose store is not known yet.
+fn open_stores(tx: &Transaction<'_>, node: &str) -> ApiResult<Vec<OpenStore>> {
+    let mut st = tx.prepare(
+        "SELECT j.id, j.store_token FROM jobs j JOIN ranks r ON r.job_id = j.id AND r.rank = 0
+         WHERE j.state = 'running' AND j.store_addr IS NULL AND r.node = ?1 ORDER BY j.seq",
+    )?;
+    let rows = st.query_map(params![node], |r| {
+        Ok(OpenStore {
+            job_id: r.get(0)?,
+            store_token: r.get(1)?,
+        })
+    })?;
+    Ok(rows.collect::<rusqlite::Result<Vec<_>>>()?)
+}
+
+/// Ranks on this node of running jobs whose store is known and that were
+/// not launched yet; marked launched here (at most once, see module doc).
+fn launches(tx: &Transaction<'_>, node: &str, server_url: &str) -> ApiResult<Vec<Launch>> {
+    let ids: Vec<String> = {
+        let mut st = tx.prepare(
+            "SELECT DISTINCT j.id FROM jobs j JOIN ranks r ON r.job_id = j.id
+             WHERE j.state = 'running' AND j.store_addr IS NOT NULL AND r.node = ?1
+               AND r.launched = 0
+             ORDER BY j.seq",
+        )?;
+        let rows = st.query_map(params![node], |r| r.get(0))?;
+        rows.collect::<rusqlite::Result<Vec<_>>>()?
+    };
+    let mut out = Vec::new();
+    for id in ids {
+        let job = jobs::get(tx, &id)?;
+        let ranks: Vec<u32> = {
+            let mut st = tx.prepare(
+                "SELECT rank FROM ranks WHERE job_id = ?1 AND node = ?2 AND launched = 0 ORDER BY rank",
+            )?;
+            let rows = st.query_map(params![id, node], |r| r.get(0))?;
+            rows.collect::<rusqlite::Result<Vec<_>>>()?
+        };
+        let local: i64 = tx.query_row(
+            "SELECT COUNT(*) FROM ranks WHERE job_id = ?1 AND node = ?2",
+            params![id, node],
+            |r| r.get(0),
+        )?;
+        tx.execute(
+            "UPDATE ranks SET launched = 1 WHERE job_id = ?1 AND node = ?2",
+            params![id, node],
+        )?;
+        event(
+            tx,
+            Some(&id),
+            Some(node),
+            &format!("job {id}: launching ranks {ranks:?} on node {node}"),
+        )?;
+        out.push(launch(&job, ranks, local, server_url));
+    }
+    Ok(out)
+}
+
+fn launch(job: &Job, ranks: Vec<u32>, local: i64, server_url: &str) -> Launch {
+    let mut env = job.spec.env.clone();
+    env.extend([
+        ("GW_WORLD_SIZE".to_owned(), job.workers().to_string()),
+        ("GW_LOCAL_SIZE".to_owned(), local.to_string()),
+        (
+            "GW_STORE".to_owned(),
+            job.store_addr.clone().unwrap_or_default(),
+        ),
+        ("GW_TOKEN".to_owned(), job.store_token.clone()),
+        ("GW_JOB_ID".to_owned(), job.id.clone()),
+        ("GW_JOB_SERVER".to_owned(), server_url.to_owned()),
+        ("GW_JOB_TOKEN".to_owned(), job.job_token.clone()),
+    ]);
+    Launch {
+        job_id: job.id.clone(),
+        ranks,
+        world: job.workers(),
+        program: job.spec.program.clone(),
+        args: job.spec.args.clone(),
+        env,
+    }
+}
+
+/// Ended jobs with a launched rank on this node that has not exited.
+fn stops(tx: &Transaction<'_>, node: &str) -> ApiResult<Vec<String>> {
+    let mut st = tx.prepare(
+        "SELECT DISTINCT j.id FROM jobs j JOIN ranks r ON r.job_id = j.id
+         WHERE j.state IN ('failed', 'cancelled', 'succeeded') AND r.node = ?1
+           AND r.launched = 1 AND r.exited = 0
+         ORDER BY j.seq",
+    )?;
+    let rows = st.query_map(params![node], |r| r.get(0))?;
+    Ok(rows.collect::<rusqlite::Result<Vec<_>>>()?)
+}
+
+/// Seconds as people write them: "10 s", "0.5 s".
+pub fn seconds(d: Duration) -> String {
+    format!("{} s", d.as_secs_f64())
+}
+
+/// Marks `node` lost (if it is up): its running jobs with ranks still alive
+/// there fail with a reason naming it, and its slots are released.
+pub fn mark_lost(tx: &Transaction<'_>, node: &str, timeout: Duration) -> ApiResult<()> {
+    let reason = format!("node {node} lost (no heartbeat for {})", seconds(timeout));
+    let changed = tx.execute(
+        "UPDATE nodes SET state = 'lost', reason = ?2, updated_at = ?3 WHERE name = ?1 AND state = 'up'",
+        params![node, reason, crate::server::db::now()],
+    )?;
+    if changed == 0 {
+        return Ok(());
+    }
+    event(tx, None, Some(node), &reason)?;
+    let ids: Vec<String> = {
+        let mut st = tx.prepare(
+            "SELECT DISTINCT j.id FROM jobs j JOIN ranks r ON r.job_id = j.id
+             WHERE j.state = 'running' AND r.node = ?1 AND r.exited = 0 ORDER BY j.seq",
+        )?;
+        let rows = st.query_map(params![node], |r| r.get(0))?;
+        rows.collect::<rusqlite::Result<Vec<_>>>()?
+    };
+    for id in ids {
+        let job = jobs::get(tx, &id)?;
+        jobs::end(tx, &job, JobState::Failed, Some(&reason))?;
+    }
+    tx.execute(
+        "UPDATE ranks SET released = 1 WHERE node = ?1",
+        params![node],
+    )?;
+    Ok(())
+}

@@ -1,0 +1,288 @@
+//! The step protocol: per step, each worker asks for its plan (`begin`) and
+//! reports its timings (`end`) — two small messages per rank and step,
+//! whatever the world size.
+//!
+//! The plan of a step is made once, by the first rank that asks, and stored;
+//! every rank (and every retry, across server restarts) gets that same row.
+//! A report is stored once per (rank, step): the timing fit and the step's
+//! completion are updated in the same transaction as the report, so a retried
+//! report neither double-counts nor gets lost.
+
+use crate::server::auth;
+use crate::server::db::event;
+use crate::server::error::{ApiError, ApiResult};
+use crate::server::jobs::{self, Job, to_json};
+use crate::server::plan::{self, Inputs, Plan};
+use gw_jobapi::types::{JobState, StepBegin, StepEnd, StepEndReply, StepPlan};
+use gw_planner::{NoiseScale, RankFit};
+use rusqlite::{Transaction, params};
+
+/// Completed steps whose all-reduce times feed the typical `comm_s`.
+const COMM_WINDOW: u32 = 20;
+
+/// The job, if `token` is its worker token (else 401; unknown job 404).
+pub fn authorize(tx: &Transaction<'_>, id: &str, token: &str) -> ApiResult<Job> {
+    let job = jobs::get(tx, id)?;
+    if !auth::same(token, &job.job_token) {
+        return Err(ApiError::unauthorized(format!(
+            "not the worker token of job {id}"
+        )));
+    }
+    Ok(job)
+}
+
+fn check_rank(job: &Job, rank: u32) -> ApiResult<()> {
+    if rank >= job.workers() {
+        return Err(ApiError::bad_request(format!(
+            "rank {rank} is out of range: job {} has {} workers",
+            job.id,
+            job.workers()
+        )));
+    }
+    Ok(())
+}
+
+fn reply(p: &Plan, rank: u32) -> ApiResult<StepPlan> {
+    let i = rank as usize;
+    let local = p.batches.get(i).copied().ok_or_else(|| {
+        ApiError::internal(format!("stored plan of step {} has no rank {rank}", p.step))
+    })?;
+    let total: u64 = p.batches.iter().sum();
+    Ok(StepPlan {
+        step: p.step,
+        global_batch: p.global_batch,
+        local_batch: local,
+        offset: p.batches[..i].iter().sum(),
+        weight: if total > 0 {
+            local as f64 / total as f64
+        } else {
+            0.0
+        },
+        algo: p.algo.clone(),
+        predicted_step_s: p.predicted_step_s,
+    })
+}
+
+/// `POST /v1/jobs/{id}/step/begin`.
+pub fn begin(tx: &Transaction<'_>, job: &Job, req: &StepBegin) -> ApiResult<StepPlan> {
+    if job.state != JobState::Running {
+        return Err(ApiError::conflict(job.not_running()));
+    }
+    check_rank(job, req.rank)?;
+    if req.step > i64::MAX as u64 {
+        return Err(ApiError::bad_request(format!(
+            "step {} is too large",
+            req.step
+        )));
+    }
+    if let Some(p) = jobs::load_plan(tx, &job.id, req.step)? {
+        return reply(&p, req.rank);
+    }
+    let prev = jobs::latest_plan(tx, &job.id)?;
+    if let Some(p) = &prev {
+        if req.step > p.step + 1 {
+            return Err(ApiError::conflict(format!(
+                "step {} of job {} is ahead of the job: the latest planned step is {}, \
+                 the next one is {}",
+                req.step,
+                job.id,
+                p.step,
+                p.step + 1
+            )));
+        }
+        if req.step < p.step {
+            let first: u64 = tx.query_row(
+                "SELECT MIN(step) FROM plans WHERE job_id = ?1",
+                params![job.id],
+                |r| r.get(0),
+            )?;
+            return Err(ApiError::conflict(format!(
+                "step {} of job {} is behind the job: it was never planned \
+                 (the job's steps run from {first} to {})",
+                req.step, job.id, p.step
+            )));
+        }
+    }
+    let global_batch = jobs::batch_at(tx, job, req.step)?;
+    let fits: Vec<RankFit> = jobs::ranks(tx, &job.id)?
+        .into_iter()
+        .map(|r| r.fit)
+        .collect();
+    if fits.len() != job.workers() as usize {
+        return Err(ApiError::internal(format!(
+            "job {} has {} placed ranks, expected {}",
+            job.id,
+            fits.len(),
+            job.workers()
+        )));
+    }
+    let plans_before: u64 = tx.query_row(
+        "SELECT COUNT(*) FROM plans WHERE job_id = ?1",
+        params![job.id],
+        |r| r.get(0),
+    )?;
+    let algo = job.algo();
+    let decision = plan::decide(&Inputs {
+        step: req.step,
+        planner: job.spec.planner,
+        global_batch,
+        lo: job.spec.batch_lo,
+        hi: job.spec.batch_hi,
+        plans_before,
+        fits: &fits,
+        prev: prev.as_ref(),
+        comm_s: typical_comm(tx, &job.id)?,
+        algo: &algo,
+    })
+    .map_err(|e| {
+        ApiError::conflict(format!(
+            "job {}: cannot plan step {}: {e}",
+            job.id, req.step
+        ))
+    })?;
+    jobs::store_plan(tx, &job.id, &decision.plan)?;
+    if let Some(note) = &decision.note {
+        event(tx, Some(&job.id), None, &format!("job {}: {note}", job.id))?;
+    }
+    reply(&decision.plan, req.rank)
+}
+
+/// Median over recent completed steps of the slowest rank's `comm_s`.
+fn typical_comm(tx: &Transaction<'_>, id: &str) -> ApiResult<Option<f64>> {
+    let mut st =
+        tx.prepare("SELECT comm_s FROM steps WHERE job_id = ?1 ORDER BY step DESC LIMIT ?2")?;
+    let mut v = st
+        .query_map(params![id, COMM_WINDOW], |r| r.get::<_, f64>(0))?
+        .collect::<rusqlite::Result<Vec<f64>>>()?;
+    if v.is_empty() {
+        return Ok(None);
+    }
+    v.sort_by(f64::total_cmp);
+    Ok(Some(v[v.len() / 2]))
+}
+
+fn check_time(what: &str, x: f64) -> ApiResult<()> {
+    if x.is_finite() && x >= 0.0 {
+        Ok(())
+    } else {
+        Err(ApiError::bad_request(format!(
+            "{what} = {x} must be a finite number of seconds >= 0"
+        )))
+    }
+}
+
+fn check_norm(what: &str, x: Option<f64>) -> ApiResult<()> {
+    match x {
+        Some(v) if !(v.is_finite() && v >= 0.0) => Err(ApiError::bad_request(format!(
+            "{what} = {v} must be finite and >= 0"
+        ))),
+        _ => Ok(()),
+    }
+}
+
+/// `POST /v1/jobs/{id}/step/end`.
+pub fn end(tx: &Transaction<'_>, job: &Job, req: &StepEnd) -> ApiResult<StepEndReply> {
+    if job.state != JobState::Running {
+        return Ok(StepEndReply { stop: true });
+    }
+    check_rank(job, req.rank)?;
+    check_time("compute_s", req.compute_s)?;
+    check_time("comm_s", req.comm_s)?;
+    check_time("step_s", req.step_s)?;
+    check_norm("local_grad_sq", req.local_grad_sq)?;
+    check_norm("global_grad_sq", req.global_grad_sq)?;
+    let Some(plan) = jobs::load_plan(tx, &job.id, req.step)? else {
+        return Err(ApiError::conflict(format!(
+            "step {} of job {} was never planned (call step/begin first)",
+            req.step, job.id
+        )));
+    };
+    let inserted = tx.execute(
+        "INSERT INTO step_ends(job_id, step, rank, samples, compute_s, comm_s, step_s,
+                               local_grad_sq, global_grad_sq)
+         VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9)
+         ON CONFLICT(job_id, step, rank) DO NOTHING",
+        params![
+            job.id,
+            req.step,
+            req.rank,
+            req.samples,
+            req.compute_s,
+            req.comm_s,
+            req.step_s,
+            req.local_grad_sq,
+            req.global_grad_sq
+        ],
+    )?;
+    if inserted == 0 {
+        // A retry of a report already counted.
+        return Ok(StepEndReply { stop: false });
+    }
+    let fit: String = tx.query_row(
+        "SELECT fit FROM ranks WHERE job_id = ?1 AND rank = ?2",
+        params![job.id, req.rank],
+        |r| r.get(0),
+    )?;
+    let mut fit: RankFit =
+        serde_json::from_str(&fit).map_err(|e| crate::server::error::corrupt("rank fit", e))?;
+    fit.observe(req.samples, req.compute_s);
+    tx.execute(
+        "UPDATE ranks SET fit = ?3, last_compute_s = ?4 WHERE job_id = ?1 AND rank = ?2",
+        params![job.id, req.rank, to_json(&fit)?, req.compute_s],
+    )?;
+    complete_if_all_reported(tx, job, &plan)?;
+    Ok(StepEndReply { stop: false })
+}
+
+/// Once every rank reported a step: its measured time, the job's completed
+/// step and (when norms were reported) the noise scale.
+fn complete_if_all_reported(tx: &Transaction<'_>, job: &Job, plan: &Plan) -> ApiResult<()> {
+    let reports = {
+        let mut st = tx.prepare(
+            "SELECT samples, step_s, comm_s, local_grad_sq, global_grad_sq
+             FROM step_ends WHERE job_id = ?1 AND step = ?2 ORDER BY rank",
+        )?;
+        let rows = st.query_map(params![job.id, plan.step], |r| {
+            Ok((
+                r.get::<_, u64>(0)?,
+                r.get::<_, f64>(1)?,
+                r.get::<_, f64>(2)?,
+                r.get::<_, Option<f64>>(3)?,
+                r.get::<_, Option<f64>>(4)?,
+            ))
+        })?;
+        rows.collect::<rusqlite::Result<Vec<_>>>()?
+    };
+    if reports.len() < job.workers() as usize {
+        return Ok(());
+    }
+    let measured = reports.iter().map(|r| r.1).fold(0.0, f64::max);
+    let comm = reports.iter().map(|r| r.2).fold(0.0, f64::max);
+    tx.execute(
+        "INSERT INTO steps(job_id, step, measured_step_s, comm_s) VALUES (?1, ?2, ?3, ?4)
+         ON CONFLICT(job_id, step) DO NOTHING",
+        params![job.id, plan.step, measured, comm],
+    )?;
+    tx.execute(
+        "UPDATE jobs SET completed_step = MAX(COALESCE(completed_step, ?2), ?2) WHERE id = ?1",
+        params![job.id, plan.step],
+    )?;
+    let samples: Vec<u64> = reports.iter().map(|r| r.0).collect();
+    let local: Option<Vec<f64>> = reports.iter().map(|r| r.3).collect();
+    let global: Vec<f64> = reports.iter().filter_map(|r| r.4).collect();
+    if let (Some(local), false) = (local, global.is_empty()) {
+        let mut noise = match &job.noise {
+            Some(n) => serde_json::from_str::<NoiseScale>(n)
+                .map_err(|e| crate::server::error::corrupt("noise scale", e))?,
+            None => NoiseScale::default(),
+        };
+        // Every rank holds the same all-reduced gradient; average what came.
+        let g = global.iter().sum::<f64>() / global.len() as f64;
+        noise.observe(&samples, &local, g);
+        tx.execute(
+            "UPDATE jobs SET noise = ?2 WHERE id = ?1",
+            params![job.id, to_json(&noise)?],
+        )?;
+    }
+    Ok(())
+}
