@@ -5,4 +5,5 @@
 //! language speaks the protocol through one implementation.
 
 pub mod http;
+pub mod step;
 pub mod types;

@@ -1,0 +1,590 @@
+//! The worker's side of the step protocol: before each step ask the job
+//! server for the plan (local batch, gradient weight, algorithm), after it
+//! report what the step cost.
+//!
+//! Two calls per step, each one small JSON message, so the server sees every
+//! rank's compute time without carrying any gradient bytes. The server must
+//! be allowed to die and come back (`kill -9`, restart on the same database)
+//! without the job losing or repeating a step, which is why:
+//! - the *client* owns the step counter: it asks for "step N" explicitly, and
+//!   both calls are idempotent per (rank, step) on the server, so a call whose
+//!   reply was lost is simply sent again;
+//! - transient failures (connection refused or reset, timeouts, 5xx) are
+//!   retried with exponential backoff and jitter for a bounded time
+//!   (`GW_JOB_RETRY_S`, 60 s by default), after which the worker gives up
+//!   with an error naming the server rather than hanging forever;
+//! - a job the server has ended (409/410) is reported as
+//!   [`StepError::Stopped`] with the server's reason, and other 4xx answers
+//!   are returned at once: retrying a refusal cannot help.
+
+use crate::http::{HttpError, call};
+use crate::types::{StepBegin, StepEnd, StepEndReply, StepPlan};
+use std::time::{Duration, Instant};
+
+/// Default of `GW_JOB_RETRY_S`: how long a server may stay unreachable.
+pub const DEFAULT_RETRY: Duration = Duration::from_secs(60);
+/// First pause between retries; doubled after every failure...
+pub const BACKOFF_FIRST: Duration = Duration::from_millis(50);
+/// ...up to this.
+pub const BACKOFF_MAX: Duration = Duration::from_secs(2);
+/// Limit of one HTTP exchange. The server answers step calls at once, so a
+/// call this slow is treated like a broken connection and retried.
+pub const CALL_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// What a worker measured in the step it ends.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct StepReport {
+    /// Samples computed (normally the plan's local batch).
+    pub samples: u64,
+    /// Seconds spent computing.
+    pub compute_s: f64,
+    /// Seconds spent in the gradient all-reduce that did not overlap compute.
+    pub comm_s: f64,
+    /// Wall time of the whole step on this rank, seconds.
+    pub step_s: f64,
+    /// |g_i|² of this rank's local mean gradient (for the noise scale).
+    pub local_grad_sq: Option<f64>,
+    /// |g|² of the all-reduced gradient.
+    pub global_grad_sq: Option<f64>,
+}
+
+/// Why a step call failed.
+#[derive(Debug)]
+pub enum StepError {
+    /// A `GW_*` variable the step client needs is missing or malformed.
+    Env { var: &'static str, detail: String },
+    /// The server stayed unreachable (or kept answering 5xx) for the whole
+    /// retry budget.
+    ServerGone {
+        server: String,
+        waited: Duration,
+        last: HttpError,
+    },
+    /// The job is over (cancelled, or failed elsewhere): the worker should exit.
+    Stopped { job_id: String, reason: String },
+    /// The server refused the call (4xx): not retried.
+    Rejected(HttpError),
+    /// The reply did not fit the request (another step's plan).
+    Protocol(String),
+    /// `end` without a step begun.
+    NotBegun { next: u64 },
+}
+
+impl std::fmt::Display for StepError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            StepError::Env { var, detail } => write!(f, "{var}: {detail}"),
+            StepError::ServerGone {
+                server,
+                waited,
+                last,
+            } => {
+                let s = waited.as_secs_f64();
+                let s = if s < 10.0 {
+                    format!("{s:.1}")
+                } else {
+                    format!("{s:.0}")
+                };
+                write!(f, "job server {server} gone for {s} s (last error: {last})")
+            }
+            StepError::Stopped { job_id, reason } => {
+                write!(f, "job {job_id} stopped: {reason}")
+            }
+            StepError::Rejected(e) => write!(f, "job server refused the step call: {e}"),
+            StepError::Protocol(m) => write!(f, "step protocol error: {m}"),
+            StepError::NotBegun { next } => write!(
+                f,
+                "step end without step begin (the next step is {next}; call begin first)"
+            ),
+        }
+    }
+}
+
+impl std::error::Error for StepError {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        match self {
+            StepError::ServerGone { last, .. } => Some(last),
+            StepError::Rejected(e) => Some(e),
+            _ => None,
+        }
+    }
+}
+
+/// A rank's connection to the job server's step protocol.
+#[derive(Debug)]
+pub struct StepClient {
+    server: String,
+    job_id: String,
+    token: String,
+    rank: u32,
+    /// The step the next `begin` asks for.
+    next: u64,
+    /// The step begun and not yet ended.
+    open: Option<u64>,
+    retry: Duration,
+    backoff_first: Duration,
+    backoff_max: Duration,
+    call_timeout: Duration,
+    rng: u64,
+}
+
+fn env_var(var: &'static str) -> Result<String, StepError> {
+    match std::env::var(var) {
+        Ok(v) if !v.trim().is_empty() => Ok(v.trim().to_owned()),
+        Ok(_) => Err(StepError::Env {
+            var,
+            detail: "is empty".into(),
+        }),
+        Err(std::env::VarError::NotPresent) => Err(StepError::Env {
+            var,
+            detail: "is not set (GW_JOB_SERVER is, so a gwjob agent should have set it)".into(),
+        }),
+        Err(std::env::VarError::NotUnicode(_)) => Err(StepError::Env {
+            var,
+            detail: "is not valid UTF-8".into(),
+        }),
+    }
+}
+
+/// Parses `GW_JOB_RETRY_S`: seconds, fractions allowed, > 0.
+pub fn parse_retry(text: &str) -> Result<Duration, String> {
+    match text.trim().parse::<f64>() {
+        Ok(s) if s.is_finite() && s > 0.0 && s < 1e9 => Ok(Duration::from_secs_f64(s)),
+        _ => Err(format!("'{text}' is not a positive number of seconds")),
+    }
+}
+
+impl StepClient {
+    /// The client for this worker, from the variables a gwjob agent sets:
+    /// `GW_JOB_SERVER`, `GW_JOB_ID`, `GW_JOB_TOKEN`, `GW_RANK`, and optionally
+    /// `GW_JOB_RETRY_S`. `None` when `GW_JOB_SERVER` is unset or empty (the
+    /// program was not started by a gwjob agent).
+    pub fn from_env() -> Result<Option<StepClient>, StepError> {
+        if !server_in_env() {
+            return Ok(None);
+        }
+        let text = env_var("GW_RANK")?;
+        let rank = text.parse::<u32>().map_err(|_| StepError::Env {
+            var: "GW_RANK",
+            detail: format!("'{text}' is not a rank number"),
+        })?;
+        Self::from_env_with_rank(rank)
+    }
+
+    /// As [`StepClient::from_env`], but for `rank` rather than `GW_RANK`
+    /// (for callers that know their rank from a communicator).
+    pub fn from_env_with_rank(rank: u32) -> Result<Option<StepClient>, StepError> {
+        if !server_in_env() {
+            return Ok(None);
+        }
+        let server = env_var("GW_JOB_SERVER")?;
+        let job_id = env_var("GW_JOB_ID")?;
+        let token = env_var("GW_JOB_TOKEN")?;
+        let mut c = StepClient::new(&server, &job_id, &token, rank);
+        if let Ok(t) = std::env::var("GW_JOB_RETRY_S")
+            && !t.trim().is_empty()
+        {
+            let d = parse_retry(&t).map_err(|detail| StepError::Env {
+                var: "GW_JOB_RETRY_S",
+                detail,
+            })?;
+            c = c.with_retry(d);
+        }
+        Ok(Some(c))
+    }
+
+    /// A client of job `job_id` on `server` (`http://host:port`) for `rank`,
+    /// authenticated by the job's `token`.
+    pub fn new(server: &str, job_id: &str, token: &str, rank: u32) -> StepClient {
+        let seed = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map(|d| d.as_nanos() as u64)
+            .unwrap_or(0)
+            ^ (u64::from(std::process::id()) << 32)
+            ^ u64::from(rank).wrapping_mul(0x9e37_79b9_7f4a_7c15);
+        StepClient {
+            server: server.trim_end_matches('/').to_owned(),
+            job_id: job_id.to_owned(),
+            token: token.to_owned(),
+            rank,
+            next: 0,
+            open: None,
+            retry: DEFAULT_RETRY,
+            backoff_first: BACKOFF_FIRST,
+            backoff_max: BACKOFF_MAX,
+            call_timeout: CALL_TIMEOUT,
+            rng: seed | 1,
+        }
+    }
+
+    /// How long to keep retrying a server that is down or answering 5xx.
+    pub fn with_retry(mut self, total: Duration) -> StepClient {
+        self.retry = total;
+        self
+    }
+
+    /// The pauses between retries: `first`, doubling up to `max`.
+    pub fn with_backoff(mut self, first: Duration, max: Duration) -> StepClient {
+        self.backoff_first = first;
+        self.backoff_max = max.max(first);
+        self
+    }
+
+    /// Limit of one HTTP exchange (a slower one is retried).
+    pub fn with_call_timeout(mut self, t: Duration) -> StepClient {
+        self.call_timeout = t;
+        self
+    }
+
+    /// Starts counting at `step` instead of 0 (a worker resuming a job).
+    pub fn resume_at(mut self, step: u64) -> StepClient {
+        self.next = step;
+        self.open = None;
+        self
+    }
+
+    /// The number of the next step `begin` asks for (the open one, if a step
+    /// was begun and not ended).
+    pub fn step(&self) -> u64 {
+        self.open.unwrap_or(self.next)
+    }
+
+    pub fn rank(&self) -> u32 {
+        self.rank
+    }
+
+    pub fn job_id(&self) -> &str {
+        &self.job_id
+    }
+
+    pub fn server(&self) -> &str {
+        &self.server
+    }
+
+    /// The plan of the next step. Calling it again before [`StepClient::end`]
+    /// asks for the same step again (the server returns the same plan).
+    pub fn begin(&mut self) -> Result<StepPlan, StepError> {
+        let step = self.step();
+        let path = format!("/v1/jobs/{}/step/begin", self.job_id);
+        let body = StepBegin {
+            rank: self.rank,
+            step,
+        };
+        let plan: StepPlan = self.call_retrying(&path, &body)?;
+        if plan.step != step {
+            return Err(StepError::Protocol(format!(
+                "rank {} asked for the plan of step {step} and got step {}",
+                self.rank, plan.step
+            )));
+        }
+        self.open = Some(step);
+        Ok(plan)
+    }
+
+    /// Reports the step begun last and moves on to the next one. Safe to
+    /// retry (the server records each (rank, step) once). The reply says
+    /// whether the server wants this worker to stop.
+    pub fn end(&mut self, report: &StepReport) -> Result<StepEndReply, StepError> {
+        let Some(step) = self.open else {
+            return Err(StepError::NotBegun { next: self.next });
+        };
+        let path = format!("/v1/jobs/{}/step/end", self.job_id);
+        let body = StepEnd {
+            rank: self.rank,
+            step,
+            samples: report.samples,
+            compute_s: report.compute_s,
+            comm_s: report.comm_s,
+            step_s: report.step_s,
+            local_grad_sq: report.local_grad_sq.filter(|v| v.is_finite()),
+            global_grad_sq: report.global_grad_sq.filter(|v| v.is_finite()),
+        };
+        let reply: StepEndReply = self.call_retrying(&path, &body)?;
+        self.open = None;
+        self.next = step + 1;
+        Ok(reply)
+    }
+
+    /// One POST, retried while the failure is transient and the budget lasts.
+    fn call_retrying<B: serde::Serialize, R: serde::de::DeserializeOwned>(
+        &mut self,
+        path: &str,
+        body: &B,
+    ) -> Result<R, StepError> {
+        let start = Instant::now();
+        let mut pause = self.backoff_first;
+        loop {
+            let err = match call::<B, R>(
+                "POST",
+                &self.server,
+                path,
+                &self.token,
+                Some(body),
+                self.call_timeout,
+            ) {
+                Ok(r) => return Ok(r),
+                Err(e) => e,
+            };
+            if let HttpError::Status {
+                status: 409 | 410,
+                message,
+                ..
+            } = &err
+            {
+                return Err(StepError::Stopped {
+                    job_id: self.job_id.clone(),
+                    reason: message.clone(),
+                });
+            }
+            if !err.is_transient() {
+                return Err(StepError::Rejected(err));
+            }
+            let waited = start.elapsed();
+            let Some(left) = self.retry.checked_sub(waited).filter(|l| !l.is_zero()) else {
+                return Err(StepError::ServerGone {
+                    server: self.server.clone(),
+                    waited,
+                    last: err,
+                });
+            };
+            std::thread::sleep(self.jitter(pause).min(left));
+            pause = (pause * 2).min(self.backoff_max);
+        }
+    }
+
+    /// `d` scaled by a random factor in [0.5, 1): ranks that lost the same
+    /// server do not all come back in the same millisecond.
+    fn jitter(&mut self, d: Duration) -> Duration {
+        // xorshift64: no dependency, and quality does not matter here.
+        let mut x = self.rng;
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        self.rng = x;
+        let frac = 0.5 + (x >> 11) as f64 / (1u64 << 53) as f64 * 0.5;
+        d.mul_f64(frac)
+    }
+}
+
+fn server_in_env() -> bool {
+    std::env::var_os("GW_JOB_SERVER").is_some_and(|v| !v.is_empty())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::io::{BufRead, BufReader, Read, Write};
+    use std::net::{SocketAddr, TcpListener};
+    use std::thread::JoinHandle;
+
+    /// Answers one request per `(status, body)` on `listener`, in order, and
+    /// returns the (path, body) of each request it read.
+    fn serve(
+        listener: TcpListener,
+        answers: Vec<(u16, String)>,
+    ) -> JoinHandle<Vec<(String, String)>> {
+        std::thread::spawn(move || {
+            let mut seen = Vec::new();
+            for (status, body) in answers {
+                let Ok((mut s, _)) = listener.accept() else {
+                    break;
+                };
+                let mut r = BufReader::new(s.try_clone().unwrap());
+                let mut line = String::new();
+                r.read_line(&mut line).unwrap();
+                let path = line.split_whitespace().nth(1).unwrap_or("").to_owned();
+                let mut len = 0;
+                loop {
+                    let mut h = String::new();
+                    r.read_line(&mut h).unwrap();
+                    if h.trim().is_empty() {
+                        break;
+                    }
+                    if let Some((k, v)) = h.split_once(':')
+                        && k.eq_ignore_ascii_case("content-length")
+                    {
+                        len = v.trim().parse().unwrap();
+                    }
+                }
+                let mut req = vec![0; len];
+                r.read_exact(&mut req).unwrap();
+                seen.push((path, String::from_utf8(req).unwrap()));
+                let reply = format!(
+                    "HTTP/1.1 {status} X\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+                    body.len()
+                );
+                s.write_all(reply.as_bytes()).unwrap();
+            }
+            seen
+        })
+    }
+
+    fn plan(step: u64) -> String {
+        format!(
+            r#"{{"step":{step},"global_batch":64,"local_batch":16,"offset":32,"weight":0.25,"algo":"ring","predicted_step_s":null}}"#
+        )
+    }
+
+    fn err(msg: &str) -> String {
+        format!(r#"{{"error":"{msg}"}}"#)
+    }
+
+    fn client(addr: SocketAddr) -> StepClient {
+        StepClient::new(&format!("http://{addr}/"), "j1", "tok", 2)
+            .with_backoff(Duration::from_millis(20), Duration::from_millis(100))
+            .with_call_timeout(Duration::from_secs(5))
+    }
+
+    fn free_port() -> SocketAddr {
+        let l = TcpListener::bind("127.0.0.1:0").unwrap();
+        l.local_addr().unwrap()
+    }
+
+    #[test]
+    fn refused_then_503_then_200_is_retried_through() {
+        let addr = free_port(); // closed: the first tries are refused
+        let server = std::thread::spawn(move || {
+            std::thread::sleep(Duration::from_millis(300));
+            let l = TcpListener::bind(addr).unwrap();
+            serve(l, vec![(503, err("restarting")), (200, plan(0))])
+                .join()
+                .unwrap()
+        });
+        let mut c = client(addr).with_retry(Duration::from_secs(10));
+        let t = Instant::now();
+        let p = c.begin().unwrap();
+        assert!(t.elapsed() >= Duration::from_millis(300));
+        assert_eq!((p.step, p.local_batch, p.offset), (0, 16, 32));
+        assert_eq!(p.weight, 0.25);
+        let seen = server.join().unwrap();
+        assert_eq!(seen.len(), 2, "{seen:?}");
+        assert_eq!(seen[1].0, "/v1/jobs/j1/step/begin");
+        let b: StepBegin = serde_json::from_str(&seen[1].1).unwrap();
+        assert_eq!(b, StepBegin { rank: 2, step: 0 });
+    }
+
+    #[test]
+    fn a_server_that_stays_down_is_given_up_after_the_budget() {
+        let addr = free_port();
+        let mut c = client(addr).with_retry(Duration::from_millis(400));
+        let t = Instant::now();
+        let e = c.begin().unwrap_err();
+        let took = t.elapsed();
+        assert!(
+            took >= Duration::from_millis(400) && took < Duration::from_secs(3),
+            "{took:?}"
+        );
+        assert!(matches!(e, StepError::ServerGone { .. }), "{e:?}");
+        let msg = e.to_string();
+        assert!(
+            msg.contains(&format!("job server http://{addr} gone for 0.")),
+            "{msg}"
+        );
+        assert_eq!(c.step(), 0, "a failed begin opens no step");
+    }
+
+    #[test]
+    fn client_errors_are_not_retried_and_stopped_jobs_say_why() {
+        let l = TcpListener::bind("127.0.0.1:0").unwrap();
+        let addr = l.local_addr().unwrap();
+        let srv = serve(
+            l,
+            vec![
+                (400, err("rank 9 is not in this job")),
+                (409, err("failed: rank 1 on node b exited with status 3")),
+            ],
+        );
+        let mut c = client(addr).with_retry(Duration::from_secs(30));
+        let t = Instant::now();
+        let e = c.begin().unwrap_err();
+        assert!(
+            matches!(
+                e,
+                StepError::Rejected(HttpError::Status { status: 400, .. })
+            ),
+            "{e:?}"
+        );
+        assert!(e.to_string().contains("rank 9 is not in this job"), "{e}");
+        let e = c.begin().unwrap_err();
+        assert_eq!(
+            e.to_string(),
+            "job j1 stopped: failed: rank 1 on node b exited with status 3"
+        );
+        assert!(
+            t.elapsed() < Duration::from_secs(2),
+            "4xx must not be retried"
+        );
+        assert_eq!(srv.join().unwrap().len(), 2);
+    }
+
+    #[test]
+    fn steps_are_counted_by_the_client_and_end_is_reported_for_the_open_step() {
+        let l = TcpListener::bind("127.0.0.1:0").unwrap();
+        let addr = l.local_addr().unwrap();
+        let srv = serve(
+            l,
+            vec![
+                (200, plan(5)),
+                (200, plan(5)), // begin again before end: the same step
+                (502, err("bad gateway")),
+                (200, r#"{"stop":false}"#.into()),
+                (200, plan(6)),
+                (200, r#"{"stop":true}"#.into()),
+                (200, plan(9)), // a plan for another step than asked
+            ],
+        );
+        let mut c = client(addr).resume_at(5);
+        assert!(matches!(
+            c.end(&StepReport::default()),
+            Err(StepError::NotBegun { next: 5 })
+        ));
+        assert_eq!(c.begin().unwrap().step, 5);
+        assert_eq!(c.begin().unwrap().step, 5);
+        assert_eq!(c.step(), 5);
+        let rep = StepReport {
+            samples: 16,
+            compute_s: 0.5,
+            comm_s: 0.1,
+            step_s: 0.7,
+            local_grad_sq: Some(2.0),
+            global_grad_sq: Some(f64::NAN),
+        };
+        assert!(!c.end(&rep).unwrap().stop);
+        assert_eq!(c.step(), 6);
+        assert_eq!(c.begin().unwrap().step, 6);
+        assert!(c.end(&rep).unwrap().stop);
+        let e = c.begin().unwrap_err();
+        assert!(matches!(e, StepError::Protocol(_)), "{e:?}");
+        assert_eq!(c.step(), 7);
+        let seen = srv.join().unwrap();
+        assert_eq!(seen[3].0, "/v1/jobs/j1/step/end");
+        let end: StepEnd = serde_json::from_str(&seen[3].1).unwrap();
+        assert_eq!((end.rank, end.step, end.samples), (2, 5, 16));
+        assert_eq!(end.local_grad_sq, Some(2.0));
+        assert_eq!(end.global_grad_sq, None, "NaN is sent as null");
+        // The retried end (after the 502) sent the same body again.
+        assert_eq!(seen[2].1, seen[3].1);
+    }
+
+    #[test]
+    fn retry_budget_parses_seconds() {
+        assert_eq!(parse_retry("60"), Ok(Duration::from_secs(60)));
+        assert_eq!(parse_retry(" 0.5 "), Ok(Duration::from_millis(500)));
+        assert!(parse_retry("0").is_err());
+        assert!(parse_retry("-3").is_err());
+        assert!(parse_retry("soon").is_err());
+        assert!(parse_retry("inf").is_err());
+    }
+
+    #[test]
+    fn jitter_stays_between_half_and_full() {
+        let mut c = StepClient::new("http://x", "j", "t", 0);
+        for _ in 0..1000 {
+            let d = c.jitter(Duration::from_millis(100));
+            assert!(
+                d >= Duration::from_millis(50) && d <= Duration::from_millis(100),
+                "{d:?}"
+            );
+        }
+    }
+}
