@@ -90,10 +90,10 @@ pub fn parse(args: Vec<String>) -> Result<Serve, String> {
     if !(1..=64).contains(&threads) {
         return Err(format!("--threads must be 1..=64 (got {threads})"));
     }
-    if let Some(a) = &advertise {
-        if !(a.starts_with("http://") || a.starts_with("https://")) {
-            return Err(format!("--advertise {a:?} must be an http:// URL"));
-        }
+    if let Some(a) = &advertise
+        && !(a.starts_with("http://") || a.starts_with("https://"))
+    {
+        return Err(format!("--advertise {a:?} must be an http:// URL"));
     }
     Ok(Serve::Run(ServeOptions {
         db,

@@ -10,6 +10,7 @@
 
 use crate::server::error::{ApiError, ApiResult};
 use rusqlite::{Connection, OptionalExtension, Transaction, TransactionBehavior, params};
+use std::os::unix::fs::OpenOptionsExt;
 use std::path::Path;
 use std::sync::Mutex;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
@@ -126,6 +127,16 @@ pub struct Db {
 impl Db {
     /// Opens (creating if needed) the database at `path` and its schema.
     pub fn open(path: &Path) -> Result<Db, String> {
+        // The database holds every job's tokens: readable by its owner only
+        // (SQLite gives the -wal and -shm files the same mode).
+        if !path.exists() {
+            std::fs::OpenOptions::new()
+                .write(true)
+                .create_new(true)
+                .mode(0o600)
+                .open(path)
+                .map_err(|e| format!("cannot create database {}: {e}", path.display()))?;
+        }
         let conn = Connection::open(path)
             .map_err(|e| format!("cannot open database {}: {e}", path.display()))?;
         Self::init(conn).map_err(|e| format!("database {}: {e}", path.display()))
@@ -224,6 +235,9 @@ mod tests {
         let _ = std::fs::remove_file(&path);
         {
             let db = Db::open(&path).unwrap();
+            use std::os::unix::fs::PermissionsExt;
+            let mode = std::fs::metadata(&path).unwrap().permissions().mode();
+            assert_eq!(mode & 0o777, 0o600);
             db.tx(|tx| {
                 tx.execute(
                     "UPDATE meta SET value = '99' WHERE key = 'schema_version'",

@@ -348,15 +348,15 @@ pub fn set_global_batch(
             req.step
         )));
     }
-    if let Some(last) = latest_plan_step(tx, &job.id)? {
-        if req.step <= last {
-            return Err(ApiError::conflict(format!(
-                "step {} of job {id} is already planned (latest planned step is {last}); \
-                 choose step {} or later",
-                req.step,
-                last + 1
-            )));
-        }
+    if let Some(last) = latest_plan_step(tx, &job.id)?
+        && req.step <= last
+    {
+        return Err(ApiError::conflict(format!(
+            "step {} of job {id} is already planned (latest planned step is {last}); \
+             choose step {} or later",
+            req.step,
+            last + 1
+        )));
     }
     tx.execute(
         "INSERT INTO batch_changes(job_id, step, global_batch, source) VALUES (?1, ?2, ?3, 'api')

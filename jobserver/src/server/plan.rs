@@ -128,19 +128,16 @@ pub fn decide(inp: &Inputs<'_>) -> Result<Decision, PlanError> {
         let batches = plan_even(workers, inp.global_batch, inp.lo, inp.hi)?;
         return Ok(finish(batches, PlanKind::Even, None, change_note));
     };
-    if let Some(prev) = inp.prev {
-        if let (PlanKind::Optperf, Some(basis), false) = (prev.kind, &prev.basis, batch_changed) {
-            let stale =
-                needs_replan_within(basis, &now, &prev.batches, inp.lo, inp.hi, REPLAN_TOLERANCE);
-            if !stale {
-                return Ok(finish(
-                    prev.batches.clone(),
-                    PlanKind::Optperf,
-                    Some(basis.clone()),
-                    None,
-                ));
-            }
-        }
+    if let Some(prev) = inp.prev
+        && let (PlanKind::Optperf, Some(basis), false) = (prev.kind, &prev.basis, batch_changed)
+        && !needs_replan_within(basis, &now, &prev.batches, inp.lo, inp.hi, REPLAN_TOLERANCE)
+    {
+        return Ok(finish(
+            prev.batches.clone(),
+            PlanKind::Optperf,
+            Some(basis.clone()),
+            None,
+        ));
     }
     let why = match inp.prev {
         _ if batch_changed => change_note.unwrap_or_default(),

@@ -60,10 +60,9 @@ pub fn parse<'a>(method: &str, url: &'a str) -> Result<Route<'a>, ApiError> {
     | Route::StepBegin(id)
     | Route::StepEnd(id)
     | Route::Heartbeat(id) = &route
+        && id.is_empty()
     {
-        if id.is_empty() {
-            return Err(ApiError::not_found(format!("no endpoint {path}")));
-        }
+        return Err(ApiError::not_found(format!("no endpoint {path}")));
     }
     if method != want {
         return Err(ApiError::new(

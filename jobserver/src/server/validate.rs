@@ -37,10 +37,10 @@ pub fn submission(req: &SubmitRequest) -> ApiResult<()> {
             req.workers
         ));
     }
-    if let Some(name) = &req.name {
-        if name.is_empty() || name.len() > 128 || name.chars().any(char::is_control) {
-            return bad("name must be 1..=128 printable characters".into());
-        }
+    if let Some(name) = &req.name
+        && (name.is_empty() || name.len() > 128 || name.chars().any(char::is_control))
+    {
+        return bad("name must be 1..=128 printable characters".into());
     }
     if req.batch_lo == 0 {
         return bad("batch_lo must be at least 1 (got 0)".into());
@@ -76,12 +76,12 @@ pub fn submission(req: &SubmitRequest) -> ApiResult<()> {
             ));
         }
     }
-    if let Some((_, algo)) = req.env.iter().rev().find(|(k, _)| k == "GW_ALGO") {
-        if !["auto", "ring", "tree", "rhd"].contains(&algo.as_str()) {
-            return bad(format!(
-                "env: GW_ALGO = {algo:?} is not one of auto, ring, tree, rhd"
-            ));
-        }
+    if let Some((_, algo)) = req.env.iter().rev().find(|(k, _)| k == "GW_ALGO")
+        && !["auto", "ring", "tree", "rhd"].contains(&algo.as_str())
+    {
+        return bad(format!(
+            "env: GW_ALGO = {algo:?} is not one of auto, ring, tree, rhd"
+        ));
     }
     Ok(())
 }
@@ -181,7 +181,8 @@ mod tests {
 
     #[test]
     fn names_every_absurd_field() {
-        let cases: Vec<(fn(&mut SubmitRequest), &str)> = vec![
+        type Change = fn(&mut SubmitRequest);
+        let cases: Vec<(Change, &str)> = vec![
             (|r| r.workers = 0, "workers must be at least 1"),
             (|r| r.workers = 100_000, "workers = 100000"),
             (|r| r.batch_lo = 0, "batch_lo"),

@@ -1,0 +1,168 @@
+//! The job server's front door: every endpoint refuses a missing or wrong
+//! token with 401 (admin endpoints refuse a job token, step endpoints refuse
+//! another job's token and the admin token) and logs who tried; every
+//! malformed or absurd submission is a 400 naming the problem, and nothing
+//! is stored.
+
+mod server_support;
+
+use gw_jobapi::types::*;
+use serde_json::{Value, json};
+use server_support::*;
+
+#[test]
+fn every_endpoint_class_needs_the_right_token() {
+    let dir = TempDir::new("auth");
+    let s = Server::start(dir.path(), &["--node-timeout", "60"]);
+    let (job_a, token_a) = running_job(&s, "n1", &job(1, 8));
+    let (job_b, token_b) = running_job(&s, "n2", &job(1, 8));
+    assert_ne!(token_a, token_b);
+    assert_ne!(token_a, s.token);
+
+    let admin_paths: Vec<(&str, String, Option<Value>)> = vec![
+        (
+            "POST",
+            "/v1/jobs".into(),
+            Some(serde_json::to_value(job(1, 8)).unwrap()),
+        ),
+        ("GET", "/v1/jobs".into(), None),
+        ("GET", format!("/v1/jobs/{job_a}"), None),
+        ("GET", format!("/v1/jobs/{job_a}/events"), None),
+        ("POST", format!("/v1/jobs/{job_a}/cancel"), None),
+        (
+            "POST",
+            format!("/v1/jobs/{job_a}/global_batch"),
+            Some(json!({"step": 5, "global_batch": 8})),
+        ),
+        (
+            "POST",
+            "/v1/nodes/register".into(),
+            Some(json!({"node": "x", "rack": "r", "slots": 1, "device_type": "cpu", "addr": "a"})),
+        ),
+        ("POST", "/v1/nodes/n1/heartbeat".into(), Some(json!({}))),
+    ];
+    for (method, path, body) in &admin_paths {
+        for token in ["", "wrong", token_a.as_str()] {
+            let r = s.call::<Value, Value>(method, path, token, body.as_ref());
+            assert_eq!(status_of(&r), 401, "{method} {path} with {token:?}: {r:?}");
+        }
+    }
+    let step_paths = [
+        (
+            format!("/v1/jobs/{job_a}/step/begin"),
+            json!({"rank": 0, "step": 0}),
+        ),
+        (
+            format!("/v1/jobs/{job_a}/step/end"),
+            serde_json::to_value(end(0, 0, 8, 0.1)).unwrap(),
+        ),
+    ];
+    for (path, body) in &step_paths {
+        for token in ["", "wrong", token_b.as_str(), s.token.as_str()] {
+            let r = s.call::<Value, Value>("POST", path, token, Some(body));
+            assert_eq!(status_of(&r), 401, "POST {path} with {token:?}: {r:?}");
+        }
+    }
+    // Nothing was changed by the refused calls...
+    let st = s.status(&job_a);
+    assert_eq!(st.state, JobState::Running);
+    assert_eq!(st.step, None);
+    let jobs: Vec<JobStatus> = s.get("/v1/jobs");
+    assert_eq!(jobs.len(), 2);
+    // ...and the right tokens work.
+    let plan = s.step_begin(&job_a, &token_a, 0, 0).unwrap();
+    assert_eq!(plan.local_batch, 8);
+    assert!(s.step_begin(&job_b, &token_b, 0, 0).is_ok());
+    // Refusals are logged with the peer address and the path.
+    let log = s.stderr();
+    assert!(
+        log.contains("401 for 127.0.0.1:") && log.contains(&format!("/v1/jobs/{job_a}/step/begin")),
+        "{log}"
+    );
+    // A missing Authorization header (not just an empty token) is a 401 too.
+    let raw = ureq::get(&format!("{}/v1/jobs", s.url)).call();
+    assert!(matches!(raw, Err(ureq::Error::Status(401, _))), "{raw:?}");
+}
+
+#[test]
+fn absurd_submissions_are_refused_and_nothing_is_stored() {
+    let dir = TempDir::new("bad-submit");
+    let s = Server::start(dir.path(), &[]);
+    s.register("n1", "r1", 8);
+    let good = serde_json::to_value(job(2, 16)).unwrap();
+    let with = |key: &str, v: Value| {
+        let mut j = good.clone();
+        j[key] = v;
+        j
+    };
+    let cases: Vec<(Value, &str)> = vec![
+        (with("workers", json!(0)), "workers must be at least 1"),
+        (with("workers", json!(1_000_000)), "maximum"),
+        (with("global_batch", json!(1)), "less than workers × LO"),
+        (with("global_batch", json!(33)), "more than workers × HI"),
+        (with("batch_lo", json!(20)), "LO > HI"),
+        (with("batch_lo", json!(0)), "batch_lo"),
+        (
+            with("planner", json!("fastest")),
+            "unknown variant `fastest`",
+        ),
+        (with("workers", json!(-1)), "bad JSON body"),
+        (with("program", json!("")), "program"),
+        (
+            with("schedule", json!([{"step": 0, "global_batch": 8}])),
+            "steps must be > 0",
+        ),
+        (
+            with("schedule", json!([{"step": 5, "global_batch": 1000}])),
+            "global batch at step 5",
+        ),
+        (with("env", json!([["GW_RANK", "1"]])), "GW_RANK"),
+        (json!({"workers": 2}), "missing field"),
+        (json!("not an object"), "bad JSON body"),
+    ];
+    for (body, want) in cases {
+        let r = s.call::<Value, Value>("POST", "/v1/jobs", &s.token, Some(&body));
+        assert_eq!(status_of(&r), 400, "{body}: {r:?}");
+        let m = message_of(&r);
+        assert!(
+            m.contains(want),
+            "{body}: message {m:?} should name {want:?}"
+        );
+    }
+    // Not JSON at all.
+    let raw = ureq::post(&format!("{}/v1/jobs", s.url))
+        .set("Authorization", &format!("Bearer {}", s.token))
+        .send_string("{{{");
+    assert!(matches!(raw, Err(ureq::Error::Status(400, _))), "{raw:?}");
+    let jobs: Vec<JobStatus> = s.get("/v1/jobs");
+    assert!(jobs.is_empty(), "{jobs:?}");
+    // Unknown jobs and endpoints.
+    let r = s.call::<(), Value>("GET", "/v1/jobs/nope", &s.token, None);
+    assert_eq!(status_of(&r), 404);
+    let r = s.call::<(), Value>("GET", "/v1/frobnicate", &s.token, None);
+    assert_eq!(status_of(&r), 404);
+    let r = s.call::<(), Value>("DELETE", "/v1/jobs", &s.token, None);
+    assert_eq!(status_of(&r), 405);
+    // Bad node registrations.
+    for (body, want) in [
+        (
+            json!({"node": "a/b", "rack": "r", "slots": 1, "device_type": "cpu", "addr": "x"}),
+            "node",
+        ),
+        (
+            json!({"node": "a", "rack": "r", "slots": 0, "device_type": "cpu", "addr": "x"}),
+            "slots",
+        ),
+    ] {
+        let r = s.call::<Value, Value>("POST", "/v1/nodes/register", &s.token, Some(&body));
+        assert_eq!(status_of(&r), 400, "{body}: {r:?}");
+        assert!(message_of(&r).contains(want));
+    }
+    let r = s.call::<Heartbeat, Value>(
+        "POST",
+        "/v1/nodes/ghost/heartbeat",
+        &s.token,
+        Some(&Heartbeat::default()),
+    );
+    assert_eq!(status_of(&r), 404);
+}
