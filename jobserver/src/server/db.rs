@@ -50,7 +50,6 @@ CREATE TABLE IF NOT EXISTS jobs (
     reason          TEXT,
     job_token       TEXT NOT NULL,
     store_token     TEXT NOT NULL,
-    store_requested INTEGER NOT NULL DEFAULT 0,
     store_addr      TEXT,
     completed_step  INTEGER,
     noise           TEXT,

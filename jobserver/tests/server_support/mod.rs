@@ -57,11 +57,17 @@ impl Server {
     /// Starts a server on `dir/server.db` with `extra` options; the admin
     /// token is the one it generates in `dir/admin.token`.
     pub fn start(dir: &Path, extra: &[&str]) -> Server {
+        Self::start_on(dir, "127.0.0.1:0", extra)
+    }
+
+    /// Like [`Server::start`], listening on `listen` (a restarted server
+    /// must keep its address for real agents to find it again).
+    pub fn start_on(dir: &Path, listen: &str, extra: &[&str]) -> Server {
         let db = dir.join("server.db");
         let mut child = Command::new(GWJOB)
             .arg("serve")
             .arg("--listen")
-            .arg("127.0.0.1:0")
+            .arg(listen)
             .arg("--db")
             .arg(&db)
             .args(extra)
