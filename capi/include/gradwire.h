@@ -48,6 +48,11 @@ typedef struct gwRequest* gwRequest_t;
 #define GW_UNIQUE_ID_BYTES 128
 
 /**
+ * Bytes of `gwStepInfo.algo`, NUL included.
+ */
+#define GW_STEP_ALGO_BYTES 16
+
+/**
  * Result codes of every call.
  */
 typedef enum {
@@ -166,6 +171,70 @@ typedef struct {
    */
   int transport;
 } gwConfig_t;
+
+/**
+ * What `gwStepBegin` tells a worker about its next step.
+ */
+typedef struct {
+  /**
+   * Step number (0, 1, ...; counted by the library).
+   */
+  uint64_t step;
+  /**
+   * Samples in the whole step, over all ranks.
+   */
+  uint64_t global_batch;
+  /**
+   * This rank's samples b_i.
+   */
+  uint64_t local_batch;
+  /**
+   * Index of this rank's first sample in the global batch (Σ_{j<i} b_j).
+   */
+  uint64_t offset;
+  /**
+   * Gradient weight r_i = b_i / Σ b: pass it to `gwAllReduceWeighted`.
+   */
+  double weight;
+  /**
+   * All-reduce algorithm to use, NUL-terminated ("auto", "ring", "tree", "rhd").
+   */
+  char algo[16];
+  /**
+   * The planner's predicted step time in seconds, or NaN when unknown.
+   */
+  double predicted_step_s;
+} gwStepInfo;
+
+/**
+ * What a worker reports to `gwStepEnd` about the step it ends.
+ */
+typedef struct {
+  /**
+   * Samples computed (normally the step's local_batch).
+   */
+  uint64_t samples;
+  /**
+   * Seconds spent computing.
+   */
+  double compute_s;
+  /**
+   * Seconds spent in the gradient all-reduce that did not overlap compute.
+   */
+  double comm_s;
+  /**
+   * Wall time of the whole step on this rank, seconds.
+   */
+  double step_s;
+  /**
+   * |g_i|² of this rank's local mean gradient, or NaN when not measured.
+   */
+  double local_grad_sq;
+  /**
+   * |g|² of the all-reduced gradient, or NaN when not measured.
+   */
+  double global_grad_sq;
+} gwStepReport;
 
 #ifdef __cplusplus
 extern "C" {
@@ -422,6 +491,26 @@ const char *gwGetErrorString(gwResult_t result);
  * distinct failures on this thread, and while the thread lives). Thread-safe.
  */
 const char *gwGetLastError(gwComm_t comm);
+
+/**
+ * Asks the job server for this rank's plan of the next step (its local
+ * batch, gradient weight and all-reduce algorithm) and fills `*info`.
+ * Calling it again before `gwStepEnd` returns the same step's plan. Retries
+ * a server that is down for `GW_JOB_RETRY_S` seconds (default 60), then
+ * returns `gwTimeout`; a job the server has stopped is `gwAborted` (exit);
+ * without `GW_JOB_SERVER` (not started by a gwjob agent) `gwInvalidUsage`.
+ * Blocks; thread-safe (calls on one communicator are serialised).
+ */
+gwResult_t gwStepBegin(gwComm_t comm, gwStepInfo *info);
+
+/**
+ * Reports the step begun last (measured times and sample count) and moves
+ * to the next step. Sets `*stop` (if not NULL) to 1 when the job server
+ * wants this worker to stop (the job was cancelled or failed elsewhere),
+ * else 0. Safe to call again after a failure (the server records each step
+ * once). `gwInvalidUsage` without a `gwStepBegin` first. Blocks; thread-safe.
+ */
+gwResult_t gwStepEnd(gwComm_t comm, const gwStepReport *report, int *stop);
 
 #ifdef __cplusplus
 }  // extern "C"

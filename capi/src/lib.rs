@@ -25,6 +25,8 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Duration;
 
+pub mod step;
+
 /// Library version, `major * 10000 + minor * 100 + patch`.
 pub const GW_VERSION_CODE: c_int = 100;
 /// Value of `gwConfig_t.magic`.

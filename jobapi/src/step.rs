@@ -13,9 +13,10 @@
 //!   retried with exponential backoff and jitter for a bounded time
 //!   (`GW_JOB_RETRY_S`, 60 s by default), after which the worker gives up
 //!   with an error naming the server rather than hanging forever;
-//! - a job the server has ended (409/410) is reported as
+//! - a job the server has ended (410 Gone) is reported as
 //!   [`StepError::Stopped`] with the server's reason, and other 4xx answers
-//!   are returned at once: retrying a refusal cannot help.
+//!   (409 Conflict: a step out of order, a job not running) are returned at
+//!   once as [`StepError::Rejected`]: retrying a refusal cannot help.
 
 use crate::http::{HttpError, call};
 use crate::types::{StepBegin, StepEnd, StepEndReply, StepPlan};
@@ -326,7 +327,7 @@ impl StepClient {
                 Err(e) => e,
             };
             if let HttpError::Status {
-                status: 409 | 410,
+                status: 410,
                 message,
                 ..
             } = &err
@@ -491,7 +492,8 @@ mod tests {
             l,
             vec![
                 (400, err("rank 9 is not in this job")),
-                (409, err("failed: rank 1 on node b exited with status 3")),
+                (409, err("step 7 of job j1 is ahead of the job")),
+                (410, err("failed: rank 1 on node b exited with status 3")),
             ],
         );
         let mut c = client(addr).with_retry(Duration::from_secs(30));
@@ -506,6 +508,14 @@ mod tests {
         );
         assert!(e.to_string().contains("rank 9 is not in this job"), "{e}");
         let e = c.begin().unwrap_err();
+        assert!(
+            matches!(
+                e,
+                StepError::Rejected(HttpError::Status { status: 409, .. })
+            ),
+            "{e:?}"
+        );
+        let e = c.begin().unwrap_err();
         assert_eq!(
             e.to_string(),
             "job j1 stopped: failed: rank 1 on node b exited with status 3"
@@ -514,7 +524,7 @@ mod tests {
             t.elapsed() < Duration::from_secs(2),
             "4xx must not be retried"
         );
-        assert_eq!(srv.join().unwrap().len(), 2);
+        assert_eq!(srv.join().unwrap().len(), 3);
     }
 
     #[test]

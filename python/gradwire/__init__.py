@@ -7,6 +7,11 @@
     req = comm.allreduce_async(grad); ...; g = req.wait()
     comm.destroy()                              # or: with gradwire.init() as comm: ...
 
+Under a gwjob agent, each step follows the job server's plan:
+    s = comm.step_begin()                       # StepInfo(step, local_batch, weight, algo, ...)
+    ...compute s.local_batch samples..., g = comm.allreduce(grad, weight=s.weight)
+    if comm.step_end(s.local_batch, compute_s, comm_s, step_s): break   # server says stop
+
 Enums and result codes are read from gradwire.h at import; errors raise
 GradwireError subclasses carrying the code name and gwGetLastError's message.
 """
@@ -18,17 +23,20 @@ import threading
 
 import numpy as np
 
-from . import _header, _lib
+from . import _header, _lib, _step
 
 __all__ = [
     "init", "init_rank", "get_unique_id", "version", "Comm", "Request", "GradwireError",
-    "Result", "DataType", "RedOp", "error_class", "HEADER_PATH", "LIBRARY_PATH",
+    "Result", "DataType", "RedOp", "error_class", "HEADER_PATH", "LIBRARY_PATH", "StepInfo",
 ]
 
 HEADER_PATH = _lib.find_header()
 ENUMS, DEFINES = _header.load(HEADER_PATH)
 _C, LIBRARY_PATH = _lib.load_library()
 _lib.declare(_C)
+_StepInfoC, _StepReportC = _step.build(HEADER_PATH, DEFINES)
+_HAS_STEP = _step.declare(_C, _StepInfoC, _StepReportC)
+StepInfo = _step.StepInfo
 
 
 def _short(name):
@@ -368,6 +376,35 @@ class Comm:
 
     def barrier(self):
         self._call("gwBarrier", self._handle())
+
+    # -- step protocol (workers started by a gwjob agent)
+    @staticmethod
+    def _need_step():
+        if not _HAS_STEP:
+            raise RuntimeError(f"gradwire: {LIBRARY_PATH} has no gwStepBegin/gwStepEnd: "
+                               "rebuild it (cargo build -p gw-capi) or set GRADWIRE_LIB")
+
+    def step_begin(self):
+        """The job server's plan for this rank's next step: StepInfo(step, global_batch,
+        local_batch, offset, weight, algo, predicted_step_s), predicted_step_s None when
+        unknown. Pass `weight` to allreduce(grad, weight=...). Calling it again before
+        step_end returns the same step. Raises InvalidUsageError when the program was not
+        started by a gwjob agent (GW_JOB_SERVER unset), AbortedError when the job was
+        stopped, TimeoutError when the server stayed unreachable for GW_JOB_RETRY_S s."""
+        self._need_step()
+        info = _StepInfoC()
+        self._call("gwStepBegin", self._handle(), ctypes.byref(info))
+        return _step.info_tuple(info)
+
+    def step_end(self, samples, compute_s, comm_s, step_s, local_grad_sq=None, global_grad_sq=None):
+        """Reports the step begun last (seconds; grad norms squared when measured) and
+        returns True when the job server asks this worker to stop."""
+        self._need_step()
+        rep = _step.report(_StepReportC, samples, compute_s, comm_s, step_s,
+                           local_grad_sq, global_grad_sq)
+        stop = ctypes.c_int()
+        self._call("gwStepEnd", self._handle(), ctypes.byref(rep), ctypes.byref(stop))
+        return bool(stop.value)
 
     # -- non-blocking collectives (Request.wait() returns what the blocking call returns)
     def allreduce_async(self, array, op="sum", weight=None, out=None):
