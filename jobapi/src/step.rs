@@ -13,10 +13,11 @@
 //!   retried with exponential backoff and jitter for a bounded time
 //!   (`GW_JOB_RETRY_S`, 60 s by default), after which the worker gives up
 //!   with an error naming the server rather than hanging forever;
-//! - a job the server has ended (410 Gone) is reported as
-//!   [`StepError::Stopped`] with the server's reason, and other 4xx answers
-//!   (409 Conflict: a step out of order, a job not running) are returned at
-//!   once as [`StepError::Rejected`]: retrying a refusal cannot help.
+//! - a job the server has ended (409 with the documented `job J failed: ...`,
+//!   `job J was cancelled: ...` or `job J has already succeeded`, or 410) is
+//!   reported as [`StepError::Stopped`] with the server's reason; other 4xx
+//!   answers (a step out of order, a bad rank) are returned at once as
+//!   [`StepError::Rejected`]: retrying a refusal cannot help.
 
 use crate::http::{HttpError, call};
 use crate::types::{StepBegin, StepEnd, StepEndReply, StepPlan};
@@ -326,15 +327,10 @@ impl StepClient {
                 Ok(r) => return Ok(r),
                 Err(e) => e,
             };
-            if let HttpError::Status {
-                status: 410,
-                message,
-                ..
-            } = &err
-            {
+            if let Some(reason) = stopped_reason(&self.job_id, &err) {
                 return Err(StepError::Stopped {
                     job_id: self.job_id.clone(),
-                    reason: message.clone(),
+                    reason,
                 });
             }
             if !err.is_transient() {
@@ -364,6 +360,30 @@ impl StepClient {
         self.rng = x;
         let frac = 0.5 + (x >> 11) as f64 / (1u64 << 53) as f64 * 0.5;
         d.mul_f64(frac)
+    }
+}
+
+/// The reason when `e` says the job is over: 410, or 409 with one of the
+/// messages docs/jobserver.md lists for a job that is not running.
+fn stopped_reason(job_id: &str, e: &HttpError) -> Option<String> {
+    let HttpError::Status {
+        status, message, ..
+    } = e
+    else {
+        return None;
+    };
+    let rest = message.strip_prefix(&format!("job {job_id} "));
+    match (*status, rest) {
+        (410, Some(r)) => Some(r.to_owned()),
+        (410, None) => Some(message.clone()),
+        (409, Some(r))
+            if r.starts_with("failed")
+                || r.starts_with("was cancelled")
+                || r.starts_with("has already succeeded") =>
+        {
+            Some(r.to_owned())
+        }
+        _ => None,
     }
 }
 
@@ -493,7 +513,11 @@ mod tests {
             vec![
                 (400, err("rank 9 is not in this job")),
                 (409, err("step 7 of job j1 is ahead of the job")),
-                (410, err("failed: rank 1 on node b exited with status 3")),
+                (
+                    409,
+                    err("job j1 failed: rank 1 on node b exited with status 3"),
+                ),
+                (410, err("job j1 was cancelled: by alice")),
             ],
         );
         let mut c = client(addr).with_retry(Duration::from_secs(30));
@@ -520,11 +544,13 @@ mod tests {
             e.to_string(),
             "job j1 stopped: failed: rank 1 on node b exited with status 3"
         );
+        let e = c.begin().unwrap_err();
+        assert_eq!(e.to_string(), "job j1 stopped: was cancelled: by alice");
         assert!(
             t.elapsed() < Duration::from_secs(2),
             "4xx must not be retried"
         );
-        assert_eq!(srv.join().unwrap().len(), 3);
+        assert_eq!(srv.join().unwrap().len(), 4);
     }
 
     #[test]
