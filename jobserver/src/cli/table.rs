@@ -21,7 +21,8 @@ pub fn render(header: &[&str], rows: &[Vec<String>]) -> String {
             if i + 1 == cells.len() {
                 s.push_str(c);
             } else {
-                s.push_str(&format!("{c:<w$}  ", w = width[i]));
+                let w = width.get(i).copied().unwrap_or(0);
+                s.push_str(&format!("{c:<w$}  "));
             }
         }
         s.trim_end().to_owned() + "\n"

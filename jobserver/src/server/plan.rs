@@ -65,7 +65,8 @@ pub struct Inputs<'a> {
     pub global_batch: u64,
     pub lo: u64,
     pub hi: u64,
-    /// Plans stored before this one.
+    /// Plans stored before this one (the server counts at most
+    /// [`WARMUP_STEPS`]: only whether the warm-up is over matters).
     pub plans_before: u64,
     /// Every rank's fit, by rank.
     pub fits: &'a [RankFit],

@@ -116,9 +116,10 @@ pub fn begin(tx: &Transaction<'_>, job: &Job, req: &StepBegin) -> ApiResult<Step
             job.workers()
         )));
     }
+    // Only "fewer than the warm-up or not" matters: count no further.
     let plans_before: u64 = tx.query_row(
-        "SELECT COUNT(*) FROM plans WHERE job_id = ?1",
-        params![job.id],
+        "SELECT COUNT(*) FROM (SELECT 1 FROM plans WHERE job_id = ?1 LIMIT ?2)",
+        params![job.id, plan::WARMUP_STEPS],
         |r| r.get(0),
     )?;
     let algo = job.algo();
@@ -237,6 +238,16 @@ pub fn end(tx: &Transaction<'_>, job: &Job, req: &StepEnd) -> ApiResult<StepEndR
 /// Once every rank reported a step: its measured time, the job's completed
 /// step and (when norms were reported) the noise scale.
 fn complete_if_all_reported(tx: &Transaction<'_>, job: &Job, plan: &Plan) -> ApiResult<()> {
+    // Counting in the primary-key index is cheap; the reports themselves are
+    // read once per step, by the last rank to report.
+    let count: u64 = tx.query_row(
+        "SELECT COUNT(*) FROM step_ends WHERE job_id = ?1 AND step = ?2",
+        params![job.id, plan.step],
+        |r| r.get(0),
+    )?;
+    if count < u64::from(job.workers()) {
+        return Ok(());
+    }
     let reports = {
         let mut st = tx.prepare(
             "SELECT samples, step_s, comm_s, local_grad_sq, global_grad_sq
