@@ -13,8 +13,5 @@ pub mod plan;
 pub mod report;
 pub mod worker;
 
-/// The worker's side of the step protocol.
-pub mod step {
-    pub use crate::step_shim::*;
-}
-mod step_shim;
+/// The worker's side of the step protocol (shared with the C ABI and Python).
+pub use gw_jobapi::step;

@@ -9,7 +9,7 @@ const USAGE: &str = "\
 usage: gwtrain [--steps N] [--lr X] [--seed S] [--dims 32,128,128,10]
                [--global-batch B] [--slow-rank R] [--slowdown K] [--out DIR]
                [--print-every N]
-       gwtrain report [--warmup W] NAME=DIR [NAME=DIR...]
+       gwtrain report [--warmup W] [--check] NAME=DIR [NAME=DIR...]
 
 Trains an MLP on a synthetic classification stream, one rank per process.
 Plans come from the job server when GW_JOB_SERVER is set, else from the even
@@ -20,7 +20,10 @@ writes DIR/steps-rank<R>.log and rank 0 DIR/steps.jsonl and DIR/params.bin.
 `report` prints mean step times after W warm-up steps (default 5), predicted
 beside measured step times, the local batches chosen, and the largest relative
 difference of the runs' final parameters; its last line is the ratio of the
-last run's mean step time to the first's.";
+last run's mean step time to the first's. --check also checks the demo's
+criteria (last/first ratio <= 0.6, the last run's measured step time within
+15% of the predicted, parameters equal within 1e-5 relative) and exits 1 if
+one is not met.";
 
 fn value<'a>(it: &mut impl Iterator<Item = &'a String>, flag: &str) -> Result<&'a String, String> {
     it.next().ok_or_else(|| format!("{flag} needs a value"))
@@ -67,12 +70,17 @@ fn parse_train(args: &[String]) -> Result<TrainConfig, String> {
     Ok(c)
 }
 
-fn parse_report(args: &[String]) -> Result<(usize, Vec<(String, PathBuf)>), String> {
+type ReportArgs = (usize, bool, Vec<(String, PathBuf)>);
+
+fn parse_report(args: &[String]) -> Result<ReportArgs, String> {
     let mut warmup = 5usize;
+    let mut check = false;
     let mut runs = Vec::new();
     let mut it = args.iter();
     while let Some(a) = it.next() {
-        if a == "--warmup" {
+        if a == "--check" {
+            check = true;
+        } else if a == "--warmup" {
             warmup = num(value(&mut it, a)?, a)?;
         } else if let Some((name, dir)) = a.split_once('=') {
             runs.push((name.to_string(), PathBuf::from(dir)));
@@ -83,7 +91,7 @@ fn parse_report(args: &[String]) -> Result<(usize, Vec<(String, PathBuf)>), Stri
     if runs.is_empty() {
         return Err("report needs at least one NAME=DIR".into());
     }
-    Ok((warmup, runs))
+    Ok((warmup, check, runs))
 }
 
 fn main() {
@@ -93,9 +101,16 @@ fn main() {
         return;
     }
     if args.first().map(String::as_str) == Some("report") {
-        let r = parse_report(&args[1..]).and_then(|(w, runs)| report::report(&runs, w));
+        let r = parse_report(&args[1..]).and_then(|(w, check, runs)| {
+            report::report(&runs, w, check.then_some(report::DEMO_CRITERIA))
+        });
         match r {
-            Ok(text) => println!("{text}"),
+            Ok(rep) => {
+                println!("{}", rep.text);
+                if !rep.failed.is_empty() {
+                    std::process::exit(1);
+                }
+            }
             Err(e) => {
                 eprintln!("gwtrain report: {e}");
                 std::process::exit(2);
@@ -113,8 +128,8 @@ fn main() {
     let rank = std::env::var("GW_RANK").unwrap_or_else(|_| "?".into());
     match worker::run(&cfg) {
         Ok(()) => {}
-        Err(Stop::ByServer { step }) => {
-            eprintln!("gwtrain rank {rank}: the job server stopped the job after step {step}");
+        Err(Stop::ByServer { step, reason }) => {
+            eprintln!("gwtrain rank {rank}: stopped at step {step}: {reason}");
             std::process::exit(3);
         }
         Err(Stop::Failed(e)) => {

@@ -7,7 +7,8 @@
 //! rest of the worker sees the same [`StepPlan`], so the training loop has one
 //! path.
 
-use crate::step::{StepClient, StepReport};
+use crate::step::{StepClient, StepError, StepReport};
+use crate::worker::Stop;
 use gw_jobapi::types::StepPlan;
 
 /// The even split of `global_batch` over `world` ranks: equal shares, the
@@ -87,6 +88,15 @@ pub fn check_tiling(
     Ok(())
 }
 
+/// A step call's failure: a job the server ended is a stop, not a fault of
+/// this worker; anything else is an error naming the step.
+fn stop(e: StepError, step: u64, what: &str) -> Stop {
+    match e {
+        StepError::Stopped { reason, .. } => Stop::ByServer { step, reason },
+        e => Stop::Failed(format!("{what} step {step}: {e}")),
+    }
+}
+
 /// The source of plans for this worker.
 pub enum PlanSource {
     /// No job server: the even split of a fixed global batch.
@@ -101,7 +111,7 @@ pub enum PlanSource {
 
 impl PlanSource {
     /// Asks for step `step`'s plan.
-    pub fn begin(&mut self, step: u64) -> Result<StepPlan, String> {
+    pub fn begin(&mut self, step: u64) -> Result<StepPlan, Stop> {
         match self {
             PlanSource::Local {
                 global_batch,
@@ -110,18 +120,18 @@ impl PlanSource {
             } => Ok(even_plan(step, *global_batch, *rank, *world)),
             PlanSource::Server(c) => c
                 .begin()
-                .map_err(|e| format!("asking the job server for step {step}: {e}")),
+                .map_err(|e| stop(e, step, "asking for the plan of")),
         }
     }
 
     /// Reports the step; `Ok(true)` when the server asks the worker to stop.
-    pub fn end(&mut self, step: u64, report: &StepReport) -> Result<bool, String> {
+    pub fn end(&mut self, step: u64, report: &StepReport) -> Result<bool, Stop> {
         match self {
             PlanSource::Local { .. } => Ok(false),
             PlanSource::Server(c) => c
                 .end(report)
                 .map(|r| r.stop)
-                .map_err(|e| format!("reporting step {step} to the job server: {e}")),
+                .map_err(|e| stop(e, step, "reporting")),
         }
     }
 

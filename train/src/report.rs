@@ -119,7 +119,37 @@ fn fmt_batches(b: &[(Vec<u64>, usize)]) -> String {
 
 /// The text of the report for runs `(name, dir)`; the last line compares the
 /// last run's mean step time to the first's.
-pub fn report(runs: &[(String, PathBuf)], warmup: usize) -> Result<String, String> {
+/// The demo's acceptance thresholds, checked by `report --check`.
+#[derive(Clone, Copy, Debug)]
+pub struct Criteria {
+    /// Last run's mean step time over the first's, at most.
+    pub max_ratio: f64,
+    /// |measured / predicted − 1| of the last run after warm-up, at most.
+    pub max_prediction_error: f64,
+    /// Largest relative difference between the runs' final parameters.
+    pub max_param_diff: f64,
+}
+
+/// The "done when": OptPerf ≤ 0.6× the even split, measured within
+/// 15% of the prediction, parameters equal to 1e-5 relative.
+pub const DEMO_CRITERIA: Criteria = Criteria {
+    max_ratio: 0.6,
+    max_prediction_error: 0.15,
+    max_param_diff: 1e-5,
+};
+
+/// The report's text and, when criteria were given, the ones not met.
+#[derive(Clone, Debug)]
+pub struct Report {
+    pub text: String,
+    pub failed: Vec<String>,
+}
+
+pub fn report(
+    runs: &[(String, PathBuf)],
+    warmup: usize,
+    check: Option<Criteria>,
+) -> Result<Report, String> {
     if runs.is_empty() {
         return Err("no runs to report on".into());
     }
@@ -179,6 +209,15 @@ pub fn report(runs: &[(String, PathBuf)], warmup: usize) -> Result<String, Strin
     }
     let first = &sums[0];
     let last = &sums[sums.len() - 1];
+    let mut failed = Vec::new();
+    let mut verdict = |o: &mut String, what: String, ok: bool| {
+        if check.is_some() {
+            let _ = writeln!(o, "check: {what}: {}", if ok { "yes" } else { "NO" });
+            if !ok {
+                failed.push(what);
+            }
+        }
+    };
     if sums.len() > 1 {
         let same_b = sums
             .iter()
@@ -189,13 +228,30 @@ pub fn report(runs: &[(String, PathBuf)], warmup: usize) -> Result<String, Strin
             if same_b { "yes" } else { "NO" }
         );
         let p0 = read_params(&runs[0].1.join("params.bin"))?;
+        let mut worst = 0.0f64;
         for (name, dir) in runs.iter().skip(1) {
             let pi = read_params(&dir.join("params.bin"))?;
+            let d = max_rel_diff(&p0, &pi)?;
+            worst = worst.max(d);
             let _ = writeln!(
                 o,
-                "max relative difference of final parameters, {} vs {name}: {:.3e}",
+                "max relative difference of final parameters, {} vs {name}: {d:.3e}",
                 runs[0].0,
-                max_rel_diff(&p0, &pi)?
+            );
+        }
+        if let Some(c) = check {
+            verdict(
+                &mut o,
+                "same global batch every step in every run".into(),
+                same_b,
+            );
+            verdict(
+                &mut o,
+                format!(
+                    "final parameters agree within {:e} relative ({worst:.1e})",
+                    c.max_param_diff
+                ),
+                worst <= c.max_param_diff,
             );
         }
     }
@@ -204,12 +260,43 @@ pub fn report(runs: &[(String, PathBuf)], warmup: usize) -> Result<String, Strin
     } else {
         f64::NAN
     };
+    if let Some(c) = check {
+        let (ok, got) = match last.mean_predicted_s {
+            Some(p) if p > 0.0 => {
+                let e = last.mean_step_s / p - 1.0;
+                (
+                    e.abs() <= c.max_prediction_error,
+                    format!("{:+.1}%", e * 100.0),
+                )
+            }
+            _ => (false, "no prediction".into()),
+        };
+        verdict(
+            &mut o,
+            format!(
+                "{} measured step time within {:.0}% of the predicted ({got})",
+                last.name,
+                c.max_prediction_error * 100.0
+            ),
+            ok,
+        );
+        if sums.len() > 1 {
+            verdict(
+                &mut o,
+                format!(
+                    "{}/{} step time ratio at most {:.2} ({ratio:.3})",
+                    last.name, first.name, c.max_ratio
+                ),
+                ratio <= c.max_ratio,
+            );
+        }
+    }
     let _ = write!(
         o,
         "{}/{} step time ratio: {ratio:.2}",
         last.name, first.name
     );
-    Ok(o)
+    Ok(Report { text: o, failed })
 }
 
 #[cfg(test)]

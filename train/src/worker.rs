@@ -185,9 +185,10 @@ pub fn read_params(path: &std::path::Path) -> Result<Vec<f64>, String> {
 /// Why the worker stopped early.
 #[derive(Debug)]
 pub enum Stop {
-    /// The job server asked the job to stop (cancel, or a failure elsewhere).
+    /// The job server ended the job (cancel, or a failure elsewhere) at this step.
     ByServer {
         step: u64,
+        reason: String,
     },
     Failed(String),
 }
@@ -230,7 +231,7 @@ impl Outputs {
 pub fn run(cfg: &TrainConfig) -> Result<(), Stop> {
     let comm = Communicator::from_env().map_err(|e| format!("joining the job: {e}"))?;
     let (rank, world) = (comm.rank(), comm.size());
-    let source = match StepClient::from_env() {
+    let source = match StepClient::from_env_with_rank(rank) {
         Ok(Some(c)) => PlanSource::Server(c),
         Ok(None) => PlanSource::Local {
             global_batch: cfg.global_batch,
@@ -382,7 +383,10 @@ pub fn train(comm: &Communicator, mut source: PlanSource, cfg: &TrainConfig) -> 
             global_grad_sq: Some(global_sq),
         };
         if source.end(s, &report)? {
-            return Err(Stop::ByServer { step: s });
+            return Err(Stop::ByServer {
+                step: s,
+                reason: "the job server asked the workers to stop".into(),
+            });
         }
     }
 
