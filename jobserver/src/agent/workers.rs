@@ -344,7 +344,8 @@ fn spawn(program: &Path, l: &Launch, rank: u32, local: usize, server: &str) -> i
     // SAFETY: getpid is always safe to call.
     let parent = unsafe { libc::getpid() };
     // SAFETY: the closure runs in the child between fork and exec and calls
-    // only async-signal-safe functions (prctl, getppid, signal, _exit).
+    // only async-signal-safe functions (prctl, getppid, signal, sigemptyset,
+    // sigprocmask, _exit) on a local sigset_t; it allocates nothing.
     unsafe {
         cmd.pre_exec(move || {
             if libc::prctl(
@@ -363,6 +364,14 @@ fn spawn(program: &Path, l: &Launch, rank: u32, local: usize, server: &str) -> i
             }
             libc::signal(libc::SIGINT, libc::SIG_DFL);
             libc::signal(libc::SIGTERM, libc::SIG_DFL);
+            // The agent's main thread blocks SIGINT/SIGTERM/SIGCHLD (see
+            // launcher::signals) and a fork keeps that mask across exec: a
+            // worker would never see the SIGTERM that stops it.
+            let mut none = std::mem::MaybeUninit::<libc::sigset_t>::uninit();
+            libc::sigemptyset(none.as_mut_ptr());
+            if libc::sigprocmask(libc::SIG_SETMASK, none.as_ptr(), std::ptr::null_mut()) != 0 {
+                return Err(io::Error::last_os_error());
+            }
             Ok(())
         });
     }
