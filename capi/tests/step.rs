@@ -3,13 +3,16 @@
 //! without a job server and with one that is down, and a run of steps
 //! against a minimal job server written here that speaks the JSON contract
 //! of `POST /v1/jobs/{id}/step/begin|end` (and first answers 503 once, so the
-//! retry path is taken from C too).
+//! retry path is taken from C too). And the same against a real `gwjob
+//! serve` (from this target directory: `cargo build --workspace --bins`
+//! first, as scripts/test.sh does), driven over HTTP as an agent would.
 
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::{TcpListener, TcpStream};
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 use std::sync::{Arc, Mutex};
+use std::time::Duration;
 
 fn manifest() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR"))
@@ -49,14 +52,14 @@ fn compile(src: &Path, name: &str) -> PathBuf {
     exe
 }
 
-/// Runs step.c in `mode` with only the given GW_* variables.
-fn step_c(mode: &str, env: &[(&str, String)]) -> (Output, String) {
+/// Runs step.c with `args` (the mode first) and only the given GW_* variables.
+fn step_c(args: &[&str], env: &[(&str, String)]) -> (Output, String) {
     let exe = compile(
         &manifest().join("tests/c/step.c"),
-        &format!("step_c_{mode}"),
+        &format!("step_c_{}", args[0]),
     );
     let mut cmd = Command::new(exe);
-    cmd.arg(mode).env("LD_LIBRARY_PATH", profile_dir());
+    cmd.args(args).env("LD_LIBRARY_PATH", profile_dir());
     for (k, _) in std::env::vars() {
         if k.starts_with("GW_") {
             cmd.env_remove(k);
@@ -77,7 +80,7 @@ fn step_c(mode: &str, env: &[(&str, String)]) -> (Output, String) {
 
 #[test]
 fn without_a_job_server_the_step_calls_say_why() {
-    let (out, text) = step_c("errors", &[]);
+    let (out, text) = step_c(&["errors"], &[]);
     assert!(out.status.success(), "{text}");
     assert!(text.contains("step.c: errors ok"), "{text}");
 }
@@ -90,7 +93,7 @@ fn a_job_server_that_stays_down_is_a_timeout_naming_it() {
         .unwrap()
         .port();
     let (out, text) = step_c(
-        "down",
+        &["down"],
         &[
             ("GW_JOB_SERVER", format!("http://127.0.0.1:{port}")),
             ("GW_JOB_ID", "j".into()),
@@ -196,7 +199,7 @@ fn steps_run_against_a_job_server_until_it_says_stop() {
     let seen = Arc::new(Mutex::new(Vec::new()));
     fake_job_server(l, seen.clone());
     let (out, text) = step_c(
-        "run",
+        &["run"],
         &[
             ("GW_JOB_SERVER", format!("http://{addr}")),
             ("GW_JOB_ID", "j7".into()),
@@ -228,4 +231,147 @@ fn steps_run_against_a_job_server_until_it_says_stop() {
             "{e:?}"
         );
     }
+}
+
+/// A `gwjob serve` child on 127.0.0.1:0, killed on drop.
+struct Serve {
+    child: std::process::Child,
+    url: String,
+    dir: PathBuf,
+}
+
+impl Drop for Serve {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
+const ADMIN: &str = "capi-step-admin";
+
+fn serve() -> Serve {
+    let gwjob = profile_dir().join("gwjob");
+    assert!(
+        gwjob.exists(),
+        "{} is missing: run `cargo build --workspace --bins` before the tests",
+        gwjob.display()
+    );
+    let dir = PathBuf::from(env!("CARGO_TARGET_TMPDIR"))
+        .join(format!("capi-step-serve-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    let mut child = Command::new(gwjob)
+        .args(["serve", "--listen", "127.0.0.1:0", "--db"])
+        .arg(dir.join("db"))
+        .env("GW_ADMIN_TOKEN", ADMIN)
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .expect("spawn gwjob serve");
+    let out = BufReader::new(child.stdout.take().unwrap());
+    let mut url = None;
+    for line in out.lines() {
+        let Ok(line) = line else { break };
+        if let Some(u) = line.strip_prefix("gwjob: listening on ") {
+            url = Some(u.to_owned());
+            break;
+        }
+    }
+    let url = url.expect("gwjob serve printed its address");
+    Serve { child, url, dir }
+}
+
+#[test]
+fn steps_against_a_real_gwjob_serve_then_a_cancelled_job_is_aborted() {
+    use gw_jobapi::http::call;
+    use gw_jobapi::types::*;
+    let s = serve();
+    let t = Duration::from_secs(10);
+    let node = RegisterNode {
+        node: "n0".into(),
+        rack: "r0".into(),
+        slots: 1,
+        device_type: "cpu".into(),
+        addr: "127.0.0.1".into(),
+    };
+    let _: RegisterReply =
+        call("POST", &s.url, "/v1/nodes/register", ADMIN, Some(&node), t).expect("register");
+    let req = SubmitRequest {
+        name: None,
+        workers: 1,
+        global_batch: 8,
+        batch_lo: 1,
+        batch_hi: 8,
+        schedule: vec![],
+        planner: PlannerKind::Optperf,
+        program: "/bin/true".into(),
+        args: vec![],
+        env: vec![("GW_ALGO".into(), "ring".into())],
+    };
+    let id = call::<_, SubmitReply>("POST", &s.url, "/v1/jobs", ADMIN, Some(&req), t)
+        .expect("submit")
+        .job_id;
+    // Play the agent: open the store, get the launch with the job's variables.
+    let hb = "/v1/nodes/n0/heartbeat";
+    let r: HeartbeatReply =
+        call("POST", &s.url, hb, ADMIN, Some(&Heartbeat::default()), t).expect("heartbeat");
+    assert!(r.open_stores.iter().any(|o| o.job_id == id), "{r:?}");
+    let opened = Heartbeat {
+        stores: vec![StoreOpened {
+            job_id: id.clone(),
+            addr: "127.0.0.1:1".into(),
+        }],
+        exits: vec![],
+    };
+    let r: HeartbeatReply = call("POST", &s.url, hb, ADMIN, Some(&opened), t).expect("heartbeat");
+    let launch = r
+        .launches
+        .into_iter()
+        .find(|l| l.job_id == id)
+        .expect("a launch for the job");
+    let var = |k: &str| {
+        launch
+            .env
+            .iter()
+            .rev()
+            .find(|(n, _)| n == k)
+            .map(|(_, v)| v.clone())
+            .unwrap_or_else(|| panic!("{k} in {launch:?}"))
+    };
+    let vars = [
+        ("GW_JOB_SERVER", var("GW_JOB_SERVER")),
+        ("GW_JOB_ID", var("GW_JOB_ID")),
+        ("GW_JOB_TOKEN", var("GW_JOB_TOKEN")),
+    ];
+
+    let (out, text) = step_c(&["run", "3"], &vars);
+    assert!(out.status.success(), "{text}");
+    for step in 0..3 {
+        let want = format!("step.c: step {step} local 8 offset 0 global 8 weight 1.000 algo ring");
+        assert!(text.contains(&want), "{want:?} in\n{text}");
+    }
+    assert!(text.contains("step.c: done after 3 steps"), "{text}");
+    let st: JobStatus =
+        call::<(), _>("GET", &s.url, &format!("/v1/jobs/{id}"), ADMIN, None, t).expect("status");
+    assert_eq!(st.step, Some(2), "{st:?}");
+    assert_eq!(st.ranks[0].last_compute_s, Some(0.25), "{st:?}");
+
+    let _: JobStatus = call::<(), _>(
+        "POST",
+        &s.url,
+        &format!("/v1/jobs/{id}/cancel"),
+        ADMIN,
+        None,
+        t,
+    )
+    .expect("cancel");
+    let (out, text) = step_c(&["stopped"], &vars);
+    assert!(out.status.success(), "{text}");
+    assert!(
+        text.contains(&format!(
+            "step.c: begin of a stopped job: job {id} stopped: was cancelled"
+        )),
+        "{text}"
+    );
 }

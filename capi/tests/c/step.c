@@ -5,8 +5,10 @@
  *                 gwInvalidUsage naming GW_JOB_SERVER.
  *   step down     GW_JOB_SERVER points at a closed port: gwStepBegin gives
  *                 up after GW_JOB_RETRY_S with gwTimeout naming the server.
- *   step run      a job server is there: steps until it says stop, printing
- *                 "step.c: step S local B offset O weight W algo A" for each.
+ *   step run [N]  a job server is there: steps until it says stop (or N
+ *                 steps were done), printing "step.c: step S local B ..."
+ *                 for each.
+ *   step stopped  the job was stopped: gwStepBegin returns gwAborted.
  *
  * A one-rank communicator is made with gwGetUniqueId (no launcher needed).
  * Prints "step.c: <mode> ok" on success.
@@ -14,6 +16,7 @@
 #define _POSIX_C_SOURCE 200809L
 #include <math.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "gradwire.h"
@@ -78,12 +81,12 @@ static int down_mode(void) {
   return failures;
 }
 
-static int run_mode(void) {
+static int run_mode(int max_steps) {
   gwComm_t comm = one_rank();
   gwStepInfo info, again;
   int stop = 0, steps = 0;
   if (!comm) return 1;
-  while (!stop && steps < 100) {
+  while (!stop && steps < max_steps) {
     gwStepReport rep;
     EXPECT(gwStepBegin(comm, &info), gwSuccess);
     if (failures) break;
@@ -108,13 +111,23 @@ static int run_mode(void) {
     if (failures) break;
     steps++;
   }
-  /* The step was ended: ending it again is a usage error. */
+  /* The last step was ended: ending again is a usage error. */
   {
     gwStepReport rep = {1, 0, 0, 0, NAN, NAN};
     EXPECT(gwStepEnd(comm, &rep, NULL), gwInvalidUsage);
     EXPECT_MSG(comm, "without step begin");
   }
-  printf("step.c: stopped after %d steps\n", steps);
+  printf("step.c: %s after %d steps\n", stop ? "stopped" : "done", steps);
+  EXPECT(gwCommDestroy(comm), gwSuccess);
+  return failures;
+}
+
+static int stopped_mode(void) {
+  gwComm_t comm = one_rank();
+  gwStepInfo info;
+  if (!comm) return 1;
+  EXPECT(gwStepBegin(comm, &info), gwAborted);
+  printf("step.c: begin of a stopped job: %s\n", gwGetLastError(comm));
   EXPECT(gwCommDestroy(comm), gwSuccess);
   return failures;
 }
@@ -127,9 +140,11 @@ int main(int argc, char** argv) {
   else if (!strcmp(mode, "down"))
     rc = down_mode();
   else if (!strcmp(mode, "run"))
-    rc = run_mode();
+    rc = run_mode(argc > 2 ? atoi(argv[2]) : 100);
+  else if (!strcmp(mode, "stopped"))
+    rc = stopped_mode();
   else {
-    fprintf(stderr, "usage: step errors|down|run\n");
+    fprintf(stderr, "usage: step errors|down|run [N]|stopped\n");
     return 2;
   }
   if (rc == 0) printf("step.c: %s ok\n", mode);
