@@ -84,12 +84,17 @@ fn store_then_launch_then_exits_decide_the_job() {
         assert_eq!(env(l, "MY_VAR"), Some("1"));
         assert_eq!(env(l, "GW_ALGO"), Some("ring"));
     }
-    // Launches are delivered once.
-    assert!(s.heartbeat("n1", &Heartbeat::default()).launches.is_empty());
-    assert!(s.heartbeat("n2", &Heartbeat::default()).launches.is_empty());
-    // The step plan carries the job's algorithm.
+    // Launches are repeated (agents start a rank once) until each rank is
+    // confirmed by a step/begin or an exit.
+    assert_eq!(s.heartbeat("n1", &Heartbeat::default()).launches, *l1);
+    assert_eq!(s.heartbeat("n2", &Heartbeat::default()).launches, *l2);
     let token = env(&l1[0], "GW_JOB_TOKEN").unwrap().to_owned();
+    // The step plan carries the job's algorithm.
     assert_eq!(s.step_begin(&id, &token, 0, 0).unwrap().algo, "ring");
+    assert_eq!(s.heartbeat("n1", &Heartbeat::default()).launches, *l1);
+    s.step_begin(&id, &token, 1, 0).unwrap();
+    assert!(s.heartbeat("n1", &Heartbeat::default()).launches.is_empty());
+    assert_eq!(s.heartbeat("n2", &Heartbeat::default()).launches, *l2);
     // Exits, with a duplicate: success once every rank exited 0.
     let exit = |rank| WorkerExit {
         job_id: id.clone(),
@@ -104,6 +109,7 @@ fn store_then_launch_then_exits_decide_the_job() {
     s.heartbeat("n1", &hb(vec![exit(0), exit(1), exit(0)]));
     assert_eq!(s.status(&id).state, JobState::Running);
     s.heartbeat("n2", &hb(vec![exit(2)]));
+    assert!(s.heartbeat("n2", &Heartbeat::default()).launches.is_empty());
     let st = s.status(&id);
     assert_eq!(st.state, JobState::Succeeded, "{st:?}");
     assert_eq!(
@@ -287,4 +293,30 @@ fn a_silent_node_is_lost_and_fails_its_jobs() {
     s.heartbeat("n2", &exit(1));
     assert_eq!(s.status(&j2).state, JobState::Running);
     assert!(s.stderr().contains("node n2 lost (no heartbeat for 1 s)"));
+}
+
+#[test]
+fn an_agent_restart_ends_its_ranks_and_fails_their_job() {
+    let dir = TempDir::new("reregister");
+    let s = Server::start(dir.path(), &["--node-timeout", "60"]);
+    s.register("n1", "r1", 1);
+    s.register("n2", "r1", 1);
+    let id = s.submit(&job(2, 8));
+    launch(&s, &id, &["n1", "n2"]);
+    // n2's agent restarts (its workers died with it) and registers again.
+    s.register("n2", "r1", 1);
+    let st = s.status(&id);
+    assert_eq!(st.state, JobState::Failed);
+    assert_eq!(
+        st.reason.as_deref(),
+        Some("rank 1 on node n2 was lost: the node's agent restarted")
+    );
+    assert_eq!(st.ranks[1].exit, None);
+    // Nothing is re-sent to the new agent; n1 is told to stop; n2's slot is
+    // free again.
+    let hb2 = s.heartbeat("n2", &Heartbeat::default());
+    assert!(hb2.launches.is_empty() && hb2.stops.is_empty(), "{hb2:?}");
+    assert_eq!(s.heartbeat("n1", &Heartbeat::default()).stops, vec![id]);
+    let j2 = s.submit(&job(1, 8));
+    assert_eq!(s.status(&j2).ranks[0].node, "n2");
 }

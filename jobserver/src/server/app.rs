@@ -4,10 +4,12 @@
 
 use crate::server::auth;
 use crate::server::db::Db;
+use crate::server::db::to_json;
 use crate::server::error::{ApiError, ApiResult};
-use crate::server::jobs::{self, to_json};
+use crate::server::jobs;
 use crate::server::nodes::{self, Liveness};
 use crate::server::routes::{self, Auth, Route};
+use crate::server::status;
 use crate::server::steps;
 use gw_jobapi::types::{
     Heartbeat, RegisterNode, SetGlobalBatch, StepBegin, StepEnd, SubmitRequest,
@@ -57,9 +59,9 @@ impl App {
                 let req: SubmitRequest = body(c)?;
                 to_json(&db.tx(|tx| jobs::submit(tx, &req))?)
             }
-            Route::ListJobs => to_json(&db.tx(jobs::list)?),
-            Route::GetJob(id) => to_json(&db.tx(|tx| jobs::status(tx, id))?),
-            Route::Events(id) => to_json(&db.tx(|tx| jobs::events(tx, id))?),
+            Route::ListJobs => to_json(&db.tx(status::list)?),
+            Route::GetJob(id) => to_json(&db.tx(|tx| status::status(tx, id))?),
+            Route::Events(id) => to_json(&db.tx(|tx| status::events(tx, id))?),
             Route::Cancel(id) => to_json(&db.tx(|tx| jobs::cancel(tx, id))?),
             Route::SetGlobalBatch(id) => {
                 let req: SetGlobalBatch = body(c)?;

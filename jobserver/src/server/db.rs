@@ -10,6 +10,7 @@
 
 use crate::server::error::{ApiError, ApiResult};
 use rusqlite::{Connection, OptionalExtension, Transaction, TransactionBehavior, params};
+use serde::Serialize;
 use std::os::unix::fs::OpenOptionsExt;
 use std::path::Path;
 use std::sync::Mutex;
@@ -220,6 +221,12 @@ pub fn event(
     )?;
     eprintln!("gwjob: {message}");
     Ok(())
+}
+
+/// Serialising our own values cannot fail in practice; if it does, it is a
+/// server bug reported as a 500 rather than a panic.
+pub fn to_json<T: Serialize + ?Sized>(v: &T) -> ApiResult<String> {
+    serde_json::to_string(v).map_err(|e| ApiError::internal(format!("cannot encode: {e}")))
 }
 
 #[cfg(test)]

@@ -1,20 +1,19 @@
-//! Jobs as stored: submit, status, cancel, global-batch changes, placement
-//! of pending jobs and the end of a job. Every function takes the open
+//! Jobs as stored: submit, cancel, global-batch changes, placement of
+//! pending jobs and the end of a job. Every function takes the open
 //! transaction of the request it serves, so a request's changes commit
 //! together or not at all.
 
 use crate::launcher::spawn::random_hex;
-use crate::server::db::{event, now};
+use crate::server::db::{event, now, to_json};
 use crate::server::error::{ApiError, ApiResult, corrupt};
 use crate::server::placement::{FreeNode, place};
-use crate::server::plan::{FIT_FORGET, Plan, PlanKind};
+use crate::server::plan::FIT_FORGET;
 use crate::server::validate;
 use gw_jobapi::types::{
-    JobState, JobStatus, PlannerKind, RankStatus, SetGlobalBatch, SubmitReply, SubmitRequest,
+    JobState, JobStatus, PlannerKind, SetGlobalBatch, SubmitReply, SubmitRequest,
 };
-use gw_planner::{Linear, NoiseScale, RankFit, plan_even};
+use gw_planner::RankFit;
 use rusqlite::{OptionalExtension, Row, Transaction, params};
-use serde::Serialize;
 
 /// A job's row, decoded.
 #[derive(Clone, Debug)]
@@ -144,6 +143,15 @@ pub fn find(tx: &Transaction<'_>, id: &str) -> ApiResult<Option<Job>> {
 /// The job, or 404.
 pub fn get(tx: &Transaction<'_>, id: &str) -> ApiResult<Job> {
     find(tx, id)?.ok_or_else(|| ApiError::not_found(format!("job {id} not found")))
+}
+
+/// Every job, oldest first.
+pub fn all(tx: &Transaction<'_>) -> ApiResult<Vec<Job>> {
+    let mut st = tx.prepare(&format!("SELECT {JOB_COLUMNS} FROM jobs ORDER BY seq"))?;
+    let rows = st
+        .query_map([], job_from_row)?
+        .collect::<rusqlite::Result<Vec<_>>>()?;
+    rows.into_iter().map(decode).collect()
 }
 
 /// Jobs in `state`, oldest first.
@@ -307,7 +315,7 @@ pub fn cancel(tx: &Transaction<'_>, id: &str) -> ApiResult<JobStatus> {
             return Err(ApiError::conflict(job.not_running()));
         }
     }
-    status(tx, id)
+    crate::server::status::status(tx, id)
 }
 
 /// The global batch in force at `step`: the latest change at or before it,
@@ -348,7 +356,7 @@ pub fn set_global_batch(
             req.step
         )));
     }
-    if let Some(last) = latest_plan_step(tx, &job.id)?
+    if let Some(last) = crate::server::store::latest_plan_step(tx, &job.id)?
         && req.step <= last
     {
         return Err(ApiError::conflict(format!(
@@ -372,240 +380,5 @@ pub fn set_global_batch(
             req.global_batch, req.step
         ),
     )?;
-    status(tx, id)
-}
-
-pub fn latest_plan_step(tx: &Transaction<'_>, id: &str) -> ApiResult<Option<u64>> {
-    Ok(tx.query_row(
-        "SELECT MAX(step) FROM plans WHERE job_id = ?1",
-        params![id],
-        |r| r.get(0),
-    )?)
-}
-
-/// The stored plan of `step`, if any.
-pub fn load_plan(tx: &Transaction<'_>, id: &str, step: u64) -> ApiResult<Option<Plan>> {
-    plan_query(tx, "WHERE job_id = ?1 AND step = ?2", params![id, step])
-}
-
-/// The latest stored plan, if any.
-pub fn latest_plan(tx: &Transaction<'_>, id: &str) -> ApiResult<Option<Plan>> {
-    plan_query(
-        tx,
-        "WHERE job_id = ?1 ORDER BY step DESC LIMIT 1",
-        params![id],
-    )
-}
-
-fn plan_query(
-    tx: &Transaction<'_>,
-    tail: &str,
-    p: impl rusqlite::Params,
-) -> ApiResult<Option<Plan>> {
-    let row = tx
-        .query_row(
-            &format!(
-                "SELECT step, global_batch, batches, kind, basis, predicted_step_s, algo FROM plans {tail}"
-            ),
-            p,
-            |r| {
-                Ok((
-                    r.get::<_, u64>(0)?,
-                    r.get::<_, u64>(1)?,
-                    r.get::<_, String>(2)?,
-                    r.get::<_, String>(3)?,
-                    r.get::<_, Option<String>>(4)?,
-                    r.get::<_, Option<f64>>(5)?,
-                    r.get::<_, String>(6)?,
-                ))
-            },
-        )
-        .optional()?;
-    let Some((step, global_batch, batches, kind, basis, predicted_step_s, algo)) = row else {
-        return Ok(None);
-    };
-    Ok(Some(Plan {
-        step,
-        global_batch,
-        batches: serde_json::from_str(&batches).map_err(|e| corrupt("plan batches", e))?,
-        kind: PlanKind::parse(&kind).ok_or_else(|| corrupt("plan kind", &kind))?,
-        basis: basis
-            .map(|b| serde_json::from_str::<Vec<Linear>>(&b))
-            .transpose()
-            .map_err(|e| corrupt("plan basis", e))?,
-        predicted_step_s,
-        algo,
-    }))
-}
-
-pub fn store_plan(tx: &Transaction<'_>, id: &str, p: &Plan) -> ApiResult<()> {
-    tx.execute(
-        "INSERT INTO plans(job_id, step, global_batch, batches, kind, basis, predicted_step_s, algo)
-         VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8)",
-        params![
-            id,
-            p.step,
-            p.global_batch,
-            to_json(&p.batches)?,
-            p.kind.as_str(),
-            p.basis.as_ref().map(to_json).transpose()?,
-            p.predicted_step_s,
-            p.algo
-        ],
-    )?;
-    Ok(())
-}
-
-/// Serialising our own values cannot fail in practice; if it does, it is a
-/// server bug reported as a 500 rather than a panic.
-pub fn to_json<T: Serialize + ?Sized>(v: &T) -> ApiResult<String> {
-    serde_json::to_string(v).map_err(|e| ApiError::internal(format!("cannot encode: {e}")))
-}
-
-/// A rank's row, decoded.
-pub struct RankRow {
-    pub rank: u32,
-    pub node: String,
-    pub fit: RankFit,
-    pub last_compute_s: Option<f64>,
-    pub exit: Option<i32>,
-}
-
-/// Every placed rank of the job, by rank.
-pub fn ranks(tx: &Transaction<'_>, id: &str) -> ApiResult<Vec<RankRow>> {
-    let mut st = tx.prepare(
-        "SELECT rank, node, fit, last_compute_s, exited, exit_code, exit_signal
-         FROM ranks WHERE job_id = ?1 ORDER BY rank",
-    )?;
-    let rows = st
-        .query_map(params![id], |r| {
-            Ok((
-                r.get::<_, u32>(0)?,
-                r.get::<_, String>(1)?,
-                r.get::<_, String>(2)?,
-                r.get::<_, Option<f64>>(3)?,
-                r.get::<_, bool>(4)?,
-                r.get::<_, Option<i32>>(5)?,
-                r.get::<_, Option<i32>>(6)?,
-            ))
-        })?
-        .collect::<rusqlite::Result<Vec<_>>>()?;
-    rows.into_iter()
-        .map(|(rank, node, fit, last, exited, code, signal)| {
-            Ok(RankRow {
-                rank,
-                node,
-                fit: serde_json::from_str(&fit).map_err(|e| corrupt("rank fit", e))?,
-                last_compute_s: last,
-                exit: match (exited, code, signal) {
-                    (false, _, _) => None,
-                    (true, Some(c), _) => Some(c),
-                    (true, None, Some(s)) => Some(-s),
-                    (true, None, None) => Some(-1),
-                },
-            })
-        })
-        .collect()
-}
-
-/// `GET /v1/jobs/{id}`.
-pub fn status(tx: &Transaction<'_>, id: &str) -> ApiResult<JobStatus> {
-    let job = get(tx, id)?;
-    status_of(tx, &job)
-}
-
-/// `GET /v1/jobs`: every job, oldest first.
-pub fn list(tx: &Transaction<'_>) -> ApiResult<Vec<JobStatus>> {
-    let mut st = tx.prepare(&format!("SELECT {JOB_COLUMNS} FROM jobs ORDER BY seq"))?;
-    let rows = st
-        .query_map([], job_from_row)?
-        .collect::<rusqlite::Result<Vec<_>>>()?;
-    rows.into_iter()
-        .map(|r| decode(r).and_then(|j| status_of(tx, &j)))
-        .collect()
-}
-
-fn status_of(tx: &Transaction<'_>, job: &Job) -> ApiResult<JobStatus> {
-    let plan = latest_plan(tx, &job.id)?;
-    let global_batch = match &plan {
-        Some(p) => p.global_batch,
-        None => job.spec.global_batch,
-    };
-    // Before the first plan, show the even split the first step will use.
-    let batches = match &plan {
-        Some(p) => p.batches.clone(),
-        None => plan_even(
-            job.workers() as usize,
-            global_batch,
-            job.spec.batch_lo,
-            job.spec.batch_hi,
-        )
-        .unwrap_or_default(),
-    };
-    let measured: Option<f64> = tx
-        .query_row(
-            "SELECT measured_step_s FROM steps WHERE job_id = ?1 ORDER BY step DESC LIMIT 1",
-            params![job.id],
-            |r| r.get(0),
-        )
-        .optional()?;
-    let noise_scale = match &job.noise {
-        Some(n) => serde_json::from_str::<NoiseScale>(n)
-            .map_err(|e| corrupt("noise scale", e))?
-            .estimate(),
-        None => None,
-    };
-    let ranks = ranks(tx, &job.id)?
-        .into_iter()
-        .map(|r| {
-            let model = r.fit.model();
-            RankStatus {
-                rank: r.rank,
-                local_batch: batches.get(r.rank as usize).copied().unwrap_or(0),
-                node: r.node,
-                fit_a: model.map(|m| m.a),
-                fit_c: model.map(|m| m.c),
-                last_compute_s: r.last_compute_s,
-                exit: r.exit,
-            }
-        })
-        .collect();
-    Ok(JobStatus {
-        job_id: job.id.clone(),
-        name: job.spec.name.clone(),
-        state: job.state,
-        reason: job.reason.clone(),
-        workers: job.workers(),
-        planner: job.spec.planner,
-        global_batch,
-        step: job.completed_step,
-        predicted_step_s: plan.and_then(|p| p.predicted_step_s),
-        measured_step_s: measured,
-        noise_scale,
-        ranks,
-    })
-}
-
-/// One line of a job's event log (`GET /v1/jobs/{id}/events`).
-#[derive(Clone, Debug, Serialize, serde::Deserialize, PartialEq)]
-pub struct EventLine {
-    /// Seconds since the Unix epoch.
-    pub at: f64,
-    pub node: Option<String>,
-    pub message: String,
-}
-
-/// The job's events, oldest first.
-pub fn events(tx: &Transaction<'_>, id: &str) -> ApiResult<Vec<EventLine>> {
-    get(tx, id)?;
-    let mut st =
-        tx.prepare("SELECT at, node, message FROM events WHERE job_id = ?1 ORDER BY id")?;
-    let rows = st.query_map(params![id], |r| {
-        Ok(EventLine {
-            at: r.get(0)?,
-            node: r.get(1)?,
-            message: r.get(2)?,
-        })
-    })?;
-    Ok(rows.collect::<rusqlite::Result<Vec<_>>>()?)
+    crate::server::status::status(tx, id)
 }

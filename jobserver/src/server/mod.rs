@@ -20,7 +20,9 @@ pub mod nodes;
 pub mod placement;
 pub mod plan;
 pub mod routes;
+pub mod status;
 pub mod steps;
+pub mod store;
 pub mod validate;
 
 use app::App;

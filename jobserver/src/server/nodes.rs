@@ -2,15 +2,21 @@
 //! run (open a store, launch ranks, stop a job) and report what happened
 //! (stores opened, workers exited), and liveness.
 //!
-//! Delivery rules, chosen so a server restart (or a lost reply) never starts
-//! a rank twice:
+//! Delivery rules, chosen so that neither a lost reply nor a server restart
+//! (a `kill -9` between a commit and its reply included) loses an
+//! instruction or starts a rank twice. Agents start each (job, rank) at most
+//! once per agent process and ignore a store they already run, so the server
+//! repeats what it cannot know was received:
 //! * `open_stores` is repeated in every heartbeat of rank 0's node until the
-//!   store's address is reported (agents ignore a job whose store they
-//!   already run), so a lost reply only delays the job;
-//! * `launches` are delivered **at most once**: the ranks are marked launched
-//!   in the same transaction that builds the reply. A reply lost after the
-//!   commit leaves those ranks unstarted; the job's other ranks then time out
-//!   in rendezvous and fail it with their exit status;
+//!   store's address is reported;
+//! * `launches` are repeated until each rank is *confirmed*: it called
+//!   step/begin or its exit was reported. The `ranks.launched` column says
+//!   where a rank is: 0 never sent, 1 sent (repeated), 2 confirmed (no more
+//!   sends). A launch always lists all of the job's ranks on the node, so
+//!   the agent's local ranks (index in the list) never shift. A node that
+//!   registers again runs a new agent process, and the old one's workers died
+//!   with it: its sent, unexited ranks are recorded as ended (never re-sent)
+//!   and their running jobs fail naming the rank and node;
 //! * `stops` are repeated while the job has ended and a launched rank on the
 //!   node has not reported its exit;
 //! * `exits` may arrive more than once; only the first report of a rank
@@ -107,7 +113,8 @@ fn check_name(what: &str, s: &str) -> ApiResult<()> {
 }
 
 /// `POST /v1/nodes/register`: adds the node or updates it (same name), and
-/// marks it up. Jobs already on it are not touched.
+/// marks it up. Ranks it was running died with its old agent (see
+/// [`workers_lost_with_agent`]).
 pub fn register(
     tx: &Transaction<'_>,
     live: &Liveness,
@@ -155,8 +162,42 @@ pub fn register(
             req.node, req.rack, req.slots, req.device_type, req.addr
         ),
     )?;
+    workers_lost_with_agent(tx, &req.node)?;
     jobs::place_pending(tx)?;
     Ok(RegisterReply { heartbeat_ms })
+}
+
+/// A node registers again when a new agent process starts there, and an
+/// agent's workers die with it: every rank sent to the node that has not
+/// exited is gone (and must never be re-sent). Running jobs among them fail
+/// naming the rank and the node.
+fn workers_lost_with_agent(tx: &Transaction<'_>, node: &str) -> ApiResult<()> {
+    let lost: Vec<(String, u32)> = {
+        let mut st = tx.prepare(
+            "SELECT job_id, rank FROM ranks WHERE node = ?1 AND launched > 0 AND exited = 0
+             ORDER BY job_id, rank",
+        )?;
+        let rows = st.query_map(params![node], |r| Ok((r.get(0)?, r.get(1)?)))?;
+        rows.collect::<rusqlite::Result<Vec<_>>>()?
+    };
+    tx.execute(
+        "UPDATE ranks SET exited = 1, released = 1 WHERE node = ?1 AND launched > 0 AND exited = 0",
+        params![node],
+    )?;
+    let mut done: Vec<&str> = Vec::new();
+    for (id, rank) in &lost {
+        if done.contains(&id.as_str()) {
+            continue;
+        }
+        done.push(id);
+        let reason = format!("rank {rank} on node {node} was lost: the node's agent restarted");
+        event(tx, Some(id), Some(node), &format!("job {id}: {reason}"))?;
+        let job = jobs::get(tx, id)?;
+        if job.state == JobState::Running {
+            jobs::end(tx, &job, JobState::Failed, Some(&reason))?;
+        }
+    }
+    Ok(())
 }
 
 /// `POST /v1/nodes/{node}/heartbeat`. `server_url` is what workers are told
@@ -343,14 +384,15 @@ fn open_stores(tx: &Transaction<'_>, node: &str) -> ApiResult<Vec<OpenStore>> {
     Ok(rows.collect::<rusqlite::Result<Vec<_>>>()?)
 }
 
-/// Ranks on this node of running jobs whose store is known and that were
-/// not launched yet; marked launched here (at most once, see module doc).
+/// Running jobs with a rank on this node that is not confirmed yet (see
+/// the module doc), whose store is known: one launch each, listing all of
+/// the job's ranks on this node.
 fn launches(tx: &Transaction<'_>, node: &str, server_url: &str) -> ApiResult<Vec<Launch>> {
     let ids: Vec<String> = {
         let mut st = tx.prepare(
             "SELECT DISTINCT j.id FROM jobs j JOIN ranks r ON r.job_id = j.id
              WHERE j.state = 'running' AND j.store_addr IS NOT NULL AND r.node = ?1
-               AND r.launched = 0
+               AND r.launched < 2 AND r.exited = 0
              ORDER BY j.seq",
         )?;
         let rows = st.query_map(params![node], |r| r.get(0))?;
@@ -360,33 +402,30 @@ fn launches(tx: &Transaction<'_>, node: &str, server_url: &str) -> ApiResult<Vec
     for id in ids {
         let job = jobs::get(tx, &id)?;
         let ranks: Vec<u32> = {
-            let mut st = tx.prepare(
-                "SELECT rank FROM ranks WHERE job_id = ?1 AND node = ?2 AND launched = 0 ORDER BY rank",
-            )?;
+            let mut st =
+                tx.prepare("SELECT rank FROM ranks WHERE job_id = ?1 AND node = ?2 ORDER BY rank")?;
             let rows = st.query_map(params![id, node], |r| r.get(0))?;
             rows.collect::<rusqlite::Result<Vec<_>>>()?
         };
-        let local: i64 = tx.query_row(
-            "SELECT COUNT(*) FROM ranks WHERE job_id = ?1 AND node = ?2",
-            params![id, node],
-            |r| r.get(0),
-        )?;
-        tx.execute(
-            "UPDATE ranks SET launched = 1 WHERE job_id = ?1 AND node = ?2",
+        let first = tx.execute(
+            "UPDATE ranks SET launched = 1 WHERE job_id = ?1 AND node = ?2 AND launched = 0",
             params![id, node],
         )?;
-        event(
-            tx,
-            Some(&id),
-            Some(node),
-            &format!("job {id}: launching ranks {ranks:?} on node {node}"),
-        )?;
+        if first > 0 {
+            event(
+                tx,
+                Some(&id),
+                Some(node),
+                &format!("job {id}: launching ranks {ranks:?} on node {node}"),
+            )?;
+        }
+        let local = ranks.len();
         out.push(launch(&job, ranks, local, server_url));
     }
     Ok(out)
 }
 
-fn launch(job: &Job, ranks: Vec<u32>, local: i64, server_url: &str) -> Launch {
+fn launch(job: &Job, ranks: Vec<u32>, local: usize, server_url: &str) -> Launch {
     let mut env = job.spec.env.clone();
     env.extend([
         ("GW_WORLD_SIZE".to_owned(), job.workers().to_string()),
@@ -415,7 +454,7 @@ fn stops(tx: &Transaction<'_>, node: &str) -> ApiResult<Vec<String>> {
     let mut st = tx.prepare(
         "SELECT DISTINCT j.id FROM jobs j JOIN ranks r ON r.job_id = j.id
          WHERE j.state IN ('failed', 'cancelled', 'succeeded') AND r.node = ?1
-           AND r.launched = 1 AND r.exited = 0
+           AND r.launched > 0 AND r.exited = 0
          ORDER BY j.seq",
     )?;
     let rows = st.query_map(params![node], |r| r.get(0))?;

@@ -10,9 +10,11 @@
 
 use crate::server::auth;
 use crate::server::db::event;
+use crate::server::db::to_json;
 use crate::server::error::{ApiError, ApiResult};
-use crate::server::jobs::{self, Job, to_json};
+use crate::server::jobs::{self, Job};
 use crate::server::plan::{self, Inputs, Plan};
+use crate::server::store;
 use gw_jobapi::types::{JobState, StepBegin, StepEnd, StepEndReply, StepPlan};
 use gw_planner::{NoiseScale, RankFit};
 use rusqlite::{Transaction, params};
@@ -75,10 +77,15 @@ pub fn begin(tx: &Transaction<'_>, job: &Job, req: &StepBegin) -> ApiResult<Step
             req.step
         )));
     }
-    if let Some(p) = jobs::load_plan(tx, &job.id, req.step)? {
+    // The rank is alive: its launch need not be re-sent (see nodes.rs).
+    tx.execute(
+        "UPDATE ranks SET launched = 2 WHERE job_id = ?1 AND rank = ?2 AND launched = 1",
+        params![job.id, req.rank],
+    )?;
+    if let Some(p) = store::load_plan(tx, &job.id, req.step)? {
         return reply(&p, req.rank);
     }
-    let prev = jobs::latest_plan(tx, &job.id)?;
+    let prev = store::latest_plan(tx, &job.id)?;
     if let Some(p) = &prev {
         if req.step > p.step + 1 {
             return Err(ApiError::conflict(format!(
@@ -104,7 +111,7 @@ pub fn begin(tx: &Transaction<'_>, job: &Job, req: &StepBegin) -> ApiResult<Step
         }
     }
     let global_batch = jobs::batch_at(tx, job, req.step)?;
-    let fits: Vec<RankFit> = jobs::ranks(tx, &job.id)?
+    let fits: Vec<RankFit> = store::ranks(tx, &job.id)?
         .into_iter()
         .map(|r| r.fit)
         .collect();
@@ -141,7 +148,7 @@ pub fn begin(tx: &Transaction<'_>, job: &Job, req: &StepBegin) -> ApiResult<Step
             job.id, req.step
         ))
     })?;
-    jobs::store_plan(tx, &job.id, &decision.plan)?;
+    store::store_plan(tx, &job.id, &decision.plan)?;
     if let Some(note) = &decision.note {
         event(tx, Some(&job.id), None, &format!("job {}: {note}", job.id))?;
     }
@@ -192,7 +199,7 @@ pub fn end(tx: &Transaction<'_>, job: &Job, req: &StepEnd) -> ApiResult<StepEndR
     check_time("step_s", req.step_s)?;
     check_norm("local_grad_sq", req.local_grad_sq)?;
     check_norm("global_grad_sq", req.global_grad_sq)?;
-    let Some(plan) = jobs::load_plan(tx, &job.id, req.step)? else {
+    let Some(plan) = store::load_plan(tx, &job.id, req.step)? else {
         return Err(ApiError::conflict(format!(
             "step {} of job {} was never planned (call step/begin first)",
             req.step, job.id
