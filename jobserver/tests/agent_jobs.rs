@@ -198,3 +198,42 @@ fn sigterm_stops_the_agents_workers_reports_them_and_exits_0() {
         "{reason}"
     );
 }
+
+#[test]
+fn a_killed_agent_takes_its_workers_along_and_its_restart_fails_their_job() {
+    let dir = TempDir::new("crash");
+    let s = start(&dir);
+    let mut a = Agent::start(dir.path(), &s.url, "node-k", 1);
+    a.wait_log("registered", T);
+    let mut req = sh_job(1, "echo $$ > $AGENT_TEST_DIR/pid-0; exec sleep 60");
+    req.env = vec![("AGENT_TEST_DIR".into(), dir.path().display().to_string())];
+    let id = s.submit(&req);
+    a.wait_log(&format!("started job {id} rank 0 "), T);
+    let deadline = Instant::now() + T;
+    while pids_in(dir.path()).is_empty() {
+        assert!(Instant::now() < deadline, "the worker never wrote its pid");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    std::thread::sleep(Duration::from_millis(300));
+
+    // kill -9 of the agent: its worker dies with it, unreported.
+    let _ = a.child.kill();
+    let _ = a.child.wait();
+    let pid = pids_in(dir.path())[0];
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while alive(pid) {
+        assert!(Instant::now() < deadline, "worker {pid} outlived its agent");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    assert_eq!(s.status(&id).state, JobState::Running);
+
+    // The next agent of the node registers it again: the server then knows
+    // the old workers are gone, well before the node would time out.
+    let t = Instant::now();
+    let b = Agent::start(dir.path(), &s.url, "node-k", 1);
+    let st = s.wait_job(&id, T, ended, || b.log());
+    assert!(t.elapsed() < Duration::from_secs(8), "{:?}", t.elapsed());
+    assert_eq!(st.state, JobState::Failed);
+    let reason = st.reason.unwrap_or_default();
+    assert!(reason.starts_with("rank 0 on node node-k "), "{reason}");
+}
