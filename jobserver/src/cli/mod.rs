@@ -7,7 +7,7 @@ pub mod flags;
 pub mod table;
 
 use crate::server::auth::read_token;
-use crate::server::jobs::EventLine;
+use crate::server::status::EventLine;
 use args::{Cli, Conn};
 use gw_jobapi::http::call;
 use gw_jobapi::types::{JobStatus, SubmitReply};

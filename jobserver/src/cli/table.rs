@@ -2,7 +2,7 @@
 //! (ranks, nodes, local batches, fitted speeds, predicted vs measured step
 //! time). Pure formatting, so it is tested without a server.
 
-use crate::server::jobs::EventLine;
+use crate::server::status::EventLine;
 use gw_jobapi::types::{JobState, JobStatus, PlannerKind};
 
 /// Left-aligned columns separated by two spaces; no trailing blanks.
