@@ -5,6 +5,7 @@
 //! hang fails the test instead of stalling CI.
 
 pub mod coll;
+pub mod jobs;
 
 use gw_transport::store::{StoreConfig, StoreServer};
 use std::io::Read;
@@ -50,7 +51,7 @@ pub fn bin(name: &str) -> PathBuf {
     p
 }
 
-fn collect(mut child: Child, deadline: Duration, what: &str) -> Run {
+pub fn collect(mut child: Child, deadline: Duration, what: &str) -> Run {
     let start = Instant::now();
     let mut out = child.stdout.take();
     let mut err = child.stderr.take();

@@ -268,7 +268,8 @@ pub fn train(comm: &Communicator, mut source: PlanSource, cfg: &TrainConfig) -> 
     let mut base = 0u64;
     if rank == 0 {
         println!(
-            "gwtrain: {world} rank(s), MLP {:?} ({n} parameters), {} steps, lr {}, plans from {}",
+            "gwtrain: {world} rank(s), transports {}, MLP {:?} ({n} parameters), {} steps, lr {}, plans from {}",
+            comm.transport_summary(),
             cfg.dims,
             cfg.steps,
             cfg.lr,
