@@ -124,10 +124,18 @@ impl Workers {
     pub fn launch(&mut self, l: &Launch, server: &str) -> Vec<WorkerExit> {
         let mut failed = Vec::new();
         if self.stopped.contains(&l.job_id) {
-            eprintln!(
-                "gwjob agent: not starting job {}: it was stopped here",
-                l.job_id
-            );
+            // The server repeats a launch until it hears of the rank: say it once.
+            let fresh = l
+                .ranks
+                .iter()
+                .filter(|&&r| self.seen.insert((l.job_id.clone(), r)))
+                .count();
+            if fresh > 0 {
+                eprintln!(
+                    "gwjob agent: not starting job {}: it was stopped here",
+                    l.job_id
+                );
+            }
             return failed;
         }
         let program = find_program(OsStr::new(&l.program));
