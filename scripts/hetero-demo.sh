@@ -13,7 +13,9 @@
 # prediction after warm-up, parameters within 1e-5 relative; exit status 1 if
 # one is not met). The last line is 'optperf/even step time ratio: X.XX'.
 #
-# Tunables (environment): STEPS (80), BATCH (global batch, 1536), WARMUP (15).
+# Tunables (environment): STEPS (80), BATCH (global batch, 1536), WARMUP (15);
+# BIN_DIR=DIR uses the gwjob and gwtrain already built in DIR instead of
+# building (to run the demo on a machine without a toolchain).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -23,8 +25,12 @@ WARMUP=${WARMUP:-15}
 # Each run gets this long before the demo gives up on it.
 JOB_TIMEOUT=${JOB_TIMEOUT:-600}
 
-cargo build --release -p gw-jobserver -p gw-train
-bin="$(cd "${CARGO_TARGET_DIR:-target}/release" && pwd)"
+if [[ -n ${BIN_DIR:-} ]]; then
+  bin="$(cd "$BIN_DIR" && pwd)"
+else
+  cargo build --release -p gw-jobserver -p gw-train
+  bin="$(cd "${CARGO_TARGET_DIR:-target}/release" && pwd)"
+fi
 
 tmp=$(mktemp -d "${TMPDIR:-/tmp}/gw-hetero.XXXXXX")
 server_pid=""
