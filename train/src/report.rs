@@ -205,6 +205,24 @@ pub fn report(
             "  local batches chosen after warm-up: {}",
             fmt_batches(&s.batches)
         );
+        let per_rank = |f: fn(&StepLog) -> &Vec<f64>| -> String {
+            let after = &s.logs[s.warmup..];
+            let ranks = after.iter().map(|l| f(l).len()).max().unwrap_or(0);
+            let means: Vec<String> = (0..ranks)
+                .map(|r| {
+                    let v: Vec<f64> = after.iter().filter_map(|l| f(l).get(r).copied()).collect();
+                    format!("{:.1}", v.iter().sum::<f64>() / v.len().max(1) as f64 * 1e3)
+                })
+                .collect();
+            format!("[{}]", means.join(", "))
+        };
+        let _ = writeln!(
+            o,
+            "  per rank after warm-up (ms): compute {}, all-reduce {}, waiting for the plan {}",
+            per_rank(|l| &l.compute_s),
+            per_rank(|l| &l.comm_s),
+            per_rank(|l| &l.plan_s)
+        );
         sums.push(s);
     }
     let first = &sums[0];
@@ -312,6 +330,7 @@ mod tests {
             step_s,
             compute_s: vec![],
             comm_s: vec![],
+            plan_s: vec![],
             predicted_step_s: pred,
             algo: "auto".into(),
             loss: 1.0 / (step + 1) as f64,

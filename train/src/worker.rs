@@ -55,6 +55,10 @@ impl Default for TrainConfig {
     }
 }
 
+/// Values each rank contributes to a step's statistics: local batch,
+/// offset, weight, step, compute, comm and plan times.
+const STATS: usize = 7;
+
 /// One line of rank 0's `steps.jsonl`.
 #[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
 pub struct StepLog {
@@ -67,6 +71,9 @@ pub struct StepLog {
     pub step_s: f64,
     pub compute_s: Vec<f64>,
     pub comm_s: Vec<f64>,
+    /// Time each rank waited for its plan (the step protocol's cost).
+    #[serde(default)]
+    pub plan_s: Vec<f64>,
     pub predicted_step_s: Option<f64>,
     pub algo: String,
     /// Mean loss over the global batch, before this step's update.
@@ -264,7 +271,7 @@ pub fn train(comm: &Communicator, mut source: PlanSource, cfg: &TrainConfig) -> 
     let mut buf = vec![0.0; n + 1];
     let mut scratch = if reps > 1 { vec![0.0; n] } else { Vec::new() };
     let mut ws = mlp.workspace();
-    let mut stats = vec![0.0f64; 6 * world as usize];
+    let mut stats = vec![0.0f64; STATS * world as usize];
     let mut base = 0u64;
     if rank == 0 {
         println!(
@@ -286,6 +293,7 @@ pub fn train(comm: &Communicator, mut source: PlanSource, cfg: &TrainConfig) -> 
     for s in 0..cfg.steps {
         let t0 = Instant::now();
         let plan = source.begin(s)?;
+        let plan_s = t0.elapsed().as_secs_f64();
         check_plan(&plan, s)?;
         let b = plan.local_batch;
         let tc = Instant::now();
@@ -328,10 +336,11 @@ pub fn train(comm: &Communicator, mut source: PlanSource, cfg: &TrainConfig) -> 
             step_s,
             compute_s,
             comm_s,
+            plan_s,
         ];
         comm.all_gather(&mine, &mut stats)
             .map_err(|e| format!("gathering step {s}'s statistics: {e}"))?;
-        let rows: Vec<&[f64]> = stats.chunks_exact(6).collect();
+        let rows: Vec<&[f64]> = stats.chunks_exact(STATS).collect();
         let shares: Vec<(u64, u64, f64)> = rows
             .iter()
             .map(|r| (r[0] as u64, r[1] as u64, r[2]))
@@ -352,6 +361,7 @@ pub fn train(comm: &Communicator, mut source: PlanSource, cfg: &TrainConfig) -> 
                     step_s: rows.iter().map(|r| r[3]).fold(0.0, f64::max),
                     compute_s: rows.iter().map(|r| r[4]).collect(),
                     comm_s: rows.iter().map(|r| r[5]).collect(),
+                    plan_s: rows.iter().map(|r| r[6]).collect(),
                     predicted_step_s: plan.predicted_step_s,
                     algo: plan.algo.clone(),
                     loss,
