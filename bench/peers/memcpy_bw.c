@@ -1,0 +1,59 @@
+/*
+ * memcpy_bw: one thread's memcpy bandwidth, the shared-memory ceiling of
+ * scripts/compare-peers.sh.
+ *
+ *   memcpy_bw [MIB [REPS]]      (defaults: 256 MiB, 9 repetitions)
+ *
+ * Copies a MIB-MiB buffer into another (both prefaulted) REPS times after one
+ * warm-up copy and prints the median:  memcpy bytes=B reps=R gbps=X
+ * GB = 1e9 bytes; the rate counts the bytes copied (each read once and
+ * written once), as a copy-based transport moves them.
+ */
+#define _POSIX_C_SOURCE 199309L
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+static double now(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+}
+
+static int cmp(const void *a, const void *b) {
+    double x = *(const double *)a, y = *(const double *)b;
+    return (x > y) - (x < y);
+}
+
+int main(int argc, char **argv) {
+    size_t mib = argc > 1 ? strtoul(argv[1], NULL, 10) : 256;
+    int reps = argc > 2 ? atoi(argv[2]) : 9;
+    if (mib == 0 || reps < 1 || reps > 1000) {
+        fprintf(stderr, "usage: memcpy_bw [MIB [REPS]]\n");
+        return 2;
+    }
+    size_t bytes = mib << 20;
+    char *src = malloc(bytes), *dst = malloc(bytes);
+    if (!src || !dst) {
+        fprintf(stderr, "memcpy_bw: cannot allocate 2 x %zu MiB\n", mib);
+        return 1;
+    }
+    memset(src, 1, bytes); /* prefault both */
+    memset(dst, 2, bytes);
+    memcpy(dst, src, bytes); /* warm-up */
+    double *rate = malloc(sizeof(double) * (size_t)reps);
+    unsigned sink = 0;
+    for (int r = 0; r < reps; r++) {
+        src[(size_t)r * 4096 % bytes] = (char)r;
+        double t0 = now();
+        memcpy(dst, src, bytes);
+        double dt = now() - t0;
+        sink += (unsigned char)dst[(size_t)r * 4096 % bytes];
+        rate[r] = (double)bytes / dt / 1e9;
+    }
+    qsort(rate, (size_t)reps, sizeof(double), cmp);
+    printf("memcpy bytes=%zu reps=%d gbps=%.4f min=%.4f max=%.4f sink=%u\n", bytes, reps,
+           rate[reps / 2], rate[0], rate[reps - 1], sink);
+    return 0;
+}
