@@ -373,13 +373,16 @@ fn rank_killed_by_signal_stops_the_others() {
 
 #[test]
 fn ranks_ignoring_sigterm_are_killed_after_the_grace_period() {
-    let out = gwrun(&[
-        "-n",
-        "2",
-        "sh",
-        "-c",
-        "if [ $GW_RANK = 0 ]; then exit 1; fi; trap '' TERM; sleep 30",
-    ]);
+    // Rank 0 fails only once rank 1 ignores SIGTERM (ranks start with
+    // SIGTERM deliverable, so the trap must be in place first).
+    let ready = std::env::temp_dir().join(format!("gwrun-trap-{}", std::process::id()));
+    let _ = std::fs::remove_file(&ready);
+    let script = format!(
+        "if [ $GW_RANK = 0 ]; then while [ ! -e {r} ]; do sleep 0.01; done; exit 1; fi; trap '' TERM; touch {r}; sleep 30",
+        r = ready.display()
+    );
+    let out = gwrun(&["-n", "2", "sh", "-c", &script]);
+    let _ = std::fs::remove_file(&ready);
     assert_eq!(out.code(), Some(1), "{out:?}");
     assert!(out.elapsed >= Duration::from_millis(2900), "{out:?}");
     assert!(out.elapsed < Duration::from_secs(10), "{out:?}");
@@ -725,4 +728,21 @@ fn rank_uses_the_store() {
     let vals = c.wait(&keys, deadline).unwrap();
     assert_eq!(vals.len(), world);
     println!("store-ok rank {rank} saw {} ranks", vals.len());
+}
+
+/// gwrun blocks SIGINT/SIGTERM/SIGCHLD on its own main thread; its ranks must
+/// not inherit that mask, or a forwarded SIGTERM would never reach them.
+#[test]
+fn ranks_start_with_no_blocked_signals() {
+    let out = gwrun(&["-n", "2", "grep", "SigBlk", "/proc/self/status"]);
+    assert_eq!(out.code(), Some(0), "{out:?}");
+    let lines = out.sorted_lines();
+    assert_eq!(lines.len(), 2, "{out:?}");
+    for l in lines {
+        let mask = l.rsplit(['\t', ' ']).next().unwrap_or("");
+        assert!(
+            !mask.is_empty() && mask.bytes().all(|b| b == b'0'),
+            "a rank started with blocked signals: {l}"
+        );
+    }
 }

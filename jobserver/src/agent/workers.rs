@@ -370,17 +370,7 @@ fn spawn(program: &Path, l: &Launch, rank: u32, local: usize, server: &str) -> i
             if libc::getppid() != parent {
                 libc::_exit(137);
             }
-            libc::signal(libc::SIGINT, libc::SIG_DFL);
-            libc::signal(libc::SIGTERM, libc::SIG_DFL);
-            // The agent's main thread blocks SIGINT/SIGTERM/SIGCHLD (see
-            // launcher::signals) and a fork keeps that mask across exec: a
-            // worker would never see the SIGTERM that stops it.
-            let mut none = std::mem::MaybeUninit::<libc::sigset_t>::uninit();
-            libc::sigemptyset(none.as_mut_ptr());
-            if libc::sigprocmask(libc::SIG_SETMASK, none.as_ptr(), std::ptr::null_mut()) != 0 {
-                return Err(io::Error::last_os_error());
-            }
-            Ok(())
+            crate::launcher::spawn::reset_signals_in_child()
         });
     }
     let mut child = cmd.spawn()?;

@@ -165,13 +165,33 @@ impl RankPlan {
                 if libc::getppid() != parent {
                     libc::_exit(137);
                 }
-                libc::signal(libc::SIGINT, libc::SIG_DFL);
-                libc::signal(libc::SIGTERM, libc::SIG_DFL);
-                Ok(())
+                reset_signals_in_child()
             });
         }
         cmd.spawn()
     }
+}
+
+/// Gives a forked child default signal handling before it execs: gwrun and
+/// the agent block SIGINT/SIGTERM/SIGCHLD on their main thread (see
+/// [`super::signals`]) and a fork keeps that mask across exec, so without
+/// this a rank would never see the SIGTERM that is meant to stop it.
+///
+/// # Safety
+/// Call only between fork and exec (in `pre_exec`): it uses only
+/// async-signal-safe calls.
+pub unsafe fn reset_signals_in_child() -> io::Result<()> {
+    // SAFETY: plain libc calls on a local sigset, valid in a forked child.
+    unsafe {
+        libc::signal(libc::SIGINT, libc::SIG_DFL);
+        libc::signal(libc::SIGTERM, libc::SIG_DFL);
+        let mut none = std::mem::MaybeUninit::<libc::sigset_t>::uninit();
+        libc::sigemptyset(none.as_mut_ptr());
+        if libc::sigprocmask(libc::SIG_SETMASK, none.as_ptr(), std::ptr::null_mut()) != 0 {
+            return Err(io::Error::last_os_error());
+        }
+    }
+    Ok(())
 }
 
 #[cfg(test)]
