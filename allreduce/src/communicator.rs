@@ -16,6 +16,7 @@ use crate::bootstrap::{Bootstrap, fnv1a};
 use crate::config::{Config, TransportChoice};
 use crate::element::Element;
 use crate::engine::{Completion, Engine, EngineConfig, Msg, OpDesc, Ptr};
+use crate::model::{CostModel, LinkKind};
 use crate::reduce::Kernel;
 use gw_transport::peers::{self, PeerInfo};
 use gw_transport::shm::{ShmConfig, ShmTransport};
@@ -130,6 +131,14 @@ pub struct Communicator {
     store: Mutex<StoreClient>,
     /// The fusion buffer, kept between calls so steady-state steps reuse it.
     fusion: Mutex<Vec<u64>>,
+    /// How long a caller spins on a completion before sleeping (`GW_SPIN_US`
+    /// when each rank's caller and engine threads have a core each, else 0).
+    caller_spin: Duration,
+    /// Rank 0's cost model and the link type that bounds this communicator.
+    model: CostModel,
+    link: LinkKind,
+    /// The last automatic choice (Algo as u8 + 1; 0: none yet), for logging.
+    last_auto: std::sync::atomic::AtomicU8,
     _store_server: Option<StoreServer>,
 }
 
@@ -225,6 +234,13 @@ impl Communicator {
                 .map(|t| vec![t.listen_addr()])
                 .unwrap_or_default(),
         };
+        // Rank 0's cost model, published before its peer record, so it is
+        // there once every record is: all ranks choose algorithms from it.
+        if me == 0 {
+            let (model, source) = CostModel::load()?;
+            gw_info!("cost model from {source}: {}", model.encode());
+            store.set(&format!("{prefix}/model"), model.encode().as_bytes())?;
+        }
         store.set(&format!("{prefix}/peer/{me}"), info.encode().as_bytes())?;
         let keys: Vec<String> = (0..world).map(|r| format!("{prefix}/peer/{r}")).collect();
         let key_refs: Vec<&str> = keys.iter().map(String::as_str).collect();
@@ -248,6 +264,14 @@ impl Communicator {
                 });
             }
             Err(e) => return Err(e),
+        };
+        let model = match store.get(&format!("{prefix}/model"))? {
+            Some(v) => CostModel::decode(&String::from_utf8_lossy(&v))?,
+            None => {
+                return Err(Error::Protocol(
+                    "rank 0 published no cost model at init".into(),
+                ));
+            }
         };
         let mut peers = Vec::with_capacity(world as usize);
         for (r, v) in values.iter().enumerate() {
@@ -322,17 +346,31 @@ impl Communicator {
         }
 
         let hostnames: Vec<String> = peers.iter().map(|p| p.hostname.clone()).collect();
+        let link = if routes.contains(&"tcp") {
+            LinkKind::Tcp
+        } else {
+            LinkKind::Shm
+        };
         let (tx, rx) = channel();
         let abort = Arc::new(AtomicBool::new(false));
         let ncpu = std::thread::available_parallelism()
             .map(|n| n.get())
             .unwrap_or(1);
+        let spin = Duration::from_micros(cfg.spin_us.value);
+        let oversubscribed = boot.local_size as usize > ncpu;
+        // A caller spinning on its completion competes with its own engine
+        // thread: only worth it when every rank's two threads have a core.
+        let caller_spin = if 2 * boot.local_size as usize <= ncpu {
+            spin
+        } else {
+            Duration::ZERO
+        };
         let (engine, waker) = Engine::new(
             EngineConfig {
                 me,
                 timeout,
-                spin: Duration::from_micros(cfg.spin_us.value),
-                oversubscribed: boot.local_size as usize > ncpu,
+                spin,
+                oversubscribed,
                 hostnames: hostnames.clone(),
                 board: Some(Board::new(
                     StoreClient::connect(&boot.store, &boot.token, deadline)?,
@@ -367,6 +405,10 @@ impl Communicator {
             hostnames,
             store: Mutex::new(store),
             fusion: Mutex::new(Vec::new()),
+            caller_spin,
+            model,
+            last_auto: std::sync::atomic::AtomicU8::new(0),
+            link,
             _store_server: store_server,
         })
     }
@@ -430,26 +472,49 @@ impl Communicator {
         let _ = self.waker.wake();
     }
 
-    /// The all-reduce algorithm used for `bytes` (forced by `GW_ALGO`, else by
-    /// size). On two ranks the ring is one exchange each way and the trees only
-    /// add hops (measured: 8 B over tcp, ring 72 µs, tree 421 µs), so the ring
-    /// is used at every size there.
+    /// The all-reduce algorithm used for `bytes`: forced by `GW_ALGO`; else
+    /// by `GW_TREE_THRESHOLD` when that is set explicitly; else the cost
+    /// model's fastest (the same on every rank: the model is rank 0's).
     pub fn choose_algo(&self, bytes: usize) -> Algo {
-        match self.cfg.algo.value {
-            Some(a) => a,
-            None if self.size > 2 && bytes <= self.cfg.tree_threshold.value => Algo::Tree,
-            None => Algo::Ring,
+        if let Some(a) = self.cfg.algo.value {
+            return a;
         }
+        if self.cfg.tree_threshold.source != crate::config::Source::Default {
+            return if self.size > 2 && bytes <= self.cfg.tree_threshold.value {
+                Algo::Tree
+            } else {
+                Algo::Ring
+            };
+        }
+        self.model.choose(self.link, self.size as usize, bytes).0
+    }
+
+    /// The cost model's predicted seconds for an all-reduce of `bytes` with
+    /// `algo` on this communicator.
+    pub fn predict_all_reduce(&self, algo: Algo, bytes: usize) -> f64 {
+        self.model
+            .predict(self.link, algo, self.size as usize, bytes)
+    }
+
+    /// The cost model this communicator chooses with (rank 0's).
+    pub fn cost_model(&self) -> &CostModel {
+        &self.model
     }
 
     /// A one-line description of the automatic all-reduce choice.
     pub fn describe_auto_algo(&self) -> String {
-        if self.size <= 2 {
-            format!("auto (ring on {} rank(s))", self.size)
-        } else {
+        if self.cfg.tree_threshold.source != crate::config::Source::Default {
             format!(
-                "auto (tree ≤ {} B, ring above)",
+                "auto (tree ≤ {} B, ring above: GW_TREE_THRESHOLD)",
                 self.cfg.tree_threshold.value
+            )
+        } else {
+            let l = self.model.link(self.link);
+            format!(
+                "auto (cost model, {:?} link: α {:.1} µs, β {:.2} GB/s)",
+                self.link,
+                l.alpha * 1e6,
+                1e-9 / l.beta.max(1e-30)
             )
         }
     }
@@ -463,7 +528,7 @@ impl Communicator {
         send_bytes: usize,
         recv_bytes: usize,
     ) -> Result<Handle> {
-        let done = Arc::new(Completion::default());
+        let done = Arc::new(Completion::new(self.caller_spin));
         let desc = OpDesc {
             fp,
             sched,
@@ -553,7 +618,21 @@ impl Communicator {
         }
         let algo = match algo {
             Some(a) => a,
-            None => self.choose_algo(bytes),
+            None => {
+                let a = self.choose_algo(bytes);
+                // Log when the automatic choice changes, not on every call.
+                let code = a as u8 + 1;
+                if self.last_auto.swap(code, Ordering::Relaxed) != code {
+                    gw_info!(
+                        "{} of {bytes} B: {} (predicted {:.1} µs; {})",
+                        op.kind.name(),
+                        a.name(),
+                        self.predict_all_reduce(a, bytes) * 1e6,
+                        self.describe_auto_algo()
+                    );
+                }
+                a
+            }
         };
         let spec = OpSpec {
             op: op.kind,

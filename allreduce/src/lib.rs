@@ -14,6 +14,7 @@ pub mod communicator;
 pub mod config;
 pub mod element;
 mod engine;
+pub mod model;
 pub mod reduce;
 
 pub use algo::Algo;

@@ -16,6 +16,11 @@ gwbench - gradwire microbenchmarks in the style of nccl-tests
 
 usage: gwrun -n N gwbench COLLECTIVE [OPTIONS]
        gwrun -n 2 gwbench p2p [OPTIONS]
+       gwrun -n 2 gwbench calibrate   measure the cost model's α and β over
+                                      tcp and shm and γ of the reduction, and
+                                      write them where rank 0 of every later
+                                      job reads them (GW_MODEL_FILE, else
+                                      ~/.cache/gradwire/model)
 
 collectives (each run out-of-place, then in-place, for every size):
   allreduce        (also all_reduce)
@@ -208,6 +213,7 @@ pub enum Command {
     Help,
     Coll(CollOpts),
     P2p(P2pOpts),
+    Calibrate,
 }
 
 /// A command-line mistake; the text completes `gwbench: error: `.
@@ -270,6 +276,12 @@ pub fn parse(args: &[String]) -> Result<Command, UsageError> {
             "missing COLLECTIVE (allreduce, reduce_scatter, allgather, broadcast, reduce or p2p); see gwbench --help",
         );
     };
+    if first == "calibrate" {
+        if args.len() > 1 {
+            return err(format!("calibrate takes no options, got '{}'", args[1]));
+        }
+        return Ok(Command::Calibrate);
+    }
     let coll = match first.as_str() {
         "p2p" => None,
         name => match Coll::parse(name) {

@@ -12,6 +12,7 @@
 //! line `gwbench: error: ...`.
 
 mod args;
+mod calibrate;
 mod check;
 mod nccl;
 mod p2p;
@@ -81,6 +82,12 @@ fn main() -> ExitCode {
         }
         return ExitCode::SUCCESS;
     }
+    if cmd == args::Command::Calibrate {
+        return match calibrate::run() {
+            Ok(()) => ExitCode::SUCCESS,
+            Err(e) => die(rank, false, EXIT_WRONG, &format!("calibrate: {e}")),
+        };
+    }
     let comm = match Communicator::from_env() {
         Ok(c) => c,
         Err(e) => {
@@ -96,7 +103,7 @@ fn main() -> ExitCode {
     let result = match &cmd {
         args::Command::Coll(o) => nccl::run(&comm, o),
         args::Command::P2p(o) => p2p::run(&comm, o),
-        args::Command::Help => Ok(true),
+        args::Command::Help | args::Command::Calibrate => Ok(true),
     };
     match result {
         Ok(true) => ExitCode::SUCCESS,

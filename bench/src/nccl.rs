@@ -294,12 +294,11 @@ impl<'a, T: Value> Bench<'a, T> {
             let [Some(out_of_place), Some(in_place)] = meas else {
                 unreachable!("both placements measured")
             };
-            let algo = (self.o.coll == Coll::AllReduce).then(|| {
-                self.o
-                    .algo
-                    .unwrap_or_else(|| self.comm.choose_algo(l.count * size_of::<T>()))
-                    .name()
-            });
+            let bytes = l.count * size_of::<T>();
+            let chosen = (self.o.coll == Coll::AllReduce)
+                .then(|| self.o.algo.unwrap_or_else(|| self.comm.choose_algo(bytes)));
+            let algo = chosen.map(|a| a.name());
+            let predicted_us = chosen.map(|a| self.comm.predict_all_reduce(a, bytes) * 1e6);
             let row = Row {
                 size: l.bytes,
                 count: l.count,
@@ -307,6 +306,7 @@ impl<'a, T: Value> Bench<'a, T> {
                 redop: self.o.redop.name(),
                 root: self.root_column(),
                 algo,
+                predicted_us,
                 out_of_place,
                 in_place,
             };
@@ -326,6 +326,9 @@ impl<'a, T: Value> Bench<'a, T> {
             avg_busbw: Some(avg),
         };
         for l in report::footer_lines(&summary) {
+            self.print(&l);
+        }
+        for l in report::prediction_lines(&rows) {
             self.print(&l);
         }
         if let Some(out) = json {

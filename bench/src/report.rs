@@ -43,6 +43,8 @@ pub struct Row {
     pub root: i64,
     /// The all-reduce algorithm that ran (JSON only; the table has no column).
     pub algo: Option<&'static str>,
+    /// The cost model's predicted time for that algorithm, microseconds.
+    pub predicted_us: Option<f64>,
     pub out_of_place: Meas,
     pub in_place: Meas,
 }
@@ -158,6 +160,36 @@ pub fn row_line(r: &Row) -> String {
         fmt_meas(&r.out_of_place),
         fmt_meas(&r.in_place)
     )
+}
+
+/// The cost model's predictions beside the measured out-of-place times, as
+/// `#` lines after the table (so the rows keep nccl-tests' columns exactly).
+pub fn prediction_lines(rows: &[Row]) -> Vec<String> {
+    let mut out = Vec::new();
+    for r in rows {
+        let (Some(algo), Some(p)) = (r.algo, r.predicted_us) else {
+            continue;
+        };
+        if out.is_empty() {
+            out.push(
+                "# Cost model (rank 0's α-β-γ): predicted vs measured out-of-place time".into(),
+            );
+            out.push(format!(
+                "# {:>10}  {:>5}  {:>13}  {:>12}  {:>17}",
+                "size(B)", "algo", "predicted(us)", "measured(us)", "measured/predicted"
+            ));
+        }
+        let ratio = if p > 0.0 {
+            format!("{:.2}", r.out_of_place.time_us / p)
+        } else {
+            "-".into()
+        };
+        out.push(format!(
+            "# {:>10}  {:>5}  {:>13.1}  {:>12.1}  {:>17}",
+            r.size, algo, p, r.out_of_place.time_us, ratio
+        ));
+    }
+    out
 }
 
 /// The `#` lines before the column header: the run's parameters, transport,
@@ -346,13 +378,14 @@ pub fn json(h: &Header, rows: &[Row], s: &Summary) -> String {
         .iter()
         .map(|r| {
             format!(
-                "    {{\"size\": {}, \"count\": {}, \"type\": {}, \"redop\": {}, \"root\": {}, \"algorithm\": {}, \"out_of_place\": {}, \"in_place\": {}}}",
+                "    {{\"size\": {}, \"count\": {}, \"type\": {}, \"redop\": {}, \"root\": {}, \"algorithm\": {}, \"predicted_us\": {}, \"out_of_place\": {}, \"in_place\": {}}}",
                 r.size,
                 r.count,
                 jstr(r.dtype),
                 jstr(r.redop),
                 r.root,
                 r.algo.map_or_else(|| "null".into(), jstr),
+                r.predicted_us.map_or_else(|| "null".into(), jnum),
                 meas_json(&r.out_of_place),
                 meas_json(&r.in_place)
             )
@@ -410,6 +443,7 @@ mod tests {
             redop: "sum",
             root: -1,
             algo: Some("ring"),
+            predicted_us: Some(100.0),
             out_of_place: meas(123.456, Some(0)),
             in_place: meas(12345.6, Some(3)),
         }
@@ -500,6 +534,20 @@ mod tests {
         };
         assert!(row_line(&na).ends_with("    N/A"));
         assert_eq!(row_line(&na).len(), COLUMNS[1].len());
+    }
+
+    #[test]
+    fn predictions_sit_beside_measured_times() {
+        let lines = prediction_lines(&[row()]);
+        assert_eq!(lines.len(), 3, "{lines:?}");
+        assert!(lines[2].contains("1048576") && lines[2].contains("ring"));
+        assert!(lines[2].contains("100.0") && lines[2].contains("123.5"));
+        assert!(lines[2].trim_end().ends_with("1.23"), "{}", lines[2]);
+        let none = Row {
+            predicted_us: None,
+            ..row()
+        };
+        assert!(prediction_lines(&[none]).is_empty());
     }
 
     #[test]

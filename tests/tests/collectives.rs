@@ -193,3 +193,52 @@ fn fused_small_tensors_equal_one_by_one_all_reduces() {
         );
     }
 }
+
+/// Every rank chooses algorithms from rank 0's cost model, whatever its own
+/// calibration file says, so ranks on different hardware never disagree.
+#[test]
+fn every_rank_uses_rank_zeros_cost_model() {
+    let dir = std::env::temp_dir().join(format!("gw-model-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    // Rank 0: expensive messages, so the tree (depth 3) beats the ring's 10
+    // steps for small sizes on 6 ranks. The others: free messages, where the
+    // ring always wins.
+    let slow =
+        "gradwire-model v1 tcp_alpha=1e-3 tcp_beta=1e-9 shm_alpha=1e-3 shm_beta=1e-9 gamma=1e-10";
+    let fast = "gradwire-model v1 tcp_alpha=0 tcp_beta=1e-9 shm_alpha=0 shm_beta=1e-9 gamma=1e-10";
+    let files: Vec<_> = (0..6)
+        .map(|r| {
+            let f = dir.join(format!("model-{r}"));
+            std::fs::write(&f, if r == 0 { slow } else { fast }).unwrap();
+            f.display().to_string()
+        })
+        .collect();
+    let job = gw_tests::DirectJob::new();
+    let children: Vec<_> = (0..6u32)
+        .map(|r| job.spawn(r, 6, &["model"], &[("GW_MODEL_FILE", &files[r as usize])]))
+        .collect();
+    let lines: Vec<String> = children
+        .into_iter()
+        .enumerate()
+        .map(|(r, c)| {
+            let run = gw_tests::collect(c, DEADLINE, &format!("rank {r}"));
+            assert!(run.status.success(), "rank {r}: {}", run.all());
+            run.stdout
+                .lines()
+                .find(|l| l.contains("model "))
+                .unwrap_or_else(|| panic!("rank {r} printed no model: {}", run.all()))
+                .to_string()
+        })
+        .collect();
+    let _ = std::fs::remove_dir_all(&dir);
+    assert!(lines[0].contains("tcp_alpha=1e-3"), "{}", lines[0]);
+    assert!(lines[0].contains("8:tree"), "{}", lines[0]);
+    assert!(lines[0].contains("67108864:ring"), "{}", lines[0]);
+    for (r, l) in lines.iter().enumerate() {
+        assert_eq!(
+            l.split_once("model ").map(|x| x.1),
+            lines[0].split_once("model ").map(|x| x.1),
+            "rank {r}"
+        );
+    }
+}

@@ -282,6 +282,20 @@ fn fusion(comm: &Communicator) -> Result<String, String> {
     ))
 }
 
+/// The cost model this rank chooses with and its choice per size, on one line,
+/// so a test can check that every rank uses rank 0's.
+fn model_choices(comm: &Communicator) -> String {
+    let choices: Vec<String> = [8usize, 4096, 65536, 1 << 20, 64 << 20]
+        .iter()
+        .map(|&b| format!("{b}:{}", comm.choose_algo(b).name()))
+        .collect();
+    format!(
+        "model {} choices {}",
+        comm.cost_model().encode(),
+        choices.join(",")
+    )
+}
+
 fn main() -> ExitCode {
     let args: Vec<String> = std::env::args().skip(1).collect();
     let Some(cmd) = args.first().cloned() else {
@@ -313,6 +327,7 @@ fn main() -> ExitCode {
         ),
         "refusals" => refusals(&comm),
         "fusion" => fusion(&comm),
+        "model" => Ok(model_choices(&comm)),
         other => Err(format!("unknown scenario {other}")),
     };
     match res {

@@ -1,0 +1,263 @@
+//! The α-β(-γ) cost model that picks the all-reduce algorithm.
+//!
+//! A message of `m` bytes over a link costs `α + m·β`; reducing `m` bytes
+//! costs `m·γ`. Each algorithm's time follows from how many messages of what
+//! size it sends in sequence (Thakur, Rabenseifner and Gropp's analysis):
+//! - ring (reduce-scatter + all-gather, n ranks): 2(n−1) steps of S/n bytes,
+//!   `2(n−1)α + 2(n−1)/n·Sβ + (n−1)/n·Sγ`;
+//! - recursive halving-doubling (power-of-two n): 2·log₂n steps whose sizes
+//!   halve then double, `2·log₂n·α + 2(n−1)/n·Sβ + (n−1)/n·Sγ`;
+//! - tree (reduce up then broadcast down a binary tree of depth d, whole
+//!   message per hop, as it runs for the small sizes it is chosen for),
+//!   `2d(α + Sβ) + d·Sγ`.
+//!
+//! The parameters are measured (`gwbench calibrate` writes them to a file);
+//! rank 0 reads them and publishes them through the store at init, so every
+//! rank computes the same choice from the same numbers, even when the ranks
+//! run on different hardware.
+
+use crate::algo::Algo;
+use gw_transport::{Error, Result};
+use std::path::PathBuf;
+
+/// Cost of one link type.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Link {
+    /// Seconds per message.
+    pub alpha: f64,
+    /// Seconds per byte.
+    pub beta: f64,
+}
+
+/// Measured parameters of both transports and of the reduction kernel.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct CostModel {
+    pub tcp: Link,
+    pub shm: Link,
+    /// Seconds per byte reduced (f32 sum, three operands).
+    pub gamma: f64,
+}
+
+/// Which link a communicator's collectives are bound by.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum LinkKind {
+    Tcp,
+    Shm,
+}
+
+impl Default for CostModel {
+    /// Measured on the 2-core development VM (`gwbench calibrate`, quiet
+    /// machine); used until a calibration file exists.
+    fn default() -> Self {
+        CostModel {
+            tcp: Link {
+                alpha: 25e-6,
+                beta: 1.0 / 1.0e9,
+            },
+            shm: Link {
+                alpha: 10e-6,
+                beta: 1.0 / 2.4e9,
+            },
+            gamma: 1.0 / 10e9,
+        }
+    }
+}
+
+fn ceil_log2(n: usize) -> u32 {
+    usize::BITS - (n.max(1) - 1).leading_zeros()
+}
+
+impl CostModel {
+    pub fn link(&self, kind: LinkKind) -> Link {
+        match kind {
+            LinkKind::Tcp => self.tcp,
+            LinkKind::Shm => self.shm,
+        }
+    }
+
+    /// Predicted seconds of an all-reduce of `bytes` over `n` ranks.
+    pub fn predict(&self, kind: LinkKind, algo: Algo, n: usize, bytes: usize) -> f64 {
+        if n <= 1 {
+            return 0.0;
+        }
+        let Link { alpha, beta } = self.link(kind);
+        let s = bytes as f64;
+        let nf = n as f64;
+        let spread = (nf - 1.0) / nf;
+        match algo {
+            Algo::Ring => {
+                2.0 * (nf - 1.0) * alpha + 2.0 * spread * s * beta + spread * s * self.gamma
+            }
+            Algo::Rhd => {
+                let steps = ceil_log2(n) as f64;
+                2.0 * steps * alpha + 2.0 * spread * s * beta + spread * s * self.gamma
+            }
+            Algo::Tree => {
+                let d = ceil_log2(n) as f64;
+                2.0 * d * (alpha + s * beta) + d * s * self.gamma
+            }
+        }
+    }
+
+    /// The fastest algorithm for `bytes` on `n` ranks and its predicted time.
+    /// Ties go to the earlier of rhd, tree, ring; rhd only on powers of two
+    /// from 4 ranks up.
+    pub fn choose(&self, kind: LinkKind, n: usize, bytes: usize) -> (Algo, f64) {
+        let mut best = (Algo::Ring, self.predict(kind, Algo::Ring, n, bytes));
+        if n <= 2 {
+            // One exchange each way: the ring is already optimal, the tree
+            // only adds a hop.
+            return best;
+        }
+        let mut candidates = vec![Algo::Tree];
+        if n >= 4 && n.is_power_of_two() {
+            candidates.insert(0, Algo::Rhd);
+        }
+        for a in candidates.into_iter().rev() {
+            let t = self.predict(kind, a, n, bytes);
+            if t <= best.1 {
+                best = (a, t);
+            }
+        }
+        best
+    }
+
+    /// The text stored in calibration files and published at init.
+    pub fn encode(&self) -> String {
+        format!(
+            "gradwire-model v1 tcp_alpha={:e} tcp_beta={:e} shm_alpha={:e} shm_beta={:e} gamma={:e}",
+            self.tcp.alpha, self.tcp.beta, self.shm.alpha, self.shm.beta, self.gamma
+        )
+    }
+
+    /// Parses [`CostModel::encode`]'s text; every field must be present,
+    /// finite and non-negative.
+    pub fn decode(text: &str) -> Result<CostModel> {
+        let bad = |why: String| Error::Config(format!("cost model {text:?}: {why}"));
+        let mut words = text.split_whitespace();
+        if words.next() != Some("gradwire-model") || words.next() != Some("v1") {
+            return Err(bad("does not start with \"gradwire-model v1\"".into()));
+        }
+        let mut vals = [None::<f64>; 5];
+        const NAMES: [&str; 5] = ["tcp_alpha", "tcp_beta", "shm_alpha", "shm_beta", "gamma"];
+        for w in words {
+            let (k, v) = w
+                .split_once('=')
+                .ok_or_else(|| bad(format!("{w:?} is not key=value")))?;
+            let i = NAMES
+                .iter()
+                .position(|n| *n == k)
+                .ok_or_else(|| bad(format!("unknown key {k:?}")))?;
+            let x: f64 = v
+                .parse()
+                .map_err(|_| bad(format!("{k}={v:?} is not a number")))?;
+            if !x.is_finite() || x < 0.0 {
+                return Err(bad(format!("{k}={v} is not a finite non-negative number")));
+            }
+            vals[i] = Some(x);
+        }
+        let get = |i: usize| vals[i].ok_or_else(|| bad(format!("{} is missing", NAMES[i])));
+        Ok(CostModel {
+            tcp: Link {
+                alpha: get(0)?,
+                beta: get(1)?,
+            },
+            shm: Link {
+                alpha: get(2)?,
+                beta: get(3)?,
+            },
+            gamma: get(4)?,
+        })
+    }
+
+    /// Where calibration is kept: `GW_MODEL_FILE`, else
+    /// `$XDG_CACHE_HOME/gradwire/model` or `~/.cache/gradwire/model`.
+    pub fn default_path() -> Option<PathBuf> {
+        if let Ok(p) = std::env::var("GW_MODEL_FILE") {
+            return Some(PathBuf::from(p));
+        }
+        let base = std::env::var_os("XDG_CACHE_HOME")
+            .map(PathBuf::from)
+            .or_else(|| std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".cache")))?;
+        Some(base.join("gradwire").join("model"))
+    }
+
+    /// The calibrated model if a calibration file exists, else the defaults;
+    /// a file that exists but cannot be read or parsed is an error.
+    pub fn load() -> Result<(CostModel, String)> {
+        let Some(path) = Self::default_path() else {
+            return Ok((CostModel::default(), "built-in defaults".into()));
+        };
+        match std::fs::read_to_string(&path) {
+            Ok(t) => Ok((Self::decode(t.trim())?, path.display().to_string())),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok((
+                CostModel::default(),
+                format!("built-in defaults ({} not found)", path.display()),
+            )),
+            Err(e) => Err(Error::sys("read", path.display().to_string(), e)),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn two_ranks_always_use_the_ring() {
+        let m = CostModel::default();
+        for bytes in [0, 8, 4096, 1 << 20, 1 << 28] {
+            for kind in [LinkKind::Tcp, LinkKind::Shm] {
+                assert_eq!(m.choose(kind, 2, bytes).0, Algo::Ring, "{bytes} B");
+            }
+        }
+    }
+
+    #[test]
+    fn latency_bound_sizes_avoid_the_ring_on_many_ranks() {
+        let m = CostModel::default();
+        assert_eq!(m.choose(LinkKind::Tcp, 8, 8).0, Algo::Rhd);
+        assert_eq!(m.choose(LinkKind::Tcp, 6, 8).0, Algo::Tree);
+        // Large messages: the tree sends the whole message d times.
+        assert_eq!(m.choose(LinkKind::Tcp, 6, 64 << 20).0, Algo::Ring);
+        let (a, t) = m.choose(LinkKind::Shm, 3, 64 << 20);
+        assert_eq!(a, Algo::Ring);
+        assert!((t - m.predict(LinkKind::Shm, Algo::Ring, 3, 64 << 20)).abs() < 1e-15);
+    }
+
+    #[test]
+    fn ring_prediction_matches_the_formula() {
+        let m = CostModel {
+            tcp: Link {
+                alpha: 1e-5,
+                beta: 1e-9,
+            },
+            shm: Link {
+                alpha: 0.0,
+                beta: 0.0,
+            },
+            gamma: 1e-10,
+        };
+        let t = m.predict(LinkKind::Tcp, Algo::Ring, 4, 4_000_000);
+        let want = 6.0 * 1e-5 + 2.0 * 0.75 * 4e6 * 1e-9 + 0.75 * 4e6 * 1e-10;
+        assert!((t - want).abs() < 1e-12, "{t} vs {want}");
+        assert_eq!(m.predict(LinkKind::Tcp, Algo::Tree, 1, 100), 0.0);
+    }
+
+    #[test]
+    fn encoding_round_trips_and_bad_text_is_named() {
+        let m = CostModel::default();
+        assert_eq!(CostModel::decode(&m.encode()).ok(), Some(m));
+        for (text, needle) in [
+            ("", "does not start"),
+            ("gradwire-model v1 tcp_alpha=1", "tcp_beta is missing"),
+            ("gradwire-model v1 tcp_alpha=x", "not a number"),
+            ("gradwire-model v1 tcp_alpha=-1", "non-negative"),
+            ("gradwire-model v1 zeta=1", "unknown key"),
+            ("gradwire-model v1 tcp_alpha", "not key=value"),
+        ] {
+            let e = CostModel::decode(text).expect_err(text).to_string();
+            assert!(e.contains(needle), "{text:?}: {e}");
+        }
+    }
+}
