@@ -13,14 +13,14 @@
 # prediction after warm-up, parameters within 1e-5 relative; exit status 1 if
 # one is not met). The last line is 'optperf/even step time ratio: X.XX'.
 #
-# Tunables (environment): STEPS (80), BATCH (global batch, 1536), WARMUP (15);
+# Tunables (environment): STEPS (80), BATCH (global batch, 2048), WARMUP (15);
 # BIN_DIR=DIR uses the gwjob and gwtrain already built in DIR instead of
 # building (to run the demo on a machine without a toolchain).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
 STEPS=${STEPS:-80}
-BATCH=${BATCH:-1536}
+BATCH=${BATCH:-2048}
 WARMUP=${WARMUP:-15}
 # Each run gets this long before the demo gives up on it.
 JOB_TIMEOUT=${JOB_TIMEOUT:-600}

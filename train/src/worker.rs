@@ -83,8 +83,9 @@ pub struct StepLog {
 }
 
 /// Adds the gradient of samples `first..first + count` to `grad` (a sum, not
-/// a mean) and returns their summed loss. With `reps > 1` every sample's
-/// forward/backward is done `reps` times; only the first counts.
+/// a mean) and returns their summed loss. With `reps > 1` all of a sample's
+/// work (making it, forward, backward) is done `reps` times and only the
+/// first result counts, so the rank is `reps` times slower per sample.
 #[allow(clippy::too_many_arguments)]
 pub fn local_gradient(
     mlp: &Mlp,
@@ -98,12 +99,15 @@ pub fn local_gradient(
     ws: &mut Workspace,
 ) -> f64 {
     let mut x = vec![0.0; mlp.inputs()];
+    let mut x_extra = vec![0.0; mlp.inputs()];
     let mut loss = 0.0;
     for k in first..first + count {
         let label = data.sample(k, &mut x);
         loss += mlp.accumulate(params, &x, label, grad, ws);
         for _ in 1..reps {
-            let l = mlp.accumulate(params, &x, label, scratch, ws);
+            // black_box: the repeat must really be computed, not reused.
+            let again = data.sample(std::hint::black_box(k), &mut x_extra);
+            let l = mlp.accumulate(params, &x_extra, again, scratch, ws);
             std::hint::black_box(l);
         }
     }
