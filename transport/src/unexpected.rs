@@ -28,8 +28,13 @@ impl Unexpected {
     /// A buffer of `len` bytes for a frame about to be read.
     pub fn buffer(&mut self, len: usize) -> Vec<u8> {
         let mut b = self.pool.pop().unwrap_or_default();
-        b.clear();
-        b.resize(len, 0);
+        // The caller overwrites all `len` bytes: only growth needs filling,
+        // a zeroing pass over a reused buffer would be a wasted memory pass.
+        if b.len() >= len {
+            b.truncate(len);
+        } else {
+            b.resize(len, 0);
+        }
         b
     }
 

@@ -373,11 +373,17 @@ impl ShmTransport {
 
     /// Whether `progress` would do something now (or must report an error).
     fn has_work(&self) -> bool {
+        let eager = self.any_send_stuck();
         !self.aborted
-            && (0..self.peers.len()).any(|i| i != self.me as usize && self.peer_has_work(i))
+            && (0..self.peers.len()).any(|i| i != self.me as usize && self.peer_has_work(i, eager))
     }
 
-    fn peer_has_work(&self, i: usize) -> bool {
+    /// Whether a send of ours waits for ring space (see `pump_recvs`).
+    fn any_send_stuck(&self) -> bool {
+        self.peers.iter().any(|p| !p.sends.is_empty())
+    }
+
+    fn peer_has_work(&self, i: usize, eager: bool) -> bool {
         let p = &self.peers[i];
         let Some(conn) = &p.conn else {
             if !p.wanted && !p.has_ops() {
@@ -394,8 +400,18 @@ impl ShmTransport {
         if !p.sends.is_empty() && !matches!(conn.tx.free(), Ok(0)) {
             return true;
         }
-        // Any inbound frame is work: it is delivered or buffered.
-        !matches!(conn.rx.peek(), Ok(None))
+        // An inbound frame is work when it is delivered or buffered now: a
+        // receive is posted, a send of ours is stuck, or it is not data
+        // (close, abort, or garbage to report).
+        match conn.rx.peek() {
+            Ok(None) => false,
+            Ok(Some(raw)) => {
+                eager
+                    || !p.recvs.is_empty()
+                    || !matches!(FrameHeader::decode(&raw), Ok(h) if h.kind == FrameKind::Data)
+            }
+            Err(_) => true,
+        }
     }
 
     fn set_sleep_flags(&self, on: bool) {
@@ -541,8 +557,13 @@ fn pump_sends(
 }
 
 /// Delivers the frames at the head of `p`'s inbound ring to matching receives.
+///
+/// Frames nobody has asked for yet are buffered only when `eager` (one of
+/// this rank's sends is stuck on a full ring, so a cycle of full rings could
+/// form through other ranks) or when a posted receive waits behind them.
 fn pump_recvs(
     me: Rank,
+    eager: bool,
     p: &mut Peer,
     bell: &mut Doorbell,
     reqs: &mut HashMap<u64, bool>,
@@ -556,6 +577,13 @@ fn pump_recvs(
             break;
         };
         let (i, h) = match examine(me, p, &conn.rx, &raw)? {
+            Head::Early(_) if !eager && p.recvs.is_empty() => {
+                // Nothing here waits for a frame behind this one and none of
+                // our sends is stuck, so no rank can be waiting on us to make
+                // room: leave it in the ring, and the receive that is posted
+                // next takes it straight from the slot (one copy, not three).
+                break;
+            }
             Head::Early(h) => {
                 let mut buf = p.early.buffer(h.len as usize);
                 let conn = p
@@ -814,6 +842,7 @@ impl Transport for ShmTransport {
             return Ok(false);
         }
         let mut did = false;
+        let eager = self.any_send_stuck();
         for i in 0..self.peers.len() {
             if i == self.me as usize {
                 continue;
@@ -839,7 +868,7 @@ impl Transport for ShmTransport {
                 continue;
             }
             did |= pump_sends(me, p, &mut self.bell, &mut self.reqs)?;
-            did |= pump_recvs(me, p, &mut self.bell, &mut self.reqs)?;
+            did |= pump_recvs(me, eager, p, &mut self.bell, &mut self.reqs)?;
         }
         Ok(did)
     }

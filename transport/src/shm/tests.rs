@@ -140,7 +140,7 @@ fn recvs_posted_in_another_order_than_arrivals() {
 }
 
 #[test]
-fn unmatched_frame_is_buffered_until_its_recv_is_posted() {
+fn unmatched_frame_waits_in_its_slot_until_its_recv_is_posted() {
     let (mut a, mut b) = pair("early", 2, 16);
     let mut src = pattern(16, 3);
     let mut dst = vec![0u8; 16];
@@ -149,9 +149,8 @@ fn unmatched_frame_is_buffered_until_its_recv_is_posted() {
     let s = a.isend(1, tag(1, 0), ms, 0, 16).unwrap();
     assert!(a.progress().unwrap());
     assert!(a.test(s).unwrap());
-    // Nothing posted on b: the frame leaves the ring for the early buffer,
-    // freeing the slot, and then there is nothing left to do.
-    assert!(b.progress().unwrap());
+    // Nothing posted on b and no send of b's stuck: the frame stays in the
+    // ring (no copy), there is nothing to do, and b may sleep.
     assert!(!b.progress().unwrap());
     assert!(b.prepare_sleep());
     b.finish_sleep();
@@ -161,13 +160,47 @@ fn unmatched_frame_is_buffered_until_its_recv_is_posted() {
         "nothing is written before the receive is posted"
     );
     let r = b.irecv(0, tag(1, 0), md, 0, 16).unwrap();
+    assert!(b.progress().unwrap());
     assert!(
         b.test(r).unwrap(),
-        "the buffered frame completes the receive at once"
+        "the waiting frame completes the receive"
     );
     assert_eq!(dst, src);
     // A completed request is forgotten.
     assert!(matches!(b.test(r), Err(Error::InvalidUsage(_))));
+}
+
+#[test]
+fn unmatched_frame_is_buffered_while_a_send_is_stuck() {
+    // Two 16-byte slots per ring: b's three sends to a fill b's ring and the
+    // third is stuck until a reads. Then a frame from a that b has not asked
+    // for must leave a's ring (a cycle of full rings through other ranks
+    // could otherwise deadlock), into the early buffer.
+    let (mut a, mut b) = pair("stuck", 2, 16);
+    let mut src = pattern(48, 5);
+    let mut back = pattern(16, 9);
+    let mut dst = vec![0u8; 16];
+    let ms = reg(&mut b, &mut src);
+    let mb = reg(&mut a, &mut back);
+    let md = reg(&mut b, &mut dst);
+    let sends: Vec<_> = (0..3)
+        .map(|k| b.isend(0, tag(2, k), ms, 16 * k as usize, 16).unwrap())
+        .collect();
+    b.progress().unwrap();
+    assert!(
+        !b.test(sends[2]).unwrap(),
+        "the third send waits for a slot"
+    );
+    let s = a.isend(1, tag(3, 0), mb, 0, 16).unwrap();
+    a.progress().unwrap();
+    assert!(a.test(s).unwrap());
+    assert!(b.progress().unwrap(), "the frame is buffered");
+    let r = b.irecv(0, tag(3, 0), md, 0, 16).unwrap();
+    assert!(
+        b.test(r).unwrap(),
+        "the buffered frame completes the receive at once"
+    );
+    assert_eq!(dst, back);
 }
 
 #[test]
