@@ -83,9 +83,13 @@ pub fn call<B: Serialize, R: DeserializeOwned>(
                 message,
             })
         }
-        Err(ureq::Error::Transport(t)) => Err(HttpError::Transport {
-            url,
-            detail: t.to_string(),
-        }),
+        Err(ureq::Error::Transport(t)) => {
+            // Transport's Display repeats the URL, which ours already names.
+            let detail = match t.message() {
+                Some(m) => format!("{}: {m}", t.kind()),
+                None => t.kind().to_string(),
+            };
+            Err(HttpError::Transport { url, detail })
+        }
     }
 }

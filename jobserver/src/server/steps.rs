@@ -275,7 +275,11 @@ fn complete_if_all_reported(tx: &Transaction<'_>, job: &Job, plan: &Plan) -> Api
         return Ok(());
     }
     let measured = reports.iter().map(|r| r.1).fold(0.0, f64::max);
-    let comm = reports.iter().map(|r| r.2).fold(0.0, f64::max);
+    // The all-reduce's own cost is what the rank that arrived last paid: the
+    // others' comm_s also holds their wait for it, which the compute part of
+    // the prediction already counts (the max would count imbalance twice).
+    let comm = reports.iter().map(|r| r.2).fold(f64::INFINITY, f64::min);
+    let comm = if comm.is_finite() { comm } else { 0.0 };
     tx.execute(
         "INSERT INTO steps(job_id, step, measured_step_s, comm_s) VALUES (?1, ?2, ?3, ?4)
          ON CONFLICT(job_id, step) DO NOTHING",
