@@ -8,7 +8,7 @@ use gw_allreduce::{Communicator, DType, Error, OpKind, RawOp, RedOp};
 use gw_tests::coll::{self, Case};
 use rand::{Rng, SeedableRng};
 use std::process::ExitCode;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 fn pattern(src: u32, dst: u32, len: usize, i: usize) -> u8 {
     ((src as usize * 131 + dst as usize * 31 + i * 7 + len) % 251) as u8
@@ -282,6 +282,42 @@ fn fusion(comm: &Communicator) -> Result<String, String> {
     ))
 }
 
+/// CPU seconds (user + system) this process has used so far.
+fn cpu_seconds() -> f64 {
+    let mut u = std::mem::MaybeUninit::<libc::rusage>::zeroed();
+    // SAFETY: getrusage fills the struct it is given.
+    if unsafe { libc::getrusage(libc::RUSAGE_SELF, u.as_mut_ptr()) } != 0 {
+        return f64::NAN;
+    }
+    // SAFETY: initialised by the successful call above.
+    let u = unsafe { u.assume_init() };
+    let t = |tv: libc::timeval| tv.tv_sec as f64 + tv.tv_usec as f64 * 1e-6;
+    t(u.ru_utime) + t(u.ru_stime)
+}
+
+/// After some work, an idle communicator must stop spinning: CPU used over
+/// three idle seconds, as a fraction of one core.
+fn idle_cpu(comm: &Communicator) -> Result<String, String> {
+    let mut v = vec![1.0f32; 1 << 16];
+    for _ in 0..20 {
+        comm.all_reduce_in_place(&mut v, RedOp::Sum)
+            .map_err(|e| e.to_string())?;
+    }
+    let idle = Duration::from_secs(3);
+    let c0 = cpu_seconds();
+    let t0 = Instant::now();
+    std::thread::sleep(idle);
+    let frac = (cpu_seconds() - c0) / t0.elapsed().as_secs_f64();
+    comm.barrier().map_err(|e| e.to_string())?;
+    if !(frac < 0.01) {
+        return Err(format!(
+            "idle communicator used {:.2}% of a core",
+            frac * 100.0
+        ));
+    }
+    Ok(format!("idle cpu {:.3}% of a core", frac * 100.0))
+}
+
 /// The cost model this rank chooses with and its choice per size, on one line,
 /// so a test can check that every rank uses rank 0's.
 fn model_choices(comm: &Communicator) -> String {
@@ -328,6 +364,7 @@ fn main() -> ExitCode {
         "refusals" => refusals(&comm),
         "fusion" => fusion(&comm),
         "model" => Ok(model_choices(&comm)),
+        "idle-cpu" => idle_cpu(&comm),
         other => Err(format!("unknown scenario {other}")),
     };
     match res {

@@ -484,8 +484,13 @@ impl TcpTransport {
                     };
                     let total = HEADER_LEN + seg.len;
                     let res = if seg.done < HEADER_LEN {
-                        // SAFETY: the segment lies in registered memory that outlives the send.
-                        let payload = unsafe { std::slice::from_raw_parts(seg.ptr.0, seg.len) };
+                        let payload: &[u8] = if seg.len == 0 {
+                            // A zero-length message may carry a null pointer.
+                            &[]
+                        } else {
+                            // SAFETY: the segment lies in registered memory that outlives the send.
+                            unsafe { std::slice::from_raw_parts(seg.ptr.0, seg.len) }
+                        };
                         lane.sock.write_vectored(&[
                             IoSlice::new(&seg.hdr[seg.done..]),
                             IoSlice::new(payload),
