@@ -309,7 +309,7 @@ fn idle_cpu(comm: &Communicator) -> Result<String, String> {
     std::thread::sleep(idle);
     let frac = (cpu_seconds() - c0) / t0.elapsed().as_secs_f64();
     comm.barrier().map_err(|e| e.to_string())?;
-    if !(frac < 0.01) {
+    if frac.is_nan() || frac >= 0.01 {
         return Err(format!(
             "idle communicator used {:.2}% of a core",
             frac * 100.0
