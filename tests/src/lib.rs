@@ -6,6 +6,7 @@
 
 pub mod coll;
 pub mod jobs;
+pub mod netns;
 
 use gw_transport::store::{StoreConfig, StoreServer};
 use std::io::Read;

@@ -11,8 +11,8 @@
 //!   run one job across them.
 
 use gw_tests::jobs::{Cluster, alive, json_str, processes_of_job, step_log};
+use gw_tests::netns::Namespaces;
 use std::path::Path;
-use std::process::Command;
 use std::time::{Duration, Instant};
 
 /// Steps of the jobs that must finish.
@@ -193,63 +193,9 @@ fn worker_killed_mid_step_fails_the_job_naming_rank_and_node() {
     c.shutdown();
 }
 
-/// Two network namespaces joined by a veth pair, 198.18.<net>.1 and .2.
-struct Namespaces {
-    names: [String; 2],
-}
-
-fn ip(args: &[&str]) -> Result<(), String> {
-    let out = Command::new("ip")
-        .args(args)
-        .output()
-        .map_err(|e| format!("ip: {e}"))?;
-    if out.status.success() {
-        Ok(())
-    } else {
-        Err(format!(
-            "ip {}: {}",
-            args.join(" "),
-            String::from_utf8_lossy(&out.stderr).trim()
-        ))
-    }
-}
-
-impl Namespaces {
-    fn create(net: u8) -> Result<Namespaces, String> {
-        let id = std::process::id();
-        let ns = Namespaces {
-            names: [format!("gwja{id}"), format!("gwjb{id}")],
-        };
-        let [a, b] = &ns.names;
-        let (va, vb) = (format!("gwjva{id}"), format!("gwjvb{id}"));
-        ip(&["netns", "add", a])?;
-        ip(&["netns", "add", b])?;
-        ip(&["link", "add", &va, "type", "veth", "peer", "name", &vb])?;
-        ip(&["link", "set", &va, "netns", a])?;
-        ip(&["link", "set", &vb, "netns", b])?;
-        for (n, v, addr) in [
-            (a, &va, format!("198.18.{net}.1/24")),
-            (b, &vb, format!("198.18.{net}.2/24")),
-        ] {
-            ip(&["-n", n, "addr", "add", &addr, "dev", v])?;
-            ip(&["-n", n, "link", "set", v, "up"])?;
-            ip(&["-n", n, "link", "set", "lo", "up"])?;
-        }
-        Ok(ns)
-    }
-}
-
-impl Drop for Namespaces {
-    fn drop(&mut self) {
-        for n in &self.names {
-            let _ = ip(&["netns", "del", n]);
-        }
-    }
-}
-
 #[test]
 fn one_job_runs_across_agents_in_two_network_namespaces() {
-    let ns = match Namespaces::create(78) {
+    let ns = match Namespaces::create("j", 78) {
         Ok(ns) => ns,
         Err(why) => {
             println!("SKIPPED: cannot create network namespaces here ({why})");

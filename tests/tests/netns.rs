@@ -5,65 +5,13 @@
 //! Skips, saying why, where network namespaces cannot be made.
 
 use gw_tests::bin;
+use gw_tests::netns::Namespaces;
 use std::process::Command;
 use std::time::Duration;
 
-struct Namespaces {
-    names: [String; 2],
-}
-
-fn ip(args: &[&str]) -> Result<(), String> {
-    let out = Command::new("ip")
-        .args(args)
-        .output()
-        .map_err(|e| format!("ip: {e}"))?;
-    if out.status.success() {
-        Ok(())
-    } else {
-        Err(format!(
-            "ip {}: {}",
-            args.join(" "),
-            String::from_utf8_lossy(&out.stderr).trim()
-        ))
-    }
-}
-
-impl Namespaces {
-    /// Two namespaces, 198.18.<net>.1 and .2 (the benchmarking range, never routed).
-    fn create(net: u8) -> Result<Namespaces, String> {
-        let id = std::process::id();
-        let names = [format!("gwa{id}"), format!("gwb{id}")];
-        let ns = Namespaces { names };
-        let [a, b] = &ns.names;
-        let (va, vb) = (format!("gwva{id}"), format!("gwvb{id}"));
-        ip(&["netns", "add", a])?;
-        ip(&["netns", "add", b])?;
-        ip(&["link", "add", &va, "type", "veth", "peer", "name", &vb])?;
-        ip(&["link", "set", &va, "netns", a])?;
-        ip(&["link", "set", &vb, "netns", b])?;
-        for (n, v, addr) in [
-            (a, &va, format!("198.18.{net}.1/24")),
-            (b, &vb, format!("198.18.{net}.2/24")),
-        ] {
-            ip(&["-n", n, "addr", "add", &addr, "dev", v])?;
-            ip(&["-n", n, "link", "set", v, "up"])?;
-            ip(&["-n", n, "link", "set", "lo", "up"])?;
-        }
-        Ok(ns)
-    }
-}
-
-impl Drop for Namespaces {
-    fn drop(&mut self) {
-        for n in &self.names {
-            let _ = ip(&["netns", "del", n]);
-        }
-    }
-}
-
 #[test]
 fn ranks_in_separate_network_namespaces_exchange_over_tcp() {
-    let ns = match Namespaces::create(77) {
+    let ns = match Namespaces::create("", 77) {
         Ok(ns) => ns,
         Err(why) => {
             println!("SKIPPED: cannot create network namespaces here ({why})");
