@@ -10,7 +10,6 @@ use serde::de::DeserializeOwned;
 use std::io::{BufRead, BufReader, Read};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
-use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::mpsc;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -18,29 +17,13 @@ use std::time::{Duration, Instant};
 pub const GWJOB: &str = env!("CARGO_BIN_EXE_gwjob");
 pub const T: Duration = Duration::from_secs(10);
 
-/// A temporary directory removed on drop.
-pub struct TempDir(pub PathBuf);
+#[path = "../common/tempdir.rs"]
+mod tempdir;
+pub use tempdir::TempDir;
 
 impl TempDir {
     pub fn new(tag: &str) -> TempDir {
-        static N: AtomicUsize = AtomicUsize::new(0);
-        let p = std::env::temp_dir().join(format!(
-            "gw-server-{tag}-{}-{}",
-            std::process::id(),
-            N.fetch_add(1, Ordering::Relaxed)
-        ));
-        let _ = std::fs::remove_dir_all(&p);
-        std::fs::create_dir_all(&p).expect("create temp dir");
-        TempDir(p)
-    }
-    pub fn path(&self) -> &Path {
-        &self.0
-    }
-}
-
-impl Drop for TempDir {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.0);
+        TempDir::named("server", tag)
     }
 }
 
