@@ -305,6 +305,7 @@ impl Communicator {
                     job_id: format!("{}-{key}", boot.job_id),
                     slot_bytes: cfg.shm_slot_bytes.value,
                     slots: cfg.shm_slots.value,
+                    pull_bytes: cfg.shm_pull_bytes.value,
                 },
             )?));
             Some(transports.len() - 1)

@@ -107,6 +107,9 @@ pub struct Config {
     pub shm_slot_bytes: Setting<usize>,
     /// `GW_SHM_SLOTS`: slots per shared-memory ring.
     pub shm_slots: Setting<usize>,
+    /// `GW_SHM_PULL_BYTES`: shared-memory messages from this size on are
+    /// copied once, by the receiver, out of the sender's process (0: never).
+    pub shm_pull_bytes: Setting<usize>,
 }
 
 impl Default for Config {
@@ -123,6 +126,7 @@ impl Default for Config {
             spin_us: Setting::default(100),
             shm_slot_bytes: Setting::default(512 * 1024),
             shm_slots: Setting::default(8),
+            shm_pull_bytes: Setting::default(gw_transport::shm::DEFAULT_PULL_BYTES),
         }
     }
 }
@@ -246,6 +250,13 @@ impl Config {
             |v| positive::<usize>(v).filter(|n| *n >= 2 && *n <= 4096),
             "2..=4096",
         )?;
+        env_override(
+            &mut self.shm_pull_bytes,
+            "GW_SHM_PULL_BYTES",
+            env,
+            |v| v.parse().ok(),
+            "bytes (0 turns single-copy pulls off)",
+        )?;
         Ok(())
     }
 
@@ -266,6 +277,7 @@ impl Config {
             line("GW_SPIN_US", &self.spin_us),
             line("GW_SHM_SLOT_BYTES", &self.shm_slot_bytes),
             line("GW_SHM_SLOTS", &self.shm_slots),
+            line("GW_SHM_PULL_BYTES", &self.shm_pull_bytes),
         ]
     }
 }

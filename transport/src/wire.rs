@@ -243,6 +243,10 @@ pub enum FrameKind {
     Abort = 2,
     /// The sender shut its communicator down cleanly; nothing follows.
     Close = 3,
+    /// Shared memory only: the whole message waits in the sender's memory
+    /// for the receiver to copy it out; the payload is its address and a
+    /// completion number (see `shm/pull.rs`).
+    Rendezvous = 4,
 }
 
 /// The fixed header in front of every segment.
@@ -311,6 +315,7 @@ impl FrameHeader {
             1 => FrameKind::Data,
             2 => FrameKind::Abort,
             3 => FrameKind::Close,
+            4 => FrameKind::Rendezvous,
             k => return Err(Error::Protocol(format!("unknown frame kind {k}"))),
         };
         let op = OpKind::from_code(b[5])
@@ -372,8 +377,12 @@ mod tests {
                     let len = (len as u64).min(total);
                     let offset = (total - len) / 2;
                     FrameHeader {
-                        kind: [FrameKind::Data, FrameKind::Abort, FrameKind::Close]
-                            [(step % 3) as usize],
+                        kind: [
+                            FrameKind::Data,
+                            FrameKind::Abort,
+                            FrameKind::Close,
+                            FrameKind::Rendezvous,
+                        ][(step % 4) as usize],
                         src_rank: src,
                         fp: Fingerprint {
                             comm_id: comm,

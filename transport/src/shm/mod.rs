@@ -16,6 +16,16 @@
 //! fingerprint disagreement is an [`Error::Mismatch`]; anything malformed is an
 //! [`Error::Protocol`] naming the peer.
 //!
+//! Large messages skip the slots: a send of at least
+//! [`ShmConfig::pull_bytes`] is one rendezvous frame, and the receiver copies
+//! the bytes straight out of the sender's process (see `pull.rs`); the send
+//! completes when the receiver reports it pulled. Rendezvous sends complete
+//! only once the peer posts its receive, so a cycle of ranks each waiting
+//! for its own sends before posting receives could stall; when the engine
+//! finds nothing to do while such a send is outstanding, this rank pulls
+//! early rendezvous messages into its unexpected-message buffers, as it does
+//! for ring frames when a ring is full.
+//!
 //! Sleeping: a peer's store into shared memory raises no poller event, so each
 //! rank has a datagram "doorbell" in the abstract socket namespace. Before the
 //! engine sleeps, [`Transport::prepare_sleep`] raises `reader_sleeping` on every
@@ -25,13 +35,15 @@
 //! transport works by polling alone.
 
 mod doorbell;
+mod pull;
 mod ring;
 mod segment;
 #[cfg(test)]
 mod tests;
 
 use self::doorbell::{Doorbell, doorbell_addr};
-use self::ring::{Consumer, Corrupt, Producer, next_segment};
+use self::pull::RENDEZVOUS_LEN;
+use self::ring::{CanPull, Consumer, Corrupt, MAX_PULLS, Producer, next_segment};
 use self::segment::{Layout, Opened, Segment, pid_alive, segment_path};
 use crate::error::{Error, Result};
 use crate::peers::PeerInfo;
@@ -46,6 +58,8 @@ use std::sync::atomic::{Ordering, fence};
 pub const DEFAULT_SLOT_BYTES: usize = 512 * 1024;
 /// Default slots per ring.
 pub const DEFAULT_SLOTS: usize = 8;
+/// Default size from which a message is pulled by the receiver in one copy.
+pub const DEFAULT_PULL_BYTES: usize = 256 * 1024;
 const MAX_SLOT_BYTES: usize = 1 << 30;
 const MAX_SLOTS: usize = 1 << 12;
 const MAX_JOB_ID: usize = 80;
@@ -61,6 +75,10 @@ pub struct ShmConfig {
     pub slot_bytes: usize,
     /// Slots per ring (default 8).
     pub slots: usize,
+    /// Messages of at least this many bytes are copied once, by the
+    /// receiver, out of the sender's process, where the kernel allows it
+    /// (default 256 KiB; 0 never does).
+    pub pull_bytes: usize,
 }
 
 impl ShmConfig {
@@ -70,6 +88,7 @@ impl ShmConfig {
             job_id: job_id.into(),
             slot_bytes: DEFAULT_SLOT_BYTES,
             slots: DEFAULT_SLOTS,
+            pull_bytes: DEFAULT_PULL_BYTES,
         }
     }
 
@@ -128,6 +147,15 @@ struct SendOp {
     sent: u64,
 }
 
+/// A send waiting for the receiver to pull it (see `pull.rs`).
+#[derive(Debug)]
+struct PullOut {
+    /// Completion number the receiver reports.
+    k: u64,
+    req: u64,
+    mem: MemHandle,
+}
+
 #[derive(Debug)]
 struct RecvOp {
     req: u64,
@@ -143,6 +171,8 @@ struct RecvOp {
 struct Conn {
     tx: Producer,
     rx: Consumer,
+    /// We checked whether we can pull from the peer's process (see `pull.rs`).
+    probed: bool,
     /// Owns the mapping the rings point into (unmapped, and unlinked if still
     /// named, when the connection drops).
     _seg: Segment,
@@ -163,6 +193,10 @@ struct Peer {
     closed: bool,
     /// Frames that arrived before their receive was posted.
     early: Unexpected,
+    /// Our rendezvous sends not yet pulled, oldest first.
+    pulls_out: VecDeque<PullOut>,
+    /// Completion number of our next rendezvous send.
+    next_pull: u64,
 }
 
 impl Peer {
@@ -175,7 +209,7 @@ impl Peer {
     }
 
     fn has_ops(&self) -> bool {
-        !self.sends.is_empty() || !self.recvs.is_empty()
+        !self.sends.is_empty() || !self.recvs.is_empty() || !self.pulls_out.is_empty()
     }
 
     fn closed_error(&self, what: &str) -> Error {
@@ -189,7 +223,8 @@ impl Peer {
 
 /// What to do with the oldest frame of an inbound ring.
 enum Head {
-    /// Copy it into posted receive number `.0`.
+    /// Copy it (or, for a rendezvous frame, the message it names) into
+    /// posted receive number `.0`.
     Deliver(usize, FrameHeader),
     /// No posted receive wants it yet: buffer it (see `unexpected`).
     Early(FrameHeader),
@@ -212,6 +247,9 @@ pub struct ShmTransport {
     token: Option<mio::Token>,
     /// Set by `abort`: registered memory is never touched again.
     aborted: bool,
+    /// The engine found nothing to do while a rendezvous send of ours waits:
+    /// pull early messages instead of leaving them (see the module comment).
+    stalled: bool,
 }
 
 impl ShmTransport {
@@ -242,13 +280,19 @@ impl ShmTransport {
                 active: None,
                 closed: false,
                 early: Unexpected::default(),
+                pulls_out: VecDeque::new(),
+                next_pull: 0,
             });
         }
+        if cfg.pull_bytes > 0 {
+            pull::allow_peers_to_pull();
+        }
         crate::gw_info!(
-            "shm: rank {me}, job {}, {} slots of {} bytes per ring",
+            "shm: rank {me}, job {}, {} slots of {} bytes per ring, single copy from {} bytes",
             cfg.job_id,
             cfg.slots,
-            cfg.slot_bytes
+            cfg.slot_bytes,
+            cfg.pull_bytes
         );
         Ok(ShmTransport {
             me,
@@ -264,6 +308,7 @@ impl ShmTransport {
             bell: Doorbell::new()?,
             token: None,
             aborted: false,
+            stalled: false,
         })
     }
 
@@ -378,9 +423,16 @@ impl ShmTransport {
             && (0..self.peers.len()).any(|i| i != self.me as usize && self.peer_has_work(i, eager))
     }
 
-    /// Whether a send of ours waits for ring space (see `pump_recvs`).
+    /// Whether early frames must be taken out of the rings now (see
+    /// `pump_recvs`): a send of ours waits for ring space, or the engine
+    /// stalled while a rendezvous send of ours waits to be pulled.
     fn any_send_stuck(&self) -> bool {
-        self.peers.iter().any(|p| !p.sends.is_empty())
+        self.stalled || self.peers.iter().any(|p| !p.sends.is_empty())
+    }
+
+    /// Whether a rendezvous send of ours waits to be pulled.
+    fn any_pull_out(&self) -> bool {
+        self.peers.iter().any(|p| !p.pulls_out.is_empty())
     }
 
     fn peer_has_work(&self, i: usize, eager: bool) -> bool {
@@ -400,15 +452,22 @@ impl ShmTransport {
         if !p.sends.is_empty() && !matches!(conn.tx.free(), Ok(0)) {
             return true;
         }
+        if p.pulls_out.iter().any(|o| conn.tx.pulled(o.k)) {
+            return true;
+        }
+        if !conn.probed && conn.rx.probe_addr() != 0 {
+            return true;
+        }
         // An inbound frame is work when it is delivered or buffered now: a
-        // receive is posted, a send of ours is stuck, or it is not data
-        // (close, abort, or garbage to report).
+        // receive is posted, a send of ours is stuck, or it is neither data
+        // nor rendezvous (close, abort, or garbage to report).
         match conn.rx.peek() {
             Ok(None) => false,
             Ok(Some(raw)) => {
                 eager
                     || !p.recvs.is_empty()
-                    || !matches!(FrameHeader::decode(&raw), Ok(h) if h.kind == FrameKind::Data)
+                    || !matches!(FrameHeader::decode(&raw),
+                        Ok(h) if matches!(h.kind, FrameKind::Data | FrameKind::Rendezvous))
             }
             Err(_) => true,
         }
@@ -418,10 +477,49 @@ impl ShmTransport {
         for p in &self.peers {
             if let Some(conn) = &p.conn {
                 conn.rx.set_reader_sleeping(on);
-                let blocked = !p.sends.is_empty() && matches!(conn.tx.free(), Ok(0));
+                let blocked = (!p.sends.is_empty() && matches!(conn.tx.free(), Ok(0)))
+                    || !p.pulls_out.is_empty();
                 conn.tx.set_writer_sleeping(on && blocked);
             }
         }
+    }
+
+    /// Whether some inbound ring holds a data or rendezvous frame nobody has
+    /// asked for (the engine idles with it there).
+    fn any_early_head(&self) -> bool {
+        self.peers.iter().any(|p| {
+            p.conn.as_ref().is_some_and(|c| {
+                matches!(c.rx.peek(), Ok(Some(raw))
+                    if matches!(FrameHeader::decode(&raw),
+                        Ok(h) if matches!(h.kind, FrameKind::Data | FrameKind::Rendezvous)))
+            })
+        })
+    }
+}
+
+/// Finds out, once the peer published its probe word, whether we can pull
+/// from its process, and tells it through the ring.
+fn probe_peer(p: &mut Peer) {
+    let Some(conn) = p.conn.as_mut() else {
+        return;
+    };
+    let addr = conn.rx.probe_addr();
+    if conn.probed || addr == 0 {
+        return;
+    }
+    let yes = pull::probe(p.info.pid, addr);
+    conn.rx.set_can_pull(yes);
+    conn.probed = true;
+    if yes {
+        crate::gw_info!(
+            "shm: large messages from {} are pulled in one copy",
+            p.who()
+        );
+    } else {
+        crate::gw_info!(
+            "shm: process_vm_readv of {} refused; its large messages go through the slots",
+            p.who()
+        );
     }
 }
 
@@ -441,6 +539,18 @@ fn examine(me: Rank, p: &Peer, rx: &Consumer, raw: &[u8; HEADER_LEN]) -> Result<
     }
     if h.kind == FrameKind::Close {
         return Ok(Head::Close);
+    }
+    if h.kind == FrameKind::Rendezvous && (h.len != RENDEZVOUS_LEN as u64 || p.active.is_some()) {
+        return Err(Error::Protocol(format!(
+            "shared memory from {}: a rendezvous frame of {} bytes{}",
+            p.who(),
+            h.len,
+            if p.active.is_some() {
+                " in the middle of a message"
+            } else {
+                ""
+            }
+        )));
     }
     if h.kind == FrameKind::Abort {
         let mut text = vec![0u8; (h.len as usize).min(MAX_ABORT_TEXT)];
@@ -503,9 +613,12 @@ fn examine(me: Rank, p: &Peer, rx: &Consumer, raw: &[u8; HEADER_LEN]) -> Result<
     Ok(Head::Early(h))
 }
 
-/// Copies as many queued segments to `p` as its ring has free slots.
+/// Copies as many queued segments to `p` as its ring has free slots; a
+/// message of at least `pull_bytes` goes as one rendezvous frame instead
+/// when the peer can pull from us.
 fn pump_sends(
     me: Rank,
+    pull_bytes: usize,
     p: &mut Peer,
     bell: &mut Doorbell,
     reqs: &mut HashMap<u64, bool>,
@@ -516,6 +629,45 @@ fn pump_sends(
     let slot_bytes = conn.tx.slot_bytes();
     let mut pushed = false;
     while let Some(op) = p.sends.front_mut() {
+        if op.sent == 0
+            && pull_bytes > 0
+            // A rendezvous frame's payload must fit its slot, and a frame's
+            // payload never exceeds its message.
+            && op.len >= pull_bytes.max(RENDEZVOUS_LEN)
+            && slot_bytes >= RENDEZVOUS_LEN
+            && conn.tx.can_pull() == CanPull::Yes
+        {
+            if p.pulls_out.len() as u64 >= MAX_PULLS {
+                break;
+            }
+            let k = p.next_pull;
+            let header = FrameHeader {
+                kind: FrameKind::Rendezvous,
+                src_rank: me,
+                fp: op.tag.fp,
+                step: op.tag.step,
+                offset: 0,
+                len: RENDEZVOUS_LEN as u64,
+                total: op.len as u64,
+            }
+            .encode();
+            let payload = pull::encode(op.ptr.0 as u64, k);
+            let ok = conn.tx.push(&header, &payload).map_err(|c| {
+                Error::Protocol(format!("shared memory to {}: {}", p.info.rank, c.0))
+            })?;
+            if !ok {
+                break;
+            }
+            pushed = true;
+            p.next_pull = k.wrapping_add(1);
+            p.pulls_out.push_back(PullOut {
+                k,
+                req: op.req,
+                mem: op.mem,
+            });
+            p.sends.pop_front();
+            continue;
+        }
         let (offset, len) = next_segment(op.sent, op.len as u64, slot_bytes);
         let header = FrameHeader {
             kind: FrameKind::Data,
@@ -556,6 +708,62 @@ fn pump_sends(
     Ok(pushed)
 }
 
+/// Completes our rendezvous sends to `p` that the peer has pulled.
+fn reap_pulls(p: &mut Peer, reqs: &mut HashMap<u64, bool>) -> bool {
+    let Some(conn) = p.conn.as_ref() else {
+        return false;
+    };
+    let before = p.pulls_out.len();
+    p.pulls_out.retain(|o| {
+        let done = conn.tx.pulled(o.k);
+        if done {
+            reqs.insert(o.req, true);
+        }
+        !done
+    });
+    p.pulls_out.len() != before
+}
+
+/// Copies the message a rendezvous frame names out of `p`'s process into
+/// `dst` (`len` bytes), then reports it pulled and frees the frame's slot.
+///
+/// # Safety
+/// `dst` must be valid for writes of `len` bytes.
+unsafe fn pull_message(p: &mut Peer, h: &FrameHeader, dst: *mut u8, len: usize) -> Result<()> {
+    let who = p.who();
+    let (rank, host, pid) = (p.info.rank, p.info.hostname.clone(), p.info.pid);
+    let conn = p
+        .conn
+        .as_mut()
+        .ok_or_else(|| Error::Internal("connection vanished".into()))?;
+    let mut raw = [0u8; RENDEZVOUS_LEN];
+    conn.rx
+        .read_payload(&mut raw)
+        .map_err(|c| Error::Protocol(format!("shared memory from {who}: {}", c.0)))?;
+    let (addr, k) = pull::decode(&raw);
+    // SAFETY: the caller's promise on dst.
+    if let Err(e) = unsafe { pull::pull(pid, addr, dst, len) } {
+        if e.raw_os_error() == Some(libc::ESRCH) {
+            return Err(Error::Remote {
+                rank,
+                addr: host,
+                what: format!("process {pid} died"),
+            });
+        }
+        return Err(Error::sys(
+            "process_vm_readv",
+            format!(
+                "pulling {len} bytes of {} step {} at {addr:#x} from {who}",
+                h.fp, h.step
+            ),
+            e,
+        ));
+    }
+    conn.rx.pop();
+    conn.rx.mark_pulled(k);
+    Ok(())
+}
+
 /// Delivers the frames at the head of `p`'s inbound ring to matching receives.
 ///
 /// Frames nobody has asked for yet are buffered only when `eager` (one of
@@ -584,6 +792,20 @@ fn pump_recvs(
                 // next takes it straight from the slot (one copy, not three).
                 break;
             }
+            Head::Early(h) if h.kind == FrameKind::Rendezvous => {
+                let n = h.total as usize;
+                let mut buf = p.early.buffer(n);
+                // SAFETY: buf holds n bytes and is ours alone.
+                unsafe { pull_message(p, &h, buf.as_mut_ptr(), n)? };
+                let whole = FrameHeader {
+                    kind: FrameKind::Data,
+                    len: h.total,
+                    ..h
+                };
+                p.early.push(whole, buf);
+                popped = true;
+                continue;
+            }
             Head::Early(h) => {
                 let mut buf = p.early.buffer(h.len as usize);
                 let conn = p
@@ -610,6 +832,18 @@ fn pump_recvs(
                 p.closed = true;
                 popped = true;
                 break;
+            }
+            Head::Deliver(i, h) if h.kind == FrameKind::Rendezvous => {
+                let (ptr, len) = (p.recvs[i].ptr.0, p.recvs[i].len);
+                // SAFETY: matching checked h.total == len, the receive's
+                // registered range, bounds-checked at irecv time and kept
+                // registered while the receive is posted; the caller promised
+                // no concurrent access.
+                unsafe { pull_message(p, &h, ptr, len)? };
+                popped = true;
+                let r = p.recvs.remove(i);
+                reqs.insert(r.req, true);
+                continue;
             }
             Head::Deliver(i, h) => (i, h),
         };
@@ -694,11 +928,16 @@ impl Transport for ShmTransport {
         };
         // Ring 0 carries lo -> hi, ring 1 hi -> lo.
         let (out, inb) = if me == lo { (0, 1) } else { (1, 0) };
+        let tx = Producer::new(seg.ring(out));
+        tx.publish_probe();
         p.conn = Some(Conn {
-            tx: Producer::new(seg.ring(out)),
+            tx,
             rx: Consumer::new(seg.ring(inb)),
+            probed: false,
             _seg: seg,
         });
+        // The creator published its probe word already; the opener's comes later.
+        probe_peer(p);
         if me == lo {
             // The higher rank may be asleep waiting for the file to appear.
             self.bell.ring(&p.bell);
@@ -743,10 +982,11 @@ impl Transport for ShmTransport {
                 mem.0
             )));
         }
-        let busy = self
-            .peers
-            .iter()
-            .any(|p| p.sends.iter().any(|s| s.mem == mem) || p.recvs.iter().any(|r| r.mem == mem));
+        let busy = self.peers.iter().any(|p| {
+            p.sends.iter().any(|s| s.mem == mem)
+                || p.recvs.iter().any(|r| r.mem == mem)
+                || p.pulls_out.iter().any(|o| o.mem == mem)
+        });
         if busy {
             return Err(Error::InvalidUsage(format!(
                 "deregister: memory handle {} is still used by a posted transfer",
@@ -842,7 +1082,6 @@ impl Transport for ShmTransport {
             return Ok(false);
         }
         let mut did = false;
-        let eager = self.any_send_stuck();
         for i in 0..self.peers.len() {
             if i == self.me as usize {
                 continue;
@@ -860,15 +1099,30 @@ impl Transport for ShmTransport {
             let me = self.me;
             let p = &mut self.peers[i];
             if p.closed {
-                if !p.sends.is_empty() {
+                if !p.sends.is_empty() || !p.pulls_out.is_empty() {
                     return Err(p.closed_error(
                         "shut its communicator down while this rank still had data for it",
                     ));
                 }
                 continue;
             }
-            did |= pump_sends(me, p, &mut self.bell, &mut self.reqs)?;
-            did |= pump_recvs(me, eager, p, &mut self.bell, &mut self.reqs)?;
+            // Not counted as progress: no transfer moved.
+            probe_peer(p);
+            did |= pump_sends(me, self.cfg.pull_bytes, p, &mut self.bell, &mut self.reqs)?;
+            did |= reap_pulls(p, &mut self.reqs);
+        }
+        // Decided after the sends went out: only a send that is still stuck
+        // makes early frames worth copying out of the rings.
+        let eager = self.any_send_stuck();
+        for i in 0..self.peers.len() {
+            let p = &mut self.peers[i];
+            if i == self.me as usize || p.conn.is_none() || p.closed {
+                continue;
+            }
+            did |= pump_recvs(self.me, eager, p, &mut self.bell, &mut self.reqs)?;
+        }
+        if eager {
+            self.stalled = false;
         }
         Ok(did)
     }
@@ -881,6 +1135,14 @@ impl Transport for ShmTransport {
     }
 
     fn prepare_sleep(&mut self) -> bool {
+        if !self.has_work() && self.any_pull_out() && self.any_early_head() {
+            // Idle with a send of ours waiting to be pulled and a message
+            // nobody asked for in a ring: possibly a cycle of ranks each
+            // waiting for its sends before posting receives. Take the early
+            // messages out so that every peer's send can complete.
+            self.stalled = true;
+            return false;
+        }
         if !self.bell.is_attached() {
             // Nobody can wake us: sleep only if there is nothing to do (the
             // engine's timeout brings us back to poll).
@@ -928,6 +1190,7 @@ impl Transport for ShmTransport {
             p.sends.clear();
             p.recvs.clear();
             p.early.clear();
+            p.pulls_out.clear();
             p.active = None;
         }
         self.aborted = true;

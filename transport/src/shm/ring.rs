@@ -1,6 +1,6 @@
 //! A single-producer single-consumer ring of fixed-size slots over a byte region.
 //!
-//! The region starts with a 256-byte control block, then `slots` slots, each a
+//! The region starts with an 832-byte control block, then `slots` slots, each a
 //! 64-byte [`FrameHeader`](crate::wire::FrameHeader) followed by up to
 //! `slot_bytes` of payload (the stride is rounded up to a cache line):
 //!
@@ -9,7 +9,10 @@
 //!  64  tail             u64  written by the producer only
 //! 128  reader_sleeping  u32  set by the consumer, cleared by either side
 //! 192  writer_sleeping  u32  set by the producer, cleared by either side
-//! 256  slot 0: header[64] payload[stride - 64]
+//! 256  probe_addr       u64  producer: this field's own address in its process
+//! 264  can_pull         u32  consumer: 1 if it can read the producer's memory, 2 if not
+//! 320  done[64]         u64  consumer: rendezvous message `k` pulled => done[k % 64] = k + 1
+//! 832  slot 0: header[64] payload[stride - 64]
 //!      slot 1 ...
 //! ```
 //!
@@ -21,6 +24,12 @@
 //! other's, so a buggy peer can corrupt what we read but never what we own;
 //! counters that make no sense are reported as [`Corrupt`], never trusted.
 //!
+//! The fields from 256 on serve single-copy transfers (see `pull.rs`): a
+//! large message travels as one small rendezvous frame naming its address in
+//! the producer's process, the consumer copies it straight out of that
+//! process, and reports completion in `done`, which needs no ring slot and so
+//! can never be blocked behind frames the producer has not read.
+//!
 //! This module is pure logic over memory: it knows nothing of files, peers or
 //! sockets, and is tested on an ordinary heap buffer.
 
@@ -29,11 +38,24 @@ use std::ptr::NonNull;
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering, fence};
 
 /// Bytes of the control block in front of the slots.
-pub(crate) const CONTROL_LEN: usize = 256;
+pub(crate) const CONTROL_LEN: usize = 832;
 const HEAD_OFF: usize = 0;
 const TAIL_OFF: usize = 64;
 const READER_SLEEPING_OFF: usize = 128;
 const WRITER_SLEEPING_OFF: usize = 192;
+const PROBE_ADDR_OFF: usize = 256;
+const CAN_PULL_OFF: usize = 264;
+const DONE_OFF: usize = 320;
+/// Rendezvous messages a producer may have outstanding on one ring.
+pub(crate) const MAX_PULLS: u64 = 64;
+
+/// What the consumer found out about reading the producer's memory.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum CanPull {
+    Unknown,
+    Yes,
+    No,
+}
 
 /// The ring's counters disagree with the protocol: the peer is buggy or the
 /// memory was overwritten. The string says what was seen.
@@ -93,6 +115,11 @@ impl RingRef {
         self.u64_at(TAIL_OFF).store(0, Ordering::Relaxed);
         self.u32_at(READER_SLEEPING_OFF).store(0, Ordering::Relaxed);
         self.u32_at(WRITER_SLEEPING_OFF).store(0, Ordering::Relaxed);
+        self.u64_at(PROBE_ADDR_OFF).store(0, Ordering::Relaxed);
+        self.u32_at(CAN_PULL_OFF).store(0, Ordering::Relaxed);
+        for k in 0..MAX_PULLS as usize {
+            self.u64_at(DONE_OFF + 8 * k).store(0, Ordering::Relaxed);
+        }
     }
 
     fn u64_at(&self, off: usize) -> &AtomicU64 {
@@ -121,6 +148,14 @@ impl RingRef {
 
     fn writer_sleeping(&self) -> &AtomicU32 {
         self.u32_at(WRITER_SLEEPING_OFF)
+    }
+
+    fn can_pull(&self) -> &AtomicU32 {
+        self.u32_at(CAN_PULL_OFF)
+    }
+
+    fn done(&self, k: u64) -> &AtomicU64 {
+        self.u64_at(DONE_OFF + 8 * (k % MAX_PULLS) as usize)
     }
 
     /// Pointer to the slot that holds message number `n`.
@@ -210,11 +245,33 @@ impl Producer {
             && self.ring.reader_sleeping().swap(0, Ordering::SeqCst) != 0
     }
 
-    /// Asks the consumer to ring our doorbell when it frees a slot.
+    /// Asks the consumer to ring our doorbell when it frees a slot (or
+    /// reports a pulled message).
     pub(crate) fn set_writer_sleeping(&self, on: bool) {
         self.ring
             .writer_sleeping()
             .store(on as u32, Ordering::SeqCst);
+    }
+
+    /// Publishes where the probe word lives in this process: the field
+    /// itself, so the consumer can check that what it reads is what we wrote.
+    pub(crate) fn publish_probe(&self) {
+        let field = self.ring.u64_at(PROBE_ADDR_OFF);
+        field.store(field as *const AtomicU64 as u64, Ordering::Release);
+    }
+
+    /// Whether the consumer can copy straight out of this process.
+    pub(crate) fn can_pull(&self) -> CanPull {
+        match self.ring.can_pull().load(Ordering::Acquire) {
+            1 => CanPull::Yes,
+            2 => CanPull::No,
+            _ => CanPull::Unknown,
+        }
+    }
+
+    /// Whether rendezvous message `k` has been pulled by the consumer.
+    pub(crate) fn pulled(&self, k: u64) -> bool {
+        self.ring.done(k).load(Ordering::Acquire) == k.wrapping_add(1)
     }
 }
 
@@ -302,6 +359,25 @@ impl Consumer {
         self.ring
             .reader_sleeping()
             .store(on as u32, Ordering::SeqCst);
+    }
+
+    /// The producer's published probe address (0 until it is published).
+    pub(crate) fn probe_addr(&self) -> u64 {
+        self.ring.u64_at(PROBE_ADDR_OFF).load(Ordering::Acquire)
+    }
+
+    /// Records whether this side can copy out of the producer's process.
+    pub(crate) fn set_can_pull(&self, yes: bool) {
+        self.ring
+            .can_pull()
+            .store(if yes { 1 } else { 2 }, Ordering::Release);
+    }
+
+    /// Reports rendezvous message `k` as pulled: the producer may reuse its memory.
+    pub(crate) fn mark_pulled(&self, k: u64) {
+        self.ring
+            .done(k)
+            .store(k.wrapping_add(1), Ordering::Release);
     }
 }
 

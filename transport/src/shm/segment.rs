@@ -38,7 +38,7 @@ pub(crate) const SHM_DIR: &str = "/dev/shm";
 /// Bytes of the segment header in front of the rings.
 pub(crate) const SEG_HEADER_LEN: usize = 256;
 const MAGIC: u64 = u64::from_le_bytes(*b"GWSHMSG1");
-const VERSION: u32 = 1;
+const VERSION: u32 = 2;
 const OFF_MAGIC: usize = 0;
 const OFF_VERSION: usize = 8;
 const OFF_LO: usize = 12;

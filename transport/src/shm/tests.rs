@@ -28,19 +28,36 @@ fn infos(n: u32) -> Vec<PeerInfo> {
         .collect()
 }
 
+/// Slot geometry without single-copy pulls: every byte goes through slots.
 fn cfg(job_id: &str, slots: usize, slot_bytes: usize) -> ShmConfig {
+    cfg_pull(job_id, slots, slot_bytes, 0)
+}
+
+fn cfg_pull(job_id: &str, slots: usize, slot_bytes: usize, pull_bytes: usize) -> ShmConfig {
     ShmConfig {
         job_id: job_id.into(),
         slot_bytes,
         slots,
+        pull_bytes,
     }
 }
 
 /// Ranks 0 and 1 of a fresh job, connected.
 fn pair(name: &str, slots: usize, slot_bytes: usize) -> (ShmTransport, ShmTransport) {
+    pair_pull(name, slots, slot_bytes, 0)
+}
+
+/// Like `pair`, with messages of at least `pull_bytes` pulled in one copy.
+fn pair_pull(
+    name: &str,
+    slots: usize,
+    slot_bytes: usize,
+    pull_bytes: usize,
+) -> (ShmTransport, ShmTransport) {
     let j = job(name);
-    let mut a = ShmTransport::new(0, infos(2), cfg(&j, slots, slot_bytes)).unwrap();
-    let mut b = ShmTransport::new(1, infos(2), cfg(&j, slots, slot_bytes)).unwrap();
+    let c = cfg_pull(&j, slots, slot_bytes, pull_bytes);
+    let mut a = ShmTransport::new(0, infos(2), c.clone()).unwrap();
+    let mut b = ShmTransport::new(1, infos(2), c).unwrap();
     assert_eq!(a.connect(1).unwrap(), Readiness::Ready);
     assert_eq!(b.connect(0).unwrap(), Readiness::Ready);
     (a, b)
@@ -571,12 +588,15 @@ proptest! {
     fn random_sizes_and_interleavings_deliver_exact_bytes(
         slot_bytes in prop::sample::select(vec![8usize, 24, 64]),
         slots in 1usize..4,
+        pull_frac in prop::sample::select(vec![0.0f64, 0.01, 0.5, 1.0, 2.0]),
         fracs_ab in prop::collection::vec(0.0f64..3.0, 0..6),
         fracs_ba in prop::collection::vec(0.0f64..3.0, 0..6),
         schedule in prop::collection::vec(step(), 0..40),
         reverse_recvs in any::<bool>(),
     ) {
-        let (mut a, mut b) = pair("prop", slots, slot_bytes);
+        // 0 never pulls; otherwise messages from this size on are pulled.
+        let pull = (pull_frac * slot_bytes as f64) as usize;
+        let (mut a, mut b) = pair_pull("prop", slots, slot_bytes, pull.max(pull_frac.ceil() as usize));
         let sizes = |f: &[f64]| -> Vec<usize> { f.iter().map(|x| (x * slot_bytes as f64) as usize).collect() };
         let (sab, sba) = (sizes(&fracs_ab), sizes(&fracs_ba));
         let (tab, tba) = (sab.iter().sum::<usize>(), sba.iter().sum::<usize>());
@@ -713,7 +733,8 @@ fn child_rank() {
     );
     let mut ps = infos(2);
     ps[0].pid = parent;
-    let mut t = ShmTransport::new(1, ps, cfg(&job_id, 4, 64 << 10)).unwrap();
+    let pull = if mode == "pull" { 4096 } else { 0 };
+    let mut t = ShmTransport::new(1, ps, cfg_pull(&job_id, 4, 64 << 10, pull)).unwrap();
     let mut poll = mio::Poll::new().unwrap();
     t.attach(poll.registry(), 0).unwrap();
     let mut buf = vec![0u8; len];
@@ -751,22 +772,44 @@ fn spawn_child(job_id: &str, mode: &str, len: usize) -> std::process::Child {
 
 #[test]
 fn two_processes_echo_and_leave_cleanly() {
-    let j = job("proc");
+    echo_with_child("proc", "echo", 0);
+}
+
+/// The same echo with both directions pulled straight out of the other
+/// process (one `process_vm_readv` per message instead of slot copies).
+#[test]
+fn two_processes_echo_with_single_copy_pulls() {
+    echo_with_child("pullproc", "pull", 4096);
+}
+
+fn echo_with_child(name: &str, mode: &str, pull: usize) {
+    let j = job(name);
     let len = (1 << 20) + 123;
-    let mut child = spawn_child(&j, "echo", len);
+    let mut child = spawn_child(&j, mode, len);
     let mut ps = infos(2);
     ps[1].pid = child.id();
-    let mut t = ShmTransport::new(0, ps, cfg(&j, 4, 64 << 10)).unwrap();
+    let mut t = ShmTransport::new(0, ps, cfg_pull(&j, 4, 64 << 10, pull)).unwrap();
     let mut poll = mio::Poll::new().unwrap();
     t.attach(poll.registry(), 0).unwrap();
     assert_eq!(t.connect(1).unwrap(), Readiness::Ready);
     let mut src = pattern(len, 77);
     let mut dst = vec![0u8; len];
     let (ms, md) = (reg(&mut t, &mut src), reg(&mut t, &mut dst));
+    // Until the child has mapped the segment and probed us, large sends go
+    // through the slots; wait so that this test sees the pull path.
+    let deadline = Instant::now() + Duration::from_secs(3);
+    while pull > 0
+        && t.peers[1].conn.as_ref().unwrap().tx.can_pull() == super::ring::CanPull::Unknown
+    {
+        assert!(Instant::now() < deadline, "the child never probed us");
+        std::thread::sleep(Duration::from_millis(1));
+    }
     let s = t.isend(1, tag(1, 0), ms, 0, len).unwrap();
     let r = t.irecv(1, tag(1, 1), md, 0, len).unwrap();
     drive_sleeping(&mut t, &mut poll, vec![s, r]);
     assert_eq!(dst, src);
+    let pulled = t.peers[1].next_pull;
+    assert_eq!(pulled, u64::from(pull > 0), "rendezvous sends made");
     assert!(child.wait().unwrap().success());
     t.progress().unwrap(); // reads the close notice
     t.check_peers().unwrap();
@@ -793,4 +836,121 @@ fn two_processes_crash_is_noticed() {
         !segment_path(&j, 0, 1).exists(),
         "the child unlinked the name"
     );
+}
+
+#[test]
+fn large_messages_are_pulled_and_small_ones_use_slots() {
+    let (mut a, mut b) = pair_pull("pullmix", 2, 64, 100);
+    let sizes = [0usize, 1, 99, 100, 101, 4096, 70_000];
+    let total: usize = sizes.iter().sum();
+    let mut src = pattern(total, 3);
+    let mut dst = vec![0u8; total];
+    let (ms, md) = (reg(&mut a, &mut src), reg(&mut b, &mut dst));
+    let (mut ra, mut rb) = (vec![], vec![]);
+    let mut off = 0;
+    for (i, &n) in sizes.iter().enumerate() {
+        ra.push(a.isend(1, tag(1, i as u32), ms, off, n).unwrap());
+        rb.push(b.irecv(0, tag(1, i as u32), md, off, n).unwrap());
+        off += n;
+    }
+    run(&mut a, &mut b, ra, rb);
+    assert_eq!(dst, src);
+    // 100, 101, 4096 and 70000 bytes went as rendezvous frames.
+    assert_eq!(a.peers[1].next_pull, 4);
+    assert!(a.peers[1].pulls_out.is_empty());
+}
+
+#[test]
+fn a_send_waiting_to_be_pulled_keeps_its_memory_registered() {
+    let (mut a, mut b) = pair_pull("pullbusy", 2, 64, 16);
+    // Let b find out that it can pull from a.
+    b.progress().unwrap();
+    let mut src = pattern(1000, 4);
+    let ms = reg(&mut a, &mut src);
+    let s = a.isend(1, tag(1, 0), ms, 0, 1000).unwrap();
+    a.progress().unwrap();
+    assert!(
+        !a.test(s).unwrap(),
+        "complete before the receiver pulled it"
+    );
+    let e = a.deregister(ms).unwrap_err().to_string();
+    assert!(e.contains("still used"), "{e}");
+    let mut dst = vec![0u8; 1000];
+    let md = reg(&mut b, &mut dst);
+    let r = b.irecv(0, tag(1, 0), md, 0, 1000).unwrap();
+    run(&mut a, &mut b, vec![s], vec![r]);
+    assert_eq!(dst, src);
+    a.deregister(ms).unwrap();
+}
+
+/// Each rank posts its receive only after its own send completed: with
+/// sends that complete when the peer pulls them, that is a cycle. An idle
+/// engine (prepare_sleep) pulls the early message into a buffer, which
+/// completes the peer's send and breaks it.
+#[test]
+fn sends_waiting_on_each_other_do_not_deadlock() {
+    let (mut a, mut b) = pair_pull("pullcycle", 2, 64, 16);
+    let n = 5000;
+    let (mut sa, mut sb) = (pattern(n, 5), pattern(n, 6));
+    let (mut da, mut db) = (vec![0u8; n], vec![0u8; n]);
+    let (msa, mda) = (reg(&mut a, &mut sa), reg(&mut a, &mut da));
+    let (msb, mdb) = (reg(&mut b, &mut sb), reg(&mut b, &mut db));
+    let mut sends = [
+        Some(a.isend(1, tag(1, 0), msa, 0, n).unwrap()),
+        Some(b.isend(0, tag(1, 1), msb, 0, n).unwrap()),
+    ];
+    let mut recvs: [Option<Request>; 2] = [None, None];
+    let mut done = [false, false];
+    let mut idle_rounds = 0;
+    let deadline = Instant::now() + Duration::from_secs(2);
+    while done != [true, true] {
+        assert!(Instant::now() < deadline, "deadlocked");
+        for (i, t) in [&mut a, &mut b].into_iter().enumerate() {
+            let moved = t.progress().unwrap();
+            if let Some(s) = sends[i]
+                && t.test(s).unwrap()
+            {
+                sends[i] = None;
+                let (mem, peer, step) = if i == 0 { (mda, 1, 1) } else { (mdb, 0, 0) };
+                recvs[i] = Some(t.irecv(peer, tag(1, step), mem, 0, n).unwrap());
+            }
+            if let Some(r) = recvs[i]
+                && t.test(r).unwrap()
+            {
+                recvs[i] = None;
+                done[i] = true;
+            }
+            if !moved && !done[i] && t.prepare_sleep() {
+                t.finish_sleep();
+                idle_rounds += 1;
+            }
+        }
+    }
+    assert_eq!(da, sb);
+    assert_eq!(db, sa);
+    assert!(idle_rounds < 1000, "took {idle_rounds} idle rounds");
+}
+
+#[test]
+fn a_peer_that_cannot_be_read_gets_its_data_through_slots() {
+    let j = job("pullno");
+    // A pid that does not exist: every probe fails, so nothing is pulled.
+    let mut ps = infos(2);
+    ps[0].pid = i32::MAX as u32 - 7;
+    ps[1].pid = i32::MAX as u32 - 7;
+    let c = cfg_pull(&j, 2, 64, 16);
+    let mut a = ShmTransport::new(0, ps.clone(), c.clone()).unwrap();
+    let mut b = ShmTransport::new(1, ps, c).unwrap();
+    a.connect(1).unwrap();
+    b.connect(0).unwrap();
+    b.progress().unwrap();
+    a.progress().unwrap();
+    let mut src = pattern(3000, 7);
+    let mut dst = vec![0u8; 3000];
+    let (ms, md) = (reg(&mut a, &mut src), reg(&mut b, &mut dst));
+    let s = a.isend(1, tag(1, 0), ms, 0, 3000).unwrap();
+    let r = b.irecv(0, tag(1, 0), md, 0, 3000).unwrap();
+    run(&mut a, &mut b, vec![s], vec![r]);
+    assert_eq!(dst, src);
+    assert_eq!(a.peers[1].next_pull, 0, "no rendezvous frame was sent");
 }

@@ -657,6 +657,14 @@ impl TcpTransport {
                                         };
                                         continue;
                                     }
+                                    if hdr.kind == FrameKind::Rendezvous {
+                                        return Err(Error::Remote {
+                                            rank: peer,
+                                            addr: addr.clone(),
+                                            what: "sent a shared-memory rendezvous frame over TCP"
+                                                .into(),
+                                        });
+                                    }
                                     if hdr.src_rank != peer {
                                         return Err(Error::Remote {
                                             rank: peer,
