@@ -659,12 +659,16 @@ impl Communicator {
                 // Log when the automatic choice changes, not on every call.
                 let code = a as u8 + 1;
                 if self.last_auto.swap(code, Ordering::Relaxed) != code {
+                    let why = if self.cfg.algo.value.is_some() {
+                        "forced by GW_ALGO".into()
+                    } else {
+                        self.describe_auto_algo()
+                    };
                     gw_info!(
-                        "{} of {bytes} B: {} (predicted {:.1} µs; {})",
+                        "{} of {bytes} B: {} (predicted {:.1} µs; {why})",
                         op.kind.name(),
                         a.name(),
                         self.predict_all_reduce(a, bytes) * 1e6,
-                        self.describe_auto_algo()
                     );
                 }
                 a
