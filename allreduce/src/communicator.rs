@@ -16,7 +16,7 @@ use crate::bootstrap::{Bootstrap, fnv1a};
 use crate::config::{Config, TransportChoice};
 use crate::element::Element;
 use crate::engine::{Completion, Engine, EngineConfig, Msg, OpDesc, Ptr};
-use crate::model::{CostModel, LinkKind};
+use crate::model::{CostModel, LinkKind, Shape};
 use crate::reduce::Kernel;
 use gw_transport::peers::{self, PeerInfo};
 use gw_transport::shm::{ShmConfig, ShmTransport};
@@ -24,6 +24,7 @@ use gw_transport::store::{StoreClient, StoreConfig, StoreServer};
 use gw_transport::tcp::{TcpConfig, TcpTransport};
 use gw_transport::wire::{Fingerprint, OpKind};
 use gw_transport::{DType, Error, Rank, RedOp, Result, Transport, gw_info};
+use std::fmt::Write as _;
 use std::net::ToSocketAddrs;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::mpsc::{Sender, channel};
@@ -134,9 +135,11 @@ pub struct Communicator {
     /// How long a caller spins on a completion before sleeping (`GW_SPIN_US`
     /// when each rank's caller and engine threads have a core each, else 0).
     caller_spin: Duration,
-    /// Rank 0's cost model and the link type that bounds this communicator.
+    /// Rank 0's cost model and where the ranks are (links, host layout).
     model: CostModel,
-    link: LinkKind,
+    shape: Shape,
+    /// How the ranks sit on hosts, for errors when hier cannot run.
+    host_layout: String,
     /// The last automatic choice (Algo as u8 + 1; 0: none yet), for logging.
     last_auto: std::sync::atomic::AtomicU8,
     _store_server: Option<StoreServer>,
@@ -352,6 +355,28 @@ impl Communicator {
         } else {
             LinkKind::Shm
         };
+        // Every rank sees the same records, so every rank finds the same
+        // layout, and with rank 0's model makes the same choice.
+        let host_ids: Vec<&str> = peers.iter().map(|p| p.host_id.as_str()).collect();
+        let local = host_grid(&host_ids);
+        let host_layout = describe_hosts(&host_ids);
+        let shape = Shape {
+            n: world as usize,
+            link,
+            intra: if choice == TransportChoice::Tcp {
+                LinkKind::Tcp
+            } else {
+                LinkKind::Shm
+            },
+            local: local.map(|l| l as usize),
+        };
+        gw_info!(
+            "hosts: {host_layout}{}",
+            match shape.grid() {
+                Some((h, l)) => format!(" ({h} × {l}: hier available)"),
+                None => " (not grouped host by host in equal numbers: no hier)".into(),
+            }
+        );
         let (tx, rx) = channel();
         let abort = Arc::new(AtomicBool::new(false));
         let ncpu = std::thread::available_parallelism()
@@ -409,7 +434,8 @@ impl Communicator {
             caller_spin,
             model,
             last_auto: std::sync::atomic::AtomicU8::new(0),
-            link,
+            shape,
+            host_layout,
             _store_server: store_server,
         })
     }
@@ -487,14 +513,13 @@ impl Communicator {
                 Algo::Ring
             };
         }
-        self.model.choose(self.link, self.size as usize, bytes).0
+        self.model.choose(self.shape, bytes).0
     }
 
     /// The cost model's predicted seconds for an all-reduce of `bytes` with
     /// `algo` on this communicator.
     pub fn predict_all_reduce(&self, algo: Algo, bytes: usize) -> f64 {
-        self.model
-            .predict(self.link, algo, self.size as usize, bytes)
+        self.model.predict(self.shape, algo, bytes)
     }
 
     /// The cost model this communicator chooses with (rank 0's).
@@ -510,13 +535,24 @@ impl Communicator {
                 self.cfg.tree_threshold.value
             )
         } else {
-            let l = self.model.link(self.link);
-            format!(
-                "auto (cost model, {:?} link: α {:.1} µs, β {:.2} GB/s)",
-                self.link,
-                l.alpha * 1e6,
-                1e-9 / l.beta.max(1e-30)
-            )
+            let link = |kind| {
+                let l = self.model.link(kind);
+                format!(
+                    "{kind:?} link: α {:.1} µs, β {:.2} GB/s",
+                    l.alpha * 1e6,
+                    1e-9 / l.beta.max(1e-30)
+                )
+            };
+            let mut s = format!("auto (cost model, {}", link(self.shape.link));
+            if let Some((h, l)) = self.shape.grid().filter(|&(h, l)| h > 1 && l > 1) {
+                let _ = write!(
+                    s,
+                    "; hier over {h} hosts × {l} ranks: {} within hosts",
+                    link(self.shape.intra)
+                );
+            }
+            s.push(')');
+            s
         }
     }
 
@@ -624,17 +660,27 @@ impl Communicator {
                 // Log when the automatic choice changes, not on every call.
                 let code = a as u8 + 1;
                 if self.last_auto.swap(code, Ordering::Relaxed) != code {
+                    let why = if self.cfg.algo.value.is_some() {
+                        "forced by GW_ALGO".into()
+                    } else {
+                        self.describe_auto_algo()
+                    };
                     gw_info!(
-                        "{} of {bytes} B: {} (predicted {:.1} µs; {})",
+                        "{} of {bytes} B: {} (predicted {:.1} µs; {why})",
                         op.kind.name(),
                         a.name(),
                         self.predict_all_reduce(a, bytes) * 1e6,
-                        self.describe_auto_algo()
                     );
                 }
                 a
             }
         };
+        if algo == Algo::Hier && op.kind == OpKind::AllReduce && self.shape.grid().is_none() {
+            return Err(Error::InvalidArgument(format!(
+                "hier needs the ranks grouped host by host, the same number on each host; here {}",
+                self.host_layout
+            )));
+        }
         let spec = OpSpec {
             op: op.kind,
             rank: self.rank,
@@ -643,6 +689,7 @@ impl Communicator {
             root: op.root,
             segment_elems: (self.cfg.segment_bytes.value / es).max(1),
             scaled: op.weight.is_some(),
+            local_size: self.shape.local.map_or(0, |l| l as u32),
         };
         let sched = algo::build(&spec, algo)?;
         let fp = Fingerprint {
@@ -1158,6 +1205,41 @@ impl Communicator {
     }
 }
 
+/// Ranks per host when `host_ids` (one per rank) come in equal runs of
+/// consecutive ranks, one run per host: the layout hier needs.
+fn host_grid(host_ids: &[&str]) -> Option<u32> {
+    let first = *host_ids.first()?;
+    let local = host_ids.iter().take_while(|h| **h == first).count();
+    if !host_ids.len().is_multiple_of(local) {
+        return None;
+    }
+    let runs: Vec<&[&str]> = host_ids.chunks(local).collect();
+    let uniform = runs.iter().all(|run| run.iter().all(|h| *h == run[0]));
+    let mut heads: Vec<&str> = runs.iter().map(|run| run[0]).collect();
+    heads.sort_unstable();
+    heads.dedup();
+    // A host that appears in two runs is not host by host.
+    if !uniform || heads.len() != runs.len() {
+        return None;
+    }
+    u32::try_from(local).ok()
+}
+
+/// The host of each rank, numbered in order of first appearance: "ranks
+/// 0-1 on host 0, 2-3 on host 1" reads as "hosts by rank: 0 0 1 1".
+fn describe_hosts(host_ids: &[&str]) -> String {
+    let mut seen: Vec<&str> = Vec::new();
+    let mut s = String::from("hosts by rank:");
+    for h in host_ids {
+        let i = seen.iter().position(|x| x == h).unwrap_or_else(|| {
+            seen.push(h);
+            seen.len() - 1
+        });
+        let _ = write!(s, " {i}");
+    }
+    s
+}
+
 impl Drop for Communicator {
     fn drop(&mut self) {
         if let Ok(tx) = self.tx.lock() {
@@ -1167,5 +1249,33 @@ impl Drop for Communicator {
         if let Some(t) = self.thread.take() {
             let _ = t.join();
         }
+    }
+}
+
+#[cfg(test)]
+mod layout_tests {
+    use super::{describe_hosts, host_grid};
+
+    #[test]
+    fn host_grid_needs_equal_consecutive_runs() {
+        assert_eq!(host_grid(&["a", "a", "b", "b"]), Some(2));
+        assert_eq!(host_grid(&["a", "a", "a", "b", "b", "b"]), Some(3));
+        assert_eq!(host_grid(&["a", "b", "c", "d"]), Some(1));
+        assert_eq!(host_grid(&["a", "a", "a", "a"]), Some(4));
+        assert_eq!(host_grid(&["a"]), Some(1));
+        assert_eq!(host_grid(&[]), None);
+        // Uneven hosts, interleaved ranks, a host in two runs.
+        assert_eq!(host_grid(&["a", "a", "b"]), None);
+        assert_eq!(host_grid(&["a", "a", "b", "b", "b", "b"]), None);
+        assert_eq!(host_grid(&["a", "b", "a", "b"]), None);
+        assert_eq!(host_grid(&["a", "a", "b", "b", "a", "a"]), None);
+    }
+
+    #[test]
+    fn hosts_are_described_by_rank() {
+        assert_eq!(
+            describe_hosts(&["x", "y", "x", "z"]),
+            "hosts by rank: 0 1 0 2"
+        );
     }
 }

@@ -206,7 +206,7 @@ impl Config {
                     Algo::parse(v).map(Some)
                 }
             },
-            "ring, tree, rhd or auto",
+            "ring, tree, rhd, hier or auto",
         )?;
         env_override(
             &mut self.tree_threshold,

@@ -9,7 +9,16 @@
 //!   halve then double, `2·log₂n·α + 2(n−1)/n·Sβ + (n−1)/n·Sγ`;
 //! - tree (reduce up then broadcast down a binary tree of depth d, whole
 //!   message per hop, as it runs for the small sizes it is chosen for),
-//!   `2d(α + Sβ) + d·Sγ`.
+//!   `2d(α + Sβ) + d·Sγ`;
+//! - hierarchical (H hosts of L ranks): ring reduce-scatter and all-gather
+//!   within each host over the intra-host link, and a ring all-reduce of
+//!   each rank's S/L share across hosts over the inter-host link,
+//!   `2(L−1)(αᵢ + S/L·βᵢ) + (L−1)/L·Sγ + 2(H−1)αₒ + 2(H−1)/H·S/L·βₒ + (H−1)/H·S/L·γ`.
+//!
+//! The flat algorithms are costed over the slowest link the communicator
+//! uses (a flat ring across hosts is only as fast as its TCP hops), hier over
+//! both. The phases are added although the schedule pipelines them, as the
+//! flat formulas ignore pipelining too, so the comparison stays like for like.
 //!
 //! The parameters are measured (`gwbench calibrate` writes them to a file);
 //! rank 0 reads them and publishes them through the store at init, so every
@@ -45,6 +54,39 @@ pub enum LinkKind {
     Shm,
 }
 
+/// Where a communicator's ranks are, as far as the cost model cares.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Shape {
+    /// World size.
+    pub n: usize,
+    /// The slowest link between two ranks; flat algorithms are bound by it.
+    pub link: LinkKind,
+    /// The link between ranks of one host.
+    pub intra: LinkKind,
+    /// Ranks per host when the ranks are grouped host by host in equal
+    /// numbers (`n / local` hosts), else `None` (no hierarchical algorithm).
+    pub local: Option<usize>,
+}
+
+impl Shape {
+    /// `n` ranks on one kind of link, without a host layout.
+    pub fn flat(link: LinkKind, n: usize) -> Shape {
+        Shape {
+            n,
+            link,
+            intra: link,
+            local: None,
+        }
+    }
+
+    /// `(hosts, ranks per host)` when hier can run, whatever it costs.
+    pub fn grid(&self) -> Option<(usize, usize)> {
+        self.local
+            .filter(|&l| l > 0 && self.n.is_multiple_of(l))
+            .map(|l| (self.n / l, l))
+    }
+}
+
 impl Default for CostModel {
     /// Measured on the 2-core development VM (`gwbench calibrate`, quiet
     /// machine); used until a calibration file exists.
@@ -75,12 +117,14 @@ impl CostModel {
         }
     }
 
-    /// Predicted seconds of an all-reduce of `bytes` over `n` ranks.
-    pub fn predict(&self, kind: LinkKind, algo: Algo, n: usize, bytes: usize) -> f64 {
+    /// Predicted seconds of an all-reduce of `bytes` on `shape`; infinite for
+    /// hier where the shape has no host layout.
+    pub fn predict(&self, shape: Shape, algo: Algo, bytes: usize) -> f64 {
+        let n = shape.n;
         if n <= 1 {
             return 0.0;
         }
-        let Link { alpha, beta } = self.link(kind);
+        let Link { alpha, beta } = self.link(shape.link);
         let s = bytes as f64;
         let nf = n as f64;
         let spread = (nf - 1.0) / nf;
@@ -96,14 +140,45 @@ impl CostModel {
                 let d = ceil_log2(n) as f64;
                 2.0 * d * (alpha + s * beta) + d * s * self.gamma
             }
+            Algo::Hier => match shape.grid() {
+                Some((hosts, local)) => self.predict_hier(shape, hosts, local, bytes),
+                None => f64::INFINITY,
+            },
         }
     }
 
-    /// The fastest algorithm for `bytes` on `n` ranks and its predicted time.
+    /// Hier on `hosts` hosts of `local` ranks (see the module comment).
+    fn predict_hier(&self, shape: Shape, hosts: usize, local: usize, bytes: usize) -> f64 {
+        let (i, o) = (self.link(shape.intra), self.link(shape.link));
+        let s = bytes as f64;
+        let (h, l) = (hosts as f64, local as f64);
+        let share = s / l;
+        let within = 2.0 * (l - 1.0) * (i.alpha + share * i.beta) + (l - 1.0) / l * s * self.gamma;
+        let across = 2.0 * (h - 1.0) * o.alpha
+            + 2.0 * (h - 1.0) / h * share * o.beta
+            + (h - 1.0) / h * share * self.gamma;
+        within + across
+    }
+
+    /// The fastest algorithm for `bytes` on `shape` and its predicted time.
     /// Ties go to the earlier of rhd, tree, ring; rhd only on powers of two
-    /// from 4 ranks up.
-    pub fn choose(&self, kind: LinkKind, n: usize, bytes: usize) -> (Algo, f64) {
-        let mut best = (Algo::Ring, self.predict(kind, Algo::Ring, n, bytes));
+    /// from 4 ranks up. Hier competes only where the ranks span several hosts
+    /// with several ranks on each (elsewhere it is a flat ring), and wins
+    /// only when strictly faster.
+    pub fn choose(&self, shape: Shape, bytes: usize) -> (Algo, f64) {
+        let best = self.choose_flat(shape, bytes);
+        match shape.grid() {
+            Some((hosts, local)) if hosts > 1 && local > 1 => {
+                let t = self.predict(shape, Algo::Hier, bytes);
+                if t < best.1 { (Algo::Hier, t) } else { best }
+            }
+            _ => best,
+        }
+    }
+
+    fn choose_flat(&self, shape: Shape, bytes: usize) -> (Algo, f64) {
+        let n = shape.n;
+        let mut best = (Algo::Ring, self.predict(shape, Algo::Ring, bytes));
         if n <= 2 {
             // One exchange each way: the ring is already optimal, the tree
             // only adds a hop.
@@ -114,7 +189,7 @@ impl CostModel {
             candidates.insert(0, Algo::Rhd);
         }
         for a in candidates.into_iter().rev() {
-            let t = self.predict(kind, a, n, bytes);
+            let t = self.predict(shape, a, bytes);
             if t <= best.1 {
                 best = (a, t);
             }
@@ -208,7 +283,11 @@ mod tests {
         let m = CostModel::default();
         for bytes in [0, 8, 4096, 1 << 20, 1 << 28] {
             for kind in [LinkKind::Tcp, LinkKind::Shm] {
-                assert_eq!(m.choose(kind, 2, bytes).0, Algo::Ring, "{bytes} B");
+                assert_eq!(
+                    m.choose(Shape::flat(kind, 2), bytes).0,
+                    Algo::Ring,
+                    "{bytes} B"
+                );
             }
         }
     }
@@ -216,13 +295,16 @@ mod tests {
     #[test]
     fn latency_bound_sizes_avoid_the_ring_on_many_ranks() {
         let m = CostModel::default();
-        assert_eq!(m.choose(LinkKind::Tcp, 8, 8).0, Algo::Rhd);
-        assert_eq!(m.choose(LinkKind::Tcp, 6, 8).0, Algo::Tree);
+        assert_eq!(m.choose(Shape::flat(LinkKind::Tcp, 8), 8).0, Algo::Rhd);
+        assert_eq!(m.choose(Shape::flat(LinkKind::Tcp, 6), 8).0, Algo::Tree);
         // Large messages: the tree sends the whole message d times.
-        assert_eq!(m.choose(LinkKind::Tcp, 6, 64 << 20).0, Algo::Ring);
-        let (a, t) = m.choose(LinkKind::Shm, 3, 64 << 20);
+        assert_eq!(
+            m.choose(Shape::flat(LinkKind::Tcp, 6), 64 << 20).0,
+            Algo::Ring
+        );
+        let (a, t) = m.choose(Shape::flat(LinkKind::Shm, 3), 64 << 20);
         assert_eq!(a, Algo::Ring);
-        assert!((t - m.predict(LinkKind::Shm, Algo::Ring, 3, 64 << 20)).abs() < 1e-15);
+        assert!((t - m.predict(Shape::flat(LinkKind::Shm, 3), Algo::Ring, 64 << 20)).abs() < 1e-15);
     }
 
     #[test]
@@ -238,10 +320,92 @@ mod tests {
             },
             gamma: 1e-10,
         };
-        let t = m.predict(LinkKind::Tcp, Algo::Ring, 4, 4_000_000);
+        let t = m.predict(Shape::flat(LinkKind::Tcp, 4), Algo::Ring, 4_000_000);
         let want = 6.0 * 1e-5 + 2.0 * 0.75 * 4e6 * 1e-9 + 0.75 * 4e6 * 1e-10;
         assert!((t - want).abs() < 1e-12, "{t} vs {want}");
-        assert_eq!(m.predict(LinkKind::Tcp, Algo::Tree, 1, 100), 0.0);
+        assert_eq!(
+            m.predict(Shape::flat(LinkKind::Tcp, 1), Algo::Tree, 100),
+            0.0
+        );
+    }
+
+    /// `hosts` hosts of `local` ranks, shm within and TCP across.
+    fn grid(hosts: usize, local: usize) -> Shape {
+        Shape {
+            n: hosts * local,
+            link: if hosts > 1 {
+                LinkKind::Tcp
+            } else {
+                LinkKind::Shm
+            },
+            intra: LinkKind::Shm,
+            local: Some(local),
+        }
+    }
+
+    #[test]
+    fn hier_prediction_matches_the_formula() {
+        let m = CostModel {
+            tcp: Link {
+                alpha: 2e-5,
+                beta: 1e-9,
+            },
+            shm: Link {
+                alpha: 1e-6,
+                beta: 2e-10,
+            },
+            gamma: 1e-10,
+        };
+        let s = 6_000_000.0;
+        let t = m.predict(grid(2, 3), Algo::Hier, 6_000_000);
+        let within = 4.0 * (1e-6 + s / 3.0 * 2e-10) + 2.0 / 3.0 * s * 1e-10;
+        let across = 2.0 * 2e-5 + (s / 3.0) * 1e-9 + 0.5 * (s / 3.0) * 1e-10;
+        assert!((t - (within + across)).abs() < 1e-12, "{t}");
+        // Without a host layout hier cannot run.
+        assert_eq!(
+            m.predict(Shape::flat(LinkKind::Tcp, 4), Algo::Hier, 100),
+            f64::INFINITY
+        );
+    }
+
+    #[test]
+    fn hier_is_chosen_across_hosts_when_cheaper() {
+        let m = CostModel::default();
+        // 2 hosts × 2 ranks, default numbers (shm faster than TCP in α and
+        // β): hier beats every flat algorithm over TCP at every size.
+        for bytes in [0, 8, 4096, 1 << 20, 64 << 20] {
+            let (a, t) = m.choose(grid(2, 2), bytes);
+            assert_eq!(a, Algo::Hier, "{bytes} B");
+            assert_eq!(t, m.predict(grid(2, 2), Algo::Hier, bytes));
+        }
+        assert_eq!(m.choose(grid(3, 4), 64 << 20).0, Algo::Hier);
+        // One host, or one rank per host: hier is a flat ring, never chosen.
+        for (hosts, local) in [(1, 4), (4, 1)] {
+            for bytes in [8, 64 << 20] {
+                assert_ne!(m.choose(grid(hosts, local), bytes).0, Algo::Hier);
+            }
+        }
+        // No regular layout: the flat choice over TCP.
+        let uneven = Shape {
+            local: None,
+            ..grid(2, 2)
+        };
+        assert_eq!(
+            m.choose(uneven, 64 << 20),
+            m.choose(Shape::flat(LinkKind::Tcp, 4), 64 << 20)
+        );
+        // Shared memory with a huge per-message cost: small messages go flat
+        // (rhd's 4 TCP messages beat 2 slow shm and 2 TCP ones), large ones
+        // still hier, which sends half the bytes over TCP.
+        let slow_shm = CostModel {
+            shm: Link {
+                alpha: 1e-3,
+                beta: 1.0 / 2.4e9,
+            },
+            ..m
+        };
+        assert_eq!(slow_shm.choose(grid(2, 2), 8).0, Algo::Rhd);
+        assert_eq!(slow_shm.choose(grid(2, 2), 256 << 20).0, Algo::Hier);
     }
 
     #[test]

@@ -78,6 +78,8 @@ fn every_forced_all_reduce_algorithm() {
         ("tree", 5),
         ("rhd", 4),
         ("ring", 8),
+        // One host: hier's intra-host phases only (netns.rs runs it across hosts).
+        ("hier", 4),
     ] {
         for transport in ["tcp", "shm"] {
             run_ok(

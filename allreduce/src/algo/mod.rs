@@ -138,6 +138,9 @@ pub enum Algo {
     Ring,
     Tree,
     Rhd,
+    /// Reduce-scatter within each host, all-reduce across hosts, all-gather
+    /// within each host (needs [`OpSpec::local_size`]).
+    Hier,
 }
 
 impl Algo {
@@ -146,6 +149,7 @@ impl Algo {
             Algo::Ring => "ring",
             Algo::Tree => "tree",
             Algo::Rhd => "rhd",
+            Algo::Hier => "hier",
         }
     }
 
@@ -154,6 +158,7 @@ impl Algo {
             "ring" => Some(Algo::Ring),
             "tree" => Some(Algo::Tree),
             "rhd" => Some(Algo::Rhd),
+            "hier" => Some(Algo::Hier),
             _ => None,
         }
     }
@@ -174,10 +179,16 @@ pub struct OpSpec {
     pub segment_elems: usize,
     /// A weight applies to `Send`; never send from `Buf::Send` directly.
     pub scaled: bool,
+    /// Ranks per host, for [`Algo::Hier`]: the ranks are grouped host by
+    /// host, `local_size` consecutive ranks on each (rank `r` is on host
+    /// `r / local_size`). 0 where the communicator's ranks are not laid out
+    /// that way; only hier reads it.
+    pub local_size: u32,
 }
 
 mod coll;
 mod dag;
+mod hier;
 mod rhd;
 mod ring;
 #[cfg(test)]
@@ -188,11 +199,12 @@ mod tree;
 ///
 /// Only all-reduce offers a choice of algorithm; the other collectives ignore
 /// `algo`. An algorithm that cannot run this call (rhd on a world size that is
-/// not a power of two) is an [`Error::InvalidArgument`].
+/// not a power of two, hier without a host layout that divides the world
+/// size) is an [`Error::InvalidArgument`].
 ///
 /// | op | algorithm |
 /// |---|---|
-/// | all-reduce | ring (reduce-scatter + all-gather), double binary tree, or recursive halving-doubling |
+/// | all-reduce | ring (reduce-scatter + all-gather), double binary tree, recursive halving-doubling, or hierarchical (per host, then across hosts) |
 /// | reduce-scatter, all-gather | ring |
 /// | broadcast, reduce | pipelined chain, or binary tree when the message has few segments |
 /// | barrier | dissemination (empty messages, ⌈log2 n⌉ rounds) |
@@ -248,6 +260,7 @@ pub fn build(spec: &OpSpec, algo: Algo) -> Result<Box<dyn Schedule>> {
             Algo::Ring => ring::allreduce(spec)?,
             Algo::Tree => tree::allreduce(spec)?,
             Algo::Rhd => rhd::allreduce(spec)?,
+            Algo::Hier => hier::allreduce(spec)?,
         },
         OpKind::ReduceScatter => ring::reduce_scatter(spec)?,
         OpKind::AllGather => ring::all_gather(spec)?,

@@ -92,6 +92,8 @@ struct Case {
     /// (running when it completes) instead of running at once.
     lazy: f64,
     seed: u64,
+    /// Ranks per host (`OpSpec::local_size`); only hier reads it.
+    local: usize,
 }
 
 impl Case {
@@ -104,6 +106,7 @@ impl Case {
             root: self.root as u32,
             segment_elems: self.seg,
             scaled: self.scaled,
+            local_size: self.local as u32,
         }
     }
 
@@ -828,6 +831,7 @@ const SMALL: Case = Case {
     eager: 0.0,
     lazy: 0.0,
     seed: 7,
+    local: 1,
 };
 
 fn matrix(op: OpKind, algo: Algo, counts: &[usize]) {
@@ -891,6 +895,7 @@ fn matrix(op: OpKind, algo: Algo, counts: &[usize]) {
                         eager: if in_place == scaled { 0.0 } else { 0.8 },
                         lazy: if in_place { 0.5 } else { 0.0 },
                         seed,
+                        local: 1,
                     };
                     if let Err(e) = run_case(&case) {
                         panic!("{case:?}: {e}");
@@ -965,7 +970,7 @@ proptest! {
     ) {
         let (op, algo) = OPS[which];
         let count = if op == OpKind::Barrier { 0 } else { count };
-        let case = Case { op, algo, n, count, seg, root: root % n, in_place, scaled, eager, lazy, seed };
+        let case = Case { op, algo, n, count, seg, root: root % n, in_place, scaled, eager, lazy, seed, local: 1 };
         if algo == Algo::Rhd && op == OpKind::AllReduce && !n.is_power_of_two() {
             prop_assert!(build(&case.spec(0), algo).is_err());
         } else {
@@ -973,6 +978,193 @@ proptest! {
             prop_assert!(r.is_ok(), "{:?}: {}", case, r.unwrap_err());
         }
     }
+}
+
+/// Host layouts hier is checked on: (hosts, ranks per host).
+const GRIDS: [(usize, usize); 7] = [(2, 2), (2, 3), (3, 2), (4, 1), (1, 4), (3, 3), (2, 4)];
+
+/// Hier on every layout × counts × segment sizes × {out of place, in place}
+/// × {unscaled, scaled}, each with its own delivery order.
+#[test]
+fn matrix_hier_allreduce() {
+    let mut runs = 0;
+    for (hosts, local) in GRIDS {
+        let n = hosts * local;
+        for count in COUNTS {
+            for seg in [1, 3, 64, usize::MAX] {
+                for (v, (in_place, scaled)) in
+                    [(false, false), (true, false), (false, true), (true, true)]
+                        .into_iter()
+                        .enumerate()
+                {
+                    if n * count / seg > 6_000 && v != n % 4 {
+                        continue;
+                    }
+                    let case = Case {
+                        op: OpKind::AllReduce,
+                        algo: Algo::Hier,
+                        n,
+                        count,
+                        seg,
+                        root: 0,
+                        in_place,
+                        scaled,
+                        eager: if in_place == scaled { 0.0 } else { 0.8 },
+                        lazy: if in_place { 0.5 } else { 0.0 },
+                        seed: (hosts as u64) << 48
+                            ^ (local as u64) << 40
+                            ^ (count as u64) << 20
+                            ^ (seg as u64 % 1000) << 4
+                            ^ v as u64,
+                        local,
+                    };
+                    if let Err(e) = run_case(&case) {
+                        panic!("{case:?}: {e}");
+                    }
+                    runs += 1;
+                }
+            }
+        }
+    }
+    assert!(runs > 100, "{runs}");
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 300, failure_persistence: None, ..ProptestConfig::default() })]
+
+    /// Hier with a random host layout, count, segment size, placement,
+    /// scaling, delivery order and eagerness.
+    #[test]
+    fn random_hier_cases(
+        hosts in 1usize..=4,
+        local in 1usize..=4,
+        count in prop_oneof![0usize..40, 0usize..400],
+        seg in prop_oneof![1usize..8, 1usize..100, Just(usize::MAX)],
+        in_place: bool,
+        scaled: bool,
+        eager in prop_oneof![Just(0.0), 0.0f64..1.0],
+        lazy in prop_oneof![Just(0.0), 0.0f64..1.0],
+        seed: u64,
+    ) {
+        let case = Case {
+            op: OpKind::AllReduce,
+            algo: Algo::Hier,
+            n: hosts * local,
+            count,
+            seg,
+            root: 0,
+            in_place,
+            scaled,
+            eager,
+            lazy,
+            seed,
+            local,
+        };
+        let r = run_case(&case);
+        prop_assert!(r.is_ok(), "{:?}: {}", case, r.unwrap_err());
+    }
+}
+
+/// Elements each rank sends to ranks on its own host and on other hosts,
+/// running its schedule alone (every action completes as soon as it starts).
+fn traffic(spec: &OpSpec, algo: Algo, local: usize) -> (usize, usize) {
+    let mut s = build(spec, algo).unwrap();
+    let (mut within, mut across) = (0, 0);
+    while let Some(a) = s.next_action() {
+        if let Action::Send { peer, src, .. } = a {
+            if peer as usize / local == spec.rank as usize / local {
+                within += src.len;
+            } else {
+                across += src.len;
+            }
+        }
+        s.complete(a.id());
+    }
+    assert!(s.is_done(), "{spec:?}");
+    (within, across)
+}
+
+/// The point of hier: each rank sends only its 1/L share of the message
+/// across hosts, 2(H−1)/H of it, where a flat ring sends 2(n−1)/n of all of it.
+#[test]
+fn hier_sends_a_local_share_across_hosts() {
+    for (hosts, local) in GRIDS {
+        let n = hosts * local;
+        let count = n * 60;
+        // The most any one rank sends across hosts, hier and flat ring.
+        let (mut hier_max, mut flat_max) = (0, 0);
+        for rank in 0..n {
+            let spec = OpSpec {
+                op: OpKind::AllReduce,
+                rank: rank as u32,
+                nranks: n as u32,
+                count,
+                root: 0,
+                segment_elems: 7,
+                scaled: false,
+                local_size: local as u32,
+            };
+            let (within, across) = traffic(&spec, Algo::Hier, local);
+            assert_eq!(
+                across,
+                2 * (hosts - 1) * count / (hosts * local),
+                "{spec:?}"
+            );
+            assert_eq!(within, 2 * (local - 1) * count / local, "{spec:?}");
+            hier_max = hier_max.max(across);
+            flat_max = flat_max.max(traffic(&spec, Algo::Ring, local).1);
+        }
+        if hosts > 1 && local > 1 {
+            assert_eq!(flat_max, 2 * (n - 1) * count / n, "{hosts}×{local}");
+            assert!(
+                hier_max * local <= flat_max,
+                "{hosts}×{local}: {hier_max} vs {flat_max}"
+            );
+        }
+    }
+}
+
+/// Hier refuses a layout it cannot run, and says what it needs and what it got.
+#[test]
+fn hier_needs_a_layout_that_divides_the_world() {
+    let spec = OpSpec {
+        op: OpKind::AllReduce,
+        rank: 0,
+        nranks: 6,
+        count: 10,
+        root: 0,
+        segment_elems: 4,
+        scaled: false,
+        local_size: 4,
+    };
+    for local_size in [0, 4, 7] {
+        let e = build(&OpSpec { local_size, ..spec }, Algo::Hier)
+            .err()
+            .expect("an uneven layout")
+            .to_string();
+        assert!(
+            e.starts_with(
+                "invalid argument: hier needs hosts with the same number of consecutive ranks"
+            ) && e.contains(&format!("6 ranks in hosts of {local_size}")),
+            "{e}"
+        );
+    }
+    let mut s = build(
+        &OpSpec {
+            local_size: 3,
+            ..spec
+        },
+        Algo::Hier,
+    )
+    .unwrap();
+    assert!(s.scratch_elems() <= 2 * 4 * 4);
+    let _ = s.next_action().expect("a first action");
+    let w = s.waiting_for();
+    assert!(
+        w.starts_with("hier all-reduce intra-host reduce-scatter step 1/2")
+            && w.contains("segment"),
+        "{w}"
+    );
 }
 
 /// The delivery order proptest found in which a barrier rank left early:
@@ -994,6 +1186,7 @@ fn barrier_receive_overtaking_an_earlier_round() {
                 eager: 0.0,
                 lazy: 0.0,
                 seed,
+                local: 1,
             };
             let r = run_case(&case);
             assert!(r.is_ok(), "{case:?}: {}", r.unwrap_err());
@@ -1100,6 +1293,7 @@ fn pair_case() -> Case {
         eager: 0.0,
         lazy: 0.0,
         seed: 7,
+        local: 1,
     }
 }
 
@@ -1408,6 +1602,7 @@ fn schedule_properties() {
                     root: 0,
                     segment_elems: seg,
                     scaled: true,
+                    local_size: 1,
                 };
                 let mut s = build(&spec, algo).unwrap();
                 assert!(!s.is_done(), "{spec:?}");
@@ -1431,6 +1626,7 @@ fn schedule_properties() {
         root: 0,
         segment_elems: 100,
         scaled: false,
+        local_size: 1,
     };
     let mut s = build(&spec, Algo::Ring).unwrap();
     while let Some(a) = s.next_action() {
@@ -1457,6 +1653,7 @@ fn invalid_arguments() {
         root: 0,
         segment_elems: 4,
         scaled: false,
+        local_size: 1,
     };
     let msg = |spec: OpSpec, algo| {
         build(&spec, algo)

@@ -142,6 +142,33 @@ fn collectives(comm: &Communicator, args: &[String]) -> Result<String, String> {
     ))
 }
 
+/// Only the all-reduce cases of the matrix (every dtype × operator ×
+/// placement, weighted and not), so that the connections a job makes are the
+/// ones its all-reduce algorithm needs: the hierarchical test checks which
+/// peers each rank dials.
+fn all_reduces(comm: &Communicator, args: &[String]) -> Result<String, String> {
+    let cases: Vec<Case> = coll::matrix(comm.size(), &parse_sizes(args))
+        .into_iter()
+        .filter(|c| c.kind == OpKind::AllReduce)
+        .collect();
+    let mut wrong = 0;
+    for c in &cases {
+        let w = coll::run_case(comm, c)?;
+        if w > 0 {
+            println!("rank {}: {w} wrong elements in {c:?}", comm.rank());
+        }
+        wrong += w;
+    }
+    if wrong > 0 {
+        return Err(format!("{wrong} wrong elements over {} cases", cases.len()));
+    }
+    Ok(format!(
+        "all-reduce ok: {} cases, transports {}",
+        cases.len(),
+        comm.transport_summary()
+    ))
+}
+
 /// Several non-blocking operations outstanding at once, waited in reverse.
 fn nonblocking(comm: &Communicator) -> Result<String, String> {
     let (r, n) = (comm.rank(), comm.size());
@@ -336,7 +363,7 @@ fn main() -> ExitCode {
     let args: Vec<String> = std::env::args().skip(1).collect();
     let Some(cmd) = args.first().cloned() else {
         eprintln!(
-            "usage: gwtest exchange [SIZES...] | kill-mid-transfer VICTIM | mismatch | collective-mismatch | init"
+            "usage: gwtest exchange [SIZES...] | collectives [SIZES...] | all-reduce [SIZES...] | kill-mid-transfer VICTIM | mismatch | collective-mismatch | init"
         );
         return ExitCode::from(2);
     };
@@ -356,6 +383,7 @@ fn main() -> ExitCode {
         "mismatch" => mismatch(&comm),
         "collective-mismatch" => collective_mismatch(&comm),
         "collectives" => collectives(&comm, &args[1..]),
+        "all-reduce" => all_reduces(&comm, &args[1..]),
         "nonblocking" => nonblocking(&comm),
         "stress" => stress(
             &comm,
