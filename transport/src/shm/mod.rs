@@ -237,11 +237,13 @@ impl ShmTransport {
                 info,
                 conn: None,
                 wanted: false,
-                sends: VecDeque::new(),
-                recvs: Vec::new(),
+                // Reserved like the request table (a few KiB per peer), so a
+                // new high of posted operations does not allocate mid-run.
+                sends: VecDeque::with_capacity(crate::seam::POSTED_RESERVED),
+                recvs: Vec::with_capacity(crate::seam::POSTED_RESERVED),
                 active: None,
                 closed: false,
-                early: Unexpected::default(),
+                early: Unexpected::new(cfg.slot_bytes),
             });
         }
         crate::gw_info!(
@@ -259,7 +261,10 @@ impl ShmTransport {
             cfg,
             peers: ps,
             regions: Vec::new(),
-            reqs: HashMap::new(),
+            // Reserved: a table that grows when more requests than ever are
+            // live at once would allocate in a steady-state step (hashbrown
+            // rehashes in place while at most half full).
+            reqs: HashMap::with_capacity(crate::seam::REQS_RESERVED),
             next_req: 1,
             bell: Doorbell::new()?,
             token: None,
