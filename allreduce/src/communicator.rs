@@ -15,7 +15,8 @@ use crate::board::Board;
 use crate::bootstrap::{Bootstrap, fnv1a};
 use crate::config::{Config, TransportChoice};
 use crate::element::Element;
-use crate::engine::{Completion, Engine, EngineConfig, Msg, OpDesc, Ptr};
+use crate::engine::{Completion, Engine, EngineConfig, Msg, OpDesc, Plan, Ptr};
+use crate::mailbox;
 use crate::model::{CostModel, LinkKind, Shape};
 use crate::reduce::Kernel;
 use gw_transport::peers::{self, PeerInfo};
@@ -27,7 +28,6 @@ use gw_transport::{DType, Error, Rank, RedOp, Result, Transport, gw_info};
 use std::fmt::Write as _;
 use std::net::ToSocketAddrs;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::mpsc::{Sender, channel};
 use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
@@ -40,6 +40,13 @@ static GENERATION: AtomicU64 = AtomicU64::new(0);
 /// by their per-pair step instead), chosen so that it can never be mistaken
 /// for a collective's.
 const P2P_SEQ: u64 = u64::MAX;
+
+/// Completions kept for reuse (see [`Communicator::completion`]): enough for
+/// a blocking loop (which needs two: the one just finished may still be held
+/// by the engine for a moment) and for a dozen non-blocking calls in flight.
+const COMPLETION_POOL: usize = 16;
+/// Operations the engine's queue holds before it grows.
+const QUEUE_CAPACITY: usize = 64;
 
 /// A handle to a submitted operation.
 pub struct Handle {
@@ -123,7 +130,9 @@ pub struct Communicator {
     comm_id: u64,
     seq: AtomicU64,
     p2p_seq: Mutex<(Vec<u64>, Vec<u64>)>,
-    tx: Mutex<Sender<Msg>>,
+    tx: mailbox::Sender,
+    /// Completions of earlier operations, reused once nothing refers to them.
+    completions: Mutex<Vec<Arc<Completion>>>,
     waker: Arc<mio::Waker>,
     abort: Arc<AtomicBool>,
     thread: Option<JoinHandle<()>>,
@@ -377,7 +386,7 @@ impl Communicator {
                 None => " (not grouped host by host in equal numbers: no hier)".into(),
             }
         );
-        let (tx, rx) = channel();
+        let (tx, rx) = mailbox::channel(QUEUE_CAPACITY);
         let abort = Arc::new(AtomicBool::new(false));
         let ncpu = std::thread::available_parallelism()
             .map(|n| n.get())
@@ -423,7 +432,15 @@ impl Communicator {
             cfg,
             seq: AtomicU64::new(0),
             p2p_seq: Mutex::new((vec![0; world as usize], vec![0; world as usize])),
-            tx: Mutex::new(tx),
+            tx,
+            // Filled now: a pool grown on demand would keep as few as the
+            // warm-up happened to need, and allocate later on the first race
+            // with an engine that has not dropped its reference yet.
+            completions: Mutex::new(
+                (0..COMPLETION_POOL)
+                    .map(|_| Arc::new(Completion::new(caller_spin)))
+                    .collect(),
+            ),
             waker,
             abort,
             thread: Some(thread),
@@ -556,19 +573,37 @@ impl Communicator {
         }
     }
 
+    /// A completion for a new operation. A steady-state step must not
+    /// allocate, so completions are pooled: one whose `Arc` nobody else holds
+    /// any more (its handle dropped, the engine done with it) is reset and
+    /// reused. `Arc::get_mut` proves that exclusivity, so a handle kept
+    /// around, or an engine that has not dropped its reference yet, never
+    /// sees its completion reused under it; a new one is made instead.
+    fn completion(&self) -> Arc<Completion> {
+        let mut pool = self.completions.lock().unwrap_or_else(|p| p.into_inner());
+        for c in pool.iter_mut() {
+            if let Some(free) = Arc::get_mut(c) {
+                free.reset();
+                return c.clone();
+            }
+        }
+        // Every pooled one is in use (many non-blocking calls in flight).
+        Arc::new(Completion::new(self.caller_spin))
+    }
+
     fn submit(
         &self,
         fp: Fingerprint,
-        sched: Box<dyn algo::Schedule>,
+        plan: Plan,
         kernel: Kernel,
         op: &RawOp,
         send_bytes: usize,
         recv_bytes: usize,
     ) -> Result<Handle> {
-        let done = Arc::new(Completion::new(self.caller_spin));
+        let done = self.completion();
         let desc = OpDesc {
             fp,
-            sched,
+            plan,
             kernel,
             weight: op.weight,
             send: Ptr(op.send as *mut u8),
@@ -577,11 +612,7 @@ impl Communicator {
             recv_bytes,
             done: done.clone(),
         };
-        self.tx
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .send(Msg::Op(desc))
-            .map_err(|_| Error::InvalidUsage("the communicator's engine has stopped".into()))?;
+        self.tx.send(Msg::Op(desc))?;
         self.waker
             .wake()
             .map_err(|e| Error::sys("write(eventfd)", "waking the engine", e))?;
@@ -691,7 +722,9 @@ impl Communicator {
             scaled: op.weight.is_some(),
             local_size: self.shape.local.map_or(0, |l| l as u32),
         };
-        let sched = algo::build(&spec, algo)?;
+        // The engine builds the schedule, or reuses the one of an earlier
+        // identical call; bad arguments are refused here, at once.
+        algo::check(&spec, algo)?;
         let fp = Fingerprint {
             comm_id: self.comm_id,
             seq: self.seq.fetch_add(1, Ordering::Relaxed),
@@ -707,7 +740,7 @@ impl Communicator {
         };
         self.submit(
             fp,
-            sched,
+            Plan::Collective(spec, algo),
             kernel,
             &RawOp { redop, ..op },
             send_bytes,
@@ -795,7 +828,7 @@ impl Communicator {
         };
         self.submit(
             fp,
-            sched,
+            Plan::Built(sched),
             Kernel::new(dtype, RedOp::None, self.size)?,
             &raw,
             sb,
@@ -1242,9 +1275,7 @@ fn describe_hosts(host_ids: &[&str]) -> String {
 
 impl Drop for Communicator {
     fn drop(&mut self) {
-        if let Ok(tx) = self.tx.lock() {
-            let _ = tx.send(Msg::Shutdown);
-        }
+        let _ = self.tx.send(Msg::Shutdown);
         let _ = self.waker.wake();
         if let Some(t) = self.thread.take() {
             let _ = t.join();

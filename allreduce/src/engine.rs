@@ -15,24 +15,40 @@
 //! connected peer (an abort frame), fails the running and queued operations,
 //! and fails every later one with the original cause.
 
-use crate::algo::{Action, Buf, Loc, Schedule};
+use crate::algo::{Action, Algo, Buf, Loc, OpSpec, Schedule};
 use crate::board::Board;
+use crate::mailbox::Receiver;
 use crate::reduce::Kernel;
+use crate::sched_cache::{self, ScheduleCache};
 use gw_transport::seam::Readiness;
 use gw_transport::wire::Fingerprint;
 use gw_transport::{Error, MemHandle, Rank, Request, Result, Tag, Transport};
 use mio::{Events, Poll, Token, Waker};
 use std::collections::VecDeque;
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::mpsc::{Receiver, TryRecvError};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::mpsc::TryRecvError;
 use std::sync::{Arc, Condvar, Mutex};
 use std::time::{Duration, Instant};
 
 /// The waker's token; transports use `index << 32 ..`.
 pub(crate) const WAKER: Token = Token(usize::MAX);
+/// How long an operation waits without progress before the engine checks
+/// on the peers and the board, and how often it checks again after that.
 const PEER_CHECK_EVERY: Duration = Duration::from_millis(200);
 /// How long an operation may wait before the board is consulted.
 const STALL: Duration = Duration::from_secs(1);
+
+/// How many times any engine of this process checked on a stalled operation
+/// (see [`stall_checks`]).
+static STALL_CHECKS: AtomicU64 = AtomicU64::new(0);
+
+/// Stall checks so far, process-wide. They consult the store and so
+/// allocate; the no-allocation test uses this to tell a stall (an overloaded
+/// machine) from a steady-state step that allocates.
+#[doc(hidden)]
+pub fn stall_checks() -> u64 {
+    STALL_CHECKS.load(Ordering::Relaxed)
+}
 
 /// A pointer into caller memory that the engine thread may use.
 #[derive(Clone, Copy, Debug)]
@@ -60,6 +76,14 @@ impl Completion {
             spin,
             ..Completion::default()
         }
+    }
+
+    /// Makes a finished completion ready for another operation. Taking
+    /// `&mut self` (from `Arc::get_mut`) proves that neither the engine nor a
+    /// caller's handle still refers to it.
+    pub fn reset(&mut self) {
+        *self.state.get_mut().unwrap_or_else(|p| p.into_inner()) = None;
+        *self.ready.get_mut() = false;
     }
 
     pub fn finish(&self, r: Result<()>) {
@@ -123,10 +147,22 @@ impl Completion {
     }
 }
 
+/// Where an operation's schedule comes from.
+pub(crate) enum Plan {
+    /// A collective: the engine rewinds the schedule of an earlier identical
+    /// call from its cache, or builds one (see `sched_cache`). The caller has
+    /// already checked the arguments with `algo::check`.
+    Collective(OpSpec, Algo),
+    /// A schedule the caller built (point-to-point), run once.
+    Built(Box<dyn Schedule>),
+    /// The schedule moved into the running operation.
+    Started,
+}
+
 /// One operation as submitted by a caller.
 pub(crate) struct OpDesc {
     pub fp: Fingerprint,
-    pub sched: Box<dyn Schedule>,
+    pub plan: Plan,
     pub kernel: Kernel,
     pub weight: Option<f64>,
     pub send: Ptr,
@@ -143,6 +179,9 @@ pub(crate) enum Msg {
 
 struct Running {
     op: OpDesc,
+    sched: Box<dyn Schedule>,
+    /// Under which key the schedule goes back to the cache (collectives).
+    key: Option<sched_cache::Key>,
     /// Per transport: (send handle, recv handle), registered when first used.
     handles: Vec<Option<(MemHandle, MemHandle)>>,
     inflight: Vec<(usize, Request, usize)>,
@@ -152,6 +191,15 @@ struct Running {
     /// on the board and compared with what the other ranks are doing.
     stalled_at: Instant,
     posted: bool,
+}
+
+/// The vectors of a [`Running`] operation, kept between operations so that
+/// starting one does not allocate them again.
+#[derive(Default)]
+struct Spare {
+    handles: Vec<Option<(MemHandle, MemHandle)>>,
+    inflight: Vec<(usize, Request, usize)>,
+    blocked: VecDeque<Action>,
 }
 
 /// Static engine settings.
@@ -173,7 +221,7 @@ pub(crate) struct Engine {
     /// Transport index per peer rank.
     route: Vec<usize>,
     connected: Vec<bool>,
-    rx: Receiver<Msg>,
+    rx: Receiver,
     abort: Arc<AtomicBool>,
     queue: VecDeque<OpDesc>,
     current: Option<Running>,
@@ -181,6 +229,8 @@ pub(crate) struct Engine {
     scratch: Vec<u64>,
     scratch_handles: Vec<Option<MemHandle>>,
     shutting_down: bool,
+    schedules: ScheduleCache,
+    spare: Spare,
 }
 
 impl Engine {
@@ -189,7 +239,7 @@ impl Engine {
         cfg: EngineConfig,
         mut transports: Vec<Box<dyn Transport>>,
         route: Vec<usize>,
-        rx: Receiver<Msg>,
+        rx: Receiver,
         abort: Arc<AtomicBool>,
     ) -> Result<(Engine, Arc<Waker>)> {
         let poll = Poll::new().map_err(|e| Error::sys("epoll_create", "engine poller", e))?;
@@ -217,6 +267,8 @@ impl Engine {
                 scratch: Vec::new(),
                 scratch_handles: vec![None; nt],
                 shutting_down: false,
+                schedules: ScheduleCache::new(sched_cache::MAX_ENTRIES, sched_cache::MAX_BYTES),
+                spare: Spare::default(),
             },
             waker,
         ))
@@ -270,14 +322,23 @@ impl Engine {
                 continue;
             }
             let now = Instant::now();
-            if now.duration_since(last_check) >= PEER_CHECK_EVERY {
+            let since = *idle_since.get_or_insert(now);
+            // Checks (the board is a store round trip, and allocates) wait
+            // until the operation has stalled: a failure elsewhere shows as a
+            // stall here, and operations that progress need no checking, so a
+            // steady-state step stays free of them. Past the deadline, check
+            // at once (the timeout is reported from there).
+            let stalled = now.duration_since(since) >= PEER_CHECK_EVERY
+                && now.duration_since(last_check) >= PEER_CHECK_EVERY;
+            let late = self.current.as_ref().is_some_and(|r| now >= r.deadline);
+            if stalled || late {
                 last_check = now;
+                STALL_CHECKS.fetch_add(1, Ordering::Relaxed);
                 if let Err(e) = self.check() {
                     self.fail(e);
                     continue;
                 }
             }
-            let since = *idle_since.get_or_insert(now);
             if now.duration_since(since) < self.cfg.spin {
                 if self.cfg.oversubscribed {
                     std::thread::yield_now();
@@ -434,7 +495,7 @@ impl Engine {
     }
 
     fn describe_wait(&self, r: &Running) -> String {
-        let mut s = r.op.sched.waiting_for();
+        let mut s = r.sched.waiting_for();
         if let Some(a) = r.blocked.front() {
             let peer = match a {
                 Action::Send { peer, .. } | Action::Recv { peer, .. } => *peer,
@@ -453,24 +514,52 @@ impl Engine {
     }
 
     fn start_next(&mut self) {
-        let Some(op) = self.queue.pop_front() else {
+        let Some(mut op) = self.queue.pop_front() else {
             return;
         };
         if let Some(e) = &self.failed {
             op.done.finish(Err(failed_earlier(e)));
             return;
         }
-        let need = op.sched.scratch_elems() * op.kernel.dtype.size();
+        // A schedule that cannot be built (the arguments were checked, so only
+        // limits such as 32-bit step numbers remain) fails its operation the
+        // same way on every rank, as a scratch allocation failure does.
+        let (sched, key) = match std::mem::replace(&mut op.plan, Plan::Started) {
+            Plan::Collective(spec, algo) => {
+                let key = (spec, algo);
+                match self.schedules.take(&key) {
+                    Ok(s) => (s, Some(key)),
+                    Err(e) => {
+                        op.done.finish(Err(e));
+                        return;
+                    }
+                }
+            }
+            Plan::Built(s) => (s, None),
+            Plan::Started => {
+                op.done
+                    .finish(Err(Error::Internal("operation started twice".into())));
+                return;
+            }
+        };
+        let need = sched.scratch_elems() * op.kernel.dtype.size();
         if let Err(e) = self.ensure_scratch(need) {
             op.done.finish(Err(e));
             return;
         }
         let nt = self.transports.len();
+        let mut spare = std::mem::take(&mut self.spare);
+        spare.handles.clear();
+        spare.handles.resize(nt, None);
+        spare.inflight.clear();
+        spare.blocked.clear();
         self.current = Some(Running {
             op,
-            handles: vec![None; nt],
-            inflight: Vec::new(),
-            blocked: VecDeque::new(),
+            sched,
+            key,
+            handles: spare.handles,
+            inflight: spare.inflight,
+            blocked: spare.blocked,
             deadline: Instant::now() + self.cfg.timeout,
             stalled_at: Instant::now() + (self.cfg.timeout / 8).min(STALL),
             posted: false,
@@ -519,9 +608,9 @@ impl Engine {
         match res {
             Ok(m) => {
                 moved |= m;
-                if r.op.sched.is_done() && r.inflight.is_empty() && r.blocked.is_empty() {
+                if r.sched.is_done() && r.inflight.is_empty() && r.blocked.is_empty() {
                     self.release(&mut r);
-                    r.op.done.finish(Ok(()));
+                    self.retire(r).finish(Ok(()));
                     moved = true;
                 } else {
                     self.current = Some(r);
@@ -546,7 +635,7 @@ impl Engine {
                 };
                 progressed |= self.execute(r, a)?;
             }
-            while let Some(a) = r.op.sched.next_action() {
+            while let Some(a) = r.sched.next_action() {
                 self.execute(r, a)?;
                 progressed = true;
             }
@@ -555,7 +644,7 @@ impl Engine {
                 let (t, req, id) = r.inflight[i];
                 if self.transports[t].test(req)? {
                     r.inflight.swap_remove(i);
-                    r.op.sched.complete(id);
+                    r.sched.complete(id);
                     progressed = true;
                 } else {
                     i += 1;
@@ -615,7 +704,7 @@ impl Engine {
                 // SAFETY: ptr() bounds-checked each range against its buffer; the
                 // schedule guarantees dst aliases a or b exactly or not at all.
                 unsafe { r.op.kernel.reduce(d, xs, sx, ys, sy, n, finalize) };
-                r.op.sched.complete(id);
+                r.sched.complete(id);
             }
             Action::Copy {
                 id,
@@ -630,7 +719,7 @@ impl Engine {
                 let sc = self.scale(r, src);
                 // SAFETY: as for Reduce.
                 unsafe { r.op.kernel.copy(d, s, sc, dst.len, finalize) };
-                r.op.sched.complete(id);
+                r.sched.complete(id);
             }
         }
         Ok(true)
@@ -714,6 +803,21 @@ impl Engine {
             }
         };
         Ok((mem, off, len))
+    }
+
+    /// Keeps what a finished operation leaves that the next one can reuse
+    /// (its schedule, in the cache; its vectors) and returns its completion,
+    /// for the caller to finish.
+    fn retire(&mut self, r: Running) -> Arc<Completion> {
+        if let Some(key) = r.key {
+            self.schedules.put(key, r.sched);
+        }
+        self.spare = Spare {
+            handles: r.handles,
+            inflight: r.inflight,
+            blocked: r.blocked,
+        };
+        r.op.done
     }
 
     fn release(&mut self, r: &mut Running) {

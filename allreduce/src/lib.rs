@@ -14,13 +14,17 @@ pub mod communicator;
 pub mod config;
 pub mod element;
 mod engine;
+mod mailbox;
 pub mod model;
 pub mod reduce;
+mod sched_cache;
 
 pub use algo::Algo;
 pub use bootstrap::Bootstrap;
 pub use communicator::{Communicator, Handle, Pending, RawOp};
 pub use config::{Config, TransportChoice};
 pub use element::Element;
+#[doc(hidden)]
+pub use engine::stall_checks;
 pub use gw_transport::wire::OpKind;
 pub use gw_transport::{DType, Error, RedOp, Result};

@@ -14,6 +14,8 @@ pub mod wire;
 
 pub use error::{Error, Result};
 pub use seam::{MemHandle, Properties, Rank, Request, Tag, Transport};
+#[doc(hidden)]
+pub use unexpected::early_buffers_allocated;
 pub use wire::{DType, Fingerprint, FrameHeader, FrameKind, OpKind, RedOp};
 
 pub mod peers;

@@ -27,6 +27,13 @@ use crate::wire::{Fingerprint, FrameHeader};
 /// A rank within a communicator.
 pub type Rank = u32;
 
+/// Requests a transport has room for before its request table grows: far
+/// more than schedules keep in flight (four messages per stream and peer).
+pub(crate) const REQS_RESERVED: usize = 512;
+/// Posted sends or receives per peer a transport has room for before its
+/// queues grow (schedules keep four messages per stream in flight).
+pub(crate) const POSTED_RESERVED: usize = 64;
+
 /// What a transport is, for the algorithm chooser.
 #[derive(Clone, Debug, PartialEq)]
 pub struct Properties {

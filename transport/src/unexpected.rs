@@ -13,21 +13,70 @@ use crate::error::Result;
 use crate::seam::{Rank, Tag};
 use crate::wire::FrameHeader;
 use std::collections::VecDeque;
+use std::sync::atomic::{AtomicU64, Ordering};
 
 /// Pooled buffers kept for reuse at most.
 const POOL: usize = 64;
 
+/// Buffers the pools of this process have allocated (see
+/// [`early_buffers_allocated`]).
+static ALLOCATED: AtomicU64 = AtomicU64::new(0);
+
+/// Early-frame buffers allocated so far, process-wide. The pool grows to the
+/// largest number of frames that were ever early at once, which depends on
+/// timing (a rank descheduled while its peers send on), not on the step, so
+/// a new high can come long after warm-up. The no-allocation test reports
+/// these apart from every other allocation.
+#[doc(hidden)]
+pub fn early_buffers_allocated() -> u64 {
+    ALLOCATED.load(Ordering::Relaxed)
+}
+
 /// Buffered early frames of one peer, oldest first.
-#[derive(Debug, Default)]
+#[derive(Debug)]
 pub(crate) struct Unexpected {
     frames: VecDeque<(FrameHeader, Vec<u8>)>,
     pool: Vec<Vec<u8>>,
+    /// The largest frame buffered so far. New buffers get this capacity and
+    /// smaller ones are not pooled, so every pooled buffer fits any frame:
+    /// once the pool holds as many buffers as frames were ever early at
+    /// once, buffering allocates nothing, whatever order sizes arrive in.
+    frame_cap: usize,
+}
+
+impl Default for Unexpected {
+    fn default() -> Self {
+        Unexpected::new(0)
+    }
 }
 
 impl Unexpected {
+    /// A queue for frames of at most `max_frame` bytes (the transport's
+    /// segment size; a larger frame still works, and raises the size).
+    /// Sizing every buffer for the largest frame from the start means a
+    /// buffer never has to grow, whichever frames happen to arrive early.
+    /// Both queues get room for [`POOL`] entries up front (a few KiB), so that
+    /// filing and recycling frames never grows them in a steady state; the
+    /// buffers themselves come at the first early frame.
+    pub fn new(max_frame: usize) -> Self {
+        Unexpected {
+            frames: VecDeque::with_capacity(POOL),
+            pool: Vec::with_capacity(POOL),
+            frame_cap: max_frame,
+        }
+    }
+
     /// A buffer of `len` bytes for a frame about to be read.
     pub fn buffer(&mut self, len: usize) -> Vec<u8> {
-        let mut b = self.pool.pop().unwrap_or_default();
+        if len > self.frame_cap {
+            self.frame_cap = len;
+            self.pool.retain(|b| b.capacity() >= len);
+        }
+        let cap = self.frame_cap;
+        let mut b = self.pool.pop().unwrap_or_else(|| {
+            ALLOCATED.fetch_add(1, Ordering::Relaxed);
+            Vec::with_capacity(cap)
+        });
         // The caller overwrites all `len` bytes: only growth needs filling,
         // a zeroing pass over a reused buffer would be a wasted memory pass.
         if b.len() >= len {
@@ -80,9 +129,10 @@ impl Unexpected {
         Ok((got, frames))
     }
 
-    /// Returns a buffer to the pool.
+    /// Returns a buffer to the pool (one smaller than the largest frame seen
+    /// is dropped instead; see `frame_cap`).
     pub fn recycle(&mut self, buf: Vec<u8>) {
-        if self.pool.len() < POOL {
+        if self.pool.len() < POOL && buf.capacity() >= self.frame_cap {
             self.pool.push(buf);
         }
     }

@@ -459,6 +459,7 @@ impl Builder {
             descs: self.descs,
             succ_start,
             succ,
+            indegree: pending.clone(),
             pending,
             state: vec![State::Waiting; n],
             ready,
@@ -482,6 +483,9 @@ pub(super) struct DagSchedule {
     descs: Vec<Desc>,
     succ_start: Vec<u32>,
     succ: Vec<u32>,
+    /// Each action's number of predecessors, which `pending` counts down
+    /// from; kept so that [`Schedule::reset`] can rewind without rebuilding.
+    indegree: Vec<u32>,
     pending: Vec<u32>,
     state: Vec<State>,
     ready: VecDeque<u32>,
@@ -526,6 +530,32 @@ impl Schedule for DagSchedule {
 
     fn scratch_elems(&self) -> usize {
         self.scratch
+    }
+
+    fn reset(&mut self) -> bool {
+        // Same state as `Builder::finish` leaves, in the vectors it sized:
+        // `ready` had capacity for every action, so refilling it never grows it.
+        self.pending.copy_from_slice(&self.indegree);
+        self.state.fill(State::Waiting);
+        self.ready.clear();
+        let pending = &self.pending;
+        self.ready
+            .extend((0..pending.len() as u32).filter(|&i| pending[i as usize] == 0));
+        self.finished = 0;
+        true
+    }
+
+    fn heap_bytes(&self) -> usize {
+        use std::mem::size_of;
+        self.actions.capacity() * size_of::<Action>()
+            + self.descs.capacity() * size_of::<Desc>()
+            + (self.succ_start.capacity()
+                + self.succ.capacity()
+                + self.indegree.capacity()
+                + self.pending.capacity()
+                + self.ready.capacity())
+                * size_of::<u32>()
+            + self.state.capacity() * size_of::<State>()
     }
 
     fn waiting_for(&self) -> String {

@@ -130,6 +130,19 @@ pub trait Schedule: Send {
     fn scratch_elems(&self) -> usize;
     /// What the schedule is waiting for, for timeout errors (e.g. "step 3: recv from rank 2").
     fn waiting_for(&self) -> String;
+    /// Rewinds the schedule to its state right after construction, so that an
+    /// identical later call runs it again instead of rebuilding it (the
+    /// engine's schedule cache: a training step repeats the same calls, and
+    /// rebuilding allocates). Must not allocate. Returns false if this
+    /// schedule cannot be rewound; it is then never reused.
+    fn reset(&mut self) -> bool {
+        false
+    }
+    /// Approximate heap bytes the schedule holds, so that the engine can bound
+    /// the memory its cache keeps.
+    fn heap_bytes(&self) -> usize {
+        0
+    }
 }
 
 /// Which algorithm to run.
@@ -214,6 +227,34 @@ mod tree;
 /// segments times the number of steps); `next_action` and `complete` then
 /// neither allocate nor search.
 pub fn build(spec: &OpSpec, algo: Algo) -> Result<Box<dyn Schedule>> {
+    check(spec, algo)?;
+    let n = spec.nranks as usize;
+    let schedule = match spec.op {
+        OpKind::SendRecv => {
+            return Err(Error::InvalidArgument(
+                "send/recv is point-to-point, not a collective schedule".into(),
+            ));
+        }
+        _ if n == 1 => coll::local(spec)?,
+        OpKind::AllReduce => match algo {
+            Algo::Ring => ring::allreduce(spec)?,
+            Algo::Tree => tree::allreduce(spec)?,
+            Algo::Rhd => rhd::allreduce(spec)?,
+            Algo::Hier => hier::allreduce(spec)?,
+        },
+        OpKind::ReduceScatter => ring::reduce_scatter(spec)?,
+        OpKind::AllGather => ring::all_gather(spec)?,
+        OpKind::Broadcast => coll::broadcast(spec)?,
+        OpKind::Reduce => coll::reduce(spec)?,
+        OpKind::Barrier => coll::barrier(spec)?,
+    };
+    Ok(Box::new(schedule))
+}
+
+/// The argument checks of [`build`] without building anything, so that a
+/// caller can refuse a bad call at once and leave the building (or the reuse
+/// of an earlier identical schedule) to the engine.
+pub fn check(spec: &OpSpec, algo: Algo) -> Result<()> {
     let invalid = |what: String| Err(Error::InvalidArgument(what));
     let n = spec.nranks as usize;
     if n == 0 {
@@ -251,22 +292,16 @@ pub fn build(spec: &OpSpec, algo: Algo) -> Result<Box<dyn Schedule>> {
             "rhd needs a power-of-two world size, got {n} ranks"
         ));
     }
-    let schedule = match spec.op {
-        OpKind::SendRecv => {
-            return invalid("send/recv is point-to-point, not a collective schedule".into());
+    if spec.op == OpKind::AllReduce && algo == Algo::Hier && n > 1 {
+        let l = spec.local_size as usize;
+        if l == 0 || !n.is_multiple_of(l) {
+            return invalid(format!(
+                "hier needs hosts with the same number of consecutive ranks; {n} ranks in hosts of {l} is not that layout"
+            ));
         }
-        _ if n == 1 => coll::local(spec)?,
-        OpKind::AllReduce => match algo {
-            Algo::Ring => ring::allreduce(spec)?,
-            Algo::Tree => tree::allreduce(spec)?,
-            Algo::Rhd => rhd::allreduce(spec)?,
-            Algo::Hier => hier::allreduce(spec)?,
-        },
-        OpKind::ReduceScatter => ring::reduce_scatter(spec)?,
-        OpKind::AllGather => ring::all_gather(spec)?,
-        OpKind::Broadcast => coll::broadcast(spec)?,
-        OpKind::Reduce => coll::reduce(spec)?,
-        OpKind::Barrier => coll::barrier(spec)?,
-    };
-    Ok(Box::new(schedule))
+    }
+    if spec.op == OpKind::SendRecv {
+        return invalid("send/recv is point-to-point, not a collective schedule".into());
+    }
+    Ok(())
 }

@@ -275,12 +275,14 @@ impl ShmTransport {
                 info,
                 conn: None,
                 wanted: false,
-                sends: VecDeque::new(),
-                recvs: Vec::new(),
+                // Reserved like the request table (a few KiB per peer), so a
+                // new high of posted operations does not allocate mid-run.
+                sends: VecDeque::with_capacity(crate::seam::POSTED_RESERVED),
+                recvs: Vec::with_capacity(crate::seam::POSTED_RESERVED),
                 active: None,
                 closed: false,
-                early: Unexpected::default(),
-                pulls_out: VecDeque::new(),
+                early: Unexpected::new(cfg.slot_bytes),
+                pulls_out: VecDeque::with_capacity(MAX_PULLS as usize),
                 next_pull: 0,
             });
         }
@@ -303,7 +305,10 @@ impl ShmTransport {
             cfg,
             peers: ps,
             regions: Vec::new(),
-            reqs: HashMap::new(),
+            // Reserved: a table that grows when more requests than ever are
+            // live at once would allocate in a steady-state step (hashbrown
+            // rehashes in place while at most half full).
+            reqs: HashMap::with_capacity(crate::seam::REQS_RESERVED),
             next_req: 1,
             bell: Doorbell::new()?,
             token: None,
@@ -724,44 +729,95 @@ fn reap_pulls(p: &mut Peer, reqs: &mut HashMap<u64, bool>) -> bool {
     p.pulls_out.len() != before
 }
 
+/// The (address, completion number) of the rendezvous frame at the head of
+/// `p`'s inbound ring.
+fn rendezvous_at_head(p: &Peer) -> Result<(u64, u64)> {
+    let conn = p
+        .conn
+        .as_ref()
+        .ok_or_else(|| Error::Internal("connection vanished".into()))?;
+    let mut raw = [0u8; RENDEZVOUS_LEN];
+    conn.rx.read_payload(&mut raw).map_err(|c| p.corrupt(c))?;
+    Ok(pull::decode(&raw))
+}
+
+/// Copies `len` bytes at `addr` in `p`'s process (part of the message `h`
+/// names) to `dst`.
+///
+/// # Safety
+/// `dst` must be valid for writes of `len` bytes.
+unsafe fn pull_bytes(p: &Peer, h: &FrameHeader, addr: u64, dst: *mut u8, len: usize) -> Result<()> {
+    let pid = p.info.pid;
+    // SAFETY: the caller's promise on dst.
+    match unsafe { pull::pull(pid, addr, dst, len) } {
+        Ok(()) => Ok(()),
+        Err(e) if e.raw_os_error() == Some(libc::ESRCH) => Err(Error::Remote {
+            rank: p.info.rank,
+            addr: p.info.hostname.clone(),
+            what: format!("process {pid} died"),
+        }),
+        Err(e) => Err(Error::sys(
+            "process_vm_readv",
+            format!(
+                "pulling {len} bytes of {} step {} at {addr:#x} from {}",
+                h.fp,
+                h.step,
+                p.who()
+            ),
+            e,
+        )),
+    }
+}
+
+/// Frees the rendezvous frame's slot and tells the sender message `k` is
+/// pulled.
+fn retire_rendezvous(p: &mut Peer, k: u64) -> Result<()> {
+    let conn = p
+        .conn
+        .as_mut()
+        .ok_or_else(|| Error::Internal("connection vanished".into()))?;
+    conn.rx.pop();
+    conn.rx.mark_pulled(k);
+    Ok(())
+}
+
 /// Copies the message a rendezvous frame names out of `p`'s process into
 /// `dst` (`len` bytes), then reports it pulled and frees the frame's slot.
 ///
 /// # Safety
 /// `dst` must be valid for writes of `len` bytes.
 unsafe fn pull_message(p: &mut Peer, h: &FrameHeader, dst: *mut u8, len: usize) -> Result<()> {
-    let who = p.who();
-    let (rank, host, pid) = (p.info.rank, p.info.hostname.clone(), p.info.pid);
-    let conn = p
-        .conn
-        .as_mut()
-        .ok_or_else(|| Error::Internal("connection vanished".into()))?;
-    let mut raw = [0u8; RENDEZVOUS_LEN];
-    conn.rx
-        .read_payload(&mut raw)
-        .map_err(|c| Error::Protocol(format!("shared memory from {who}: {}", c.0)))?;
-    let (addr, k) = pull::decode(&raw);
+    let (addr, k) = rendezvous_at_head(p)?;
     // SAFETY: the caller's promise on dst.
-    if let Err(e) = unsafe { pull::pull(pid, addr, dst, len) } {
-        if e.raw_os_error() == Some(libc::ESRCH) {
-            return Err(Error::Remote {
-                rank,
-                addr: host,
-                what: format!("process {pid} died"),
-            });
+    unsafe { pull_bytes(p, h, addr, dst, len)? };
+    retire_rendezvous(p, k)
+}
+
+/// Pulls the message of an early rendezvous frame into unexpected-message
+/// buffers, cut like slot frames (so that no pooled buffer grows past a
+/// slot, whatever the message size), and reports it pulled.
+fn pull_early(p: &mut Peer, h: &FrameHeader) -> Result<()> {
+    let (addr, k) = rendezvous_at_head(p)?;
+    let slot_bytes = p.conn.as_ref().map_or(1, |c| c.rx.slot_bytes()).max(1);
+    let mut off = 0u64;
+    loop {
+        let (o, n) = next_segment(off, h.total, slot_bytes);
+        let mut buf = p.early.buffer(n as usize);
+        // SAFETY: buf holds n bytes and is ours alone.
+        unsafe { pull_bytes(p, h, addr.wrapping_add(o), buf.as_mut_ptr(), n as usize)? };
+        let piece = FrameHeader {
+            kind: FrameKind::Data,
+            offset: o,
+            len: n,
+            ..*h
+        };
+        p.early.push(piece, buf);
+        off += n;
+        if off >= h.total {
+            break;
         }
-        return Err(Error::sys(
-            "process_vm_readv",
-            format!(
-                "pulling {len} bytes of {} step {} at {addr:#x} from {who}",
-                h.fp, h.step
-            ),
-            e,
-        ));
     }
-    conn.rx.pop();
-    conn.rx.mark_pulled(k);
-    Ok(())
+    retire_rendezvous(p, k)
 }
 
 /// Delivers the frames at the head of `p`'s inbound ring to matching receives.
@@ -793,16 +849,7 @@ fn pump_recvs(
                 break;
             }
             Head::Early(h) if h.kind == FrameKind::Rendezvous => {
-                let n = h.total as usize;
-                let mut buf = p.early.buffer(n);
-                // SAFETY: buf holds n bytes and is ours alone.
-                unsafe { pull_message(p, &h, buf.as_mut_ptr(), n)? };
-                let whole = FrameHeader {
-                    kind: FrameKind::Data,
-                    len: h.total,
-                    ..h
-                };
-                p.early.push(whole, buf);
+                pull_early(p, &h)?;
                 popped = true;
                 continue;
             }

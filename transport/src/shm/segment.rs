@@ -126,12 +126,34 @@ pub(crate) fn pid_alive(pid: u32) -> bool {
         return io::Error::last_os_error().raw_os_error() != Some(libc::ESRCH);
     }
     // A killed process stays signalable as a zombie until its parent reaps it;
-    // it is dead all the same.
-    match std::fs::read_to_string(format!("/proc/{p}/stat")) {
-        Ok(stat) => !stat
-            .rsplit_once(')')
-            .is_some_and(|(_, rest)| matches!(rest.trim_start().chars().next(), Some('Z' | 'X'))),
-        Err(_) => true,
+    // it is dead all the same. The engine asks every few hundred milliseconds
+    // while an operation waits, so the path and the file's head live on the
+    // stack: a steady-state step must not allocate.
+    use std::io::{Read, Write};
+    use std::os::unix::ffi::OsStrExt;
+    let mut path = [0u8; 32];
+    let plen = {
+        let mut w = &mut path[..];
+        if write!(w, "/proc/{p}/stat").is_err() {
+            return true;
+        }
+        32 - w.len()
+    };
+    let path = std::path::Path::new(std::ffi::OsStr::from_bytes(&path[..plen]));
+    // "pid (comm) state ...": comm is at most 16 bytes, so the state letter
+    // is well within the first 128 bytes.
+    let mut head = [0u8; 128];
+    let n = match std::fs::File::open(path).and_then(|mut f| f.read(&mut head)) {
+        Ok(n) => n,
+        Err(_) => return true,
+    };
+    let head = &head[..n];
+    match head.iter().rposition(|&b| b == b')') {
+        Some(i) => !matches!(
+            head[i + 1..].iter().find(|b| !b.is_ascii_whitespace()),
+            Some(b'Z' | b'X')
+        ),
+        None => true,
     }
 }
 

@@ -157,7 +157,10 @@ impl TcpTransport {
             incoming: Vec::new(),
             mems: Vec::new(),
             free_mems: Vec::new(),
-            reqs: HashMap::new(),
+            // Reserved: a table that grows when more requests than ever are
+            // live at once would allocate in a steady-state step (hashbrown
+            // rehashes in place while at most half full).
+            reqs: HashMap::with_capacity(crate::seam::REQS_RESERVED),
             next_req: 1,
             registry: None,
             token_base: 0,
@@ -244,13 +247,15 @@ impl TcpTransport {
 
     fn conn_entry(&mut self, peer: Rank) -> &mut Conn {
         let lanes = self.cfg.lanes;
+        let seg = self.cfg.segment_bytes;
         let addr = self.peer_addr(peer);
         self.conns.entry(peer).or_insert_with(|| Conn {
             addr,
             lanes: (0..lanes).map(|_| None).collect(),
             dials: (0..lanes).map(|_| None).collect(),
-            posted: Vec::new(),
-            early: Unexpected::default(),
+            // Reserved (see `seam::POSTED_RESERVED`).
+            posted: Vec::with_capacity(crate::seam::POSTED_RESERVED),
+            early: Unexpected::new(seg),
             next_lane: 0,
         })
     }
