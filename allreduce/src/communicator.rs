@@ -14,6 +14,7 @@ use crate::algo::{self, Algo, OpSpec};
 use crate::board::Board;
 use crate::bootstrap::{Bootstrap, fnv1a};
 use crate::config::{Config, TransportChoice};
+use crate::drive::{Driver, engine_thread};
 use crate::element::Element;
 use crate::engine::{Completion, Engine, EngineConfig, Msg, OpDesc, Plan, Ptr};
 use crate::mailbox;
@@ -51,11 +52,14 @@ const QUEUE_CAPACITY: usize = 64;
 /// A handle to a submitted operation.
 pub struct Handle {
     done: Arc<Completion>,
+    driver: Arc<Driver>,
 }
 
 impl Handle {
-    /// Blocks until the operation finishes.
+    /// Blocks until the operation finishes. The calling thread turns the
+    /// engine itself while that makes progress (see `drive.rs`).
     pub fn wait(&self) -> Result<()> {
+        self.driver.drive(&self.done);
         match self.done.wait(None) {
             Some(r) => r,
             None => Err(Error::Internal(
@@ -66,11 +70,15 @@ impl Handle {
 
     /// Blocks at most `timeout`; `None` if the operation is still running.
     pub fn wait_timeout(&self, timeout: Duration) -> Option<Result<()>> {
+        self.driver.kick();
         self.done.wait(Some(timeout))
     }
 
     /// The result if the operation finished, without blocking.
     pub fn test(&self) -> Option<Result<()>> {
+        if !self.done.is_ready() {
+            self.driver.kick();
+        }
         self.done.peek()
     }
 }
@@ -133,7 +141,7 @@ pub struct Communicator {
     tx: mailbox::Sender,
     /// Completions of earlier operations, reused once nothing refers to them.
     completions: Mutex<Vec<Arc<Completion>>>,
-    waker: Arc<mio::Waker>,
+    driver: Arc<Driver>,
     abort: Arc<AtomicBool>,
     thread: Option<JoinHandle<()>>,
     routes: Vec<&'static str>,
@@ -400,7 +408,7 @@ impl Communicator {
         } else {
             Duration::ZERO
         };
-        let (engine, waker) = Engine::new(
+        let (engine, poll, waker) = Engine::new(
             EngineConfig {
                 me,
                 timeout,
@@ -418,9 +426,13 @@ impl Communicator {
             rx,
             abort.clone(),
         )?;
+        let driver = Driver::new(engine, waker, cfg.inline.value);
         let thread = std::thread::Builder::new()
             .name(format!("gw-engine-{me}"))
-            .spawn(move || engine.run())
+            .spawn({
+                let driver = driver.clone();
+                move || engine_thread(driver, poll)
+            })
             .map_err(|e| Error::sys("pthread_create", "engine thread", e))?;
         gw_info!("init done in {:.1} ms", start.elapsed().as_secs_f64() * 1e3);
         Ok(Communicator {
@@ -441,7 +453,7 @@ impl Communicator {
                     .map(|_| Arc::new(Completion::new(caller_spin)))
                     .collect(),
             ),
-            waker,
+            driver,
             abort,
             thread: Some(thread),
             routes,
@@ -513,7 +525,7 @@ impl Communicator {
     /// Fails every operation in flight and every later one, from any thread.
     pub fn abort(&self) {
         self.abort.store(true, Ordering::Release);
-        let _ = self.waker.wake();
+        self.driver.kick();
     }
 
     /// The all-reduce algorithm used for `bytes`: forced by `GW_ALGO`; else
@@ -591,6 +603,10 @@ impl Communicator {
         Arc::new(Completion::new(self.caller_spin))
     }
 
+    /// Queues an operation. `kick`: wake the engine thread to start it now
+    /// (non-blocking calls); a blocking call leaves it parked, since the
+    /// caller is about to turn the engine itself.
+    #[allow(clippy::too_many_arguments)]
     fn submit(
         &self,
         fp: Fingerprint,
@@ -599,6 +615,7 @@ impl Communicator {
         op: &RawOp,
         send_bytes: usize,
         recv_bytes: usize,
+        kick: bool,
     ) -> Result<Handle> {
         let done = self.completion();
         let desc = OpDesc {
@@ -613,10 +630,13 @@ impl Communicator {
             done: done.clone(),
         };
         self.tx.send(Msg::Op(desc))?;
-        self.waker
-            .wake()
-            .map_err(|e| Error::sys("write(eventfd)", "waking the engine", e))?;
-        Ok(Handle { done })
+        if kick {
+            self.driver.kick();
+        }
+        Ok(Handle {
+            done,
+            driver: self.driver.clone(),
+        })
     }
 
     /// Validates and submits a collective on raw memory.
@@ -627,6 +647,28 @@ impl Communicator {
     /// calls alias them as described there), and both must stay valid, and
     /// not be accessed by the caller, until the returned handle completes.
     pub unsafe fn submit_raw(&self, op: RawOp, algo: Option<Algo>) -> Result<Handle> {
+        // SAFETY: forwarded from the caller.
+        unsafe { self.submit_collective(op, algo, true) }
+    }
+
+    /// Runs a collective on raw memory and waits for it: the blocking form
+    /// of [`Communicator::submit_raw`], turning the engine from this thread.
+    ///
+    /// # Safety
+    /// As for [`Communicator::submit_raw`], until this returns.
+    pub unsafe fn run_raw(&self, op: RawOp, algo: Option<Algo>) -> Result<()> {
+        // SAFETY: forwarded from the caller, who keeps the buffers until we return.
+        unsafe { self.submit_collective(op, algo, false) }?.wait()
+    }
+
+    /// # Safety
+    /// As for [`Communicator::submit_raw`].
+    unsafe fn submit_collective(
+        &self,
+        op: RawOp,
+        algo: Option<Algo>,
+        kick: bool,
+    ) -> Result<Handle> {
         let n = self.size as usize;
         if op.kind == OpKind::SendRecv {
             return Err(Error::InvalidArgument(
@@ -745,6 +787,7 @@ impl Communicator {
             &RawOp { redop, ..op },
             send_bytes,
             recv_bytes,
+            kick,
         )
     }
 
@@ -770,6 +813,19 @@ impl Communicator {
         dtype: DType,
         send: Option<(Rank, *const u8, usize)>,
         recv: Option<(Rank, *mut u8, usize)>,
+    ) -> Result<Handle> {
+        // SAFETY: forwarded from the caller.
+        unsafe { self.post_sendrecv(dtype, send, recv, true) }
+    }
+
+    /// # Safety
+    /// As for [`Communicator::sendrecv_raw`].
+    unsafe fn post_sendrecv(
+        &self,
+        dtype: DType,
+        send: Option<(Rank, *const u8, usize)>,
+        recv: Option<(Rank, *mut u8, usize)>,
+        kick: bool,
     ) -> Result<Handle> {
         let es = dtype.size();
         let bytes = |c: usize| {
@@ -833,6 +889,7 @@ impl Communicator {
             &raw,
             sb,
             rb,
+            kick,
         )
     }
 
@@ -840,10 +897,11 @@ impl Communicator {
     pub fn send<T: Element>(&self, peer: Rank, data: &[T]) -> Result<()> {
         // SAFETY: the slice outlives the blocking wait.
         unsafe {
-            self.sendrecv_raw(
+            self.post_sendrecv(
                 T::DTYPE,
                 Some((peer, data.as_ptr().cast(), data.len())),
                 None,
+                false,
             )
         }?
         .wait()
@@ -853,10 +911,11 @@ impl Communicator {
     pub fn recv<T: Element>(&self, peer: Rank, data: &mut [T]) -> Result<()> {
         // SAFETY: the slice outlives the blocking wait.
         unsafe {
-            self.sendrecv_raw(
+            self.post_sendrecv(
                 T::DTYPE,
                 None,
                 Some((peer, data.as_mut_ptr().cast(), data.len())),
+                false,
             )
         }?
         .wait()
@@ -872,10 +931,11 @@ impl Communicator {
     ) -> Result<()> {
         // SAFETY: both slices outlive the blocking wait.
         unsafe {
-            self.sendrecv_raw(
+            self.post_sendrecv(
                 T::DTYPE,
                 Some((to, send.as_ptr().cast(), send.len())),
                 Some((from, recv.as_mut_ptr().cast(), recv.len())),
+                false,
             )
         }?
         .wait()
@@ -885,7 +945,7 @@ impl Communicator {
     fn run(&self, op: RawOp) -> Result<()> {
         // SAFETY: the safe wrappers below derive both pointers from slices whose
         // lengths they checked against the layout, and block until completion.
-        unsafe { self.submit_raw(op, None)? }.wait()
+        unsafe { self.run_raw(op, None) }
     }
 
     fn op<T: Element>(
@@ -1276,7 +1336,7 @@ fn describe_hosts(host_ids: &[&str]) -> String {
 impl Drop for Communicator {
     fn drop(&mut self) {
         let _ = self.tx.send(Msg::Shutdown);
-        let _ = self.waker.wake();
+        self.driver.kick();
         if let Some(t) = self.thread.take() {
             let _ = t.join();
         }

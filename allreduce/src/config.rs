@@ -103,6 +103,9 @@ pub struct Config {
     pub socket_ifname: Setting<Option<String>>,
     /// `GW_SPIN_US`: how long the engine polls before it sleeps.
     pub spin_us: Setting<u64>,
+    /// `GW_INLINE`: a caller blocked on its operation turns the engine
+    /// itself (1) or leaves it to the engine thread (0).
+    pub inline: Setting<bool>,
     /// `GW_SHM_SLOT_BYTES`: payload per shared-memory ring slot.
     pub shm_slot_bytes: Setting<usize>,
     /// `GW_SHM_SLOTS`: slots per shared-memory ring.
@@ -124,6 +127,7 @@ impl Default for Config {
             fusion_bytes: Setting::default(64 << 20),
             socket_ifname: Setting::default(None),
             spin_us: Setting::default(100),
+            inline: Setting::default(true),
             shm_slot_bytes: Setting::default(512 * 1024),
             shm_slots: Setting::default(8),
             shm_pull_bytes: Setting::default(gw_transport::shm::DEFAULT_PULL_BYTES),
@@ -237,6 +241,17 @@ impl Config {
             "microseconds",
         )?;
         env_override(
+            &mut self.inline,
+            "GW_INLINE",
+            env,
+            |v| match v {
+                "0" => Some(false),
+                "1" => Some(true),
+                _ => None,
+            },
+            "0 or 1",
+        )?;
+        env_override(
             &mut self.shm_slot_bytes,
             "GW_SHM_SLOT_BYTES",
             env,
@@ -275,6 +290,7 @@ impl Config {
             line("GW_FUSION_BYTES", &self.fusion_bytes),
             line("GW_SOCKET_IFNAME", &self.socket_ifname),
             line("GW_SPIN_US", &self.spin_us),
+            line("GW_INLINE", &self.inline),
             line("GW_SHM_SLOT_BYTES", &self.shm_slot_bytes),
             line("GW_SHM_SLOTS", &self.shm_slots),
             line("GW_SHM_PULL_BYTES", &self.shm_pull_bytes),

@@ -1,15 +1,18 @@
-//! The progress engine: one thread per communicator that owns the transports
-//! and runs operations' schedules.
+//! The progress engine: the transports and the operations' schedules of one
+//! communicator.
 //!
-//! Callers submit operations through a channel and wake the engine through a
-//! `mio::Waker`; the engine runs them one at a time in submission order (the
-//! order every rank agrees on), carrying out each [`Action`] of the schedule
-//! over the transport that reaches the peer. Because the engine makes progress
-//! on its own, a non-blocking collective advances while the caller computes.
+//! Callers submit operations through a channel; the engine runs them one at
+//! a time in submission order (the order every rank agrees on), carrying out
+//! each [`Action`] of the schedule over the transport that reaches the peer.
+//! Who turns the engine is `drive.rs`'s business: its own thread, so that a
+//! non-blocking collective advances while the caller computes, or a caller
+//! blocked on its operation, which saves the hand-offs between threads.
+//! [`Engine::turn`] is one round of work, the same whoever does it.
 //!
-//! Waiting is spin-then-sleep: after `spin_us` without progress the engine asks
-//! every transport to arm its wakeups and blocks in one `mio::Poll`, so an idle
-//! communicator costs no CPU, and more ranks than cores still make progress.
+//! Waiting is spin-then-sleep: after `spin_us` without progress the engine's
+//! thread asks every transport to arm its wakeups and blocks in one
+//! `mio::Poll`, so an idle communicator costs no CPU, and more ranks than
+//! cores still make progress.
 //!
 //! Any transport error is fatal to the communicator: the engine tells every
 //! connected peer (an abort frame), fails the running and queued operations,
@@ -50,11 +53,12 @@ pub fn stall_checks() -> u64 {
     STALL_CHECKS.load(Ordering::Relaxed)
 }
 
-/// A pointer into caller memory that the engine thread may use.
+/// A pointer into caller memory that whoever turns the engine may use.
 #[derive(Clone, Copy, Debug)]
 pub(crate) struct Ptr(pub *mut u8);
 // SAFETY: the caller guarantees the memory stays valid until the operation's
-// completion is signalled, and only the engine thread touches it meanwhile.
+// completion is signalled, and only the thread turning the engine (one at a
+// time, under its lock) touches it meanwhile.
 unsafe impl Send for Ptr {}
 
 /// Completion state shared between the engine and a waiting caller.
@@ -113,6 +117,11 @@ impl Completion {
             }
             std::hint::spin_loop();
         }
+    }
+
+    /// Whether the operation finished (without taking the lock).
+    pub fn is_ready(&self) -> bool {
+        self.ready.load(Ordering::Acquire)
     }
 
     /// The result if the operation finished.
@@ -202,6 +211,43 @@ struct Spare {
     blocked: VecDeque<Action>,
 }
 
+/// What one [`Engine::turn`] found.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Turn {
+    /// Something moved: turn again.
+    Moved,
+    /// Nothing moved, but not for `spin_us` yet: poll again soon.
+    Spin,
+    /// Nothing moved for `spin_us`: sleep in the poller, at most `timeout`.
+    /// `idle`: no operation at all (a submission is what ends the sleep).
+    Sleep {
+        timeout: Option<Duration>,
+        idle: bool,
+    },
+    /// Shut down: nothing is queued and the communicator is gone.
+    Exit,
+}
+
+/// Per driver: how long nothing has moved, and when the peers were checked.
+pub(crate) struct TurnState {
+    idle_since: Option<Instant>,
+    last_check: Instant,
+}
+
+impl TurnState {
+    pub fn new() -> TurnState {
+        TurnState {
+            idle_since: None,
+            last_check: Instant::now(),
+        }
+    }
+
+    /// After a sleep that a submission ended: spin again before the next one.
+    pub fn woke(&mut self) {
+        self.idle_since = None;
+    }
+}
+
 /// Static engine settings.
 pub(crate) struct EngineConfig {
     pub me: Rank,
@@ -213,10 +259,9 @@ pub(crate) struct EngineConfig {
     pub board: Option<Board>,
 }
 
-/// The engine state, owned by its thread.
+/// The engine state, turned by one thread at a time (see `drive.rs`).
 pub(crate) struct Engine {
     cfg: EngineConfig,
-    poll: Poll,
     transports: Vec<Box<dyn Transport>>,
     /// Transport index per peer rank.
     route: Vec<usize>,
@@ -234,14 +279,15 @@ pub(crate) struct Engine {
 }
 
 impl Engine {
-    /// Sets up the poller and attaches every transport to it.
+    /// Sets up the poller and attaches every transport to it. The poller
+    /// goes to the engine's thread, the only one that sleeps in it.
     pub fn new(
         cfg: EngineConfig,
         mut transports: Vec<Box<dyn Transport>>,
         route: Vec<usize>,
         rx: Receiver,
         abort: Arc<AtomicBool>,
-    ) -> Result<(Engine, Arc<Waker>)> {
+    ) -> Result<(Engine, Poll, Arc<Waker>)> {
         let poll = Poll::new().map_err(|e| Error::sys("epoll_create", "engine poller", e))?;
         let waker = Arc::new(
             Waker::new(poll.registry(), WAKER)
@@ -255,7 +301,6 @@ impl Engine {
         Ok((
             Engine {
                 cfg,
-                poll,
                 transports,
                 route,
                 connected: vec![false; n],
@@ -270,89 +315,146 @@ impl Engine {
                 schedules: ScheduleCache::new(sched_cache::MAX_ENTRIES, sched_cache::MAX_BYTES),
                 spare: Spare::default(),
             },
+            poll,
             waker,
         ))
     }
 
-    /// The engine thread's body.
-    pub fn run(mut self) {
-        let mut events = Events::with_capacity(64);
-        let mut idle_since: Option<Instant> = None;
-        let mut last_check = Instant::now();
-        loop {
-            self.drain_messages();
-            if self.abort.load(Ordering::Acquire) && self.failed.is_none() {
-                self.fail(Error::Aborted(
-                    "the communicator was aborted by the application".into(),
-                ));
+    /// One round of work: takes submissions, starts the next operation,
+    /// moves bytes and schedules, and checks on stalled operations. Says
+    /// what the driver should do next.
+    pub fn turn(&mut self, st: &mut TurnState) -> Turn {
+        self.drain_messages();
+        if self.abort.load(Ordering::Acquire) && self.failed.is_none() {
+            self.fail(Error::Aborted(
+                "the communicator was aborted by the application".into(),
+            ));
+        }
+        if self.current.is_none() {
+            self.start_next();
+        }
+        let now = Instant::now();
+        if self.current.is_none() && self.queue.is_empty() {
+            if self.shutting_down {
+                return Turn::Exit;
             }
-            if self.current.is_none() {
-                self.start_next();
-            }
-            if self.current.is_none() && self.queue.is_empty() {
-                if self.shutting_down {
-                    break;
-                }
-                // Idle: a training loop submits its next operation within
-                // microseconds of the last one finishing, so spin a little
-                // (watching the channel and the peers) before sleeping until a
-                // submission wakes us; a sleep and wake costs ~50 µs here.
-                let now = Instant::now();
-                let since = *idle_since.get_or_insert(now);
-                if now.duration_since(since) < self.cfg.spin {
-                    if self.cfg.oversubscribed {
-                        std::thread::yield_now();
-                    }
-                    self.poll_events(&mut events, Some(Duration::ZERO));
-                    continue;
-                }
-                self.sleep(&mut events, None);
-                idle_since = None;
-                continue;
-            }
-            let moved = match self.step() {
-                Ok(m) => m,
-                Err(e) => {
-                    self.fail(e);
-                    continue;
-                }
-            };
-            if moved {
-                idle_since = None;
-                continue;
-            }
-            let now = Instant::now();
-            let since = *idle_since.get_or_insert(now);
-            // Checks (the board is a store round trip, and allocates) wait
-            // until the operation has stalled: a failure elsewhere shows as a
-            // stall here, and operations that progress need no checking, so a
-            // steady-state step stays free of them. Past the deadline, check
-            // at once (the timeout is reported from there).
-            let stalled = now.duration_since(since) >= PEER_CHECK_EVERY
-                && now.duration_since(last_check) >= PEER_CHECK_EVERY;
-            let late = self.current.as_ref().is_some_and(|r| now >= r.deadline);
-            if stalled || late {
-                last_check = now;
-                STALL_CHECKS.fetch_add(1, Ordering::Relaxed);
-                if let Err(e) = self.check() {
-                    self.fail(e);
-                    continue;
-                }
-            }
+            // Idle: a training loop submits its next operation within
+            // microseconds of the last one finishing, so spin a little
+            // (watching the channel and the peers) before sleeping until a
+            // submission wakes us; a sleep and wake costs ~50 µs here.
+            let since = *st.idle_since.get_or_insert(now);
             if now.duration_since(since) < self.cfg.spin {
-                if self.cfg.oversubscribed {
-                    std::thread::yield_now();
-                }
-                self.poll_events(&mut events, Some(Duration::ZERO));
-                continue;
+                return Turn::Spin;
             }
-            let wait = self.current.as_ref().map(|r| {
+            return Turn::Sleep {
+                timeout: None,
+                idle: true,
+            };
+        }
+        match self.step() {
+            Ok(true) => {
+                st.idle_since = None;
+                return Turn::Moved;
+            }
+            Ok(false) => {}
+            Err(e) => {
+                let e = self.explain(e);
+                self.fail(e);
+                return Turn::Moved;
+            }
+        }
+        let since = *st.idle_since.get_or_insert(now);
+        // Checks (the board is a store round trip, and allocates) wait
+        // until the operation has stalled: a failure elsewhere shows as a
+        // stall here, and operations that progress need no checking, so a
+        // steady-state step stays free of them. Past the deadline, check
+        // at once (the timeout is reported from there).
+        let stalled = now.duration_since(since) >= PEER_CHECK_EVERY
+            && now.duration_since(st.last_check) >= PEER_CHECK_EVERY;
+        let late = self.current.as_ref().is_some_and(|r| now >= r.deadline);
+        if stalled || late {
+            st.last_check = now;
+            STALL_CHECKS.fetch_add(1, Ordering::Relaxed);
+            if let Err(e) = self.check() {
+                self.fail(e);
+                return Turn::Moved;
+            }
+        }
+        if now.duration_since(since) < self.cfg.spin {
+            return Turn::Spin;
+        }
+        Turn::Sleep {
+            timeout: self.current.as_ref().map(|r| {
                 r.deadline
                     .saturating_duration_since(now)
                     .min(PEER_CHECK_EVERY)
-            });
-            self.sleep(&mut events, wait);
+            }),
+            idle: false,
         }
+    }
+
+    /// Whether more threads than cores run ranks here (spinners should yield).
+    pub fn oversubscribed(&self) -> bool {
+        self.cfg.oversubscribed
+    }
+
+    /// Whether nothing is running or queued (submissions still in the
+    /// channel count as queued).
+    pub fn is_idle(&mut self) -> bool {
+        self.drain_messages();
+        self.current.is_none() && self.queue.is_empty()
+    }
+
+    /// Arms every transport's wakeups before the driver sleeps in the
+    /// poller; `false` if work is already waiting.
+    pub fn prepare_sleep(&mut self) -> bool {
+        let mut ok = true;
+        for t in &mut self.transports {
+            ok &= t.prepare_sleep();
+        }
+        ok
+    }
+
+    /// Disarms the wakeups again (after a sleep, or before a thread that
+    /// does not watch the poller drives: a peer would ring for nothing).
+    pub fn finish_sleep(&mut self) {
+        for t in &mut self.transports {
+            t.finish_sleep();
+        }
+    }
+
+    /// The driver does not watch the poller: have every transport look at
+    /// all its connections (see [`Transport::poke`]).
+    pub fn poke(&mut self) {
+        for t in &mut self.transports {
+            t.poke();
+        }
+    }
+
+    /// Hands the poller's events to the transports they belong to.
+    pub fn dispatch(&mut self, events: &Events) {
+        for ev in events.iter() {
+            if ev.token() == WAKER {
+                continue;
+            }
+            let idx = ev.token().0 >> 32;
+            if let Some(t) = self.transports.get_mut(idx)
+                && let Err(e) = t.on_event(ev)
+            {
+                self.fail(e);
+                return;
+            }
+        }
+    }
+
+    /// The poller failed: nothing can wait for the peers any more.
+    pub fn poll_failed(&mut self, e: std::io::Error) {
+        self.fail(Error::sys("epoll_wait", "engine poller", e));
+    }
+
+    /// Leaves the peers cleanly (close notices) once the communicator is gone.
+    pub fn close(&mut self) {
+        self.transports.clear();
     }
 
     fn drain_messages(&mut self) {
@@ -367,38 +469,6 @@ impl Engine {
                 }
                 Ok(Msg::Shutdown) | Err(TryRecvError::Disconnected) => self.shutting_down = true,
                 Err(TryRecvError::Empty) => break,
-            }
-        }
-    }
-
-    fn sleep(&mut self, events: &mut Events, timeout: Option<Duration>) {
-        let mut ok = true;
-        for t in &mut self.transports {
-            ok &= t.prepare_sleep();
-        }
-        self.poll_events(events, if ok { timeout } else { Some(Duration::ZERO) });
-        for t in &mut self.transports {
-            t.finish_sleep();
-        }
-    }
-
-    fn poll_events(&mut self, events: &mut Events, timeout: Option<Duration>) {
-        if let Err(e) = self.poll.poll(events, timeout) {
-            if e.kind() != std::io::ErrorKind::Interrupted {
-                self.fail(Error::sys("epoll_wait", "engine poller", e));
-            }
-            return;
-        }
-        for ev in events.iter() {
-            if ev.token() == WAKER {
-                continue;
-            }
-            let idx = ev.token().0 >> 32;
-            if let Some(t) = self.transports.get_mut(idx)
-                && let Err(e) = t.on_event(ev)
-            {
-                self.fail(e);
-                return;
             }
         }
     }
@@ -441,6 +511,19 @@ impl Engine {
             }
         }
         Ok(())
+    }
+
+    /// A peer's connection broke: if another rank posted a failure, that
+    /// is the cause (a rank that failed first closes its connections, so
+    /// its neighbours see a broken pipe before they hear why).
+    fn explain(&mut self, e: Error) -> Error {
+        if !matches!(e, Error::Remote { .. }) {
+            return e;
+        }
+        match self.cfg.board.as_mut().map(|b| b.failure()) {
+            Some(Ok(Some(why))) => Error::Aborted(format!("another rank failed: {why}")),
+            _ => e,
+        }
     }
 
     /// Reads failures posted by other ranks and, once the running operation

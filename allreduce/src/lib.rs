@@ -12,6 +12,7 @@ mod board;
 pub mod bootstrap;
 pub mod communicator;
 pub mod config;
+mod drive;
 pub mod element;
 mod engine;
 mod mailbox;

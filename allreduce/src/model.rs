@@ -140,6 +140,18 @@ impl CostModel {
                 let d = ceil_log2(n) as f64;
                 2.0 * d * (alpha + s * beta) + d * s * self.gamma
             }
+            Algo::Rd => {
+                // log2 p exchanges of everything, plus a fold and a
+                // hand-back when n is not a power of two.
+                let p = 1usize << (usize::BITS - 1 - n.leading_zeros());
+                let rounds = p.trailing_zeros() as f64;
+                let fold = if p == n {
+                    0.0
+                } else {
+                    2.0 * (alpha + s * beta) + s * self.gamma
+                };
+                rounds * (alpha + s * beta + s * self.gamma) + fold
+            }
             Algo::Hier => match shape.grid() {
                 Some((hosts, local)) => self.predict_hier(shape, hosts, local, bytes),
                 None => f64::INFINITY,
@@ -161,7 +173,7 @@ impl CostModel {
     }
 
     /// The fastest algorithm for `bytes` on `shape` and its predicted time.
-    /// Ties go to the earlier of rhd, tree, ring; rhd only on powers of two
+    /// Ties go to the earlier of rd, rhd, tree, ring; rhd only on powers of two
     /// from 4 ranks up. Hier competes only where the ranks span several hosts
     /// with several ranks on each (elsewhere it is a flat ring), and wins
     /// only when strictly faster.
@@ -179,14 +191,15 @@ impl CostModel {
     fn choose_flat(&self, shape: Shape, bytes: usize) -> (Algo, f64) {
         let n = shape.n;
         let mut best = (Algo::Ring, self.predict(shape, Algo::Ring, bytes));
-        if n <= 2 {
-            // One exchange each way: the ring is already optimal, the tree
-            // only adds a hop.
-            return best;
-        }
-        let mut candidates = vec![Algo::Tree];
+        // On two ranks the tree only adds a hop to the ring; rd (one
+        // exchange) still saves one for small messages.
+        let mut candidates = if n <= 2 {
+            vec![Algo::Rd]
+        } else {
+            vec![Algo::Rd, Algo::Tree]
+        };
         if n >= 4 && n.is_power_of_two() {
-            candidates.insert(0, Algo::Rhd);
+            candidates.insert(1, Algo::Rhd);
         }
         for a in candidates.into_iter().rev() {
             let t = self.predict(shape, a, bytes);
@@ -279,24 +292,55 @@ mod tests {
     use super::*;
 
     #[test]
-    fn two_ranks_always_use_the_ring() {
+    fn two_ranks_use_one_exchange_for_small_messages_and_the_ring_for_large() {
         let m = CostModel::default();
-        for bytes in [0, 8, 4096, 1 << 20, 1 << 28] {
-            for kind in [LinkKind::Tcp, LinkKind::Shm] {
+        for kind in [LinkKind::Tcp, LinkKind::Shm] {
+            for bytes in [0, 8, 4096] {
+                assert_eq!(
+                    m.choose(Shape::flat(kind, 2), bytes).0,
+                    Algo::Rd,
+                    "{bytes} B"
+                );
+            }
+            for bytes in [1 << 20, 1 << 28] {
                 assert_eq!(
                     m.choose(Shape::flat(kind, 2), bytes).0,
                     Algo::Ring,
                     "{bytes} B"
                 );
             }
+            // Never the tree on two ranks: it only adds a hop to the ring.
+            for bytes in [0, 8, 4096, 1 << 20, 1 << 28] {
+                assert_ne!(m.choose(Shape::flat(kind, 2), bytes).0, Algo::Tree);
+            }
         }
+    }
+
+    #[test]
+    fn rd_prediction_counts_rounds_and_the_fold() {
+        let m = CostModel::default();
+        let Link { alpha, beta } = m.tcp;
+        let s = 1000.0;
+        let round = alpha + s * beta + s * m.gamma;
+        let t4 = m.predict(Shape::flat(LinkKind::Tcp, 4), Algo::Rd, 1000);
+        assert!((t4 - 2.0 * round).abs() < 1e-15, "{t4}");
+        // 6 = 4 + 2 folded: two rounds plus a fold and a hand-back.
+        let t6 = m.predict(Shape::flat(LinkKind::Tcp, 6), Algo::Rd, 1000);
+        let fold = 2.0 * (alpha + s * beta) + s * m.gamma;
+        assert!((t6 - (2.0 * round + fold)).abs() < 1e-15, "{t6}");
     }
 
     #[test]
     fn latency_bound_sizes_avoid_the_ring_on_many_ranks() {
         let m = CostModel::default();
-        assert_eq!(m.choose(Shape::flat(LinkKind::Tcp, 8), 8).0, Algo::Rhd);
-        assert_eq!(m.choose(Shape::flat(LinkKind::Tcp, 6), 8).0, Algo::Tree);
+        // log2 n messages in sequence (rd) against 2 log2 n (rhd, tree).
+        assert_eq!(m.choose(Shape::flat(LinkKind::Tcp, 8), 8).0, Algo::Rd);
+        assert_eq!(m.choose(Shape::flat(LinkKind::Tcp, 6), 8).0, Algo::Rd);
+        // Mid sizes: rd's log2 n full copies cost more than rhd's halving.
+        assert_eq!(
+            m.choose(Shape::flat(LinkKind::Tcp, 8), 256 << 10).0,
+            Algo::Rhd
+        );
         // Large messages: the tree sends the whole message d times.
         assert_eq!(
             m.choose(Shape::flat(LinkKind::Tcp, 6), 64 << 20).0,
@@ -372,11 +416,15 @@ mod tests {
     fn hier_is_chosen_across_hosts_when_cheaper() {
         let m = CostModel::default();
         // 2 hosts × 2 ranks, default numbers (shm faster than TCP in α and
-        // β): hier beats every flat algorithm over TCP at every size.
-        for bytes in [0, 8, 4096, 1 << 20, 64 << 20] {
+        // β): hier beats every flat algorithm from 1 MiB on; below, rd's two
+        // TCP messages beat hier's two shm and two TCP ones.
+        for bytes in [1 << 20, 64 << 20] {
             let (a, t) = m.choose(grid(2, 2), bytes);
             assert_eq!(a, Algo::Hier, "{bytes} B");
             assert_eq!(t, m.predict(grid(2, 2), Algo::Hier, bytes));
+        }
+        for bytes in [0, 8, 4096] {
+            assert_eq!(m.choose(grid(2, 2), bytes).0, Algo::Rd, "{bytes} B");
         }
         assert_eq!(m.choose(grid(3, 4), 64 << 20).0, Algo::Hier);
         // One host, or one rank per host: hier is a flat ring, never chosen.
@@ -395,7 +443,7 @@ mod tests {
             m.choose(Shape::flat(LinkKind::Tcp, 4), 64 << 20)
         );
         // Shared memory with a huge per-message cost: small messages go flat
-        // (rhd's 4 TCP messages beat 2 slow shm and 2 TCP ones), large ones
+        // (rd's 2 TCP messages beat 2 slow shm and 2 TCP ones), large ones
         // still hier, which sends half the bytes over TCP.
         let slow_shm = CostModel {
             shm: Link {
@@ -404,7 +452,7 @@ mod tests {
             },
             ..m
         };
-        assert_eq!(slow_shm.choose(grid(2, 2), 8).0, Algo::Rhd);
+        assert_eq!(slow_shm.choose(grid(2, 2), 8).0, Algo::Rd);
         assert_eq!(slow_shm.choose(grid(2, 2), 256 << 20).0, Algo::Hier);
     }
 

@@ -141,7 +141,7 @@ mod tests {
     #[test]
     fn a_rewound_schedule_runs_exactly_as_a_new_one() {
         let mut cache = ScheduleCache::new(4, MAX_BYTES);
-        for algo in [Algo::Ring, Algo::Tree, Algo::Rhd] {
+        for algo in [Algo::Ring, Algo::Tree, Algo::Rhd, Algo::Rd] {
             let key = (spec(1000), algo);
             let mut fresh = algo::build(&key.0, algo).expect("build");
             let want = drive(fresh.as_mut());

@@ -357,7 +357,7 @@ fn main() {
     let mut key = 0;
     for transport in [TransportChoice::Shm, TransportChoice::Tcp] {
         for world in [2u32, 3, 4] {
-            for algo in [Algo::Ring, Algo::Tree, Algo::Rhd] {
+            for algo in [Algo::Ring, Algo::Tree, Algo::Rhd, Algo::Rd] {
                 if algo == Algo::Rhd && !world.is_power_of_two() {
                     continue;
                 }

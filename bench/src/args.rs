@@ -46,7 +46,7 @@ options (nccl-tests' flags; sizes take K, M or G suffixes = 2^10, 2^20, 2^30):
                            floating-point type; allreduce, reduce_scatter and
                            reduce only)
   -r, --root R             root rank of broadcast and reduce (default 0)
-  -a, --algo ALGO          all-reduce algorithm: ring, tree, rhd, hier or auto
+  -a, --algo ALGO          all-reduce algorithm: ring, tree, rhd, rd, hier or auto
                            (default auto: the library's choice per size, which
                            GW_ALGO and GW_TREE_THRESHOLD steer)
   -J, --output_file FILE   also write the results as JSON to FILE (rank 0)
@@ -403,7 +403,7 @@ pub fn parse(args: &[String]) -> Result<Command, UsageError> {
                         Some(a) => Some(a),
                         None => {
                             return err(format!(
-                                "unknown algorithm '{v}' (ring, tree, rhd, hier, auto)"
+                                "unknown algorithm '{v}' (ring, tree, rhd, rd, hier, auto)"
                             ));
                         }
                     },

@@ -151,7 +151,9 @@ pub fn alloc<T: Value>(n: usize, what: &str) -> Result<Vec<T>, Fail> {
     Ok(v)
 }
 
-/// Submits `k` copies of `op` back to back and waits for all of them.
+/// Runs `k` copies of `op`, each a blocking call, as a training loop and
+/// MPI's own benchmarks call all-reduce (the calling thread turns the
+/// engine; see the communicator's `run_raw`).
 ///
 /// # Safety
 /// The buffers `op` points at must be valid for its layout and untouched by
@@ -162,24 +164,11 @@ pub unsafe fn launch(
     algo: Option<Algo>,
     k: usize,
 ) -> Result<(), Error> {
-    let mut handles = Vec::with_capacity(k);
-    let mut first = None;
     for _ in 0..k {
-        // SAFETY: forwarded from the caller; every handle is waited for below.
-        match unsafe { comm.submit_raw(op, algo) } {
-            Ok(h) => handles.push(h),
-            Err(e) => {
-                first = Some(e);
-                break;
-            }
-        }
+        // SAFETY: forwarded from the caller.
+        unsafe { comm.run_raw(op, algo) }?;
     }
-    for h in handles {
-        if let Err(e) = h.wait() {
-            first.get_or_insert(e);
-        }
-    }
-    first.map_or(Ok(()), Err)
+    Ok(())
 }
 
 struct Bench<'a, T: Value> {

@@ -197,7 +197,7 @@ typedef struct {
    */
   double weight;
   /**
-   * All-reduce algorithm to use, NUL-terminated ("auto", "ring", "tree", "rhd", "hier").
+   * All-reduce algorithm to use, NUL-terminated ("auto", "ring", "tree", "rhd", "rd", "hier").
    */
   char algo[16];
   /**

@@ -329,19 +329,15 @@ fn out<T>(p: *mut T, name: &str) -> CResult<()> {
     Ok(())
 }
 
-/// Validates and submits one collective.
-///
-/// # Safety
-/// The caller's buffers must satisfy the layout of `kind` until completion.
-unsafe fn submit(st: &CommState, op: RawOp) -> CResult<Handle> {
+/// Refuses a count no buffer can hold (before anything is queued).
+fn check_count(op: &RawOp) -> CResult<()> {
     if op.count > isize::MAX as usize {
         return fail(
             gwInvalidArgument,
             format!("invalid argument: count {} overflows", op.count),
         );
     }
-    // SAFETY: forwarded from the caller.
-    Ok(unsafe { st.comm.submit_raw(op, None) }?)
+    Ok(())
 }
 
 fn raw(kind: OpKind, dt: DType, op: RedOp, count: usize, send: *const u8, recv: *mut u8) -> RawOp {
@@ -371,14 +367,17 @@ fn run(
             unsafe { *r = std::ptr::null_mut() };
         }
         let op = mk(&st)?;
-        // SAFETY: the C caller promises the buffers per the header's contract.
-        let h = unsafe { submit(&st, op)? };
+        check_count(&op)?;
         match request {
             None => {
                 // No registry lock is held while blocking: gwCommAbort can run.
-                h.wait()?;
+                // SAFETY: the C caller promises the buffers per the header's
+                // contract until this call returns.
+                unsafe { st.comm.run_raw(op, None)? };
             }
             Some(r) => {
+                // SAFETY: as above, until the request completes.
+                let h = unsafe { st.comm.submit_raw(op, None)? };
                 let id = new_handle();
                 requests().lock().unwrap_or_else(|p| p.into_inner()).insert(
                     id,

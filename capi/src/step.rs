@@ -31,7 +31,7 @@ pub struct gwStepInfo {
     pub offset: u64,
     /// Gradient weight r_i = b_i / Σ b: pass it to `gwAllReduceWeighted`.
     pub weight: f64,
-    /// All-reduce algorithm to use, NUL-terminated ("auto", "ring", "tree", "rhd", "hier").
+    /// All-reduce algorithm to use, NUL-terminated ("auto", "ring", "tree", "rhd", "rd", "hier").
     pub algo: [c_char; 16],
     /// The planner's predicted step time in seconds, or NaN when unknown.
     pub predicted_step_s: f64,

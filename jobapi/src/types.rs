@@ -218,7 +218,7 @@ pub struct StepPlan {
     pub offset: u64,
     /// Gradient weight r_i = b_i / Σ b, for the weighted all-reduce.
     pub weight: f64,
-    /// All-reduce algorithm to use ("auto", "ring", "tree", "rhd", "hier").
+    /// All-reduce algorithm to use ("auto", "ring", "tree", "rhd", "rd", "hier").
     pub algo: String,
     /// Planner's predicted step time, seconds (None before it has fits).
     pub predicted_step_s: Option<f64>,

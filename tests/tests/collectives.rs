@@ -77,6 +77,9 @@ fn every_forced_all_reduce_algorithm() {
         ("tree", 3),
         ("tree", 5),
         ("rhd", 4),
+        // Recursive doubling with a fold (3 = 2 + 1) and without.
+        ("rd", 3),
+        ("rd", 4),
         ("ring", 8),
         // One host: hier's intra-host phases only (netns.rs runs it across hosts).
         ("hier", 4),

@@ -147,9 +147,7 @@ pub fn reduce_weighted(
     };
     // SAFETY: in-place all-reduce over `buf`, which is borrowed mutably for
     // the whole call and not touched until the handle has completed.
-    let h = unsafe { comm.submit_raw(op, Some(a)) }
-        .map_err(|e| format!("all-reducing the gradient ({algo}): {e}"))?;
-    h.wait()
+    unsafe { comm.run_raw(op, Some(a)) }
         .map_err(|e| format!("all-reducing the gradient ({algo}): {e}"))
 }
 

@@ -22,7 +22,7 @@
 //! into it; the immediate value arrives as a completion on the peer.
 
 use crate::error::{Error, Result};
-use crate::wire::{Fingerprint, FrameHeader};
+use crate::wire::{Fingerprint, FrameHeader, OpKind};
 
 /// A rank within a communicator.
 pub type Rank = u32;
@@ -66,6 +66,12 @@ impl Tag {
     /// the two ranks disagree about what they are doing.
     pub fn matches(&self, me: Rank, h: &FrameHeader, expected_total: u64) -> Result<bool> {
         if h.fp.comm_id != self.fp.comm_id || h.fp.seq != self.fp.seq {
+            return Ok(false);
+        }
+        // Point-to-point messages all share one sequence number and are told
+        // apart by their per-pair step alone: a frame of a later send (on
+        // another lane, say) is not a disagreement about this one.
+        if h.fp.op == OpKind::SendRecv && self.fp.op == OpKind::SendRecv && h.step != self.step {
             return Ok(false);
         }
         if h.fp != self.fp {
@@ -198,6 +204,11 @@ pub trait Transport: Send {
     /// Called after the engine wakes from the poller.
     fn finish_sleep(&mut self) {}
 
+    /// The next `progress` calls come from a thread that does not watch the
+    /// poller (a caller driving its own operation): check every connection
+    /// for work instead of only those the poller reported.
+    fn poke(&mut self) {}
+
     /// Checks, cheaply, that connected peers are still alive. Called a few
     /// times per second while an operation waits.
     fn check_peers(&mut self) -> Result<()> {
@@ -221,5 +232,65 @@ pub trait Transport: Send {
             "transport {} has no one-sided writes",
             self.properties().name
         )))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::wire::{DType, FrameKind, RedOp};
+
+    fn fp(op: OpKind, dtype: DType) -> Fingerprint {
+        Fingerprint {
+            comm_id: 9,
+            seq: if op == OpKind::SendRecv { u64::MAX } else { 4 },
+            op,
+            dtype,
+            redop: RedOp::None,
+            count: 0,
+            root: 0,
+        }
+    }
+
+    fn frame(fp: Fingerprint, step: u32) -> FrameHeader {
+        FrameHeader {
+            kind: FrameKind::Data,
+            src_rank: 1,
+            fp,
+            step,
+            offset: 0,
+            len: 8,
+            total: 8,
+        }
+    }
+
+    #[test]
+    fn a_later_point_to_point_message_of_another_type_is_not_a_mismatch() {
+        let want = Tag {
+            fp: fp(OpKind::SendRecv, DType::F64),
+            step: 5,
+        };
+        let later = frame(fp(OpKind::SendRecv, DType::U8), 6);
+        assert!(!want.matches(0, &later, 8).unwrap());
+        // The same step with another type is a real disagreement.
+        let same = frame(fp(OpKind::SendRecv, DType::U8), 5);
+        assert!(matches!(
+            want.matches(0, &same, 8),
+            Err(Error::Mismatch { .. })
+        ));
+        assert!(want.matches(0, &frame(want.fp, 5), 8).unwrap());
+    }
+
+    #[test]
+    fn a_collective_of_another_kind_in_the_same_slot_is_a_mismatch_at_any_step() {
+        let want = Tag {
+            fp: fp(OpKind::AllReduce, DType::F32),
+            step: 0,
+        };
+        let other = frame(fp(OpKind::Broadcast, DType::F32), 3);
+        assert!(matches!(
+            want.matches(0, &other, 8),
+            Err(Error::Mismatch { .. })
+        ));
     }
 }

@@ -54,12 +54,7 @@ impl Ring {
 
 /// Hierarchical all-reduce of `spec.count` elements (see the module comment).
 pub(super) fn allreduce(spec: &OpSpec) -> Result<DagSchedule> {
-    let (n, r, count, seg) = (
-        spec.nranks as usize,
-        spec.rank as usize,
-        spec.count,
-        spec.segment_elems,
-    );
+    let (n, r, count, seg) = spec.dims();
     let l_size = spec.local_size as usize;
     if l_size == 0 || !n.is_multiple_of(l_size) {
         return Err(Error::InvalidArgument(format!(

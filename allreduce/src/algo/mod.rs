@@ -154,6 +154,8 @@ pub enum Algo {
     /// Reduce-scatter within each host, all-reduce across hosts, all-gather
     /// within each host (needs [`OpSpec::local_size`]).
     Hier,
+    /// Recursive doubling: `log2 n` exchanges of the whole buffer (small messages).
+    Rd,
 }
 
 impl Algo {
@@ -163,6 +165,7 @@ impl Algo {
             Algo::Tree => "tree",
             Algo::Rhd => "rhd",
             Algo::Hier => "hier",
+            Algo::Rd => "rd",
         }
     }
 
@@ -172,6 +175,7 @@ impl Algo {
             "tree" => Some(Algo::Tree),
             "rhd" => Some(Algo::Rhd),
             "hier" => Some(Algo::Hier),
+            "rd" => Some(Algo::Rd),
             _ => None,
         }
     }
@@ -199,9 +203,23 @@ pub struct OpSpec {
     pub local_size: u32,
 }
 
+impl OpSpec {
+    /// World size, rank, element count and segment length, as `usize`: what
+    /// every schedule builder starts from.
+    pub(crate) fn dims(&self) -> (usize, usize, usize, usize) {
+        (
+            self.nranks as usize,
+            self.rank as usize,
+            self.count,
+            self.segment_elems,
+        )
+    }
+}
+
 mod coll;
 mod dag;
 mod hier;
+mod rd;
 mod rhd;
 mod ring;
 #[cfg(test)]
@@ -217,7 +235,7 @@ mod tree;
 ///
 /// | op | algorithm |
 /// |---|---|
-/// | all-reduce | ring (reduce-scatter + all-gather), double binary tree, recursive halving-doubling, or hierarchical (per host, then across hosts) |
+/// | all-reduce | ring (reduce-scatter + all-gather), double binary tree, recursive halving-doubling, recursive doubling, or hierarchical (per host, then across hosts) |
 /// | reduce-scatter, all-gather | ring |
 /// | broadcast, reduce | pipelined chain, or binary tree when the message has few segments |
 /// | barrier | dissemination (empty messages, ⌈log2 n⌉ rounds) |
@@ -241,6 +259,7 @@ pub fn build(spec: &OpSpec, algo: Algo) -> Result<Box<dyn Schedule>> {
             Algo::Tree => tree::allreduce(spec)?,
             Algo::Rhd => rhd::allreduce(spec)?,
             Algo::Hier => hier::allreduce(spec)?,
+            Algo::Rd => rd::allreduce(spec)?,
         },
         OpKind::ReduceScatter => ring::reduce_scatter(spec)?,
         OpKind::AllGather => ring::all_gather(spec)?,

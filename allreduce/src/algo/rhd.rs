@@ -19,12 +19,7 @@ use super::dag::{Alias, Builder, DEPTH, DagSchedule, Desc, check_steps, chunk, n
 use super::{Buf, Loc, OpSpec};
 
 pub(super) fn allreduce(spec: &OpSpec) -> Result<DagSchedule> {
-    let (n, r, count, seg) = (
-        spec.nranks as usize,
-        spec.rank as usize,
-        spec.count,
-        spec.segment_elems,
-    );
+    let (n, r, count, seg) = spec.dims();
     if !n.is_power_of_two() {
         return Err(Error::InvalidArgument(format!(
             "rhd needs a power-of-two world size, got {n} ranks"

@@ -805,10 +805,11 @@ fn run_case(case: &Case) -> Result<(), String> {
     check(case, &o)
 }
 
-const OPS: [(OpKind, Algo); 8] = [
+const OPS: [(OpKind, Algo); 9] = [
     (OpKind::AllReduce, Algo::Ring),
     (OpKind::AllReduce, Algo::Tree),
     (OpKind::AllReduce, Algo::Rhd),
+    (OpKind::AllReduce, Algo::Rd),
     (OpKind::ReduceScatter, Algo::Ring),
     (OpKind::AllGather, Algo::Ring),
     (OpKind::Broadcast, Algo::Ring),
@@ -923,6 +924,11 @@ fn matrix_tree_allreduce() {
 #[test]
 fn matrix_rhd_allreduce() {
     matrix(OpKind::AllReduce, Algo::Rhd, &COUNTS);
+}
+
+#[test]
+fn matrix_rd_allreduce() {
+    matrix(OpKind::AllReduce, Algo::Rd, &COUNTS);
 }
 
 #[test]
@@ -1730,7 +1736,7 @@ fn invalid_arguments() {
         )
         .contains("segments")
     );
-    for algo in [Algo::Ring, Algo::Tree, Algo::Rhd] {
+    for algo in [Algo::Ring, Algo::Tree, Algo::Rhd, Algo::Rd] {
         let one = OpSpec { nranks: 1, ..spec };
         assert!(build(&one, algo).is_ok());
         assert!(build(&OpSpec { count: 0, ..one }, algo).unwrap().is_done());

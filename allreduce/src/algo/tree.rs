@@ -94,12 +94,7 @@ pub(super) fn dtree(n: usize, rank: usize, t: usize) -> Node {
 
 /// Double-binary-tree all-reduce, `n >= 2`.
 pub(super) fn allreduce(spec: &OpSpec) -> Result<DagSchedule> {
-    let (n, r, count, seg) = (
-        spec.nranks as usize,
-        spec.rank as usize,
-        spec.count,
-        spec.segment_elems,
-    );
+    let (n, r, count, seg) = spec.dims();
     let half = count.div_ceil(2);
     let halves = [(0, half), (half, count - half)];
     let m = nsegs(half, seg);

@@ -77,10 +77,10 @@ pub fn submission(req: &SubmitRequest) -> ApiResult<()> {
         }
     }
     if let Some((_, algo)) = req.env.iter().rev().find(|(k, _)| k == "GW_ALGO")
-        && !["auto", "ring", "tree", "rhd", "hier"].contains(&algo.as_str())
+        && !["auto", "ring", "tree", "rhd", "rd", "hier"].contains(&algo.as_str())
     {
         return bad(format!(
-            "env: GW_ALGO = {algo:?} is not one of auto, ring, tree, rhd, hier"
+            "env: GW_ALGO = {algo:?} is not one of auto, ring, tree, rhd, rd, hier"
         ));
     }
     Ok(())

@@ -1040,6 +1040,17 @@ impl Transport for TcpTransport {
         Ok(moved)
     }
 
+    fn poke(&mut self) {
+        // A lane wrongly marked ready costs one read or write that would
+        // block, and clears the mark again.
+        for conn in self.conns.values_mut() {
+            for lane in conn.lanes.iter_mut().flatten() {
+                lane.readable = true;
+                lane.writable = true;
+            }
+        }
+    }
+
     fn on_event(&mut self, event: &mio::event::Event) -> Result<()> {
         let off = event.token().0 - self.token_base;
         if off == 0 {

@@ -1,0 +1,182 @@
+//! Who turns the engine: its own thread, or a caller blocked on an operation.
+//!
+//! With only an engine thread, every blocking operation crosses threads
+//! twice: the caller queues it and sleeps, the engine thread runs it and
+//! wakes the caller. On this kind of machine each crossing costs a futex wake
+//! and a context switch (tens of microseconds, most of an 8-byte
+//! all-reduce), and with more ranks than cores the two threads of a rank
+//! fight for the same core. So a caller that blocks on its operation turns
+//! the engine itself, as an MPI library does in `MPI_Wait`, for as long as
+//! something moves; the engine thread stays parked meanwhile. When nothing
+//! has moved for `spin_us` the caller hands over (kicks the engine thread,
+//! which sleeps in the poller until the peers send) and waits.
+//!
+//! The [`Engine`] sits behind one mutex; whoever holds it turns the engine,
+//! so operations still run one at a time in submission order whichever
+//! thread runs them. The engine thread never holds the lock while it sleeps
+//! in the poller, and parks (off the poller) while a caller drives.
+//! `GW_INLINE=0` turns caller driving off.
+
+use crate::engine::{Completion, Engine, Turn, TurnState};
+use mio::{Events, Poll, Waker};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard};
+use std::time::Duration;
+
+/// The longest the parked engine thread waits before it looks again by
+/// itself (a caller that drove to the end of its operation does not wake
+/// it, so an idle communicator does not pay for a wake-up per operation).
+const PARK_MAX: Duration = Duration::from_millis(50);
+
+/// The engine and what its drivers share.
+pub(crate) struct Driver {
+    engine: Mutex<Engine>,
+    /// Callers driving right now; the engine thread parks while any are.
+    driving: AtomicUsize,
+    /// Set by [`Driver::kick`]; the parked engine thread waits on `unpark`.
+    kicked: Mutex<bool>,
+    unpark: Condvar,
+    waker: Arc<Waker>,
+    /// Callers drive their blocking operations (`GW_INLINE`).
+    inline: bool,
+}
+
+impl Driver {
+    pub fn new(engine: Engine, waker: Arc<Waker>, inline: bool) -> Arc<Driver> {
+        Arc::new(Driver {
+            engine: Mutex::new(engine),
+            driving: AtomicUsize::new(0),
+            kicked: Mutex::new(false),
+            unpark: Condvar::new(),
+            waker,
+            inline,
+        })
+    }
+
+    fn lock(&self) -> MutexGuard<'_, Engine> {
+        // A panic while turning leaves the engine as consistent as any
+        // failure does; the next turn reports errors through completions.
+        self.engine.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Makes the engine thread look at the engine now: out of the poller
+    /// (its waker) and out of its parking spot.
+    pub fn kick(&self) {
+        *self.kicked.lock().unwrap_or_else(|p| p.into_inner()) = true;
+        self.unpark.notify_one();
+        // Only fails if the poller is gone, which the engine reports itself.
+        let _ = self.waker.wake();
+    }
+
+    /// Turns the engine from the calling thread until `done` is ready, for
+    /// as long as something keeps moving. Returns whether `done` is ready;
+    /// if not, the engine thread has been told to carry on.
+    pub fn drive(&self, done: &Completion) -> bool {
+        if done.is_ready() {
+            return true;
+        }
+        if !self.inline {
+            self.kick();
+            return false;
+        }
+        self.driving.fetch_add(1, Ordering::AcqRel);
+        let mut st = TurnState::new();
+        let mut first = true;
+        let finished = loop {
+            if done.is_ready() {
+                break true;
+            }
+            let mut e = self.lock();
+            if first {
+                // The engine thread may have armed the doorbells before it
+                // slept; peers need not ring them while we poll.
+                e.finish_sleep();
+                first = false;
+            }
+            e.poke();
+            let turn = e.turn(&mut st);
+            let oversubscribed = e.oversubscribed();
+            drop(e);
+            match turn {
+                Turn::Moved => {}
+                Turn::Spin if oversubscribed => std::thread::yield_now(),
+                Turn::Spin => std::hint::spin_loop(),
+                Turn::Sleep { .. } | Turn::Exit => break done.is_ready(),
+            }
+        };
+        self.driving.fetch_sub(1, Ordering::AcqRel);
+        // Work left behind (the operation stalled, or others were queued
+        // after it) is the engine thread's from here.
+        if !finished || !self.lock().is_idle() {
+            self.kick();
+        }
+        finished
+    }
+
+    /// Waits until kicked, or until no caller drives and `PARK_MAX` passed.
+    fn park(&self) {
+        let mut k = self.kicked.lock().unwrap_or_else(|p| p.into_inner());
+        if !*k {
+            k = self
+                .unpark
+                .wait_timeout(k, PARK_MAX)
+                .unwrap_or_else(|p| p.into_inner())
+                .0;
+        }
+        *k = false;
+    }
+}
+
+/// The engine thread's body: turns the engine whenever no caller does.
+pub(crate) fn engine_thread(driver: Arc<Driver>, mut poll: Poll) {
+    let mut events = Events::with_capacity(64);
+    let mut st = TurnState::new();
+    loop {
+        if driver.driving.load(Ordering::Acquire) > 0 {
+            driver.park();
+            st.woke();
+            continue;
+        }
+        let mut e = driver.lock();
+        let turn = e.turn(&mut st);
+        match turn {
+            Turn::Moved => {}
+            Turn::Exit => {
+                e.close();
+                return;
+            }
+            Turn::Spin => {
+                let oversubscribed = e.oversubscribed();
+                // Poll without the lock, so a caller can take over meanwhile.
+                drop(e);
+                if oversubscribed {
+                    std::thread::yield_now();
+                }
+                match poll.poll(&mut events, Some(Duration::ZERO)) {
+                    Ok(()) if events.is_empty() => {}
+                    Ok(()) => driver.lock().dispatch(&events),
+                    Err(err) if err.kind() == std::io::ErrorKind::Interrupted => {}
+                    Err(err) => driver.lock().poll_failed(err),
+                }
+            }
+            Turn::Sleep { timeout, idle } => {
+                let ready = e.prepare_sleep();
+                drop(e);
+                let res = poll.poll(
+                    &mut events,
+                    if ready { timeout } else { Some(Duration::ZERO) },
+                );
+                let mut e = driver.lock();
+                e.finish_sleep();
+                match res {
+                    Ok(()) => e.dispatch(&events),
+                    Err(err) if err.kind() == std::io::ErrorKind::Interrupted => {}
+                    Err(err) => e.poll_failed(err),
+                }
+                if idle {
+                    st.woke();
+                }
+            }
+        }
+    }
+}
