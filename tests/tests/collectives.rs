@@ -205,9 +205,10 @@ fn fused_small_tensors_equal_one_by_one_all_reduces() {
 fn every_rank_uses_rank_zeros_cost_model() {
     let dir = std::env::temp_dir().join(format!("gw-model-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
-    // Rank 0: expensive messages, so the tree (depth 3) beats the ring's 10
-    // steps for small sizes on 6 ranks. The others: free messages, where the
-    // ring always wins.
+    // Rank 0: expensive messages, so recursive doubling (two rounds, a fold
+    // and a hand-back) beats the tree (6 messages) and the ring's 10 steps
+    // for small sizes on 6 ranks. The others: free messages, where the ring
+    // always wins.
     let slow =
         "gradwire-model v1 tcp_alpha=1e-3 tcp_beta=1e-9 shm_alpha=1e-3 shm_beta=1e-9 gamma=1e-10";
     let fast = "gradwire-model v1 tcp_alpha=0 tcp_beta=1e-9 shm_alpha=0 shm_beta=1e-9 gamma=1e-10";
@@ -237,7 +238,7 @@ fn every_rank_uses_rank_zeros_cost_model() {
         .collect();
     let _ = std::fs::remove_dir_all(&dir);
     assert!(lines[0].contains("tcp_alpha=1e-3"), "{}", lines[0]);
-    assert!(lines[0].contains("8:tree"), "{}", lines[0]);
+    assert!(lines[0].contains("8:rd"), "{}", lines[0]);
     assert!(lines[0].contains("67108864:ring"), "{}", lines[0]);
     for (r, l) in lines.iter().enumerate() {
         assert_eq!(
