@@ -112,6 +112,8 @@ pub struct Config {
     pub shm_slots: Setting<usize>,
     /// `GW_SHM_PULL_BYTES`: shared-memory messages from this size on are
     /// copied once, by the receiver, out of the sender's process (0: never).
+    /// Left at its default, it applies only where a host runs more ranks
+    /// than it has cores (see `communicator::shm_pull_bytes`).
     pub shm_pull_bytes: Setting<usize>,
 }
 

@@ -28,7 +28,7 @@ use gw_transport::wire::Fingerprint;
 use gw_transport::{Error, MemHandle, Rank, Request, Result, Tag, Transport};
 use mio::{Events, Poll, Token, Waker};
 use std::collections::VecDeque;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 use std::sync::mpsc::TryRecvError;
 use std::sync::{Arc, Condvar, Mutex};
 use std::time::{Duration, Instant};
@@ -71,6 +71,9 @@ pub(crate) struct Completion {
     state: Mutex<Option<Result<()>>>,
     cv: Condvar,
     ready: AtomicBool,
+    /// Callers blocked on `cv` (changed under `state`'s lock): a finished
+    /// operation nobody sleeps on costs no futex wake.
+    sleepers: AtomicU32,
     spin: Duration,
 }
 
@@ -96,7 +99,12 @@ impl Completion {
             *g = Some(r);
         }
         self.ready.store(true, Ordering::Release);
-        self.cv.notify_all();
+        // Read under the lock: a waiter registers under it before it sleeps.
+        let wake = self.sleepers.load(Ordering::Relaxed) > 0;
+        drop(g);
+        if wake {
+            self.cv.notify_all();
+        }
     }
 
     /// Spins until finished or the spin budget (capped by `deadline`) is spent.
@@ -134,16 +142,17 @@ impl Completion {
         let deadline = timeout.map(|t| Instant::now() + t);
         self.spin_until_ready(deadline);
         let mut g = self.state.lock().unwrap_or_else(|p| p.into_inner());
-        loop {
+        self.sleepers.fetch_add(1, Ordering::Relaxed);
+        let result = loop {
             if let Some(r) = g.as_ref() {
-                return Some(r.clone());
+                break Some(r.clone());
             }
             match deadline {
                 None => g = self.cv.wait(g).unwrap_or_else(|p| p.into_inner()),
                 Some(d) => {
                     let now = Instant::now();
                     if now >= d {
-                        return None;
+                        break None;
                     }
                     g = self
                         .cv
@@ -152,7 +161,9 @@ impl Completion {
                         .0;
                 }
             }
-        }
+        };
+        self.sleepers.fetch_sub(1, Ordering::Relaxed);
+        result
     }
 }
 
@@ -333,11 +344,11 @@ impl Engine {
         if self.current.is_none() {
             self.start_next();
         }
-        let now = Instant::now();
         if self.current.is_none() && self.queue.is_empty() {
             if self.shutting_down {
                 return Turn::Exit;
             }
+            let now = Instant::now();
             // Idle: a training loop submits its next operation within
             // microseconds of the last one finishing, so spin a little
             // (watching the channel and the peers) before sleeping until a
@@ -363,6 +374,9 @@ impl Engine {
                 return Turn::Moved;
             }
         }
+        // Read the clock only when nothing moved: a moving operation needs
+        // no timing, and the clock read costs as much as a small step.
+        let now = Instant::now();
         let since = *st.idle_since.get_or_insert(now);
         // Checks (the board is a store round trip, and allocates) wait
         // until the operation has stalled: a failure elsewhere shows as a

@@ -19,6 +19,7 @@ pub use unexpected::early_buffers_allocated;
 pub use wire::{DType, Fingerprint, FrameHeader, FrameKind, OpKind, RedOp};
 
 pub mod peers;
+mod reqmap;
 pub mod shm;
 pub mod store;
 pub mod tcp;

@@ -47,10 +47,11 @@ use self::ring::{CanPull, Consumer, Corrupt, MAX_PULLS, Producer, next_segment};
 use self::segment::{Layout, Opened, Segment, pid_alive, segment_path};
 use crate::error::{Error, Result};
 use crate::peers::PeerInfo;
+use crate::reqmap::{self, ReqMap};
 use crate::seam::{MemHandle, Properties, Rank, Readiness, Request, Tag, Transport};
 use crate::unexpected::Unexpected;
 use crate::wire::{DType, Fingerprint, FrameHeader, FrameKind, HEADER_LEN, OpKind, RedOp};
-use std::collections::{HashMap, VecDeque};
+use std::collections::VecDeque;
 use std::os::unix::net::SocketAddr;
 use std::sync::atomic::{Ordering, fence};
 
@@ -241,7 +242,7 @@ pub struct ShmTransport {
     peers: Vec<Peer>,
     regions: Vec<Option<Region>>,
     /// Outstanding and completed-but-untested requests: `true` once complete.
-    reqs: HashMap<u64, bool>,
+    reqs: ReqMap<bool>,
     next_req: u64,
     bell: Doorbell,
     token: Option<mio::Token>,
@@ -250,6 +251,9 @@ pub struct ShmTransport {
     /// The engine found nothing to do while a rendezvous send of ours waits:
     /// pull early messages instead of leaving them (see the module comment).
     stalled: bool,
+    /// The sleep flags in the rings are raised (`prepare_sleep`): clearing
+    /// them is a store to a line the peer reads, so only done when needed.
+    armed: bool,
 }
 
 impl ShmTransport {
@@ -308,12 +312,13 @@ impl ShmTransport {
             // Reserved: a table that grows when more requests than ever are
             // live at once would allocate in a steady-state step (hashbrown
             // rehashes in place while at most half full).
-            reqs: HashMap::with_capacity(crate::seam::REQS_RESERVED),
+            reqs: reqmap::with_capacity(crate::seam::REQS_RESERVED),
             next_req: 1,
             bell: Doorbell::new()?,
             token: None,
             aborted: false,
             stalled: false,
+            armed: false,
         })
     }
 
@@ -626,7 +631,7 @@ fn pump_sends(
     pull_bytes: usize,
     p: &mut Peer,
     bell: &mut Doorbell,
-    reqs: &mut HashMap<u64, bool>,
+    reqs: &mut ReqMap<bool>,
 ) -> Result<bool> {
     let Some(conn) = p.conn.as_mut() else {
         return Ok(false);
@@ -714,7 +719,7 @@ fn pump_sends(
 }
 
 /// Completes our rendezvous sends to `p` that the peer has pulled.
-fn reap_pulls(p: &mut Peer, reqs: &mut HashMap<u64, bool>) -> bool {
+fn reap_pulls(p: &mut Peer, reqs: &mut ReqMap<bool>) -> bool {
     let Some(conn) = p.conn.as_ref() else {
         return false;
     };
@@ -830,7 +835,7 @@ fn pump_recvs(
     eager: bool,
     p: &mut Peer,
     bell: &mut Doorbell,
-    reqs: &mut HashMap<u64, bool>,
+    reqs: &mut ReqMap<bool>,
 ) -> Result<bool> {
     let mut popped = false;
     loop {
@@ -1196,18 +1201,23 @@ impl Transport for ShmTransport {
             return !self.has_work();
         }
         self.set_sleep_flags(true);
+        self.armed = true;
         // Pairs with the fence a peer issues between publishing (or freeing) a
         // slot and reading our flag: either it sees the flag, or we see its slot.
         fence(Ordering::SeqCst);
         if self.has_work() {
             self.set_sleep_flags(false);
+            self.armed = false;
             return false;
         }
         true
     }
 
     fn finish_sleep(&mut self) {
-        self.set_sleep_flags(false);
+        if self.armed {
+            self.set_sleep_flags(false);
+            self.armed = false;
+        }
     }
 
     fn check_peers(&mut self) -> Result<()> {

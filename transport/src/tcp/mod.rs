@@ -14,6 +14,7 @@ pub use iface::{choose_bind_ip, interface_addrs};
 
 use crate::error::{Error, Result};
 use crate::peers::PeerInfo;
+use crate::reqmap::{self, ReqMap};
 use crate::seam::{MemHandle, Properties, Rank, Readiness, Request, Tag, Transport};
 use crate::unexpected::Unexpected;
 use crate::wire::{Fingerprint, FrameHeader, FrameKind, HEADER_LEN, OpKind, RedOp};
@@ -109,7 +110,7 @@ pub struct TcpTransport {
     incoming: Vec<Incoming>,
     mems: Vec<Option<(RawPtr, usize)>>,
     free_mems: Vec<u32>,
-    reqs: HashMap<u64, ReqState>,
+    reqs: ReqMap<ReqState>,
     next_req: u64,
     registry: Option<Registry>,
     token_base: usize,
@@ -160,7 +161,7 @@ impl TcpTransport {
             // Reserved: a table that grows when more requests than ever are
             // live at once would allocate in a steady-state step (hashbrown
             // rehashes in place while at most half full).
-            reqs: HashMap::with_capacity(crate::seam::REQS_RESERVED),
+            reqs: reqmap::with_capacity(crate::seam::REQS_RESERVED),
             next_req: 1,
             registry: None,
             token_base: 0,
@@ -466,7 +467,7 @@ impl TcpTransport {
         Ok(())
     }
 
-    fn complete_send_segment(reqs: &mut HashMap<u64, ReqState>, req: u64) {
+    fn complete_send_segment(reqs: &mut ReqMap<ReqState>, req: u64) {
         if let Some(st) = reqs.get_mut(&req)
             && let ReqState::Send { segments_left } = st
         {
