@@ -123,7 +123,10 @@ impl Default for Config {
             transport: Setting::default(TransportChoice::Auto),
             timeout: Setting::default(Duration::from_secs(60)),
             lanes: Setting::default(2),
-            segment_bytes: Setting::default(512 * 1024),
+            // 128 KiB: a segment and its scratch slot stay in a core's L2; on this
+            // 2-core VM it beat 512 KiB at 16-256 MiB over shm (2.0-2.7 vs
+            // 1.6-1.8 GB/s at 64 MiB) and steadied TCP at 1 MiB.
+            segment_bytes: Setting::default(128 * 1024),
             algo: Setting::default(None),
             tree_threshold: Setting::default(64 * 1024),
             fusion_bytes: Setting::default(64 << 20),
