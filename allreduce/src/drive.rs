@@ -24,9 +24,11 @@ use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::time::Duration;
 
 /// The longest the parked engine thread waits before it looks again by
-/// itself (a caller that drove to the end of its operation does not wake
-/// it, so an idle communicator does not pay for a wake-up per operation).
-const PARK_MAX: Duration = Duration::from_millis(50);
+/// itself. Everything that gives it work kicks it (a non-blocking
+/// submission, a caller handing over, abort, shutdown), so this is only a
+/// safety net; a caller that drove to the end of its operation does not wake
+/// it, so blocking calls never pay for a wake-up.
+const PARK_MAX: Duration = Duration::from_secs(1);
 
 /// The engine and what its drivers share.
 pub(crate) struct Driver {
@@ -113,7 +115,7 @@ impl Driver {
         finished
     }
 
-    /// Waits until kicked, or until no caller drives and `PARK_MAX` passed.
+    /// Waits until kicked, or until `PARK_MAX` passed.
     fn park(&self) {
         let mut k = self.kicked.lock().unwrap_or_else(|p| p.into_inner());
         if !*k {
@@ -159,7 +161,16 @@ pub(crate) fn engine_thread(driver: Arc<Driver>, mut poll: Poll) {
                     Err(err) => driver.lock().poll_failed(err),
                 }
             }
-            Turn::Sleep { timeout, idle } => {
+            Turn::Sleep { idle: true, .. } => {
+                // Nothing to run: park rather than sleep in the poller, where
+                // every frame a peer sends while a caller drives would wake
+                // this thread to fight the caller for the lock. Whatever
+                // needs the engine thread kicks it.
+                drop(e);
+                driver.park();
+                st.woke();
+            }
+            Turn::Sleep { timeout, .. } => {
                 let ready = e.prepare_sleep();
                 drop(e);
                 let res = poll.poll(
@@ -172,9 +183,6 @@ pub(crate) fn engine_thread(driver: Arc<Driver>, mut poll: Poll) {
                     Ok(()) => e.dispatch(&events),
                     Err(err) if err.kind() == std::io::ErrorKind::Interrupted => {}
                     Err(err) => e.poll_failed(err),
-                }
-                if idle {
-                    st.woke();
                 }
             }
         }
