@@ -1150,6 +1150,9 @@ impl Transport for ShmTransport {
             }
             let me = self.me;
             let p = &mut self.peers[i];
+            // Before the close check: a peer pulls our message, reports it,
+            // and may close right after; that send completed.
+            did |= reap_pulls(p, &mut self.reqs);
             if p.closed {
                 if !p.sends.is_empty() || !p.pulls_out.is_empty() {
                     return Err(p.closed_error(
@@ -1161,7 +1164,6 @@ impl Transport for ShmTransport {
             // Not counted as progress: no transfer moved.
             probe_peer(p);
             did |= pump_sends(me, self.cfg.pull_bytes, p, &mut self.bell, &mut self.reqs)?;
-            did |= reap_pulls(p, &mut self.reqs);
         }
         // Decided after the sends went out: only a send that is still stuck
         // makes early frames worth copying out of the rings.

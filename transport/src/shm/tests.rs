@@ -954,3 +954,32 @@ fn a_peer_that_cannot_be_read_gets_its_data_through_slots() {
     assert_eq!(dst, src);
     assert_eq!(a.peers[1].next_pull, 0, "no rendezvous frame was sent");
 }
+
+/// The receiver pulls a message, reports it, and shuts down at once: the
+/// sender reads the close notice and the report together, and its send
+/// completed (it is not "data still owed to a closed peer").
+#[test]
+fn a_peer_that_pulled_and_closed_completed_our_send() {
+    let (mut a, mut b) = pair_pull("pullclose", 2, 64, 16);
+    b.progress().unwrap();
+    let mut src = pattern(1000, 8);
+    let mut dst = vec![0u8; 1000];
+    let ms = reg(&mut a, &mut src);
+    let md = reg(&mut b, &mut dst);
+    let s = a.isend(1, tag(1, 0), ms, 0, 1000).unwrap();
+    let r = b.irecv(0, tag(1, 0), md, 0, 1000).unwrap();
+    // a posts the rendezvous frame; b pulls it and reports it.
+    a.progress().unwrap();
+    b.progress().unwrap();
+    assert!(b.test(r).unwrap());
+    assert_eq!(dst, src);
+    drop(b); // close notice
+    // As if a's previous progress call had looked for reports just before b
+    // made its one, and read the close notice after: a now knows b closed
+    // while its send still looks outstanding.
+    super::pump_recvs(0, false, &mut a.peers[1], &mut a.bell, &mut a.reqs).unwrap();
+    assert!(a.peers[1].closed);
+    assert_eq!(a.peers[1].pulls_out.len(), 1);
+    a.progress().unwrap();
+    assert!(a.test(s).unwrap());
+}
