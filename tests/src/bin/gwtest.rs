@@ -124,8 +124,13 @@ fn collectives(comm: &Communicator, args: &[String]) -> Result<String, String> {
         .into_iter()
         .filter(|c| c.count < 100_000 || big_only.as_ref().is_none_or(|d| d.contains(&c.dtype)))
         .collect();
+    run_cases(comm, &cases, "collectives")
+}
+
+/// Runs `cases` in order, checking every result, and says "`what` ok".
+fn run_cases(comm: &Communicator, cases: &[Case], what: &str) -> Result<String, String> {
     let mut wrong = 0;
-    for c in &cases {
+    for c in cases {
         let w = coll::run_case(comm, c)?;
         if w > 0 {
             println!("rank {}: {w} wrong elements in {c:?}", comm.rank());
@@ -136,7 +141,7 @@ fn collectives(comm: &Communicator, args: &[String]) -> Result<String, String> {
         return Err(format!("{wrong} wrong elements over {} cases", cases.len()));
     }
     Ok(format!(
-        "collectives ok: {} cases, transports {}",
+        "{what} ok: {} cases, transports {}",
         cases.len(),
         comm.transport_summary()
     ))
@@ -151,22 +156,7 @@ fn all_reduces(comm: &Communicator, args: &[String]) -> Result<String, String> {
         .into_iter()
         .filter(|c| c.kind == OpKind::AllReduce)
         .collect();
-    let mut wrong = 0;
-    for c in &cases {
-        let w = coll::run_case(comm, c)?;
-        if w > 0 {
-            println!("rank {}: {w} wrong elements in {c:?}", comm.rank());
-        }
-        wrong += w;
-    }
-    if wrong > 0 {
-        return Err(format!("{wrong} wrong elements over {} cases", cases.len()));
-    }
-    Ok(format!(
-        "all-reduce ok: {} cases, transports {}",
-        cases.len(),
-        comm.transport_summary()
-    ))
+    run_cases(comm, &cases, "all-reduce")
 }
 
 /// Several non-blocking operations outstanding at once, waited in reverse.
