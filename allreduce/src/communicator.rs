@@ -16,7 +16,7 @@ use crate::bootstrap::{Bootstrap, fnv1a};
 use crate::config::{Config, TransportChoice};
 use crate::drive::{Driver, engine_thread};
 use crate::element::Element;
-use crate::engine::{Completion, Engine, EngineConfig, Msg, OpDesc, Plan, Ptr};
+use crate::engine::{Completion, DirectOp, Engine, EngineConfig, Msg, OpDesc, Plan, Ptr};
 use crate::mailbox;
 use crate::model::{CostModel, LinkKind, Shape};
 use crate::reduce::Kernel;
@@ -81,6 +81,14 @@ impl Handle {
         }
         self.done.peek()
     }
+}
+
+/// What became of a validated collective.
+enum Submitted {
+    /// Run to the end by the caller (a small blocking all-reduce).
+    Done(Result<()>),
+    /// Queued for the engine.
+    Queued(Handle),
 }
 
 /// A non-blocking operation on buffers it owns until [`Pending::wait`]
@@ -157,8 +165,10 @@ pub struct Communicator {
     shape: Shape,
     /// How the ranks sit on hosts, for errors when hier cannot run.
     host_layout: String,
-    /// The last automatic choice (Algo as u8 + 1; 0: none yet), for logging.
-    last_auto: std::sync::atomic::AtomicU8,
+    /// The last automatic choice: `bytes << 8 | (Algo index + 1)`, 0 before
+    /// the first. A training loop asks about the same sizes over and over,
+    /// and evaluating the model costs as much as a small exchange.
+    last_auto: AtomicU64,
     _store_server: Option<StoreServer>,
 }
 
@@ -462,7 +472,7 @@ impl Communicator {
             fusion: Mutex::new(Vec::new()),
             caller_spin,
             model,
-            last_auto: std::sync::atomic::AtomicU8::new(0),
+            last_auto: AtomicU64::new(0),
             shape,
             host_layout,
             _store_server: store_server,
@@ -543,6 +553,36 @@ impl Communicator {
             };
         }
         self.model.choose(self.shape, bytes).0
+    }
+
+    /// The algorithm for an operation of `bytes` without one named: the
+    /// last choice again for the same size, else [`Communicator::choose_algo`],
+    /// logged when it changes.
+    fn auto_algo(&self, kind: OpKind, bytes: usize) -> Algo {
+        let last = self.last_auto.load(Ordering::Relaxed);
+        let code = |a: Algo| Algo::ALL.iter().position(|&x| x == a).unwrap_or(0) as u64 + 1;
+        if last & 0xff != 0 && last >> 8 == bytes as u64 {
+            return Algo::ALL[(last & 0xff) as usize - 1];
+        }
+        let a = self.choose_algo(bytes);
+        if bytes as u64 >> 56 == 0 {
+            self.last_auto
+                .store((bytes as u64) << 8 | code(a), Ordering::Relaxed);
+        }
+        if last & 0xff != code(a) {
+            let why = if self.cfg.algo.value.is_some() {
+                "forced by GW_ALGO".into()
+            } else {
+                self.describe_auto_algo()
+            };
+            gw_info!(
+                "{} of {bytes} B: {} (predicted {:.1} µs; {why})",
+                kind.name(),
+                a.name(),
+                self.predict_all_reduce(a, bytes) * 1e6,
+            );
+        }
+        a
     }
 
     /// The cost model's predicted seconds for an all-reduce of `bytes` with
@@ -648,7 +688,12 @@ impl Communicator {
     /// not be accessed by the caller, until the returned handle completes.
     pub unsafe fn submit_raw(&self, op: RawOp, algo: Option<Algo>) -> Result<Handle> {
         // SAFETY: forwarded from the caller.
-        unsafe { self.submit_collective(op, algo, true) }
+        match unsafe { self.submit_collective(op, algo, true) }? {
+            Submitted::Queued(h) => Ok(h),
+            Submitted::Done(_) => Err(Error::Internal(
+                "a non-blocking submission ran directly".into(),
+            )),
+        }
     }
 
     /// Runs a collective on raw memory and waits for it: the blocking form
@@ -658,9 +703,15 @@ impl Communicator {
     /// As for [`Communicator::submit_raw`], until this returns.
     pub unsafe fn run_raw(&self, op: RawOp, algo: Option<Algo>) -> Result<()> {
         // SAFETY: forwarded from the caller, who keeps the buffers until we return.
-        unsafe { self.submit_collective(op, algo, false) }?.wait()
+        match unsafe { self.submit_collective(op, algo, false) }? {
+            Submitted::Done(r) => r,
+            Submitted::Queued(h) => h.wait(),
+        }
     }
 
+    /// Validates `op` and hands it to the engine; a blocking call (`!kick`)
+    /// that qualifies runs directly instead (see `engine/direct.rs`).
+    ///
     /// # Safety
     /// As for [`Communicator::submit_raw`].
     unsafe fn submit_collective(
@@ -668,7 +719,7 @@ impl Communicator {
         op: RawOp,
         algo: Option<Algo>,
         kick: bool,
-    ) -> Result<Handle> {
+    ) -> Result<Submitted> {
         let n = self.size as usize;
         if op.kind == OpKind::SendRecv {
             return Err(Error::InvalidArgument(
@@ -728,25 +779,7 @@ impl Communicator {
         }
         let algo = match algo {
             Some(a) => a,
-            None => {
-                let a = self.choose_algo(bytes);
-                // Log when the automatic choice changes, not on every call.
-                let code = a as u8 + 1;
-                if self.last_auto.swap(code, Ordering::Relaxed) != code {
-                    let why = if self.cfg.algo.value.is_some() {
-                        "forced by GW_ALGO".into()
-                    } else {
-                        self.describe_auto_algo()
-                    };
-                    gw_info!(
-                        "{} of {bytes} B: {} (predicted {:.1} µs; {why})",
-                        op.kind.name(),
-                        a.name(),
-                        self.predict_all_reduce(a, bytes) * 1e6,
-                    );
-                }
-                a
-            }
+            None => self.auto_algo(op.kind, bytes),
         };
         if algo == Algo::Hier && op.kind == OpKind::AllReduce && self.shape.grid().is_none() {
             return Err(Error::InvalidArgument(format!(
@@ -780,6 +813,23 @@ impl Communicator {
                 0
             },
         };
+        if !kick
+            && algo == Algo::Rd
+            && let Some(rounds) = algo::direct_rounds(&spec)
+        {
+            let direct = DirectOp {
+                fp,
+                kernel,
+                send: Ptr(op.send as *mut u8),
+                recv: Ptr(op.recv),
+                count,
+                bytes,
+                rounds,
+            };
+            if let Some(r) = self.driver.run_direct(&direct) {
+                return Ok(Submitted::Done(r));
+            }
+        }
         self.submit(
             fp,
             Plan::Collective(spec, algo),
@@ -789,6 +839,7 @@ impl Communicator {
             recv_bytes,
             kick,
         )
+        .map(Submitted::Queued)
     }
 
     fn check_peer(&self, peer: Rank, what: &str) -> Result<()> {

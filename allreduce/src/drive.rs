@@ -17,7 +17,7 @@
 //! in the poller, and parks (off the poller) while a caller drives.
 //! `GW_INLINE=0` turns caller driving off.
 
-use crate::engine::{Completion, Engine, Turn, TurnState};
+use crate::engine::{Completion, DirectOp, Engine, Turn, TurnState};
 use mio::{Events, Poll, Waker};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
@@ -113,6 +113,28 @@ impl Driver {
             self.kick();
         }
         finished
+    }
+
+    /// Runs a small all-reduce from the calling thread, start to end, if the
+    /// engine is idle (see `engine/direct.rs`); `None` if it is not, or if
+    /// callers do not drive (`GW_INLINE=0`): then the caller submits it.
+    pub fn run_direct(&self, op: &DirectOp) -> Option<crate::Result<()>> {
+        if !self.inline {
+            return None;
+        }
+        self.driving.fetch_add(1, Ordering::AcqRel);
+        let mut e = self.lock();
+        // The engine thread may have armed the doorbells before it parked.
+        e.finish_sleep();
+        let res = e.run_direct(op);
+        let idle = e.is_idle();
+        drop(e);
+        self.driving.fetch_sub(1, Ordering::AcqRel);
+        // Submissions that came in meanwhile are the engine thread's.
+        if !idle {
+            self.kick();
+        }
+        res
     }
 
     /// Waits until kicked, or until `PARK_MAX` passed.

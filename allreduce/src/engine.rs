@@ -18,6 +18,10 @@
 //! connected peer (an abort frame), fails the running and queued operations,
 //! and fails every later one with the original cause.
 
+mod direct;
+
+pub(crate) use direct::DirectOp;
+
 use crate::algo::{Action, Algo, Buf, Loc, OpSpec, Schedule};
 use crate::board::Board;
 use crate::mailbox::Receiver;
@@ -488,16 +492,7 @@ impl Engine {
     }
 
     fn check(&mut self) -> Result<()> {
-        for i in 0..self.transports.len() {
-            if let Err(e) = self.transports[i].check_peers() {
-                // A peer that failed posts why before it exits; that cause
-                // explains its death better than the death itself.
-                if let Some(Ok(Some(why))) = self.cfg.board.as_mut().map(|b| b.failure()) {
-                    return Err(Error::Aborted(format!("another rank failed: {why}")));
-                }
-                return Err(e);
-            }
-        }
+        self.check_links()?;
         match self.check_board() {
             Ok(Some(e)) => return Err(e),
             Ok(None) => {}
@@ -527,6 +522,21 @@ impl Engine {
         Ok(())
     }
 
+    /// Asks every transport whether its peers are still alive.
+    fn check_links(&mut self) -> Result<()> {
+        for i in 0..self.transports.len() {
+            if let Err(e) = self.transports[i].check_peers() {
+                // A peer that failed posts why before it exits; that cause
+                // explains its death better than the death itself.
+                if let Some(Ok(Some(why))) = self.cfg.board.as_mut().map(|b| b.failure()) {
+                    return Err(Error::Aborted(format!("another rank failed: {why}")));
+                }
+                return Err(e);
+            }
+        }
+        Ok(())
+    }
+
     /// A peer's connection broke: if another rank posted a failure, that
     /// is the cause (a rank that failed first closes its connections, so
     /// its neighbours see a broken pipe before they hear why).
@@ -548,28 +558,8 @@ impl Engine {
         let (Some(board), Some(r)) = (self.cfg.board.as_mut(), self.current.as_mut()) else {
             return Ok(None);
         };
-        if let Some(why) = board.failure()? {
-            return Ok(Some(Error::Aborted(format!("another rank failed: {why}"))));
-        }
-        if r.op.fp.op == gw_transport::OpKind::SendRecv || Instant::now() < r.stalled_at {
-            return Ok(None);
-        }
-        if !r.posted {
-            board.post_doing(me, &r.op.fp)?;
-            r.posted = true;
-        }
-        let mine = r.op.fp.to_string();
-        for d in board.others(me)? {
-            if d.seq == r.op.fp.seq && d.what != mine {
-                return Ok(Some(Error::Mismatch {
-                    me,
-                    peer: d.rank,
-                    local: mine,
-                    remote: format!("is in {}", d.what),
-                }));
-            }
-        }
-        Ok(None)
+        let stalled = Instant::now() >= r.stalled_at;
+        compare_board(board, me, &r.op.fp, stalled, &mut r.posted)
     }
 
     /// What the other ranks posted, for timeout errors.
@@ -951,6 +941,41 @@ impl Engine {
         }
         self.failed = Some(e);
     }
+}
+
+/// Reads failures posted by other ranks and, once the operation `fp` has
+/// stalled, posts it (once, `posted`) and compares it with what the other
+/// ranks are doing. The outer error is the store failing; the inner one is
+/// the failure found.
+fn compare_board(
+    board: &mut Board,
+    me: Rank,
+    fp: &Fingerprint,
+    stalled: bool,
+    posted: &mut bool,
+) -> Result<Option<Error>> {
+    if let Some(why) = board.failure()? {
+        return Ok(Some(Error::Aborted(format!("another rank failed: {why}"))));
+    }
+    if fp.op == gw_transport::OpKind::SendRecv || !stalled {
+        return Ok(None);
+    }
+    if !*posted {
+        board.post_doing(me, fp)?;
+        *posted = true;
+    }
+    let mine = fp.to_string();
+    for d in board.others(me)? {
+        if d.seq == fp.seq && d.what != mine {
+            return Ok(Some(Error::Mismatch {
+                me,
+                peer: d.rank,
+                local: mine,
+                remote: format!("is in {}", d.what),
+            }));
+        }
+    }
+    Ok(None)
 }
 
 fn failed_earlier(e: &Error) -> Error {

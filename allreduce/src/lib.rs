@@ -15,6 +15,7 @@ pub mod config;
 mod drive;
 pub mod element;
 mod engine;
+pub mod local;
 mod mailbox;
 pub mod model;
 pub mod reduce;

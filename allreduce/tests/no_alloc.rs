@@ -26,8 +26,9 @@
 //! Every step's results are checked too, so a "zero allocations" result cannot
 //! come from operations that silently did nothing.
 
-use gw_allreduce::{Algo, Bootstrap, Communicator, Config, RedOp, TransportChoice};
-use gw_transport::store::{StoreConfig, StoreServer};
+use gw_allreduce::local::local_world;
+use gw_allreduce::{Algo, Communicator, RedOp, TransportChoice};
+use gw_transport::store::StoreServer;
 use std::alloc::{GlobalAlloc, Layout, System};
 use std::cell::Cell;
 use std::sync::Barrier;
@@ -209,43 +210,17 @@ fn comms(
     algo: Algo,
     key: &str,
 ) -> (StoreServer, Vec<Communicator>) {
-    let token = "no-alloc-test";
-    let addr = "127.0.0.1:0".parse().expect("address");
-    let store = StoreServer::start(addr, token, StoreConfig::default()).expect("store");
-    let store_addr = store.local_addr().to_string();
-    let handles: Vec<_> = (0..world)
-        .map(|r| {
-            let boot = Bootstrap {
-                rank: r,
-                world,
-                local_rank: r,
-                local_size: world,
-                store: store_addr.clone(),
-                token: token.into(),
-                job_id: format!("na{}{key}", std::process::id()),
-                host_store: false,
-                launcher: "test",
-                comm_key: Some(key.into()),
-            };
-            std::thread::spawn(move || {
-                let mut cfg = Config::default();
-                cfg.transport.set(transport);
-                cfg.algo.set(Some(algo));
-                cfg.segment_bytes.set(SEGMENT_BYTES);
-                cfg.shm_slot_bytes.set(SEGMENT_BYTES);
-                cfg.shm_slots.set(4);
-                // Room for the fused tensors but not for MEDIUM, which then
-                // goes through fusion's "too big, reduce on its own" path.
-                cfg.fusion_bytes.set(8 << 10);
-                Communicator::init(boot, cfg)
-            })
-        })
-        .collect();
-    let comms = handles
-        .into_iter()
-        .map(|h| h.join().expect("init thread").expect("communicator"))
-        .collect();
-    (store, comms)
+    local_world(world, key, |_, cfg| {
+        cfg.transport.set(transport);
+        cfg.algo.set(Some(algo));
+        cfg.segment_bytes.set(SEGMENT_BYTES);
+        cfg.shm_slot_bytes.set(SEGMENT_BYTES);
+        cfg.shm_slots.set(4);
+        // Room for the fused tensors but not for MEDIUM, which then
+        // goes through fusion's "too big, reduce on its own" path.
+        cfg.fusion_bytes.set(8 << 10);
+    })
+    .expect("communicators")
 }
 
 /// What one measured window saw.

@@ -4,43 +4,16 @@
 //! the batch unevenly, and combine with r_i = b_i / B exactly as the worker
 //! does, for the automatic algorithm and every forced one.
 
-use gw_allreduce::{Bootstrap, Communicator, Config, TransportChoice};
+use gw_allreduce::local::local_world;
+use gw_allreduce::{Communicator, TransportChoice};
 use gw_train::data::Dataset;
 use gw_train::mlp::Mlp;
 use gw_train::worker::{local_gradient, reduce_weighted};
-use gw_transport::store::{StoreConfig, StoreServer};
+use gw_transport::store::StoreServer;
 
 fn comms(world: u32, key: &str) -> (StoreServer, Vec<Communicator>) {
-    let token = "weighted-test";
-    let addr = "127.0.0.1:0".parse().expect("address");
-    let store = StoreServer::start(addr, token, StoreConfig::default()).expect("store");
-    let store_addr = store.local_addr().to_string();
-    let handles: Vec<_> = (0..world)
-        .map(|r| {
-            let boot = Bootstrap {
-                rank: r,
-                world,
-                local_rank: r,
-                local_size: world,
-                store: store_addr.clone(),
-                token: token.into(),
-                job_id: format!("wt{}{key}", std::process::id()),
-                host_store: false,
-                launcher: "test",
-                comm_key: Some(key.into()),
-            };
-            std::thread::spawn(move || {
-                let mut cfg = Config::default();
-                cfg.transport.set(TransportChoice::Tcp);
-                Communicator::init(boot, cfg)
-            })
-        })
-        .collect();
-    let comms = handles
-        .into_iter()
-        .map(|h| h.join().expect("init thread").expect("communicator"))
-        .collect();
-    (store, comms)
+    local_world(world, key, |_, cfg| cfg.transport.set(TransportChoice::Tcp))
+        .expect("communicators")
 }
 
 #[test]

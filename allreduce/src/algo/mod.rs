@@ -159,6 +159,9 @@ pub enum Algo {
 }
 
 impl Algo {
+    /// Every algorithm.
+    pub const ALL: [Algo; 5] = [Algo::Ring, Algo::Tree, Algo::Rhd, Algo::Hier, Algo::Rd];
+
     pub fn name(self) -> &'static str {
         match self {
             Algo::Ring => "ring",
@@ -220,6 +223,7 @@ mod coll;
 mod dag;
 mod hier;
 mod rd;
+pub(crate) use rd::direct_rounds;
 mod rhd;
 mod ring;
 #[cfg(test)]

@@ -59,6 +59,23 @@ fn real(v: usize, e: usize) -> u32 {
     (if v < e { 2 * v } else { v + e }) as u32
 }
 
+/// The rounds of an all-reduce whose schedule is nothing but `log2 n`
+/// exchanges of the whole buffer: a power-of-two world, one segment, no
+/// weight. Round `j` swaps with rank `rank ^ 2^j` under step `j + 1`, sends
+/// the input in round 0 and the partial sum (in `Recv`) after, and adds
+/// what it received to it. The engine runs such calls without the schedule
+/// (`engine/direct.rs`); `None` for any other call.
+pub(crate) fn direct_rounds(spec: &OpSpec) -> Option<u32> {
+    let (n, _, count, seg) = spec.dims();
+    let eligible = spec.op == gw_transport::OpKind::AllReduce
+        && n >= 2
+        && n.is_power_of_two()
+        && !spec.scaled
+        && count > 0
+        && count <= seg;
+    eligible.then(|| n.trailing_zeros())
+}
+
 pub(super) fn allreduce(spec: &OpSpec) -> Result<DagSchedule> {
     let (n, r, count, seg) = spec.dims();
     let p = 1usize << (usize::BITS - 1 - n.leading_zeros());
@@ -161,4 +178,92 @@ pub(super) fn allreduce(spec: &OpSpec) -> Result<DagSchedule> {
         }
     }
     Ok(b.finish())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::algo::{Action, Schedule};
+    use gw_transport::OpKind;
+
+    fn spec(n: u32, rank: u32, count: usize, seg: usize, scaled: bool) -> OpSpec {
+        OpSpec {
+            op: OpKind::AllReduce,
+            rank,
+            nranks: n,
+            count,
+            root: 0,
+            segment_elems: seg,
+            scaled,
+            local_size: 0,
+        }
+    }
+
+    /// The direct path's description of the rounds is the schedule's: walking
+    /// the DAG (completing each action as it comes) yields, per round, one
+    /// send of the whole buffer (input first, then the partial sum) and one
+    /// receive of it from `rank ^ 2^j` under step `j + 1`, and nothing else
+    /// that moves data.
+    #[test]
+    fn direct_rounds_are_the_schedules_rounds() {
+        for n in [2u32, 4, 8, 16] {
+            for count in [1usize, 7, 64] {
+                for rank in 0..n {
+                    let s = spec(n, rank, count, 64, false);
+                    let rounds = direct_rounds(&s).expect("eligible");
+                    assert_eq!(1u32 << rounds, n);
+                    let mut sched = allreduce(&s).expect("schedule");
+                    let (mut sends, mut recvs) = (Vec::new(), Vec::new());
+                    while !sched.is_done() {
+                        let a = sched
+                            .next_action()
+                            .expect("a DAG that is not done has work");
+                        match a {
+                            Action::Send {
+                                peer, step, src, ..
+                            } => {
+                                assert_eq!((src.offset, src.len), (0, count));
+                                sends.push((peer, step, src.buf));
+                            }
+                            Action::Recv {
+                                peer, step, dst, ..
+                            } => {
+                                assert_eq!(dst.len, count);
+                                recvs.push((peer, step));
+                            }
+                            Action::Reduce { .. } => {}
+                            Action::Copy { .. } => panic!("unexpected copy: {a:?}"),
+                        }
+                        sched.complete(a.id());
+                    }
+                    let want: Vec<_> = (0..rounds).map(|j| (rank ^ (1 << j), j + 1)).collect();
+                    let srcs: Vec<_> = sends.iter().map(|&(p, s, _)| (p, s)).collect();
+                    assert_eq!(srcs, want, "n={n} rank={rank} count={count}");
+                    assert_eq!(recvs, want, "n={n} rank={rank} count={count}");
+                    for (j, &(_, _, b)) in sends.iter().enumerate() {
+                        let want_buf = if j == 0 { Buf::Send } else { Buf::Recv };
+                        assert_eq!(b, want_buf, "round {j} sends from the wrong buffer");
+                    }
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn direct_rounds_refuse_what_the_schedule_does_otherwise() {
+        assert_eq!(direct_rounds(&spec(3, 0, 8, 64, false)), None, "fold");
+        assert_eq!(direct_rounds(&spec(6, 0, 8, 64, false)), None, "fold");
+        assert_eq!(
+            direct_rounds(&spec(4, 0, 65, 64, false)),
+            None,
+            "two segments"
+        );
+        assert_eq!(direct_rounds(&spec(4, 0, 8, 64, true)), None, "weighted");
+        assert_eq!(direct_rounds(&spec(4, 0, 0, 64, false)), None, "empty");
+        assert_eq!(direct_rounds(&spec(1, 0, 8, 64, false)), None, "alone");
+        let mut bcast = spec(4, 0, 8, 64, false);
+        bcast.op = OpKind::Broadcast;
+        assert_eq!(direct_rounds(&bcast), None, "not all-reduce");
+        assert_eq!(direct_rounds(&spec(4, 0, 64, 64, false)), Some(2));
+    }
 }

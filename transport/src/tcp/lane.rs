@@ -5,9 +5,12 @@
 //! The receive side reads a header, then reads the payload straight into the
 //! matching posted receive (zero-copy); a frame that arrives before its
 //! receive is posted is read into a pooled buffer (see `unexpected`).
+//! Small reads (a header, a small payload) also pull whatever follows into
+//! the lane's [`Stage`], so a small frame costs one `read` rather than two.
 
 use crate::wire::{FrameHeader, HEADER_LEN};
 use std::collections::VecDeque;
+use std::io::{self, IoSliceMut, Read};
 
 /// A raw pointer into registered memory, movable to the engine thread.
 #[derive(Clone, Copy, Debug)]
@@ -54,11 +57,73 @@ impl Rx {
             got: 0,
         }
     }
+
+    /// Between frames: nothing of the next one read yet.
+    pub fn at_frame_start(&self) -> bool {
+        matches!(self, Rx::Header { got: 0, .. })
+    }
 }
+
+/// Bytes read from a lane's socket ahead of the frame being parsed.
+///
+/// A read of fewer than `STAGE_LEN` bytes is a `readv` that also fills the
+/// stage, and later reads are served from the stage first. Larger reads go
+/// straight into their destination (the zero-copy payload path).
+pub(crate) struct Stage {
+    buf: Box<[u8]>,
+    start: usize,
+    end: usize,
+}
+
+/// Big enough for a header and a small message's payload; reading ahead into
+/// it costs a copy that is cheap next to the `read` it saves.
+pub(crate) const STAGE_LEN: usize = 16 * 1024;
+
+impl Stage {
+    pub fn new() -> Stage {
+        Stage {
+            buf: vec![0; STAGE_LEN].into_boxed_slice(),
+            start: 0,
+            end: 0,
+        }
+    }
+
+    /// Whether bytes wait here (the lane has input even if its socket has none).
+    pub fn pending(&self) -> bool {
+        self.start < self.end
+    }
+
+    /// Reads into `dst` (non-empty): staged bytes first, else from `sock`.
+    /// `Ok(0)` means the peer closed the connection.
+    pub fn read(&mut self, sock: &mut impl Read, dst: &mut [u8]) -> io::Result<usize> {
+        if self.pending() {
+            let n = (self.end - self.start).min(dst.len());
+            dst[..n].copy_from_slice(&self.buf[self.start..self.start + n]);
+            self.start += n;
+            return Ok(n);
+        }
+        if dst.len() >= STAGE_LEN {
+            return sock.read(dst);
+        }
+        let want = dst.len();
+        let n = sock.read_vectored(&mut [IoSliceMut::new(dst), IoSliceMut::new(&mut self.buf)])?;
+        if n > want {
+            self.start = 0;
+            self.end = n - want;
+            return Ok(want);
+        }
+        Ok(n)
+    }
+}
+
+/// Segments a lane's queue holds before it grows.
+const SENDQ_ROOM: usize = 64;
 
 /// A connected, authenticated socket.
 pub(crate) struct Lane {
     pub sock: mio::net::TcpStream,
+    /// Read ahead of `rx` (see [`Stage`]).
+    pub stage: Stage,
     pub readable: bool,
     pub writable: bool,
     pub sendq: VecDeque<OutSeg>,
@@ -71,9 +136,12 @@ impl Lane {
     pub fn new(sock: mio::net::TcpStream) -> Lane {
         Lane {
             sock,
+            stage: Stage::new(),
             readable: true,
             writable: true,
-            sendq: VecDeque::new(),
+            // Room for what a pipelined schedule keeps queued, so that a
+            // steady-state step does not grow it (see tests/no_alloc.rs).
+            sendq: VecDeque::with_capacity(SENDQ_ROOM),
             rx: Rx::new(),
             closed: false,
         }

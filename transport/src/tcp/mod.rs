@@ -18,12 +18,20 @@ use crate::reqmap::{self, ReqMap};
 use crate::seam::{MemHandle, Properties, Rank, Readiness, Request, Tag, Transport};
 use crate::unexpected::Unexpected;
 use crate::wire::{Fingerprint, FrameHeader, FrameKind, HEADER_LEN, OpKind, RedOp};
-use lane::{HELLO_LEN, Hello, Lane, OutSeg, RawPtr, Rx};
+use lane::{HELLO_LEN, Hello, Lane, OutSeg, RawPtr, Rx, Stage};
 use mio::net::{TcpListener, TcpStream};
 use mio::{Interest, Registry, Token};
 use std::collections::HashMap;
 use std::io::{self, IoSlice, Read, Write};
 use std::net::{IpAddr, SocketAddr};
+
+/// Messages up to this size travel on lane 0 (see `poke`): what one read
+/// into the lane's stage takes whole.
+const SMALL: usize = lane::STAGE_LEN - HEADER_LEN;
+
+/// How often `poke` has every lane read even when only small messages are
+/// expected.
+const SWEEP_EVERY: u32 = 16;
 
 /// Largest abort reason accepted from a peer.
 const MAX_ABORT_TEXT: u64 = 64 * 1024;
@@ -119,6 +127,8 @@ pub struct TcpTransport {
     next_token: usize,
     /// Set by `abort`: no registered memory is touched again.
     aborted: bool,
+    /// Calls of `poke`, for its sweeps.
+    pokes: u32,
 }
 
 impl TcpTransport {
@@ -168,6 +178,7 @@ impl TcpTransport {
             tokens: HashMap::new(),
             next_token: 1,
             aborted: false,
+            pokes: 0,
         })
     }
 
@@ -569,11 +580,12 @@ impl TcpTransport {
                     match &mut lane.rx {
                         Rx::Early { hdr, buf, got } => {
                             if *got < buf.len() {
-                                if !(lane.readable || always) {
+                                if !(lane.readable || always || lane.stage.pending()) {
                                     break;
                                 }
                                 match read_some(
                                     &mut lane.sock,
+                                    &mut lane.stage,
                                     &mut lane.readable,
                                     &mut buf[*got..],
                                     peer,
@@ -616,10 +628,10 @@ impl TcpTransport {
                             }
                         }
                         Rx::Header { buf, got } => {
-                            if lane.closed || !(lane.readable || always) {
+                            if lane.closed || !(lane.readable || always || lane.stage.pending()) {
                                 break;
                             }
-                            match lane.sock.read(&mut buf[*got..]) {
+                            match lane.stage.read(&mut lane.sock, &mut buf[*got..]) {
                                 Ok(0) => return Err(closed(peer, addr, *got > 0)),
                                 Ok(n) => {
                                     moved = true;
@@ -701,7 +713,7 @@ impl TcpTransport {
                         Rx::Payload { hdr, req, dst, got } => {
                             let len = hdr.len as usize;
                             if *got < len {
-                                if !(lane.readable || always) {
+                                if !(lane.readable || always || lane.stage.pending()) {
                                     break;
                                 }
                                 // SAFETY: dst + [0, len) lies within the posted receive's
@@ -711,6 +723,7 @@ impl TcpTransport {
                                 };
                                 match read_some(
                                     &mut lane.sock,
+                                    &mut lane.stage,
                                     &mut lane.readable,
                                     buf,
                                     peer,
@@ -740,7 +753,7 @@ impl TcpTransport {
                             let mut chunk = [0u8; 4096];
                             let take = (want - buf.len()).min(chunk.len());
                             if take > 0 {
-                                match lane.sock.read(&mut chunk[..take]) {
+                                match lane.stage.read(&mut lane.sock, &mut chunk[..take]) {
                                     Ok(0) => {}
                                     Ok(n) => {
                                         buf.extend_from_slice(&chunk[..n]);
@@ -805,13 +818,14 @@ fn start_payload(hdr: FrameHeader, p: &Posted) -> Rx {
 /// in, `None` means the socket has nothing now (and is marked not readable).
 fn read_some(
     sock: &mut TcpStream,
+    stage: &mut Stage,
     readable: &mut bool,
     buf: &mut [u8],
     peer: Rank,
     addr: &str,
 ) -> Result<Option<usize>> {
     loop {
-        match sock.read(buf) {
+        match stage.read(sock, buf) {
             Ok(0) => return Err(closed(peer, addr, true)),
             Ok(n) => return Ok(Some(n)),
             Err(e) if would_block(&e) => {
@@ -959,8 +973,14 @@ impl Transport for TcpTransport {
                 len: this as u64,
                 total: len as u64,
             };
-            let li = conn.next_lane % nl;
-            conn.next_lane = conn.next_lane.wrapping_add(1);
+            // Small messages all take lane 0, where a caller spinning on a
+            // small operation looks first (see `poke`); larger ones spread.
+            let li = if len <= SMALL {
+                0
+            } else {
+                conn.next_lane = conn.next_lane.wrapping_add(1);
+                conn.next_lane % nl
+            };
             if let Some(lane) = conn.lanes[li].as_mut() {
                 lane.sendq.push_back(OutSeg {
                     req,
@@ -1043,11 +1063,23 @@ impl Transport for TcpTransport {
 
     fn poke(&mut self) {
         // A lane wrongly marked ready costs one read or write that would
-        // block, and clears the mark again.
+        // block, and clears the mark again. (Spinning on reads beats
+        // spinning on poll(2) here: once the data is in, a read takes it in
+        // one call where poll needs a read after it.) While only small
+        // messages are expected, which all come on lane 0, the other lanes
+        // are read on every `SWEEP_EVERY`th poke only (frames nobody asked
+        // for yet may come there), so the spin reads the one socket that
+        // matters.
+        self.pokes = self.pokes.wrapping_add(1);
+        let sweep = self.pokes.is_multiple_of(SWEEP_EVERY);
         for conn in self.conns.values_mut() {
-            for lane in conn.lanes.iter_mut().flatten() {
-                lane.readable = true;
+            let all = sweep || conn.posted.iter().any(|p| p.len > SMALL);
+            for (i, lane) in conn.lanes.iter_mut().enumerate() {
+                let Some(lane) = lane else { continue };
                 lane.writable = true;
+                if all || i == 0 || !lane.rx.at_frame_start() {
+                    lane.readable = true;
+                }
             }
         }
     }

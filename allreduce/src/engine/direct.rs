@@ -1,0 +1,292 @@
+//! Small all-reduces carried out straight through by the calling thread.
+//!
+//! For a message of a few bytes the exchange itself takes a microsecond
+//! over shared memory, and the general path around it (queueing the
+//! operation, its completion, the schedule cache, registering both buffers,
+//! the engine's turn bookkeeping) costs more than that. MPI libraries answer
+//! small all-reduces from a dedicated path for the same reason. Here a
+//! blocking all-reduce that recursive doubling would run as one segment per
+//! round, on a power-of-two world and without a weight (see
+//! `algo::rd::direct_rounds`), is run by the caller under the engine's lock
+//! when the engine has nothing else to do: per round one send from the
+//! caller's buffer, one receive into scratch, one reduction into the result.
+//!
+//! The frames are exactly those of the rd schedule (same tags, same steps,
+//! same sizes), so a rank on this path and a rank running the schedule
+//! (its engine was busy, or `GW_INLINE=0`) still meet. A peer that is late
+//! is waited for by spinning for `spin_us`, then by short sleeps; failures,
+//! the timeout and disagreements are detected and reported as on the
+//! general path.
+
+use super::{Engine, PEER_CHECK_EVERY, Ptr, STALL, STALL_CHECKS, failed_earlier};
+use crate::reduce::Kernel;
+use gw_transport::wire::Fingerprint;
+use gw_transport::{Error, MemHandle, Rank, Result, Tag};
+use std::sync::atomic::Ordering;
+use std::time::{Duration, Instant};
+
+/// How long a caller waiting for a late peer sleeps between looks, once
+/// it spun for `spin_us`: about what a wake-up through the poller costs on
+/// a VM, and a few percent of a core while waiting.
+const NAP: Duration = Duration::from_micros(50);
+
+/// A small all-reduce for [`Engine::run_direct`].
+pub(crate) struct DirectOp {
+    pub fp: Fingerprint,
+    pub kernel: Kernel,
+    pub send: Ptr,
+    pub recv: Ptr,
+    /// Elements, and their size in bytes.
+    pub count: usize,
+    pub bytes: usize,
+    /// Recursive doubling rounds (log2 of the world size).
+    pub rounds: u32,
+}
+
+/// How long a direct operation has waited, for the checks the general path
+/// makes on stalled operations. The clock is read only once the operation
+/// waits, and then every [`CLOCK_EVERY`] idle turns: an exchange that does
+/// not wait reads it not at all (a read costs as much as the exchange).
+struct Waiting {
+    /// Whom the operation waits for, and how (for the timeout error).
+    peer: Rank,
+    what: &'static str,
+    /// Idle turns since something last moved.
+    idle_turns: u32,
+    clock: Option<Clock>,
+    posted: bool,
+}
+
+/// Set when the operation first waited; the deadline counts from there.
+struct Clock {
+    /// When something last moved (or the wait began).
+    since: Instant,
+    /// The last clock read.
+    last_look: Instant,
+    last_check: Instant,
+    deadline: Instant,
+    stalled_at: Instant,
+}
+
+const CLOCK_EVERY: u32 = 64;
+
+impl Engine {
+    /// Runs `op` now if the engine is idle; `None` if operations are queued
+    /// or running, which the caller's must follow (it submits it instead).
+    pub fn run_direct(&mut self, op: &DirectOp) -> Option<Result<()>> {
+        if !self.is_idle() {
+            return None;
+        }
+        if let Some(e) = &self.failed {
+            return Some(Err(failed_earlier(e)));
+        }
+        if self.abort.load(Ordering::Acquire) {
+            let e = Error::Aborted("the communicator was aborted by the application".into());
+            self.fail(e.clone());
+            return Some(Err(e));
+        }
+        let mut w = Waiting {
+            peer: 0,
+            what: "",
+            idle_turns: 0,
+            clock: None,
+            posted: false,
+        };
+        Some(self.direct(op, &mut w).map_err(|e| {
+            let e = self.explain(e);
+            self.fail(e.clone());
+            e
+        }))
+    }
+
+    fn direct(&mut self, op: &DirectOp, w: &mut Waiting) -> Result<()> {
+        self.ensure_scratch(op.bytes)?;
+        let me = self.cfg.me;
+        for j in 0..op.rounds {
+            let peer: Rank = me ^ (1 << j);
+            let t = self.direct_connect(op, peer, w)?;
+            let slot = self.scratch_handles[t]
+                .ok_or_else(|| Error::Internal("scratch used before it was registered".into()))?;
+            // Round 0 sends the caller's input, later rounds the partial sum.
+            let src = if j == 0 { op.send } else { op.recv };
+            // SAFETY: the caller keeps its buffers valid until we return; the
+            // registration is dropped below, before that.
+            let mem = unsafe { self.transports[t].register(src.0, op.bytes)? };
+            let tag = Tag {
+                fp: op.fp,
+                step: j + 1,
+            };
+            let res = self.direct_exchange(op, t, peer, tag, mem, slot, w);
+            // Fails only while the send is still posted, after an error
+            // that fails the communicator (the transports are aborted).
+            let _ = self.transports[t].deregister(mem);
+            res?;
+            let got = self.scratch.as_ptr().cast::<u8>();
+            // SAFETY: src and recv hold `count` elements (the caller's layout),
+            // scratch at least `bytes`; recv is src or disjoint from it.
+            unsafe {
+                op.kernel.reduce(
+                    op.recv.0,
+                    src.0,
+                    None,
+                    got,
+                    None,
+                    op.count,
+                    j + 1 == op.rounds,
+                )
+            };
+        }
+        Ok(())
+    }
+
+    /// The transport to `peer`, waiting for the connection if needed.
+    fn direct_connect(&mut self, op: &DirectOp, peer: Rank, w: &mut Waiting) -> Result<usize> {
+        loop {
+            if let Some(t) = self.ready_transport(peer)? {
+                return Ok(t);
+            }
+            let mut moved = false;
+            for tr in &mut self.transports {
+                moved |= tr.progress()?;
+            }
+            if !moved {
+                w.peer = peer;
+                w.what = "connecting to";
+                self.direct_wait(op, w)?;
+            }
+        }
+    }
+
+    /// One exchange of the whole buffer with `peer`.
+    #[allow(clippy::too_many_arguments)]
+    fn direct_exchange(
+        &mut self,
+        op: &DirectOp,
+        t: usize,
+        peer: Rank,
+        tag: Tag,
+        mem: MemHandle,
+        slot: MemHandle,
+        w: &mut Waiting,
+    ) -> Result<()> {
+        let sreq = self.transports[t].isend(peer, tag, mem, 0, op.bytes)?;
+        let rreq = self.transports[t].irecv(peer, tag, slot, 0, op.bytes)?;
+        let (mut sent, mut got) = (false, false);
+        loop {
+            let mut moved = false;
+            for tr in &mut self.transports {
+                tr.poke();
+                moved |= tr.progress()?;
+            }
+            if !sent && self.transports[t].test(sreq)? {
+                sent = true;
+                moved = true;
+            }
+            if !got && self.transports[t].test(rreq)? {
+                got = true;
+                moved = true;
+            }
+            if sent && got {
+                return Ok(());
+            }
+            if moved {
+                w.idle_turns = 0;
+                if let Some(c) = &mut w.clock {
+                    c.since = Instant::now();
+                }
+            } else {
+                w.peer = peer;
+                w.what = if got { "sending to" } else { "receiving from" };
+                self.direct_wait(op, w)?;
+            }
+        }
+    }
+
+    /// Nothing moved: spin, then nap; check on the peers and the board as
+    /// the general path does for a stalled operation, and time out.
+    fn direct_wait(&mut self, op: &DirectOp, w: &mut Waiting) -> Result<()> {
+        w.idle_turns = w.idle_turns.saturating_add(1);
+        if w.clock.is_none() || w.idle_turns.is_multiple_of(CLOCK_EVERY) {
+            self.direct_check(op, w)?;
+        }
+        let spun = w
+            .clock
+            .as_ref()
+            .is_some_and(|c| c.last_look.duration_since(c.since) >= self.cfg.spin);
+        if !spun {
+            if self.cfg.oversubscribed {
+                std::thread::yield_now();
+            } else {
+                std::hint::spin_loop();
+            }
+        } else {
+            std::thread::sleep(NAP);
+            // Each nap is long next to a clock read: look every time.
+            self.direct_check(op, w)?;
+        }
+        Ok(())
+    }
+
+    /// Reads the clock; checks on the peers and the board as the general
+    /// path does for a stalled operation, and times out.
+    fn direct_check(&mut self, op: &DirectOp, w: &mut Waiting) -> Result<()> {
+        let now = Instant::now();
+        let timeout = self.cfg.timeout;
+        let c = w.clock.get_or_insert_with(|| Clock {
+            since: now,
+            last_check: now,
+            last_look: now,
+            deadline: now + timeout,
+            stalled_at: now + (timeout / 8).min(STALL),
+        });
+        c.last_look = now;
+        let late = now >= c.deadline;
+        if !late
+            && (now.duration_since(c.since) < PEER_CHECK_EVERY
+                || now.duration_since(c.last_check) < PEER_CHECK_EVERY)
+        {
+            return Ok(());
+        }
+        c.last_check = now;
+        let stalled = now >= c.stalled_at;
+        STALL_CHECKS.fetch_add(1, Ordering::Relaxed);
+        self.check_links()?;
+        if let Some(e) = self.direct_board(op, stalled, &mut w.posted)? {
+            return Err(e);
+        }
+        if late {
+            let others = self.others_doing();
+            return Err(Error::Timeout {
+                secs: timeout.as_secs_f64(),
+                what: format!(
+                    "in {} on rank {}: {} rank {} ({} B, recursive doubling done by the caller){others}",
+                    op.fp, self.cfg.me, w.what, w.peer, op.bytes
+                ),
+            });
+        }
+        Ok(())
+    }
+
+    /// The board's view: a failure posted elsewhere, or (once stalled) a rank
+    /// doing something else under the same sequence number. The store
+    /// failing only stops the board from being used, as on the general path.
+    fn direct_board(
+        &mut self,
+        op: &DirectOp,
+        stalled: bool,
+        posted: &mut bool,
+    ) -> Result<Option<Error>> {
+        let me = self.cfg.me;
+        let Some(board) = self.cfg.board.as_mut() else {
+            return Ok(None);
+        };
+        match super::compare_board(board, me, &op.fp, stalled, posted) {
+            Ok(found) => Ok(found),
+            Err(e) => {
+                gw_transport::gw_warn!("cannot use the store to coordinate failures any more: {e}");
+                self.cfg.board = None;
+                Ok(None)
+            }
+        }
+    }
+}

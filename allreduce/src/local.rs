@@ -1,0 +1,53 @@
+//! Communicators of every rank of a world inside one process, one thread
+//! each, over a store on loopback: what tests and examples use to run real
+//! collectives (real sockets, real shared memory) without launching ranks.
+
+use crate::bootstrap::Bootstrap;
+use crate::communicator::Communicator;
+use crate::config::Config;
+use gw_transport::store::{StoreConfig, StoreServer};
+use gw_transport::{Error, Result};
+
+/// Brings up `world` communicators, rank `r` configured by `configure(r, cfg)`
+/// from the defaults. `key` tells apart the jobs of one process (shared
+/// memory segments and doorbells are named after it). The store must
+/// outlive the communicators.
+pub fn local_world(
+    world: u32,
+    key: &str,
+    configure: impl Fn(u32, &mut Config),
+) -> Result<(StoreServer, Vec<Communicator>)> {
+    let token = "local-world";
+    let addr = "127.0.0.1:0"
+        .parse()
+        .map_err(|e| Error::Internal(format!("loopback address: {e}")))?;
+    let store = StoreServer::start(addr, token, StoreConfig::default())?;
+    let store_addr = store.local_addr().to_string();
+    let handles: Vec<_> = (0..world)
+        .map(|r| {
+            let boot = Bootstrap {
+                rank: r,
+                world,
+                local_rank: r,
+                local_size: world,
+                store: store_addr.clone(),
+                token: token.into(),
+                job_id: format!("lw{}{key}", std::process::id()),
+                host_store: false,
+                launcher: "test",
+                comm_key: Some(key.into()),
+            };
+            let mut cfg = Config::default();
+            configure(r, &mut cfg);
+            std::thread::spawn(move || Communicator::init(boot, cfg))
+        })
+        .collect();
+    let mut comms = Vec::with_capacity(world as usize);
+    for (r, h) in handles.into_iter().enumerate() {
+        let c = h
+            .join()
+            .map_err(|_| Error::Internal(format!("rank {r}'s init thread panicked")))??;
+        comms.push(c);
+    }
+    Ok((store, comms))
+}
