@@ -73,6 +73,9 @@ pub(crate) struct Stage {
     buf: Box<[u8]>,
     start: usize,
     end: usize,
+    /// Whether small reads pull ahead: off while the lane carries large
+    /// frames, whose payload would only be copied out of the stage again.
+    pub ahead: bool,
 }
 
 /// Big enough for a header and a small message's payload; reading ahead into
@@ -85,6 +88,7 @@ impl Stage {
             buf: vec![0; STAGE_LEN].into_boxed_slice(),
             start: 0,
             end: 0,
+            ahead: true,
         }
     }
 
@@ -102,7 +106,7 @@ impl Stage {
             self.start += n;
             return Ok(n);
         }
-        if dst.len() >= STAGE_LEN {
+        if dst.len() >= STAGE_LEN || !self.ahead {
             return sock.read(dst);
         }
         let want = dst.len();

@@ -645,6 +645,10 @@ impl TcpTransport {
                                             addr: addr.clone(),
                                             what: format!("sent a bad frame: {e}"),
                                         })?;
+                                    // The next frame on this lane is likely of
+                                    // this one's kind: pull ahead only after
+                                    // small ones.
+                                    lane.stage.ahead = hdr.len as usize <= SMALL;
                                     if hdr.kind == FrameKind::Close {
                                         closed_lanes += 1;
                                         let all_closed = closed_lanes == nlanes;
