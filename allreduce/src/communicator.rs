@@ -800,9 +800,12 @@ impl Communicator {
         // The engine builds the schedule, or reuses the one of an earlier
         // identical call; bad arguments are refused here, at once.
         algo::check(&spec, algo)?;
-        let fp = Fingerprint {
+        // The sequence number is drawn just before the operation reaches the
+        // engine (by the direct path, under the engine's lock), so that the
+        // order of numbers is the order of arrival.
+        let mut fp = Fingerprint {
             comm_id: self.comm_id,
-            seq: self.seq.fetch_add(1, Ordering::Relaxed),
+            seq: 0,
             op: op.kind,
             dtype: op.dtype,
             redop,
@@ -817,7 +820,7 @@ impl Communicator {
             && algo == Algo::Rd
             && let Some(rounds) = algo::direct_rounds(&spec)
         {
-            let direct = DirectOp {
+            let mut direct = DirectOp {
                 fp,
                 kernel,
                 send: Ptr(op.send as *mut u8),
@@ -826,10 +829,11 @@ impl Communicator {
                 bytes,
                 rounds,
             };
-            if let Some(r) = self.driver.run_direct(&direct) {
+            if let Some(r) = self.driver.run_direct(&mut direct, &self.seq) {
                 return Ok(Submitted::Done(r));
             }
         }
+        fp.seq = self.seq.fetch_add(1, Ordering::Relaxed);
         self.submit(
             fp,
             Plan::Collective(spec, algo),

@@ -19,7 +19,7 @@
 
 use crate::engine::{Completion, DirectOp, Engine, Turn, TurnState};
 use mio::{Events, Poll, Waker};
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::time::Duration;
 
@@ -118,7 +118,7 @@ impl Driver {
     /// Runs a small all-reduce from the calling thread, start to end, if the
     /// engine is idle (see `engine/direct.rs`); `None` if it is not, or if
     /// callers do not drive (`GW_INLINE=0`): then the caller submits it.
-    pub fn run_direct(&self, op: &DirectOp) -> Option<crate::Result<()>> {
+    pub fn run_direct(&self, op: &mut DirectOp, seq: &AtomicU64) -> Option<crate::Result<()>> {
         if !self.inline {
             return None;
         }
@@ -126,12 +126,13 @@ impl Driver {
         let mut e = self.lock();
         // The engine thread may have armed the doorbells before it parked.
         e.finish_sleep();
-        let res = e.run_direct(op);
-        let idle = e.is_idle();
+        let res = e.run_direct(op, seq);
         drop(e);
         self.driving.fetch_sub(1, Ordering::AcqRel);
-        // Submissions that came in meanwhile are the engine thread's.
-        if !idle {
+        // Submissions that came in meanwhile are the engine thread's. Looked
+        // at after `driving` dropped: a kick before that may have found the
+        // engine thread about to park again.
+        if !self.lock().is_idle() {
             self.kick();
         }
         res

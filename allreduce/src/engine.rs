@@ -21,6 +21,8 @@
 mod direct;
 
 pub(crate) use direct::DirectOp;
+#[doc(hidden)]
+pub use direct::direct_calls;
 
 use crate::algo::{Action, Algo, Buf, Loc, OpSpec, Schedule};
 use crate::board::Board;

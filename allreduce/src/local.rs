@@ -42,12 +42,16 @@ pub fn local_world(
             std::thread::spawn(move || Communicator::init(boot, cfg))
         })
         .collect();
-    let mut comms = Vec::with_capacity(world as usize);
-    for (r, h) in handles.into_iter().enumerate() {
-        let c = h
-            .join()
-            .map_err(|_| Error::Internal(format!("rank {r}'s init thread panicked")))??;
-        comms.push(c);
-    }
+    // Every thread is joined before an error is returned, so no rank is
+    // left starting up in the background.
+    let results: Vec<Result<Communicator>> = handles
+        .into_iter()
+        .enumerate()
+        .map(|(r, h)| {
+            h.join()
+                .map_err(|_| Error::Internal(format!("rank {r}'s init thread panicked")))?
+        })
+        .collect();
+    let comms = results.into_iter().collect::<Result<Vec<_>>>()?;
     Ok((store, comms))
 }

@@ -4,10 +4,10 @@
 //! and when the peer never comes.
 
 use gw_allreduce::local::local_world;
-use gw_allreduce::{Algo, Communicator, Error, RedOp, TransportChoice};
+use gw_allreduce::{Algo, Communicator, Error, RedOp, TransportChoice, direct_calls};
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 /// Elements per segment: calls up to this many take the direct path.
 const SEGMENT_ELEMS: usize = 2048;
@@ -38,6 +38,16 @@ fn expected(n: u32, k: usize, i: usize) -> f32 {
     (0..n).map(|r| input(r, k, i)).sum()
 }
 
+/// Whether `x` is the result of `op` for element `i` of call `k`: sums of
+/// small integers are exact, averages within rounding of the division.
+fn right(op: RedOp, n: u32, k: usize, i: usize, x: f32) -> bool {
+    let sum = expected(n, k, i);
+    match op {
+        RedOp::Avg => (x - sum / n as f32).abs() <= 1e-6 * sum.abs().max(1.0),
+        _ => x == sum,
+    }
+}
+
 /// Each rank makes `calls` all-reduces of random sizes (the same sequence on
 /// every rank), some in place, some preceded by a non-blocking all-reduce
 /// still running (so that the blocking one queues behind it), and checks
@@ -53,6 +63,11 @@ fn run(comms: Vec<Communicator>, calls: usize, seed: u64) {
                 for k in 0..calls {
                     let count = rng.random_range(1..=SEGMENT_ELEMS + 64);
                     let in_place = rng.random_bool(0.3);
+                    let op = if rng.random_bool(0.25) {
+                        RedOp::Avg
+                    } else {
+                        RedOp::Sum
+                    };
                     let behind = rng.random_bool(0.2);
                     let pending = if behind {
                         let v: Vec<f32> = (0..count).map(|i| input(r, k + 1, i)).collect();
@@ -63,19 +78,19 @@ fn run(comms: Vec<Communicator>, calls: usize, seed: u64) {
                     let send: Vec<f32> = (0..count).map(|i| input(r, k, i)).collect();
                     let out = if in_place {
                         let mut b = send;
-                        c.all_reduce_in_place(&mut b, RedOp::Sum)
+                        c.all_reduce_in_place(&mut b, op)
                             .map_err(|e| format!("call {k}: {e}"))?;
                         b
                     } else {
                         let mut b = vec![0.0f32; count];
-                        c.all_reduce(&send, &mut b, RedOp::Sum)
+                        c.all_reduce(&send, &mut b, op)
                             .map_err(|e| format!("call {k}: {e}"))?;
                         b
                     };
                     for (i, &x) in out.iter().enumerate() {
-                        if x != expected(n, k, i) {
+                        if !right(op, n, k, i, x) {
                             return Err(format!(
-                                "rank {r} call {k} ({count} elements, in place {in_place}): element {i} is {x}, want {}",
+                                "rank {r} call {k} ({op:?} of {count} elements, in place {in_place}): element {i} is {x}, sum {}",
                                 expected(n, k, i)
                             ));
                         }
@@ -107,7 +122,16 @@ fn direct_ranks_meet_ranks_running_the_schedule() {
             // Rank 0 runs schedules; the others run small calls directly.
             let key = format!("mix{n}{transport:?}");
             let (_store, comms) = world(transport, n, &key, |r| r == 0);
+            let before = direct_calls();
             run(comms, 120, u64::from(n));
+            // Tests run in parallel threads, so only a lower bound holds:
+            // most of the other ranks' calls (those not queued behind a
+            // non-blocking one) went direct.
+            let direct = direct_calls() - before;
+            assert!(
+                direct >= 60 * u64::from(n - 1),
+                "{transport:?} n={n}: only {direct} direct calls"
+            );
         }
     }
 }
@@ -149,5 +173,35 @@ fn a_peer_that_never_calls_is_named_when_the_direct_call_times_out() {
     assert!(
         matches!(&again, Err(Error::Aborted(m)) if m.contains("failed earlier")),
         "{again:?}"
+    );
+}
+
+#[test]
+fn abort_from_another_thread_ends_a_waiting_direct_call() {
+    let (_store, comms) = local_world(2, "direct-abort", |_, cfg| {
+        cfg.transport.set(TransportChoice::Shm);
+        cfg.algo.set(Some(Algo::Rd));
+        cfg.timeout.set(Duration::from_secs(60));
+    })
+    .expect("communicators");
+    let c = &comms[0];
+    let start = Instant::now();
+    let res = std::thread::scope(|s| {
+        s.spawn(|| {
+            std::thread::sleep(Duration::from_millis(300));
+            c.abort();
+        });
+        let mut buf = [1.0f32; 2];
+        // Rank 1 never calls: only the abort can end this.
+        c.all_reduce_in_place(&mut buf, RedOp::Sum)
+    });
+    assert!(
+        matches!(&res, Err(Error::Aborted(m)) if m.contains("aborted by the application")),
+        "{res:?}"
+    );
+    assert!(
+        start.elapsed() < Duration::from_secs(30),
+        "abort took {:?}",
+        start.elapsed()
     );
 }

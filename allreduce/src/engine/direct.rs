@@ -22,13 +22,29 @@ use super::{Engine, PEER_CHECK_EVERY, Ptr, STALL, STALL_CHECKS, failed_earlier};
 use crate::reduce::Kernel;
 use gw_transport::wire::Fingerprint;
 use gw_transport::{Error, MemHandle, Rank, Result, Tag};
-use std::sync::atomic::Ordering;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 /// How long a caller waiting for a late peer sleeps between looks, once
 /// it spun for `spin_us`: about what a wake-up through the poller costs on
-/// a VM, and a few percent of a core while waiting.
+/// a VM. After `NAP_SHORT_FOR` of waiting (a peer that far behind is
+/// computing, not sending) it looks every `LONG_NAP`, about 1% of a core.
 const NAP: Duration = Duration::from_micros(50);
+const NAP_SHORT_FOR: Duration = Duration::from_millis(5);
+const LONG_NAP: Duration = Duration::from_micros(250);
+
+/// Direct operations run in this process (tests check that the path ran).
+static DIRECT_CALLS: AtomicU64 = AtomicU64::new(0);
+
+/// Small all-reduces run straight through by callers so far, process-wide.
+#[doc(hidden)]
+pub fn direct_calls() -> u64 {
+    DIRECT_CALLS.load(Ordering::Relaxed)
+}
+
+fn aborted() -> Error {
+    Error::Aborted("the communicator was aborted by the application".into())
+}
 
 /// A small all-reduce for [`Engine::run_direct`].
 pub(crate) struct DirectOp {
@@ -73,18 +89,28 @@ const CLOCK_EVERY: u32 = 64;
 impl Engine {
     /// Runs `op` now if the engine is idle; `None` if operations are queued
     /// or running, which the caller's must follow (it submits it instead).
-    pub fn run_direct(&mut self, op: &DirectOp) -> Option<Result<()>> {
+    /// The operation's sequence number is drawn from `seq` only here, once
+    /// it is sure to run now: drawn earlier, a submission from another
+    /// thread could take the next number and reach the engine first.
+    pub fn run_direct(&mut self, op: &mut DirectOp, seq: &AtomicU64) -> Option<Result<()>> {
         if !self.is_idle() {
             return None;
         }
+        op.fp.seq = seq.fetch_add(1, Ordering::Relaxed);
         if let Some(e) = &self.failed {
             return Some(Err(failed_earlier(e)));
         }
         if self.abort.load(Ordering::Acquire) {
-            let e = Error::Aborted("the communicator was aborted by the application".into());
+            let e = aborted();
             self.fail(e.clone());
             return Some(Err(e));
         }
+        // As on the general path, scratch that cannot be had fails this
+        // operation only (every rank fails it alike).
+        if let Err(e) = self.ensure_scratch(op.bytes) {
+            return Some(Err(e));
+        }
+        DIRECT_CALLS.fetch_add(1, Ordering::Relaxed);
         let mut w = Waiting {
             peer: 0,
             what: "",
@@ -100,7 +126,6 @@ impl Engine {
     }
 
     fn direct(&mut self, op: &DirectOp, w: &mut Waiting) -> Result<()> {
-        self.ensure_scratch(op.bytes)?;
         let me = self.cfg.me;
         for j in 0..op.rounds {
             let peer: Rank = me ^ (1 << j);
@@ -205,22 +230,31 @@ impl Engine {
     /// Nothing moved: spin, then nap; check on the peers and the board as
     /// the general path does for a stalled operation, and time out.
     fn direct_wait(&mut self, op: &DirectOp, w: &mut Waiting) -> Result<()> {
+        // The application may abort from another thread; the engine thread
+        // cannot notice while this caller holds the lock.
+        if self.abort.load(Ordering::Acquire) {
+            return Err(aborted());
+        }
         w.idle_turns = w.idle_turns.saturating_add(1);
         if w.clock.is_none() || w.idle_turns.is_multiple_of(CLOCK_EVERY) {
             self.direct_check(op, w)?;
         }
-        let spun = w
+        let waited = w
             .clock
             .as_ref()
-            .is_some_and(|c| c.last_look.duration_since(c.since) >= self.cfg.spin);
-        if !spun {
+            .map_or(Duration::ZERO, |c| c.last_look.duration_since(c.since));
+        if waited < self.cfg.spin {
             if self.cfg.oversubscribed {
                 std::thread::yield_now();
             } else {
                 std::hint::spin_loop();
             }
         } else {
-            std::thread::sleep(NAP);
+            std::thread::sleep(if waited < NAP_SHORT_FOR {
+                NAP
+            } else {
+                LONG_NAP
+            });
             // Each nap is long next to a clock read: look every time.
             self.direct_check(op, w)?;
         }
