@@ -10,7 +10,7 @@ use super::codec::{
     Decoder, Limits, MAX_TOKEN_BYTES, Message, PROTOCOL_VERSION, Request, Response,
 };
 use crate::error::{Error, Result};
-use std::io::{self, Read, Write};
+use std::io::{self, Read};
 use std::net::{TcpStream, ToSocketAddrs};
 use std::time::{Duration, Instant};
 
@@ -277,7 +277,7 @@ impl StoreClient {
         self.stream
             .set_write_timeout(Some(left(deadline)))
             .map_err(|e| Error::sys("setsockopt", format!("store at {}", self.addr), e))?;
-        if let Err(e) = self.stream.write_all(&bytes) {
+        if let Err(e) = crate::nosignal::send_all(&self.stream, &bytes) {
             return Err(if is_timeout(&e) {
                 timeout(format!("sending {name} to the store at {}", self.addr))
             } else {
@@ -386,6 +386,7 @@ fn connect_with_retry(addr: &str, deadline: Instant) -> Result<TcpStream> {
 mod tests {
     use super::super::{StoreConfig, StoreServer};
     use super::*;
+    use std::io::Write;
     use std::net::TcpListener;
 
     fn free_port() -> std::net::SocketAddr {

@@ -17,7 +17,7 @@ use crate::error::{Error, Result};
 use crate::{gw_info, gw_warn};
 use mio::{Events, Interest, Poll, Token, Waker};
 use std::collections::HashMap;
-use std::io::{self, Read, Write};
+use std::io::{self, Read};
 use std::net::{Shutdown, SocketAddr, TcpListener, TcpStream};
 use std::os::fd::OwnedFd;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -383,9 +383,7 @@ fn send(stream: &mut TcpStream, resp: &Response) -> Result<(), String> {
             .encode()
             .map_err(|e| e.to_string())?,
     };
-    stream
-        .write_all(&bytes)
-        .map_err(|e| format!("write failed: {e}"))
+    crate::nosignal::send_all(stream, &bytes).map_err(|e| format!("write failed: {e}"))
 }
 
 /// Answers one request. `None` means the client left while we waited for it.
@@ -509,6 +507,7 @@ mod tests {
     use super::super::codec::{Decoder, HEADER_LEN, Limits};
     use super::super::{StoreClient, StoreConfig};
     use super::*;
+    use std::io::Write;
     use std::sync::mpsc;
 
     const TOKEN: &str = "job-secret-42";

@@ -13,6 +13,7 @@ mod lane;
 pub use iface::{choose_bind_ip, interface_addrs};
 
 use crate::error::{Error, Result};
+use crate::nosignal;
 use crate::peers::PeerInfo;
 use crate::reqmap::{self, ReqMap};
 use crate::seam::{MemHandle, Properties, Rank, Readiness, Request, Tag, Transport};
@@ -22,7 +23,7 @@ use lane::{HELLO_LEN, Hello, Lane, OutSeg, RawPtr, Rx, Stage};
 use mio::net::{TcpListener, TcpStream};
 use mio::{Interest, Registry, Token};
 use std::collections::HashMap;
-use std::io::{self, IoSlice, Read, Write};
+use std::io::{self, IoSlice, Read};
 use std::net::{IpAddr, SocketAddr};
 
 /// Messages up to this size travel on lane 0 (see `poke`): what one read
@@ -335,7 +336,7 @@ impl TcpTransport {
                         e,
                     ));
                 }
-                match d.sock.write(&d.hello[d.written..]) {
+                match nosignal::send(&d.sock, &d.hello[d.written..]) {
                     Ok(n) => d.written += n,
                     Err(e) if would_block(&e) || e.kind() == io::ErrorKind::NotConnected => {
                         continue;
@@ -508,17 +509,17 @@ impl TcpTransport {
                             // SAFETY: the segment lies in registered memory that outlives the send.
                             unsafe { std::slice::from_raw_parts(seg.ptr.0, seg.len) }
                         };
-                        lane.sock.write_vectored(&[
-                            IoSlice::new(&seg.hdr[seg.done..]),
-                            IoSlice::new(payload),
-                        ])
+                        nosignal::send_vectored(
+                            &lane.sock,
+                            &[IoSlice::new(&seg.hdr[seg.done..]), IoSlice::new(payload)],
+                        )
                     } else {
                         let from = seg.done - HEADER_LEN;
                         // SAFETY: as above; from < len because done < total.
                         let payload = unsafe {
                             std::slice::from_raw_parts(seg.ptr.0.add(from), seg.len - from)
                         };
-                        lane.sock.write(payload)
+                        nosignal::send(&lane.sock, payload)
                     };
                     match res {
                         Ok(0) => {
@@ -1118,9 +1119,8 @@ impl Transport for TcpTransport {
                 .flatten()
                 .find(|l| l.sendq.front().is_none_or(|s| s.done == 0))
             {
-                let _ = lane
-                    .sock
-                    .write_vectored(&[IoSlice::new(&hdr), IoSlice::new(text)]);
+                let _ =
+                    nosignal::send_vectored(&lane.sock, &[IoSlice::new(&hdr), IoSlice::new(text)]);
             }
             // The caller's buffers are handed back after an abort: forget every
             // pointer into them.
@@ -1146,7 +1146,7 @@ impl Drop for TcpTransport {
         for conn in self.conns.values_mut() {
             for lane in conn.lanes.iter_mut().flatten() {
                 if lane.sendq.front().is_none_or(|s| s.done == 0) {
-                    let _ = lane.sock.write(&hdr);
+                    let _ = nosignal::send(&lane.sock, &hdr);
                 }
                 let _ = lane.sock.shutdown(std::net::Shutdown::Write);
             }
