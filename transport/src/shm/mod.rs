@@ -38,6 +38,7 @@ mod doorbell;
 mod pull;
 mod ring;
 mod segment;
+mod stream;
 #[cfg(test)]
 mod tests;
 
@@ -165,6 +166,9 @@ struct RecvOp {
     ptr: RawMem,
     len: usize,
     received: u64,
+    /// Lands in a region too large to stay cached: copy around the cache
+    /// (see `stream.rs`).
+    stream: bool,
 }
 
 /// A mapped pair segment and our two ring roles in it.
@@ -914,7 +918,12 @@ fn pump_recvs(
             .conn
             .as_mut()
             .ok_or_else(|| Error::Internal("connection vanished".into()))?;
-        conn.rx.read_payload(dst).map_err(|c| {
+        let read = if r.stream {
+            conn.rx.read_payload_streaming(dst)
+        } else {
+            conn.rx.read_payload(dst)
+        };
+        read.map_err(|c| {
             Error::Protocol(format!("shared memory from rank {}: {}", p.info.rank, c.0))
         })?;
         conn.rx.pop();
@@ -1084,6 +1093,11 @@ impl Transport for ShmTransport {
         }
         self.check_peer(peer)?;
         let ptr = self.range(mem, offset, len, "irecv")?;
+        let stream = self
+            .regions
+            .get(mem.0 as usize)
+            .and_then(|r| r.as_ref())
+            .is_some_and(|r| r.len >= stream::STREAM_REGION_BYTES);
         let req = self.new_req();
         let me = self.me;
         let p = &mut self.peers[peer as usize];
@@ -1111,6 +1125,7 @@ impl Transport for ShmTransport {
             ptr,
             len,
             received: got as u64,
+            stream,
         });
         Ok(Request(req))
     }

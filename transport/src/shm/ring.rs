@@ -315,9 +315,18 @@ impl Consumer {
         Ok(Some(h))
     }
 
+    /// [`Consumer::read_payload`] with streaming stores (see `stream.rs`).
+    pub(crate) fn read_payload_streaming(&self, dst: &mut [u8]) -> Result<(), Corrupt> {
+        self.read_payload_with(dst, true)
+    }
+
     /// Copies the first `dst.len()` payload bytes of the oldest unread frame.
     /// The caller checked that a frame is available ([`Consumer::peek`]).
     pub(crate) fn read_payload(&self, dst: &mut [u8]) -> Result<(), Corrupt> {
+        self.read_payload_with(dst, false)
+    }
+
+    fn read_payload_with(&self, dst: &mut [u8], streaming: bool) -> Result<(), Corrupt> {
         if dst.len() > self.ring.slot_bytes {
             return Err(Corrupt(format!(
                 "segment of {} bytes does not fit a {}-byte slot",
@@ -331,12 +340,13 @@ impl Consumer {
         // SAFETY: as in `peek`; the payload area of a slot holds slot_bytes
         // bytes and dst.len() <= slot_bytes; dst is a distinct local buffer.
         unsafe {
-            std::ptr::copy_nonoverlapping(
-                self.ring.slot(self.head).add(HEADER_LEN),
-                dst.as_mut_ptr(),
-                dst.len(),
-            )
-        };
+            let src = self.ring.slot(self.head).add(HEADER_LEN);
+            if streaming {
+                super::stream::copy_streaming(dst.as_mut_ptr(), src, dst.len());
+            } else {
+                std::ptr::copy_nonoverlapping(src, dst.as_mut_ptr(), dst.len());
+            }
+        }
         Ok(())
     }
 
