@@ -27,7 +27,7 @@ use gw_transport::{Error, Rank, Result};
 use super::{Action, ActionId, Buf, Loc, Schedule};
 
 /// Messages in flight per stream, and scratch slots per pipeline.
-pub(super) const DEPTH: usize = 4;
+pub(super) const DEPTH: usize = 8;
 
 /// Where an action sits in its algorithm, for [`Schedule::waiting_for`].
 #[derive(Clone, Copy, Debug)]
