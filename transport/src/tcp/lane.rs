@@ -76,6 +76,10 @@ pub(crate) struct Stage {
     /// Whether small reads pull ahead: off while the lane carries large
     /// frames, whose payload would only be copied out of the stage again.
     pub ahead: bool,
+    /// The last read from the socket returned less than it asked for: the
+    /// socket had nothing more then, so trying again at once would only
+    /// return `EAGAIN` (a system call on the path of every small message).
+    pub drained: bool,
 }
 
 /// Big enough for a header and a small message's payload; reading ahead into
@@ -89,6 +93,7 @@ impl Stage {
             start: 0,
             end: 0,
             ahead: true,
+            drained: false,
         }
     }
 
@@ -107,10 +112,13 @@ impl Stage {
             return Ok(n);
         }
         if dst.len() >= STAGE_LEN || !self.ahead {
-            return sock.read(dst);
+            let n = sock.read(dst)?;
+            self.drained = n < dst.len();
+            return Ok(n);
         }
         let want = dst.len();
         let n = sock.read_vectored(&mut [IoSliceMut::new(dst), IoSliceMut::new(&mut self.buf)])?;
+        self.drained = n < want + self.buf.len();
         if n > want {
             self.start = 0;
             self.end = n - want;

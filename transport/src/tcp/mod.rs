@@ -752,6 +752,10 @@ impl TcpTransport {
                             }
                             lane.rx = Rx::new();
                             moved = true;
+                            if lane.stage.drained && !lane.stage.pending() {
+                                // Look again when told (poller, poke).
+                                lane.readable = false;
+                            }
                         }
                         Rx::Abort { hdr, buf } => {
                             let want = hdr.len as usize;
