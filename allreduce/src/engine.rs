@@ -343,9 +343,7 @@ impl Engine {
     pub fn turn(&mut self, st: &mut TurnState) -> Turn {
         self.drain_messages();
         if self.abort.load(Ordering::Acquire) && self.failed.is_none() {
-            self.fail(Error::Aborted(
-                "the communicator was aborted by the application".into(),
-            ));
+            self.fail(aborted());
         }
         if self.current.is_none() {
             self.start_next();
@@ -495,12 +493,13 @@ impl Engine {
 
     fn check(&mut self) -> Result<()> {
         self.check_links()?;
-        match self.check_board() {
-            Ok(Some(e)) => return Err(e),
-            Ok(None) => {}
-            Err(e) => {
-                gw_transport::gw_warn!("cannot use the store to coordinate failures any more: {e}");
-                self.cfg.board = None;
+        if let Some(r) = self.current.as_mut() {
+            let stalled = Instant::now() >= r.stalled_at;
+            let me = self.cfg.me;
+            if let Some(e) =
+                consult_board(&mut self.cfg.board, me, &r.op.fp, stalled, &mut r.posted)
+            {
+                return Err(e);
             }
         }
         if self
@@ -550,18 +549,6 @@ impl Engine {
             Some(Ok(Some(why))) => Error::Aborted(format!("another rank failed: {why}")),
             _ => e,
         }
-    }
-
-    /// Reads failures posted by other ranks and, once the running operation
-    /// has stalled, compares it with what the other ranks are doing. The outer
-    /// error is the store failing; the inner one is the failure found.
-    fn check_board(&mut self) -> Result<Option<Error>> {
-        let me = self.cfg.me;
-        let (Some(board), Some(r)) = (self.cfg.board.as_mut(), self.current.as_mut()) else {
-            return Ok(None);
-        };
-        let stalled = Instant::now() >= r.stalled_at;
-        compare_board(board, me, &r.op.fp, stalled, &mut r.posted)
     }
 
     /// What the other ranks posted, for timeout errors.
@@ -945,6 +932,26 @@ impl Engine {
     }
 }
 
+/// The board's view of the operation `fp` (see [`compare_board`]): a failure
+/// found there, if any. The store failing only stops the board from being
+/// used (`board` becomes `None`, with a warning); the operation carries on.
+fn consult_board(
+    board: &mut Option<Board>,
+    me: Rank,
+    fp: &Fingerprint,
+    stalled: bool,
+    posted: &mut bool,
+) -> Option<Error> {
+    match compare_board(board.as_mut()?, me, fp, stalled, posted) {
+        Ok(found) => found,
+        Err(e) => {
+            gw_transport::gw_warn!("cannot use the store to coordinate failures any more: {e}");
+            *board = None;
+            None
+        }
+    }
+}
+
 /// Reads failures posted by other ranks and, once the operation `fp` has
 /// stalled, posts it (once, `posted`) and compares it with what the other
 /// ranks are doing. The outer error is the store failing; the inner one is
@@ -978,6 +985,11 @@ fn compare_board(
         }
     }
     Ok(None)
+}
+
+/// The error of operations the application aborted.
+fn aborted() -> Error {
+    Error::Aborted("the communicator was aborted by the application".into())
 }
 
 fn failed_earlier(e: &Error) -> Error {

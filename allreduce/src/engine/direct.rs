@@ -18,7 +18,9 @@
 //! the timeout and disagreements are detected and reported as on the
 //! general path.
 
-use super::{Engine, PEER_CHECK_EVERY, Ptr, STALL, STALL_CHECKS, failed_earlier};
+use super::{
+    Engine, PEER_CHECK_EVERY, Ptr, STALL, STALL_CHECKS, aborted, consult_board, failed_earlier,
+};
 use crate::reduce::Kernel;
 use gw_transport::wire::Fingerprint;
 use gw_transport::{Error, MemHandle, Rank, Result, Tag};
@@ -40,10 +42,6 @@ static DIRECT_CALLS: AtomicU64 = AtomicU64::new(0);
 #[doc(hidden)]
 pub fn direct_calls() -> u64 {
     DIRECT_CALLS.load(Ordering::Relaxed)
-}
-
-fn aborted() -> Error {
-    Error::Aborted("the communicator was aborted by the application".into())
 }
 
 /// A small all-reduce for [`Engine::run_direct`].
@@ -285,7 +283,8 @@ impl Engine {
         let stalled = now >= c.stalled_at;
         STALL_CHECKS.fetch_add(1, Ordering::Relaxed);
         self.check_links()?;
-        if let Some(e) = self.direct_board(op, stalled, &mut w.posted)? {
+        let me = self.cfg.me;
+        if let Some(e) = consult_board(&mut self.cfg.board, me, &op.fp, stalled, &mut w.posted) {
             return Err(e);
         }
         if late {
@@ -299,28 +298,5 @@ impl Engine {
             });
         }
         Ok(())
-    }
-
-    /// The board's view: a failure posted elsewhere, or (once stalled) a rank
-    /// doing something else under the same sequence number. The store
-    /// failing only stops the board from being used, as on the general path.
-    fn direct_board(
-        &mut self,
-        op: &DirectOp,
-        stalled: bool,
-        posted: &mut bool,
-    ) -> Result<Option<Error>> {
-        let me = self.cfg.me;
-        let Some(board) = self.cfg.board.as_mut() else {
-            return Ok(None);
-        };
-        match super::compare_board(board, me, &op.fp, stalled, posted) {
-            Ok(found) => Ok(found),
-            Err(e) => {
-                gw_transport::gw_warn!("cannot use the store to coordinate failures any more: {e}");
-                self.cfg.board = None;
-                Ok(None)
-            }
-        }
     }
 }

@@ -405,8 +405,15 @@ impl ShmTransport {
         }
     }
 
-    /// The registered range `[offset, offset + len)` of `mem`.
-    fn range(&self, mem: MemHandle, offset: usize, len: usize, what: &str) -> Result<RawMem> {
+    /// The registered range `[offset, offset + len)` of `mem`, and the length
+    /// of the whole registered region.
+    fn range(
+        &self,
+        mem: MemHandle,
+        offset: usize,
+        len: usize,
+        what: &str,
+    ) -> Result<(RawMem, usize)> {
         let r = self
             .regions
             .get(mem.0 as usize)
@@ -420,7 +427,7 @@ impl ShmTransport {
                 mem.0, r.len
             )));
         }
-        Ok(RawMem(r.ptr.0.wrapping_add(offset)))
+        Ok((RawMem(r.ptr.0.wrapping_add(offset)), r.len))
     }
 
     fn new_req(&mut self) -> u64 {
@@ -918,12 +925,7 @@ fn pump_recvs(
             .conn
             .as_mut()
             .ok_or_else(|| Error::Internal("connection vanished".into()))?;
-        let read = if r.stream {
-            conn.rx.read_payload_streaming(dst)
-        } else {
-            conn.rx.read_payload(dst)
-        };
-        read.map_err(|c| {
+        conn.rx.read_payload_with(dst, r.stream).map_err(|c| {
             Error::Protocol(format!("shared memory from rank {}: {}", p.info.rank, c.0))
         })?;
         conn.rx.pop();
@@ -1067,7 +1069,7 @@ impl Transport for ShmTransport {
         len: usize,
     ) -> Result<Request> {
         self.check_post(peer)?;
-        let ptr = self.range(mem, offset, len, "isend")?;
+        let (ptr, _) = self.range(mem, offset, len, "isend")?;
         let req = self.new_req();
         self.peers[peer as usize].sends.push_back(SendOp {
             req,
@@ -1092,12 +1094,8 @@ impl Transport for ShmTransport {
             return Err(Error::Aborted("the shm transport was aborted".into()));
         }
         self.check_peer(peer)?;
-        let ptr = self.range(mem, offset, len, "irecv")?;
-        let stream = self
-            .regions
-            .get(mem.0 as usize)
-            .and_then(|r| r.as_ref())
-            .is_some_and(|r| r.len >= stream::STREAM_REGION_BYTES);
+        let (ptr, region_len) = self.range(mem, offset, len, "irecv")?;
+        let stream = region_len >= stream::STREAM_REGION_BYTES;
         let req = self.new_req();
         let me = self.me;
         let p = &mut self.peers[peer as usize];

@@ -315,18 +315,15 @@ impl Consumer {
         Ok(Some(h))
     }
 
-    /// [`Consumer::read_payload`] with streaming stores (see `stream.rs`).
-    pub(crate) fn read_payload_streaming(&self, dst: &mut [u8]) -> Result<(), Corrupt> {
-        self.read_payload_with(dst, true)
-    }
-
     /// Copies the first `dst.len()` payload bytes of the oldest unread frame.
     /// The caller checked that a frame is available ([`Consumer::peek`]).
     pub(crate) fn read_payload(&self, dst: &mut [u8]) -> Result<(), Corrupt> {
         self.read_payload_with(dst, false)
     }
 
-    fn read_payload_with(&self, dst: &mut [u8], streaming: bool) -> Result<(), Corrupt> {
+    /// [`Consumer::read_payload`], with streaming stores if `streaming`
+    /// (see `stream.rs`).
+    pub(crate) fn read_payload_with(&self, dst: &mut [u8], streaming: bool) -> Result<(), Corrupt> {
         if dst.len() > self.ring.slot_bytes {
             return Err(Corrupt(format!(
                 "segment of {} bytes does not fit a {}-byte slot",
