@@ -19,19 +19,22 @@
 //! and fails every later one with the original cause.
 
 mod direct;
+mod in_place;
 
 pub(crate) use direct::DirectOp;
 #[doc(hidden)]
 pub use direct::direct_calls;
+#[doc(hidden)]
+pub use in_place::in_place_reads;
 
-use crate::algo::{Action, Algo, Buf, Loc, OpSpec, Schedule};
+use crate::algo::{Action, ActionId, Algo, Buf, Loc, OpSpec, Schedule};
 use crate::board::Board;
 use crate::mailbox::Receiver;
 use crate::reduce::Kernel;
 use crate::sched_cache::{self, ScheduleCache};
 use gw_transport::seam::Readiness;
 use gw_transport::wire::Fingerprint;
-use gw_transport::{Error, MemHandle, Rank, Request, Result, Tag, Transport};
+use gw_transport::{Error, Landed, MemHandle, Rank, Request, Result, Tag, Transport};
 use mio::{Events, Poll, Token, Waker};
 use std::collections::VecDeque;
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
@@ -210,7 +213,7 @@ struct Running {
     key: Option<sched_cache::Key>,
     /// Per transport: (send handle, recv handle), registered when first used.
     handles: Vec<Option<(MemHandle, MemHandle)>>,
-    inflight: Vec<(usize, Request, usize)>,
+    inflight: Vec<Inflight>,
     blocked: VecDeque<Action>,
     deadline: Instant,
     /// When the operation stops making progress long enough, it is posted
@@ -224,8 +227,20 @@ struct Running {
 #[derive(Default)]
 struct Spare {
     handles: Vec<Option<(MemHandle, MemHandle)>>,
-    inflight: Vec<(usize, Request, usize)>,
+    inflight: Vec<Inflight>,
     blocked: VecDeque<Action>,
+}
+
+/// A posted send or receive.
+#[derive(Clone, Copy, Debug)]
+struct Inflight {
+    /// Index of the transport.
+    t: usize,
+    req: Request,
+    id: ActionId,
+    /// A receive into this scratch range, posted with `irecv_in_place`
+    /// (see `in_place.rs`).
+    in_place: Option<Loc>,
 }
 
 /// What one [`Engine::turn`] found.
@@ -717,13 +732,26 @@ impl Engine {
             }
             let mut i = 0;
             while i < r.inflight.len() {
-                let (t, req, id) = r.inflight[i];
-                if self.transports[t].test(req)? {
-                    r.inflight.swap_remove(i);
-                    r.sched.complete(id);
-                    progressed = true;
-                } else {
-                    i += 1;
+                let f = r.inflight[i];
+                let landed = match f.in_place {
+                    None => match self.transports[f.t].test(f.req)? {
+                        true => Landed::Written,
+                        false => Landed::Pending,
+                    },
+                    Some(_) => self.transports[f.t].test_in_place(f.req)?,
+                };
+                match landed {
+                    Landed::Pending => i += 1,
+                    Landed::Written => {
+                        r.inflight.swap_remove(i);
+                        r.sched.complete(f.id);
+                        progressed = true;
+                    }
+                    Landed::InPlace(at) => {
+                        r.inflight.swap_remove(i);
+                        self.consume_in_place(r, f, at)?;
+                        progressed = true;
+                    }
                 }
             }
             if !progressed {
@@ -755,12 +783,25 @@ impl Engine {
                 };
                 let (mem, off, len) = self.locate(r, t, src)?;
                 let tag = Tag { fp: r.op.fp, step };
-                let req = if matches!(a, Action::Send { .. }) {
-                    self.transports[t].isend(peer, tag, mem, off, len)?
-                } else {
-                    self.transports[t].irecv(peer, tag, mem, off, len)?
+                // A receive into scratch is read once, by what comes next in
+                // the schedule: it may as well read the bytes where they
+                // arrived (see `in_place.rs`).
+                let (req, in_place) = match a {
+                    Action::Send { .. } => {
+                        (self.transports[t].isend(peer, tag, mem, off, len)?, None)
+                    }
+                    _ if src.buf == Buf::Scratch => (
+                        self.transports[t].irecv_in_place(peer, tag, mem, off, len)?,
+                        Some(src),
+                    ),
+                    _ => (self.transports[t].irecv(peer, tag, mem, off, len)?, None),
                 };
-                r.inflight.push((t, req, id));
+                r.inflight.push(Inflight {
+                    t,
+                    req,
+                    id,
+                    in_place,
+                });
             }
             Action::Reduce {
                 id,
@@ -769,17 +810,7 @@ impl Engine {
                 b: y,
                 finalize,
             } => {
-                let n = dst.len;
-                if x.len != n || y.len != n {
-                    return Err(Error::Internal(format!(
-                        "reduce with unequal lengths: {a:?}"
-                    )));
-                }
-                let (d, xs, ys) = (self.ptr(r, dst)?, self.ptr(r, x)?, self.ptr(r, y)?);
-                let (sx, sy) = (self.scale(r, x), self.scale(r, y));
-                // SAFETY: ptr() bounds-checked each range against its buffer; the
-                // schedule guarantees dst aliases a or b exactly or not at all.
-                unsafe { r.op.kernel.reduce(d, xs, sx, ys, sy, n, finalize) };
+                self.reduce(r, dst, x, y, finalize, None)?;
                 r.sched.complete(id);
             }
             Action::Copy {
@@ -799,6 +830,39 @@ impl Engine {
             }
         }
         Ok(true)
+    }
+
+    /// Carries out `dst = x ⊕ y`; an operand equal to `view.0` is read at
+    /// `view.1` instead (a message left in place, see `in_place.rs`).
+    fn reduce(
+        &self,
+        r: &Running,
+        dst: Loc,
+        x: Loc,
+        y: Loc,
+        finalize: bool,
+        view: Option<(Loc, *const u8)>,
+    ) -> Result<()> {
+        let n = dst.len;
+        if x.len != n || y.len != n {
+            return Err(Error::Internal(format!(
+                "reduce with unequal lengths: {dst:?} = {x:?} + {y:?}"
+            )));
+        }
+        let at = |l: Loc| -> Result<*const u8> {
+            match view {
+                Some((v, p)) if v == l => Ok(p),
+                _ => Ok(self.ptr(r, l)?),
+            }
+        };
+        let (d, xs, ys) = (self.ptr(r, dst)?, at(x)?, at(y)?);
+        let (sx, sy) = (self.scale(r, x), self.scale(r, y));
+        // SAFETY: ptr() bounds-checked each range against its buffer, and a
+        // view holds the `len` elements of its range; the schedule guarantees
+        // dst aliases a or b exactly or not at all, and a view aliases
+        // nothing the engine writes.
+        unsafe { r.op.kernel.reduce(d, xs, sx, ys, sy, n, finalize) };
+        Ok(())
     }
 
     fn scale(&self, r: &Running, l: Loc) -> Option<f64> {

@@ -27,6 +27,6 @@ pub use communicator::{Communicator, Handle, Pending, RawOp};
 pub use config::{Config, TransportChoice};
 pub use element::Element;
 #[doc(hidden)]
-pub use engine::{direct_calls, stall_checks};
+pub use engine::{direct_calls, in_place_reads, stall_checks};
 pub use gw_transport::wire::OpKind;
 pub use gw_transport::{DType, Error, RedOp, Result};

@@ -3,6 +3,9 @@
 //! schedule instead, under random sizes and interleaved non-blocking calls,
 //! and when the peer never comes.
 
+mod common;
+
+use common::{expected, input, right};
 use gw_allreduce::local::local_world;
 use gw_allreduce::{Algo, Communicator, Error, RedOp, TransportChoice, direct_calls};
 use rand::rngs::StdRng;
@@ -27,25 +30,6 @@ fn world(
         cfg.inline.set(!scheduled(r));
     })
     .expect("communicators")
-}
-
-/// Rank `r`'s element `i` in call `k`: small integers, so float sums are exact.
-fn input(r: u32, k: usize, i: usize) -> f32 {
-    ((r as usize * 7 + k * 3 + i) % 61) as f32
-}
-
-fn expected(n: u32, k: usize, i: usize) -> f32 {
-    (0..n).map(|r| input(r, k, i)).sum()
-}
-
-/// Whether `x` is the result of `op` for element `i` of call `k`: sums of
-/// small integers are exact, averages within rounding of the division.
-fn right(op: RedOp, n: u32, k: usize, i: usize, x: f32) -> bool {
-    let sum = expected(n, k, i);
-    match op {
-        RedOp::Avg => (x - sum / n as f32).abs() <= 1e-6 * sum.abs().max(1.0),
-        _ => x == sum,
-    }
 }
 
 /// Each rank makes `calls` all-reduces of random sizes (the same sequence on

@@ -141,6 +141,20 @@ pub struct WriteImm {
     pub imm: u32,
 }
 
+/// Where the bytes of a completed receive are (see
+/// [`Transport::irecv_in_place`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Landed {
+    /// Not complete yet.
+    Pending,
+    /// Complete, and written to the receive's destination.
+    Written,
+    /// Complete, but left where it arrived: the `len` bytes start here and
+    /// stay valid, unchanged, until [`Transport::release_in_place`]; the
+    /// destination was not written.
+    InPlace(*const u8),
+}
+
 /// The transport interface (see the module comment for the contract).
 pub trait Transport: Send {
     /// What this transport is and how fast it is expected to be.
@@ -186,6 +200,43 @@ pub trait Transport: Send {
 
     /// Whether `req` has completed; a completed request is released.
     fn test(&mut self, req: Request) -> Result<bool>;
+
+    /// [`Transport::irecv`], except that the transport may leave the message
+    /// where it arrived (a shared-memory ring slot) instead of copying it to
+    /// the destination, so that its consumer reads it from there: one copy
+    /// fewer. Such a request is tested with [`Transport::test_in_place`]
+    /// only. By default the bytes are written, as by `irecv`.
+    fn irecv_in_place(
+        &mut self,
+        peer: Rank,
+        tag: Tag,
+        mem: MemHandle,
+        offset: usize,
+        len: usize,
+    ) -> Result<Request> {
+        self.irecv(peer, tag, mem, offset, len)
+    }
+
+    /// Tests a receive posted with [`Transport::irecv_in_place`]. A request
+    /// that completes [`Landed::InPlace`] holds its peer's inbound stream
+    /// (nothing behind it is delivered) until [`Transport::release_in_place`],
+    /// so the caller consumes the bytes and releases them at once.
+    fn test_in_place(&mut self, req: Request) -> Result<Landed> {
+        Ok(if self.test(req)? {
+            Landed::Written
+        } else {
+            Landed::Pending
+        })
+    }
+
+    /// Ends the use of a receive that completed [`Landed::InPlace`].
+    fn release_in_place(&mut self, req: Request) -> Result<()> {
+        Err(Error::InvalidUsage(format!(
+            "request {}: transport {} leaves no receive in place",
+            req.0,
+            self.properties().name
+        )))
+    }
 
     /// Moves whatever bytes can move now. Returns whether anything happened.
     fn progress(&mut self) -> Result<bool>;

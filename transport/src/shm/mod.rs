@@ -41,6 +41,8 @@ mod segment;
 mod stream;
 #[cfg(test)]
 mod tests;
+#[cfg(test)]
+mod tests_in_place;
 
 use self::doorbell::{Doorbell, doorbell_addr};
 use self::pull::RENDEZVOUS_LEN;
@@ -49,7 +51,7 @@ use self::segment::{Layout, Opened, Segment, pid_alive, segment_path};
 use crate::error::{Error, Result};
 use crate::peers::PeerInfo;
 use crate::reqmap::{self, ReqMap};
-use crate::seam::{MemHandle, Properties, Rank, Readiness, Request, Tag, Transport};
+use crate::seam::{Landed, MemHandle, Properties, Rank, Readiness, Request, Tag, Transport};
 use crate::unexpected::Unexpected;
 use crate::wire::{DType, Fingerprint, FrameHeader, FrameKind, HEADER_LEN, OpKind, RedOp};
 use std::collections::VecDeque;
@@ -169,6 +171,9 @@ struct RecvOp {
     /// Lands in a region too large to stay cached: copy around the cache
     /// (see `stream.rs`).
     stream: bool,
+    /// Posted with `irecv_in_place`: a message that comes as one frame is
+    /// left in its slot for the caller to read (see `Peer::held`).
+    in_place: bool,
 }
 
 /// A mapped pair segment and our two ring roles in it.
@@ -202,6 +207,11 @@ struct Peer {
     pulls_out: VecDeque<PullOut>,
     /// Completion number of our next rendezvous send.
     next_pull: u64,
+    /// A receive completed in place: the oldest frame of the inbound ring
+    /// is its message, read by the caller where it lies, and nothing behind
+    /// it is delivered until `release_in_place` frees the slot.
+    /// (request, message length)
+    held: Option<(u64, usize)>,
 }
 
 impl Peer {
@@ -292,6 +302,7 @@ impl ShmTransport {
                 early: Unexpected::new(cfg.slot_bytes),
                 pulls_out: VecDeque::with_capacity(MAX_PULLS as usize),
                 next_pull: 0,
+                held: None,
             });
         }
         if cfg.pull_bytes > 0 {
@@ -430,6 +441,55 @@ impl ShmTransport {
         Ok((RawMem(r.ptr.0.wrapping_add(offset)), r.len))
     }
 
+    /// Posts a receive (see `irecv` and `irecv_in_place`).
+    fn post_recv(
+        &mut self,
+        peer: Rank,
+        tag: Tag,
+        mem: MemHandle,
+        offset: usize,
+        len: usize,
+        in_place: bool,
+    ) -> Result<Request> {
+        if self.aborted {
+            return Err(Error::Aborted("the shm transport was aborted".into()));
+        }
+        self.check_peer(peer)?;
+        let (ptr, region_len) = self.range(mem, offset, len, "irecv")?;
+        let stream = region_len >= stream::STREAM_REGION_BYTES;
+        let req = self.new_req();
+        let me = self.me;
+        let p = &mut self.peers[peer as usize];
+        // SAFETY: ptr is valid for len bytes (checked against the registration).
+        let (got, frames) = unsafe { p.early.take(me, &tag, len, ptr.0)? };
+        if got >= len && frames > 0 {
+            self.reqs.insert(req, true);
+            return Ok(Request(req));
+        }
+        if p.closed {
+            // Frames sent before the close were buffered; nothing more comes.
+            self.reqs.remove(&req);
+            return Err(p.closed_error(
+                "has shut its communicator down; nothing more can be exchanged with it",
+            ));
+        }
+        if got > 0 {
+            // The rest of this message is next in the ring.
+            p.active = Some(req);
+        }
+        p.recvs.push(RecvOp {
+            req,
+            tag,
+            mem,
+            ptr,
+            len,
+            received: got as u64,
+            stream,
+            in_place,
+        });
+        Ok(Request(req))
+    }
+
     fn new_req(&mut self) -> u64 {
         let id = self.next_req;
         self.next_req += 1;
@@ -479,6 +539,10 @@ impl ShmTransport {
         if !conn.probed && conn.rx.probe_addr() != 0 {
             return true;
         }
+        if p.held.is_some() {
+            // The oldest inbound frame is delivered already, read in place.
+            return false;
+        }
         // An inbound frame is work when it is delivered or buffered now: a
         // receive is posted, a send of ours is stuck, or it is neither data
         // nor rendezvous (close, abort, or garbage to report).
@@ -509,11 +573,12 @@ impl ShmTransport {
     /// asked for (the engine idles with it there).
     fn any_early_head(&self) -> bool {
         self.peers.iter().any(|p| {
-            p.conn.as_ref().is_some_and(|c| {
-                matches!(c.rx.peek(), Ok(Some(raw))
+            p.held.is_none()
+                && p.conn.as_ref().is_some_and(|c| {
+                    matches!(c.rx.peek(), Ok(Some(raw))
                     if matches!(FrameHeader::decode(&raw),
                         Ok(h) if matches!(h.kind, FrameKind::Data | FrameKind::Rendezvous)))
-            })
+                })
         })
     }
 }
@@ -848,7 +913,10 @@ fn pump_recvs(
     bell: &mut Doorbell,
     reqs: &mut ReqMap<bool>,
 ) -> Result<bool> {
-    let mut popped = false;
+    if p.held.is_some() {
+        return Ok(false);
+    }
+    let (mut popped, mut held) = (false, false);
     loop {
         let Some(conn) = p.conn.as_ref() else {
             return Ok(false);
@@ -912,6 +980,14 @@ fn pump_recvs(
         };
         let r = &mut p.recvs[i];
         let n = h.len as usize;
+        if r.in_place && r.received == 0 && n == r.len && n > 0 {
+            // The whole message is this one frame: leave it in the slot.
+            let r = p.recvs.remove(i);
+            reqs.insert(r.req, true);
+            p.held = Some((r.req, n));
+            held = true;
+            break;
+        }
         let dst: &mut [u8] = if n == 0 {
             &mut []
         } else {
@@ -945,7 +1021,7 @@ fn pump_recvs(
     {
         bell.ring(&p.bell);
     }
-    Ok(popped)
+    Ok(popped || held)
 }
 
 impl Transport for ShmTransport {
@@ -1090,56 +1166,71 @@ impl Transport for ShmTransport {
         offset: usize,
         len: usize,
     ) -> Result<Request> {
-        if self.aborted {
-            return Err(Error::Aborted("the shm transport was aborted".into()));
-        }
-        self.check_peer(peer)?;
-        let (ptr, region_len) = self.range(mem, offset, len, "irecv")?;
-        let stream = region_len >= stream::STREAM_REGION_BYTES;
-        let req = self.new_req();
-        let me = self.me;
-        let p = &mut self.peers[peer as usize];
-        // SAFETY: ptr is valid for len bytes (checked against the registration).
-        let (got, frames) = unsafe { p.early.take(me, &tag, len, ptr.0)? };
-        if got >= len && frames > 0 {
-            self.reqs.insert(req, true);
-            return Ok(Request(req));
-        }
-        if p.closed {
-            // Frames sent before the close were buffered; nothing more comes.
-            self.reqs.remove(&req);
-            return Err(p.closed_error(
-                "has shut its communicator down; nothing more can be exchanged with it",
-            ));
-        }
-        if got > 0 {
-            // The rest of this message is next in the ring.
-            p.active = Some(req);
-        }
-        p.recvs.push(RecvOp {
-            req,
-            tag,
-            mem,
-            ptr,
-            len,
-            received: got as u64,
-            stream,
-        });
-        Ok(Request(req))
+        self.post_recv(peer, tag, mem, offset, len, false)
+    }
+
+    fn irecv_in_place(
+        &mut self,
+        peer: Rank,
+        tag: Tag,
+        mem: MemHandle,
+        offset: usize,
+        len: usize,
+    ) -> Result<Request> {
+        self.post_recv(peer, tag, mem, offset, len, true)
     }
 
     fn test(&mut self, req: Request) -> Result<bool> {
+        match self.test_in_place(req)? {
+            Landed::Pending => Ok(false),
+            Landed::Written => Ok(true),
+            Landed::InPlace(_) => Err(Error::InvalidUsage(format!(
+                "request {} completed in place: test it with test_in_place and release it",
+                req.0
+            ))),
+        }
+    }
+
+    fn test_in_place(&mut self, req: Request) -> Result<Landed> {
         match self.reqs.get(&req.0) {
             None => Err(Error::InvalidUsage(format!(
                 "request {} is unknown to the shm transport (never posted, or already completed and tested)",
                 req.0
             ))),
-            Some(false) => Ok(false),
+            Some(false) => Ok(Landed::Pending),
             Some(true) => {
                 self.reqs.remove(&req.0);
-                Ok(true)
+                let Some(p) = self
+                    .peers
+                    .iter()
+                    .find(|p| matches!(p.held, Some((r, _)) if r == req.0))
+                else {
+                    return Ok(Landed::Written);
+                };
+                let (conn, len) = (p.conn.as_ref(), p.held.map_or(0, |h| h.1));
+                let conn = conn.ok_or_else(|| Error::Internal("connection vanished".into()))?;
+                let at = conn.rx.payload_ptr(len).map_err(|c| p.corrupt(c))?;
+                Ok(Landed::InPlace(at))
             }
         }
+    }
+
+    fn release_in_place(&mut self, req: Request) -> Result<()> {
+        let p = self
+            .peers
+            .iter_mut()
+            .find(|p| matches!(p.held, Some((r, _)) if r == req.0))
+            .ok_or_else(|| {
+                Error::InvalidUsage(format!("request {} holds no message in place", req.0))
+            })?;
+        p.held = None;
+        if let Some(conn) = p.conn.as_mut() {
+            conn.rx.pop();
+            if conn.rx.take_writer_sleeping() {
+                self.bell.ring(&p.bell);
+            }
+        }
+        Ok(())
     }
 
     fn progress(&mut self) -> Result<bool> {
@@ -1264,6 +1355,7 @@ impl Transport for ShmTransport {
             p.early.clear();
             p.pulls_out.clear();
             p.active = None;
+            p.held = None;
         }
         self.aborted = true;
     }

@@ -324,20 +324,10 @@ impl Consumer {
     /// [`Consumer::read_payload`], with streaming stores if `streaming`
     /// (see `stream.rs`).
     pub(crate) fn read_payload_with(&self, dst: &mut [u8], streaming: bool) -> Result<(), Corrupt> {
-        if dst.len() > self.ring.slot_bytes {
-            return Err(Corrupt(format!(
-                "segment of {} bytes does not fit a {}-byte slot",
-                dst.len(),
-                self.ring.slot_bytes
-            )));
-        }
-        if self.available()? == 0 {
-            return Err(Corrupt("payload read from an empty ring".into()));
-        }
-        // SAFETY: as in `peek`; the payload area of a slot holds slot_bytes
-        // bytes and dst.len() <= slot_bytes; dst is a distinct local buffer.
+        let src = self.payload_ptr(dst.len())?;
+        // SAFETY: `payload_ptr` checked that the published slot holds
+        // dst.len() bytes; dst is a distinct local buffer.
         unsafe {
-            let src = self.ring.slot(self.head).add(HEADER_LEN);
             if streaming {
                 super::stream::copy_streaming(dst.as_mut_ptr(), src, dst.len());
             } else {
@@ -345,6 +335,25 @@ impl Consumer {
             }
         }
         Ok(())
+    }
+
+    /// Where the first `len` payload bytes of the oldest unread frame are,
+    /// for reading in place; valid until [`Consumer::pop`]. The caller
+    /// checked that a frame is available ([`Consumer::peek`]).
+    pub(crate) fn payload_ptr(&self, len: usize) -> Result<*const u8, Corrupt> {
+        if len > self.ring.slot_bytes {
+            return Err(Corrupt(format!(
+                "segment of {len} bytes does not fit a {}-byte slot",
+                self.ring.slot_bytes
+            )));
+        }
+        if self.available()? == 0 {
+            return Err(Corrupt("payload read from an empty ring".into()));
+        }
+        // SAFETY: the slot at `head` was published (tail observed past it
+        // with Acquire in `available`) and the producer does not reuse it
+        // until `pop`; its payload area holds slot_bytes >= len bytes.
+        Ok(unsafe { self.ring.slot(self.head).add(HEADER_LEN) })
     }
 
     /// Frees the oldest frame's slot for the producer.

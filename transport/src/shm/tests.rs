@@ -7,7 +7,7 @@ use std::time::{Duration, Instant};
 
 const HOST: &str = "testhost";
 
-fn job(name: &str) -> String {
+pub(super) fn job(name: &str) -> String {
     static N: AtomicU32 = AtomicU32::new(0);
     format!(
         "t{}-{name}-{}",
@@ -16,7 +16,7 @@ fn job(name: &str) -> String {
     )
 }
 
-fn infos(n: u32) -> Vec<PeerInfo> {
+pub(super) fn infos(n: u32) -> Vec<PeerInfo> {
     (0..n)
         .map(|rank| PeerInfo {
             rank,
@@ -43,12 +43,12 @@ fn cfg_pull(job_id: &str, slots: usize, slot_bytes: usize, pull_bytes: usize) ->
 }
 
 /// Ranks 0 and 1 of a fresh job, connected.
-fn pair(name: &str, slots: usize, slot_bytes: usize) -> (ShmTransport, ShmTransport) {
+pub(super) fn pair(name: &str, slots: usize, slot_bytes: usize) -> (ShmTransport, ShmTransport) {
     pair_pull(name, slots, slot_bytes, 0)
 }
 
 /// Like `pair`, with messages of at least `pull_bytes` pulled in one copy.
-fn pair_pull(
+pub(super) fn pair_pull(
     name: &str,
     slots: usize,
     slot_bytes: usize,
@@ -63,7 +63,7 @@ fn pair_pull(
     (a, b)
 }
 
-fn fp(seq: u64, count: u64) -> Fingerprint {
+pub(super) fn fp(seq: u64, count: u64) -> Fingerprint {
     Fingerprint {
         comm_id: 0xc0,
         seq,
@@ -75,26 +75,31 @@ fn fp(seq: u64, count: u64) -> Fingerprint {
     }
 }
 
-fn tag(seq: u64, step: u32) -> Tag {
+pub(super) fn tag(seq: u64, step: u32) -> Tag {
     Tag {
         fp: fp(seq, 100),
         step,
     }
 }
 
-fn reg(t: &mut ShmTransport, buf: &mut [u8]) -> MemHandle {
+pub(super) fn reg(t: &mut ShmTransport, buf: &mut [u8]) -> MemHandle {
     // SAFETY: every test keeps the buffer alive and untouched until its transfers are done.
     unsafe { t.register(buf.as_mut_ptr(), buf.len()) }.unwrap()
 }
 
-fn pattern(len: usize, seed: u8) -> Vec<u8> {
+pub(super) fn pattern(len: usize, seed: u8) -> Vec<u8> {
     (0..len)
         .map(|i| (i as u8).wrapping_mul(31).wrapping_add(seed))
         .collect()
 }
 
 /// Progresses both sides until every request completes (at most 2 s).
-fn run(a: &mut ShmTransport, b: &mut ShmTransport, mut ra: Vec<Request>, mut rb: Vec<Request>) {
+pub(super) fn run(
+    a: &mut ShmTransport,
+    b: &mut ShmTransport,
+    mut ra: Vec<Request>,
+    mut rb: Vec<Request>,
+) {
     let deadline = Instant::now() + Duration::from_secs(2);
     while !(ra.is_empty() && rb.is_empty()) {
         assert!(
