@@ -246,7 +246,7 @@ impl Communicator {
                 me,
                 TcpConfig {
                     lanes: cfg.lanes.value,
-                    segment_bytes: cfg.segment_bytes.value,
+                    segment_bytes: cfg.segment_bytes_for(LinkKind::Tcp),
                     ifname: cfg.socket_ifname.value.clone(),
                     store_ip,
                     job_key: fnv1a(&[&boot.token, &boot.job_id]),
@@ -793,7 +793,7 @@ impl Communicator {
             nranks: self.size,
             count,
             root: op.root,
-            segment_elems: (self.cfg.segment_bytes.value / es).max(1),
+            segment_elems: (self.cfg.segment_bytes_for(self.shape.link) / es).max(1),
             scaled: op.weight.is_some(),
             local_size: self.shape.local.map_or(0, |l| l as u32),
         };

@@ -7,9 +7,20 @@
 //! effective configuration with those sources at init.
 
 use crate::algo::Algo;
+use crate::model::LinkKind;
 use gw_transport::{Error, Result};
 use std::fmt;
 use std::time::Duration;
+
+/// Default segment of collectives over TCP. Each segment over loopback costs
+/// system calls, frames and schedule steps whatever its size; interleaved on
+/// this 2-core VM, 1 MiB segments and frames against 128 KiB took 4 ranks
+/// 64 MiB from 220-238 to 185-191 ms and 2 ranks 256 MiB from a median of
+/// 359 to 323 ms, with 1 and 16 MiB within noise. The frames grow with the
+/// segments (1 MiB segments in 128 KiB frames, or the reverse, gained
+/// little). Shared memory keeps 128 KiB: a segment that fits one ring slot
+/// is reduced where it arrived (`engine/in_place.rs`).
+pub const TCP_SEGMENT_BYTES: usize = 1 << 20;
 
 /// Where a setting's value came from.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -90,7 +101,9 @@ pub struct Config {
     pub timeout: Setting<Duration>,
     /// `GW_LANES`: TCP sockets per peer.
     pub lanes: Setting<usize>,
-    /// `GW_SEGMENT_BYTES`: pipeline segment of the algorithms, and TCP frame size.
+    /// `GW_SEGMENT_BYTES`: pipeline segment of the algorithms, and TCP frame
+    /// size. Left at its default it depends on the link (see
+    /// [`Config::segment_bytes_for`]).
     pub segment_bytes: Setting<usize>,
     /// `GW_ALGO`: force ring, tree or rhd for all-reduce.
     pub algo: Setting<Option<Algo>>,
@@ -125,7 +138,8 @@ impl Default for Config {
             lanes: Setting::default(2),
             // 128 KiB: a segment and its scratch slot stay in a core's L2; on this
             // 2-core VM it beat 512 KiB at 16-256 MiB over shm (2.0-2.7 vs
-            // 1.6-1.8 GB/s at 64 MiB) and steadied TCP at 1 MiB.
+            // 1.6-1.8 GB/s at 64 MiB) and steadied TCP at 1 MiB. Collectives
+            // over TCP use TCP_SEGMENT_BYTES instead.
             segment_bytes: Setting::default(128 * 1024),
             algo: Setting::default(None),
             tree_threshold: Setting::default(64 * 1024),
@@ -280,6 +294,17 @@ impl Config {
         Ok(())
     }
 
+    /// The pipeline segment (and TCP frame) of collectives bound by `link`:
+    /// `GW_SEGMENT_BYTES` where set, else its default over shared memory and
+    /// [`TCP_SEGMENT_BYTES`] over TCP. Every rank derives the same `link`
+    /// (the communicator's slowest), so every rank cuts messages alike.
+    pub fn segment_bytes_for(&self, link: LinkKind) -> usize {
+        match (self.segment_bytes.source, link) {
+            (Source::Default, LinkKind::Tcp) => TCP_SEGMENT_BYTES,
+            _ => self.segment_bytes.value,
+        }
+    }
+
     /// One line per setting: name, value, source.
     pub fn describe(&self) -> Vec<String> {
         fn line<T: fmt::Debug>(name: &str, s: &Setting<T>) -> String {
@@ -289,7 +314,13 @@ impl Config {
             line("GW_TRANSPORT", &self.transport),
             line("GW_TIMEOUT", &self.timeout),
             line("GW_LANES", &self.lanes),
-            line("GW_SEGMENT_BYTES", &self.segment_bytes),
+            match self.segment_bytes.source {
+                Source::Default => format!(
+                    "{:<18} = {} over shm, {TCP_SEGMENT_BYTES} over TCP (default)",
+                    "GW_SEGMENT_BYTES", self.segment_bytes.value
+                ),
+                _ => line("GW_SEGMENT_BYTES", &self.segment_bytes),
+            },
             line("GW_ALGO", &self.algo),
             line("GW_TREE_THRESHOLD", &self.tree_threshold),
             line("GW_FUSION_BYTES", &self.fusion_bytes),
@@ -314,6 +345,21 @@ mod tests {
             .map(|(k, v)| (k.to_string(), v.to_string()))
             .collect();
         move |k| m.get(k).cloned()
+    }
+
+    #[test]
+    fn the_default_segment_depends_on_the_link_and_a_set_one_does_not() {
+        let mut c = Config::default();
+        assert_eq!(c.segment_bytes_for(LinkKind::Shm), 128 * 1024);
+        assert_eq!(c.segment_bytes_for(LinkKind::Tcp), TCP_SEGMENT_BYTES);
+        assert!(c.describe().iter().any(|l| l.contains("GW_SEGMENT_BYTES")
+            && l.contains(&format!("{TCP_SEGMENT_BYTES} over TCP"))));
+        c.apply_env_from(&env(&[("GW_SEGMENT_BYTES", "65536")]))
+            .unwrap();
+        assert_eq!(c.segment_bytes_for(LinkKind::Shm), 65536);
+        assert_eq!(c.segment_bytes_for(LinkKind::Tcp), 65536);
+        c.segment_bytes.set(4096);
+        assert_eq!(c.segment_bytes_for(LinkKind::Tcp), 4096);
     }
 
     #[test]
