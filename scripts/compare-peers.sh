@@ -94,17 +94,18 @@ bytes_of() { # 8 / 1K / 64K / 1M ... -> bytes
   esac
 }
 
-# Timed and warm-up iterations per size: a few seconds per launch at most on a
-# 2-core machine (the large sizes move 0.1-0.5 GB/s there), so that three
-# rounds take 10-15 minutes.
+# Timed and warm-up iterations per size: enough that the fast systems time
+# 0.05-0.5 s per launch (fewer left one descheduling of a rank deciding a
+# 1 MiB ratio), and a few seconds at most for the slowest (Gloo, 4 ranks on
+# TCP), so that three rounds take 6-8 minutes on a 2-core machine.
 iters_for() { # BYTES -> "ITERS WARMUP"
   local b=$1 n w
-  if ((b <= 4096)); then n=500 w=50
-  elif ((b <= 65536)); then n=200 w=20
-  elif ((b <= 1 << 20)); then n=40 w=4
-  elif ((b <= 16 << 20)); then n=8 w=1
-  elif ((b <= 64 << 20)); then n=4 w=1
-  else n=2 w=1
+  if ((b <= 4096)); then n=2000 w=200
+  elif ((b <= 65536)); then n=500 w=50
+  elif ((b <= 1 << 20)); then n=200 w=20
+  elif ((b <= 16 << 20)); then n=20 w=2
+  elif ((b <= 64 << 20)); then n=6 w=1
+  else n=3 w=1
   fi
   n=$(awk -v n="$n" -v s="$ITERS_SCALE" 'BEGIN { x = int(n * s + 0.5); print (x < 1 ? 1 : x) }')
   w=$(awk -v n="$w" -v s="$ITERS_SCALE" 'BEGIN { x = int(n * s + 0.5); print (x < 1 ? 1 : x) }')
