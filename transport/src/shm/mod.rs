@@ -589,8 +589,11 @@ fn probe_peer(p: &mut Peer) {
     let Some(conn) = p.conn.as_mut() else {
         return;
     };
+    if conn.probed {
+        return;
+    }
     let addr = conn.rx.probe_addr();
-    if conn.probed || addr == 0 {
+    if addr == 0 {
         return;
     }
     let yes = pull::probe(p.info.pid, addr);
@@ -799,6 +802,9 @@ fn reap_pulls(p: &mut Peer, reqs: &mut ReqMap<bool>) -> bool {
     let Some(conn) = p.conn.as_ref() else {
         return false;
     };
+    if p.pulls_out.is_empty() {
+        return false;
+    }
     let before = p.pulls_out.len();
     p.pulls_out.retain(|o| {
         let done = conn.tx.pulled(o.k);
