@@ -13,7 +13,7 @@ pub mod seam;
 pub mod wire;
 
 pub use error::{Error, Result};
-pub use seam::{Landed, MemHandle, Properties, Rank, Request, Tag, Transport};
+pub use seam::{Landed, MemHandle, Now, Properties, Rank, Request, Tag, Transport};
 #[doc(hidden)]
 pub use unexpected::early_buffers_allocated;
 pub use wire::{DType, Fingerprint, FrameHeader, FrameKind, OpKind, RedOp};

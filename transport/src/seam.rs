@@ -155,6 +155,18 @@ pub enum Landed {
     InPlace(*const u8),
 }
 
+/// What became of an attempt to move a small message at once (see
+/// [`Transport::send_now`] and [`Transport::recv_now`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Now {
+    /// Moved.
+    Done,
+    /// Nothing from that peer yet: try again.
+    Empty,
+    /// Not on this path: post the transfer (`isend` / `irecv`) instead.
+    Later,
+}
+
 /// The transport interface (see the module comment for the contract).
 pub trait Transport: Send {
     /// What this transport is and how fast it is expected to be.
@@ -200,6 +212,28 @@ pub trait Transport: Send {
 
     /// Whether `req` has completed; a completed request is released.
     fn test(&mut self, req: Request) -> Result<bool>;
+
+    /// Sends `bytes` as the message `tag` to `peer` now, without posting a
+    /// request, if the transport can do so at once (a message that fits its
+    /// eager path, nothing queued before it); [`Now::Later`] otherwise, and
+    /// nothing was sent. For small operations whose own bookkeeping would
+    /// cost more than the transfer. By default always `Later`.
+    fn send_now(&mut self, peer: Rank, tag: Tag, bytes: &[u8]) -> Result<Now> {
+        let _ = (peer, tag, bytes);
+        Ok(Now::Later)
+    }
+
+    /// Receives the message `tag` from `peer` into `dst` now if it is the
+    /// next thing from that peer and nothing else is pending with it;
+    /// [`Now::Empty`] if nothing has come from that peer yet; [`Now::Later`]
+    /// if anything else stands in the way (other frames, posted receives),
+    /// and then the caller posts an `irecv`, which handles every case.
+    /// Disagreements and peer failures are errors, as from `progress`. By
+    /// default always `Later`.
+    fn recv_now(&mut self, peer: Rank, tag: Tag, dst: &mut [u8]) -> Result<Now> {
+        let _ = (peer, tag, dst);
+        Ok(Now::Later)
+    }
 
     /// [`Transport::irecv`], except that the transport may leave the message
     /// where it arrived (a shared-memory ring slot) instead of copying it to

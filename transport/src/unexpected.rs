@@ -137,6 +137,11 @@ impl Unexpected {
         }
     }
 
+    /// Whether no frame is buffered.
+    pub fn is_empty(&self) -> bool {
+        self.frames.is_empty()
+    }
+
     /// Forgets everything (after an abort).
     pub fn clear(&mut self) {
         self.frames.clear();

@@ -23,7 +23,7 @@ use super::{
 };
 use crate::reduce::Kernel;
 use gw_transport::wire::Fingerprint;
-use gw_transport::{Error, MemHandle, Rank, Result, Tag};
+use gw_transport::{Error, Now, Rank, Request, Result, Tag};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
@@ -128,22 +128,13 @@ impl Engine {
         for j in 0..op.rounds {
             let peer: Rank = me ^ (1 << j);
             let t = self.direct_connect(op, peer, w)?;
-            let slot = self.scratch_handles[t]
-                .ok_or_else(|| Error::Internal("scratch used before it was registered".into()))?;
             // Round 0 sends the caller's input, later rounds the partial sum.
             let src = if j == 0 { op.send } else { op.recv };
-            // SAFETY: the caller keeps its buffers valid until we return; the
-            // registration is dropped below, before that.
-            let mem = unsafe { self.transports[t].register(src.0, op.bytes)? };
             let tag = Tag {
                 fp: op.fp,
                 step: j + 1,
             };
-            let res = self.direct_exchange(op, t, peer, tag, mem, slot, w);
-            // Fails only while the send is still posted, after an error
-            // that fails the communicator (the transports are aborted).
-            let _ = self.transports[t].deregister(mem);
-            res?;
+            self.direct_exchange(op, t, peer, tag, src, w)?;
             let got = self.scratch.as_ptr().cast::<u8>();
             // SAFETY: src and recv hold `count` elements (the caller's layout),
             // scratch at least `bytes`; recv is src or disjoint from it.
@@ -180,32 +171,94 @@ impl Engine {
         }
     }
 
-    /// One exchange of the whole buffer with `peer`.
-    #[allow(clippy::too_many_arguments)]
+    /// One exchange of the whole buffer with `peer`: `src` out, the peer's
+    /// into scratch. Where the transport can move the messages at once
+    /// (`send_now`, `recv_now`: shm, with nothing else pending with the
+    /// peer) no request is posted and no memory registered; otherwise, or
+    /// as soon as anything else stands in the way, they are posted.
     fn direct_exchange(
         &mut self,
         op: &DirectOp,
         t: usize,
         peer: Rank,
         tag: Tag,
-        mem: MemHandle,
-        slot: MemHandle,
+        src: Ptr,
         w: &mut Waiting,
     ) -> Result<()> {
-        let sreq = self.transports[t].isend(peer, tag, mem, 0, op.bytes)?;
-        let rreq = self.transports[t].irecv(peer, tag, slot, 0, op.bytes)?;
-        let (mut sent, mut got) = (false, false);
+        // SAFETY: the caller keeps `src` (its input or output, `bytes`
+        // long) valid and unwritten until we return.
+        let out = unsafe { std::slice::from_raw_parts(src.0, op.bytes) };
+        let send = match self.transports[t].send_now(peer, tag, out)? {
+            Now::Done => None,
+            _ => {
+                // SAFETY: as above; the registration is dropped below,
+                // before we return.
+                let mem = unsafe { self.transports[t].register(src.0, op.bytes)? };
+                match self.transports[t].isend(peer, tag, mem, 0, op.bytes) {
+                    Ok(req) => Some((mem, req)),
+                    Err(e) => {
+                        let _ = self.transports[t].deregister(mem);
+                        return Err(e);
+                    }
+                }
+            }
+        };
+        let res = self.direct_complete(op, t, peer, tag, send.map(|s| s.1), w);
+        if let Some((mem, _)) = send {
+            // Fails only while the send is still posted, after an error
+            // that fails the communicator (the transports are aborted).
+            let _ = self.transports[t].deregister(mem);
+        }
+        res
+    }
+
+    /// Waits for the exchange's send (if posted) and receives the peer's
+    /// message into scratch.
+    fn direct_complete(
+        &mut self,
+        op: &DirectOp,
+        t: usize,
+        peer: Rank,
+        tag: Tag,
+        sreq: Option<Request>,
+        w: &mut Waiting,
+    ) -> Result<()> {
+        let slot = self.scratch_handles[t]
+            .ok_or_else(|| Error::Internal("scratch used before it was registered".into()))?;
+        // SAFETY: scratch holds at least `bytes` (ensure_scratch) and nothing
+        // else uses it during this call.
+        let into =
+            unsafe { std::slice::from_raw_parts_mut(self.scratch.as_mut_ptr().cast(), op.bytes) };
+        let (mut sent, mut got) = (sreq.is_none(), false);
+        let mut rreq = None;
         loop {
             let mut moved = false;
-            for tr in &mut self.transports {
-                tr.poke();
-                moved |= tr.progress()?;
+            if !got && rreq.is_none() {
+                match self.transports[t].recv_now(peer, tag, into)? {
+                    Now::Done => (got, moved) = (true, true),
+                    Now::Empty => {}
+                    Now::Later => {
+                        rreq = Some(self.transports[t].irecv(peer, tag, slot, 0, op.bytes)?);
+                    }
+                }
             }
-            if !sent && self.transports[t].test(sreq)? {
+            if !(sent && (got || rreq.is_none())) {
+                for tr in &mut self.transports {
+                    tr.poke();
+                    moved |= tr.progress()?;
+                }
+            }
+            if let Some(s) = sreq
+                && !sent
+                && self.transports[t].test(s)?
+            {
                 sent = true;
                 moved = true;
             }
-            if !got && self.transports[t].test(rreq)? {
+            if let Some(r) = rreq
+                && !got
+                && self.transports[t].test(r)?
+            {
                 got = true;
                 moved = true;
             }

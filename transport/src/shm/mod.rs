@@ -43,6 +43,8 @@ mod stream;
 mod tests;
 #[cfg(test)]
 mod tests_in_place;
+#[cfg(test)]
+mod tests_now;
 
 use self::doorbell::{Doorbell, doorbell_addr};
 use self::pull::RENDEZVOUS_LEN;
@@ -51,7 +53,7 @@ use self::segment::{Layout, Opened, Segment, pid_alive, segment_path};
 use crate::error::{Error, Result};
 use crate::peers::PeerInfo;
 use crate::reqmap::{self, ReqMap};
-use crate::seam::{Landed, MemHandle, Properties, Rank, Readiness, Request, Tag, Transport};
+use crate::seam::{Landed, MemHandle, Now, Properties, Rank, Readiness, Request, Tag, Transport};
 use crate::unexpected::Unexpected;
 use crate::wire::{DType, Fingerprint, FrameHeader, FrameKind, HEADER_LEN, OpKind, RedOp};
 use std::collections::VecDeque;
@@ -741,10 +743,7 @@ fn pump_sends(
             }
             .encode();
             let payload = pull::encode(op.ptr.0 as u64, k);
-            let ok = conn.tx.push(&header, &payload).map_err(|c| {
-                Error::Protocol(format!("shared memory to {}: {}", p.info.rank, c.0))
-            })?;
-            if !ok {
+            if !push_frame(&mut conn.tx, p.info.rank, &header, &payload)? {
                 break;
             }
             pushed = true;
@@ -777,11 +776,7 @@ fn pump_sends(
             // written concurrently while the send is posted.
             unsafe { std::slice::from_raw_parts(op.ptr.0.add(offset as usize), len as usize) }
         };
-        let ok = conn
-            .tx
-            .push(&header, payload)
-            .map_err(|c| Error::Protocol(format!("shared memory to {}: {}", p.info.rank, c.0)))?;
-        if !ok {
+        if !push_frame(&mut conn.tx, p.info.rank, &header, payload)? {
             break;
         }
         pushed = true;
@@ -795,6 +790,17 @@ fn pump_sends(
         bell.ring(&p.bell);
     }
     Ok(pushed)
+}
+
+/// Writes one frame into the ring to `rank`; `false` if the ring is full.
+fn push_frame(
+    tx: &mut Producer,
+    rank: Rank,
+    header: &[u8; HEADER_LEN],
+    payload: &[u8],
+) -> Result<bool> {
+    tx.push(header, payload)
+        .map_err(|c| Error::Protocol(format!("shared memory to {rank}: {}", c.0)))
 }
 
 /// Completes our rendezvous sends to `p` that the peer has pulled.
@@ -1184,6 +1190,82 @@ impl Transport for ShmTransport {
         len: usize,
     ) -> Result<Request> {
         self.post_recv(peer, tag, mem, offset, len, true)
+    }
+
+    fn send_now(&mut self, peer: Rank, tag: Tag, bytes: &[u8]) -> Result<Now> {
+        self.check_post(peer)?;
+        let me = self.me;
+        let p = &mut self.peers[peer as usize];
+        let Some(conn) = p.conn.as_mut() else {
+            return Ok(Now::Later);
+        };
+        // Behind queued sends it would overtake them; larger than a slot it
+        // is several frames.
+        if !p.sends.is_empty() || bytes.len() > conn.tx.slot_bytes() {
+            return Ok(Now::Later);
+        }
+        let n = bytes.len() as u64;
+        let header = FrameHeader {
+            kind: FrameKind::Data,
+            src_rank: me,
+            fp: tag.fp,
+            step: tag.step,
+            offset: 0,
+            len: n,
+            total: n,
+        }
+        .encode();
+        if !push_frame(&mut conn.tx, p.info.rank, &header, bytes)? {
+            return Ok(Now::Later);
+        }
+        if conn.tx.take_reader_sleeping() {
+            self.bell.ring(&p.bell);
+        }
+        Ok(Now::Done)
+    }
+
+    fn recv_now(&mut self, peer: Rank, tag: Tag, dst: &mut [u8]) -> Result<Now> {
+        if self.aborted {
+            return Err(Error::Aborted("the shm transport was aborted".into()));
+        }
+        self.check_peer(peer)?;
+        let me = self.me;
+        let p = &mut self.peers[peer as usize];
+        // Anything pending with the peer has its order and its checks on the
+        // general path.
+        if p.closed
+            || !p.recvs.is_empty()
+            || p.active.is_some()
+            || p.held.is_some()
+            || !p.early.is_empty()
+        {
+            return Ok(Now::Later);
+        }
+        let Some(conn) = p.conn.as_ref() else {
+            return Ok(Now::Later);
+        };
+        let Some(raw) = conn.rx.peek().map_err(|c| p.corrupt(c))? else {
+            return Ok(Now::Empty);
+        };
+        let Head::Early(h) = examine(me, p, &conn.rx, &raw)? else {
+            return Ok(Now::Later);
+        };
+        if h.kind != FrameKind::Data || !tag.matches(me, &h, dst.len() as u64)? || h.len != h.total
+        {
+            return Ok(Now::Later);
+        }
+        let conn = p
+            .conn
+            .as_mut()
+            .ok_or_else(|| Error::Internal("connection vanished".into()))?;
+        conn.rx.read_payload(dst).map_err(|c| {
+            Error::Protocol(format!("shared memory from rank {}: {}", p.info.rank, c.0))
+        })?;
+        conn.rx.pop();
+        if conn.rx.take_writer_sleeping() {
+            self.bell.ring(&p.bell);
+        }
+        Ok(Now::Done)
     }
 
     fn test(&mut self, req: Request) -> Result<bool> {

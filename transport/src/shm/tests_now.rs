@@ -1,0 +1,168 @@
+//! Small messages moved at once (`send_now` / `recv_now`), and their hand-over
+//! to the posted path whenever anything else is pending with the peer.
+
+use super::tests::{fp, pair, pattern, reg, run, tag};
+use super::*;
+use proptest::prelude::*;
+
+#[test]
+fn a_small_message_goes_and_comes_without_requests() {
+    let (mut a, mut b) = pair("now", 4, 64);
+    let msg = pattern(40, 1);
+    assert_eq!(a.send_now(1, tag(1, 0), &msg).unwrap(), Now::Done);
+    let mut got = vec![0u8; 40];
+    assert_eq!(b.recv_now(0, tag(1, 0), &mut got).unwrap(), Now::Done);
+    assert_eq!(got, msg);
+    // Nothing left: the next look finds the ring empty.
+    assert_eq!(b.recv_now(0, tag(1, 1), &mut got).unwrap(), Now::Empty);
+    assert!(
+        a.reqs.is_empty() && b.reqs.is_empty(),
+        "requests were posted"
+    );
+}
+
+#[test]
+fn anything_else_pending_with_the_peer_hands_over_to_the_posted_path() {
+    let (mut a, mut b) = pair("now-later", 4, 64);
+    let mut src = pattern(310, 3);
+    let mut dst = vec![0u8; 310];
+    let (ms, md) = (reg(&mut a, &mut src), reg(&mut b, &mut dst));
+    // Larger than a slot: several frames.
+    assert_eq!(a.send_now(1, tag(1, 0), &src[..100]).unwrap(), Now::Later);
+    let big = a.isend(1, tag(1, 0), ms, 0, 300).unwrap();
+    // Four of its five frames fill the ring.
+    a.progress().unwrap();
+    let mut small = vec![0u8; 10];
+    // The head of the ring is the big message's first frame, not step 1,
+    // and step 0 comes in several frames: both go the posted way.
+    assert_eq!(b.recv_now(0, tag(1, 1), &mut small).unwrap(), Now::Later);
+    assert_eq!(
+        b.recv_now(0, tag(1, 0), &mut dst[..300]).unwrap(),
+        Now::Later
+    );
+    let r0 = b.irecv(0, tag(1, 0), md, 0, 300).unwrap();
+    b.progress().unwrap();
+    // The ring has room again, but the big message's last frame is still
+    // queued: a small message may not overtake it.
+    assert!(a.peers[1].conn.as_ref().unwrap().tx.free().unwrap() > 0);
+    assert_eq!(a.send_now(1, tag(1, 1), &src[300..]).unwrap(), Now::Later);
+    // With a receive posted, nothing is taken at once either.
+    assert_eq!(b.recv_now(0, tag(1, 1), &mut small).unwrap(), Now::Later);
+    run(&mut a, &mut b, vec![big], vec![r0]);
+    assert_eq!(dst[..300], src[..300]);
+    // Once nothing is pending, the fast path is open again.
+    assert_eq!(a.send_now(1, tag(1, 1), &src[300..]).unwrap(), Now::Done);
+    assert_eq!(b.recv_now(0, tag(1, 1), &mut small).unwrap(), Now::Done);
+    assert_eq!(small, src[300..]);
+}
+
+#[test]
+fn a_full_ring_or_buffered_frames_send_the_caller_to_the_posted_path() {
+    let (mut a, mut b) = pair("now-full", 1, 64);
+    let mut src = pattern(16, 5);
+    let mut dst = vec![0u8; 16];
+    let (ms, md) = (reg(&mut a, &mut src), reg(&mut b, &mut dst));
+    assert_eq!(a.send_now(1, tag(1, 0), &src[..8]).unwrap(), Now::Done);
+    // One slot, taken: the next message waits for the posted path.
+    assert_eq!(a.send_now(1, tag(1, 1), &src[8..]).unwrap(), Now::Later);
+    let s1 = a.isend(1, tag(1, 1), ms, 8, 8).unwrap();
+    // b posts step 1 first: step 0 is buffered as early to let it through.
+    let r1 = b.irecv(0, tag(1, 1), md, 8, 8).unwrap();
+    run(&mut a, &mut b, vec![s1], vec![r1]);
+    assert!(!b.peers[0].early.is_empty(), "step 0 was not buffered");
+    // Only the posted path looks at buffered frames.
+    let mut got = vec![0u8; 8];
+    assert_eq!(b.recv_now(0, tag(1, 0), &mut got).unwrap(), Now::Later);
+    let r0 = b.irecv(0, tag(1, 0), md, 0, 8).unwrap();
+    assert!(b.test(r0).unwrap());
+    assert_eq!(dst, src);
+    b.abort("test over");
+    assert!(matches!(
+        b.recv_now(0, tag(1, 2), &mut got),
+        Err(Error::Aborted(_))
+    ));
+}
+
+#[test]
+fn disagreements_and_aborts_are_reported_as_on_the_posted_path() {
+    let (mut a, mut b) = pair("now-errors", 4, 64);
+    let m = pattern(8, 7);
+    // Same operation slot, another call: a mismatch naming both.
+    let other = Tag {
+        fp: Fingerprint {
+            op: OpKind::Broadcast,
+            ..fp(1, 100)
+        },
+        step: 0,
+    };
+    assert_eq!(a.send_now(1, other, &m).unwrap(), Now::Done);
+    let mut got = vec![0u8; 8];
+    assert!(matches!(
+        b.recv_now(0, tag(1, 0), &mut got),
+        Err(Error::Mismatch { .. })
+    ));
+    let (mut a, mut b) = pair("now-abort", 4, 64);
+    a.abort("rank 0 gave up");
+    assert!(matches!(
+        b.recv_now(0, tag(1, 0), &mut got),
+        Err(Error::Remote { what, .. }) if what.contains("rank 0 gave up")
+    ));
+    assert!(matches!(
+        a.send_now(1, tag(1, 0), &m),
+        Err(Error::Aborted(_))
+    ));
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 48, ..ProptestConfig::default() })]
+
+    /// Messages of random sizes, each sent at once or posted, received at
+    /// once or posted, over rings of one to three slots: every message
+    /// arrives whole, in order, by whichever path.
+    #[test]
+    fn mixed_paths_deliver_every_message_exactly(
+        slots in 1usize..4,
+        msgs in prop::collection::vec((0usize..150, any::<bool>(), any::<bool>()), 1..12),
+    ) {
+        let (mut a, mut b) = pair("now-prop", slots, 64);
+        let total: usize = msgs.iter().map(|m| m.0).sum();
+        let mut src = pattern(total, 9);
+        let mut dst = vec![0u8; total];
+        let (ms, md) = (reg(&mut a, &mut src), reg(&mut b, &mut dst));
+        let mut offs = Vec::with_capacity(msgs.len());
+        let mut o = 0;
+        for m in &msgs {
+            offs.push(o);
+            o += m.0;
+        }
+        let mut sends = vec![];
+        for (i, m) in msgs.iter().enumerate() {
+            let (t, range) = (tag(1, i as u32), offs[i]..offs[i] + m.0);
+            if m.1 && a.send_now(1, t, &src[range]).unwrap() == Now::Done {
+                continue;
+            }
+            sends.push(a.isend(1, t, ms, offs[i], m.0).unwrap());
+            a.progress().unwrap();
+        }
+        let mut recvs = vec![];
+        for (i, m) in msgs.iter().enumerate() {
+            let t = tag(1, i as u32);
+            let at_once = m.2 && {
+                let deadline = std::time::Instant::now() + std::time::Duration::from_secs(2);
+                loop {
+                    a.progress().unwrap();
+                    match b.recv_now(0, t, &mut dst[offs[i]..offs[i] + m.0]).unwrap() {
+                        Now::Done => break true,
+                        Now::Later => break false,
+                        Now::Empty => prop_assert!(std::time::Instant::now() < deadline),
+                    }
+                }
+            };
+            if !at_once {
+                recvs.push(b.irecv(0, t, md, offs[i], m.0).unwrap());
+            }
+        }
+        run(&mut a, &mut b, sends, recvs);
+        prop_assert_eq!(&dst, &src);
+    }
+}
