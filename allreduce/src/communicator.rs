@@ -436,7 +436,13 @@ impl Communicator {
             rx,
             abort.clone(),
         )?;
-        let driver = Driver::new(engine, waker, cfg.inline.value);
+        let chosen = cfg.spin_us.source != crate::config::Source::Default;
+        let driver = Driver::new(
+            engine,
+            waker,
+            cfg.inline.value,
+            crate::drive::drive_spin(spin, chosen, oversubscribed),
+        );
         let thread = std::thread::Builder::new()
             .name(format!("gw-engine-{me}"))
             .spawn({

@@ -278,6 +278,11 @@ impl TurnState {
     pub fn woke(&mut self) {
         self.idle_since = None;
     }
+
+    /// How long nothing has moved (zero while things move).
+    pub fn idle_for(&self) -> Duration {
+        self.idle_since.map_or(Duration::ZERO, |s| s.elapsed())
+    }
 }
 
 /// Static engine settings.
