@@ -738,14 +738,7 @@ impl Engine {
             let mut i = 0;
             while i < r.inflight.len() {
                 let f = r.inflight[i];
-                let landed = match f.in_place {
-                    None => match self.transports[f.t].test(f.req)? {
-                        true => Landed::Written,
-                        false => Landed::Pending,
-                    },
-                    Some(_) => self.transports[f.t].test_in_place(f.req)?,
-                };
-                match landed {
+                match self.transports[f.t].test_in_place(f.req)? {
                     Landed::Pending => i += 1,
                     Landed::Written => {
                         r.inflight.swap_remove(i);

@@ -251,7 +251,9 @@ pub trait Transport: Send {
         self.irecv(peer, tag, mem, offset, len)
     }
 
-    /// Tests a receive posted with [`Transport::irecv_in_place`]. A request
+    /// [`Transport::test`] for any request, saying also where a completed
+    /// receive's bytes are; a receive posted with
+    /// [`Transport::irecv_in_place`] must be tested with this. A request
     /// that completes [`Landed::InPlace`] holds its peer's inbound stream
     /// (nothing behind it is delivered) until [`Transport::release_in_place`],
     /// so the caller consumes the bytes and releases them at once.

@@ -86,14 +86,17 @@ impl Engine {
         out
     }
 
-    /// Copies a message left in place into its scratch range and releases it.
+    /// Copies a message left in place into its scratch range and releases
+    /// it (released even if the range is bad, so that no slot stays held).
     fn land(&mut self, r: &Running, f: Inflight, range: Loc, at: *const u8) -> Result<()> {
-        let (base, off, len) = self.buf_range(r, range)?;
-        // SAFETY: buf_range checked the range against scratch; the transport
-        // guarantees `len` bytes at `at` until release, in memory the engine
-        // does not own, so the two do not overlap.
-        unsafe { std::ptr::copy_nonoverlapping(at, base.0.add(off), len) };
-        self.transports[f.t].release_in_place(f.req)
+        let copied = self.buf_range(r, range).map(|(base, off, len)| {
+            // SAFETY: buf_range checked the range against scratch; the
+            // transport guarantees `len` bytes at `at` until release, in
+            // memory the engine does not own, so the two do not overlap.
+            unsafe { std::ptr::copy_nonoverlapping(at, base.0.add(off), len) }
+        });
+        let released = self.transports[f.t].release_in_place(f.req);
+        copied.and(released)
     }
 }
 

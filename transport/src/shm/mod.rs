@@ -492,6 +492,18 @@ impl ShmTransport {
         Ok(Request(req))
     }
 
+    /// The peer whose inbound ring holds request `req`'s message in place,
+    /// and the message's length.
+    fn holder(&self, req: Request) -> Option<(usize, usize)> {
+        self.peers
+            .iter()
+            .enumerate()
+            .find_map(|(i, p)| match p.held {
+                Some((r, len)) if r == req.0 => Some((i, len)),
+                _ => None,
+            })
+    }
+
     fn new_req(&mut self) -> u64 {
         let id = self.next_req;
         self.next_req += 1;
@@ -790,6 +802,15 @@ fn pump_sends(
         bell.ring(&p.bell);
     }
     Ok(pushed)
+}
+
+/// Frees the oldest inbound frame's slot, waking the peer if it waits for
+/// room.
+fn free_head(conn: &mut Conn, bell: &mut Doorbell, peer_bell: &SocketAddr) {
+    conn.rx.pop();
+    if conn.rx.take_writer_sleeping() {
+        bell.ring(peer_bell);
+    }
 }
 
 /// Writes one frame into the ring to `rank`; `false` if the ring is full.
@@ -1254,16 +1275,9 @@ impl Transport for ShmTransport {
         {
             return Ok(Now::Later);
         }
-        let conn = p
-            .conn
-            .as_mut()
-            .ok_or_else(|| Error::Internal("connection vanished".into()))?;
-        conn.rx.read_payload(dst).map_err(|c| {
-            Error::Protocol(format!("shared memory from rank {}: {}", p.info.rank, c.0))
-        })?;
-        conn.rx.pop();
-        if conn.rx.take_writer_sleeping() {
-            self.bell.ring(&p.bell);
+        conn.rx.read_payload(dst).map_err(|c| p.corrupt(c))?;
+        if let Some(conn) = p.conn.as_mut() {
+            free_head(conn, &mut self.bell, &p.bell);
         }
         Ok(Now::Done)
     }
@@ -1288,15 +1302,14 @@ impl Transport for ShmTransport {
             Some(false) => Ok(Landed::Pending),
             Some(true) => {
                 self.reqs.remove(&req.0);
-                let Some(p) = self
-                    .peers
-                    .iter()
-                    .find(|p| matches!(p.held, Some((r, _)) if r == req.0))
-                else {
+                let Some((i, len)) = self.holder(req) else {
                     return Ok(Landed::Written);
                 };
-                let (conn, len) = (p.conn.as_ref(), p.held.map_or(0, |h| h.1));
-                let conn = conn.ok_or_else(|| Error::Internal("connection vanished".into()))?;
+                let p = &self.peers[i];
+                let conn = p
+                    .conn
+                    .as_ref()
+                    .ok_or_else(|| Error::Internal("connection vanished".into()))?;
                 let at = conn.rx.payload_ptr(len).map_err(|c| p.corrupt(c))?;
                 Ok(Landed::InPlace(at))
             }
@@ -1304,19 +1317,13 @@ impl Transport for ShmTransport {
     }
 
     fn release_in_place(&mut self, req: Request) -> Result<()> {
-        let p = self
-            .peers
-            .iter_mut()
-            .find(|p| matches!(p.held, Some((r, _)) if r == req.0))
-            .ok_or_else(|| {
-                Error::InvalidUsage(format!("request {} holds no message in place", req.0))
-            })?;
+        let (i, _) = self.holder(req).ok_or_else(|| {
+            Error::InvalidUsage(format!("request {} holds no message in place", req.0))
+        })?;
+        let p = &mut self.peers[i];
         p.held = None;
         if let Some(conn) = p.conn.as_mut() {
-            conn.rx.pop();
-            if conn.rx.take_writer_sleeping() {
-                self.bell.ring(&p.bell);
-            }
+            free_head(conn, &mut self.bell, &p.bell);
         }
         Ok(())
     }
