@@ -69,12 +69,31 @@ fn gwrun_cmd(args: &[&str]) -> Command {
     c
 }
 
+/// Spawns `cmd`, retrying while its program is "text file busy": a test
+/// that has just written an executable (a copy of gwrun) races with other
+/// test threads forking, whose children hold the write descriptor until
+/// they exec, and exec fails with ETXTBSY meanwhile.
+fn spawn_retrying(cmd: &mut Command) -> Child {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        match cmd.spawn() {
+            Err(e)
+                if e.kind() == std::io::ErrorKind::ExecutableFileBusy
+                    && Instant::now() < deadline =>
+            {
+                std::thread::sleep(Duration::from_millis(20))
+            }
+            r => return r.expect("spawn gwrun"),
+        }
+    }
+}
+
 fn start(mut cmd: Command) -> Job {
     cmd.stdin(Stdio::null())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped());
     let started = Instant::now();
-    let mut child = cmd.spawn().expect("spawn gwrun");
+    let mut child = spawn_retrying(&mut cmd);
     let out = child.stdout.take().unwrap();
     let mut err = child.stderr.take().unwrap();
     let (tx, lines) = mpsc::channel();
