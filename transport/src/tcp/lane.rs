@@ -4,7 +4,8 @@
 //! side writes queued segments with `writev` straight from registered memory.
 //! The receive side reads a header, then reads the payload straight into the
 //! matching posted receive (zero-copy); a frame that arrives before its
-//! receive is posted is read into a pooled buffer (see `unexpected`).
+//! receive is posted waits one progress call ([`Rx::Parked`]), then is read
+//! into a pooled buffer (see `unexpected`).
 //! Small reads (a header, a small payload) also pull whatever follows into
 //! the lane's [`Stage`], so a small frame costs one `read` rather than two.
 
@@ -42,6 +43,14 @@ pub(crate) enum Rx {
     },
     /// Reading the reason text of an abort frame.
     Abort { hdr: FrameHeader, buf: Vec<u8> },
+    /// A frame whose receive was not posted when its header came in. Its
+    /// payload stays in the socket until the next progress call: the engine
+    /// runs in between and usually posts that receive (the read loop takes
+    /// in every frame the socket holds, often ahead of the schedule, which
+    /// posts receives as the ones before them complete). Still unposted
+    /// then, the frame is read as [`Rx::Early`]; waiting longer could
+    /// deadlock a schedule that needs a frame queued behind this one.
+    Parked { hdr: FrameHeader },
     /// Reading a frame whose receive is not posted yet into a buffer.
     Early {
         hdr: FrameHeader,

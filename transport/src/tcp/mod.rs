@@ -130,6 +130,8 @@ pub struct TcpTransport {
     aborted: bool,
     /// Calls of `poke`, for its sweeps.
     pokes: u32,
+    /// Frames read into a buffer because their receive was not posted.
+    early_frames: u64,
 }
 
 impl TcpTransport {
@@ -180,12 +182,19 @@ impl TcpTransport {
             next_token: 1,
             aborted: false,
             pokes: 0,
+            early_frames: 0,
         })
     }
 
     /// The address peers dial.
     pub fn listen_addr(&self) -> SocketAddr {
         self.listen_addr
+    }
+
+    /// Frames that came in before their receive was posted, and were read
+    /// into a buffer and copied again later, since this transport was made.
+    pub fn early_frames(&self) -> u64 {
+        self.early_frames
     }
 
     /// Every rank's bring-up record, indexed by rank.
@@ -579,6 +588,21 @@ impl TcpTransport {
             for lane in lanes.iter_mut().flatten() {
                 loop {
                     match &mut lane.rx {
+                        Rx::Parked { hdr } => {
+                            let hdr = *hdr;
+                            lane.rx = match Self::find_posted(me, posted, &hdr)? {
+                                Some(i) => start_payload(hdr, &posted[i]),
+                                None => {
+                                    self.early_frames += 1;
+                                    Rx::Early {
+                                        hdr,
+                                        buf: early.buffer(hdr.len as usize),
+                                        got: 0,
+                                    }
+                                }
+                            };
+                            moved = true;
+                        }
                         Rx::Early { hdr, buf, got } => {
                             if *got < buf.len() {
                                 if !(lane.readable || always || lane.stage.pending()) {
@@ -698,14 +722,13 @@ impl TcpTransport {
                                             ),
                                         });
                                     }
-                                    lane.rx = match Self::find_posted(me, posted, &hdr)? {
-                                        Some(i) => start_payload(hdr, &posted[i]),
-                                        None => Rx::Early {
-                                            hdr,
-                                            buf: early.buffer(hdr.len as usize),
-                                            got: 0,
-                                        },
-                                    };
+                                    match Self::find_posted(me, posted, &hdr)? {
+                                        Some(i) => lane.rx = start_payload(hdr, &posted[i]),
+                                        None => {
+                                            lane.rx = Rx::Parked { hdr };
+                                            break;
+                                        }
+                                    }
                                 }
                                 Err(e) if would_block(&e) => {
                                     lane.readable = false;
@@ -1157,3 +1180,6 @@ impl Drop for TcpTransport {
         }
     }
 }
+
+#[cfg(test)]
+mod tests;

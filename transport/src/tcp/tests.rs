@@ -1,0 +1,159 @@
+//! Two `TcpTransport`s in one process (ranks 0 and 1), over real loopback
+//! sockets: how a frame whose receive is not posted yet is handled.
+
+use super::*;
+use crate::wire::{DType, RedOp};
+use std::net::Ipv4Addr;
+use std::time::{Duration, Instant};
+
+const LIMIT: Duration = Duration::from_secs(20);
+
+fn tag(step: u32) -> Tag {
+    Tag {
+        fp: Fingerprint {
+            comm_id: 7,
+            seq: 3,
+            op: OpKind::AllReduce,
+            dtype: DType::U8,
+            redop: RedOp::Sum,
+            count: 0,
+            root: 0,
+        },
+        step,
+    }
+}
+
+/// Ranks 0 and 1 with `lanes` sockets between them, connected.
+fn pair(lanes: usize) -> (TcpTransport, TcpTransport) {
+    let cfg = TcpConfig {
+        lanes,
+        store_ip: Some(Ipv4Addr::LOCALHOST.into()),
+        ..TcpConfig::default()
+    };
+    let mut t: Vec<TcpTransport> = (0..2)
+        .map(|r| TcpTransport::new(r, cfg.clone()).unwrap())
+        .collect();
+    let infos: Vec<PeerInfo> = (0..2)
+        .map(|r| PeerInfo {
+            rank: r,
+            host_id: format!("host{r}"),
+            hostname: format!("host{r}"),
+            pid: std::process::id(),
+            tcp: vec![t[r as usize].listen_addr()],
+        })
+        .collect();
+    for x in &mut t {
+        x.set_peers(infos.clone());
+    }
+    let mut b = t.pop().unwrap();
+    let mut a = t.pop().unwrap();
+    let start = Instant::now();
+    loop {
+        let ra = a.connect(1).unwrap();
+        let rb = b.connect(0).unwrap();
+        if ra == Readiness::Ready && rb == Readiness::Ready {
+            return (a, b);
+        }
+        a.progress().unwrap();
+        b.progress().unwrap();
+        assert!(start.elapsed() < LIMIT, "the pair did not connect");
+    }
+}
+
+fn pattern(len: usize, seed: u8) -> Vec<u8> {
+    (0..len)
+        .map(|i| (i as u8).wrapping_mul(31) ^ seed)
+        .collect()
+}
+
+/// Progresses both until `done` holds, or fails naming `what`.
+fn until(
+    a: &mut TcpTransport,
+    b: &mut TcpTransport,
+    what: &str,
+    mut done: impl FnMut(&mut TcpTransport, &mut TcpTransport) -> bool,
+) {
+    let start = Instant::now();
+    while !done(a, b) {
+        a.progress().unwrap();
+        b.progress().unwrap();
+        assert!(start.elapsed() < LIMIT, "timed out waiting for {what}");
+    }
+}
+
+/// Rank 1 reads the header of a frame it has no receive for, then posts the
+/// receive before its next progress call (as the engine does between two):
+/// the payload goes straight into the receive, with no buffer on the way.
+#[test]
+fn a_frame_waits_one_progress_call_for_its_receive() {
+    let (mut a, mut b) = pair(1);
+    let len = 200 * 1024;
+    let src = pattern(len, 1);
+    let mut dst = vec![0u8; len];
+    // SAFETY: both vectors outlive the transports' use of them (every
+    // request completes below, and the transports are dropped first).
+    let (ms, md) = unsafe {
+        (
+            a.register(src.as_ptr().cast_mut(), len).unwrap(),
+            b.register(dst.as_mut_ptr(), len).unwrap(),
+        )
+    };
+    let s = a.isend(1, tag(5), ms, 0, len).unwrap();
+    // Until rank 1 has taken in the header (it moves exactly then: nothing
+    // else is posted or pending on its side).
+    until(&mut a, &mut b, "rank 1 to read the header", |a, b| {
+        a.progress().unwrap();
+        b.progress().unwrap()
+    });
+    let parked = b.conns[&0].lanes[0]
+        .as_ref()
+        .is_some_and(|l| matches!(l.rx, Rx::Parked { .. }));
+    assert!(parked, "rank 1 did not hold the frame back");
+    let r = b.irecv(0, tag(5), md, 0, len).unwrap();
+    let mut sent = false;
+    until(&mut a, &mut b, "the transfer", |a, b| {
+        sent = sent || a.test(s).unwrap();
+        sent && b.test(r).unwrap()
+    });
+    assert_eq!(dst, src);
+    assert_eq!(b.early_frames(), 0, "the frame went through a buffer");
+    drop((a, b));
+}
+
+/// A frame whose receive is still not posted at the next progress call is
+/// buffered, so that frames behind it on the same socket keep moving, and a
+/// receive posted later gets it from the buffer.
+#[test]
+fn a_parked_frame_never_holds_up_the_frames_behind_it() {
+    let (mut a, mut b) = pair(1);
+    let len = 300 * 1024;
+    let (x, y) = (pattern(len, 2), pattern(len, 3));
+    let (mut dx, mut dy) = (vec![0u8; len], vec![0u8; len]);
+    // SAFETY: as in the test above.
+    let (mx, my, mdx, mdy) = unsafe {
+        (
+            a.register(x.as_ptr().cast_mut(), len).unwrap(),
+            a.register(y.as_ptr().cast_mut(), len).unwrap(),
+            b.register(dx.as_mut_ptr(), len).unwrap(),
+            b.register(dy.as_mut_ptr(), len).unwrap(),
+        )
+    };
+    // One lane: y queues behind x on the same socket.
+    let sx = a.isend(1, tag(1), mx, 0, len).unwrap();
+    let sy = a.isend(1, tag(2), my, 0, len).unwrap();
+    let ry = b.irecv(0, tag(2), mdy, 0, len).unwrap();
+    until(&mut a, &mut b, "y behind the unposted x", |_, b| {
+        b.test(ry).unwrap()
+    });
+    assert_eq!(dy, y);
+    assert_eq!(b.early_frames(), 1, "x is buffered, y is not");
+    let rx = b.irecv(0, tag(1), mdx, 0, len).unwrap();
+    let mut sent = [false; 2];
+    until(&mut a, &mut b, "x from the buffer", |a, b| {
+        sent[0] = sent[0] || a.test(sx).unwrap();
+        sent[1] = sent[1] || a.test(sy).unwrap();
+        sent == [true; 2] && b.test(rx).unwrap()
+    });
+    assert_eq!(dx, x);
+    drop((a, b));
+}
