@@ -250,6 +250,7 @@ impl Communicator {
                     ifname: cfg.socket_ifname.value.clone(),
                     store_ip,
                     job_key: fnv1a(&[&boot.token, &boot.job_id]),
+                    socket_buffer_bytes: cfg.socket_buffer_bytes.value,
                 },
             )?)
         };

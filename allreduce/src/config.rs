@@ -114,6 +114,9 @@ pub struct Config {
     pub fusion_bytes: Setting<usize>,
     /// `GW_SOCKET_IFNAME`: interface the TCP data plane listens on.
     pub socket_ifname: Setting<Option<String>>,
+    /// `GW_SOCKET_BUFFER_BYTES`: send and receive buffer of every TCP
+    /// socket; 0 leaves them to the kernel's autotuning.
+    pub socket_buffer_bytes: Setting<usize>,
     /// `GW_SPIN_US`: how long the engine polls before it sleeps.
     pub spin_us: Setting<u64>,
     /// `GW_INLINE`: a caller blocked on its operation turns the engine
@@ -145,6 +148,7 @@ impl Default for Config {
             tree_threshold: Setting::default(64 * 1024),
             fusion_bytes: Setting::default(64 << 20),
             socket_ifname: Setting::default(None),
+            socket_buffer_bytes: Setting::default(gw_transport::tcp::DEFAULT_SOCKET_BUFFER_BYTES),
             spin_us: Setting::default(100),
             inline: Setting::default(true),
             shm_slot_bytes: Setting::default(512 * 1024),
@@ -253,6 +257,17 @@ impl Config {
             "an interface name",
         )?;
         env_override(
+            &mut self.socket_buffer_bytes,
+            "GW_SOCKET_BUFFER_BYTES",
+            env,
+            |v| {
+                v.parse::<usize>()
+                    .ok()
+                    .filter(|n| *n == 0 || (4096..=1 << 30).contains(n))
+            },
+            "0 (the kernel's autotuning) or 4096..=1073741824 bytes",
+        )?;
+        env_override(
             &mut self.spin_us,
             "GW_SPIN_US",
             env,
@@ -325,6 +340,7 @@ impl Config {
             line("GW_TREE_THRESHOLD", &self.tree_threshold),
             line("GW_FUSION_BYTES", &self.fusion_bytes),
             line("GW_SOCKET_IFNAME", &self.socket_ifname),
+            line("GW_SOCKET_BUFFER_BYTES", &self.socket_buffer_bytes),
             line("GW_SPIN_US", &self.spin_us),
             line("GW_INLINE", &self.inline),
             line("GW_SHM_SLOT_BYTES", &self.shm_slot_bytes),
@@ -387,6 +403,7 @@ mod tests {
             ("GW_LANES", "0"),
             ("GW_ALGO", "butterfly"),
             ("GW_SHM_SLOTS", "1"),
+            ("GW_SOCKET_BUFFER_BYTES", "100"),
         ] {
             let e = Config::default()
                 .apply_env_from(&env(&[(k, v)]))

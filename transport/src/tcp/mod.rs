@@ -50,7 +50,21 @@ pub struct TcpConfig {
     pub store_ip: Option<IpAddr>,
     /// Shared by the ranks of one job; stray connections without it are refused.
     pub job_key: u64,
+    /// Send and receive buffer of every socket (`SO_SNDBUF`, `SO_RCVBUF`;
+    /// the kernel doubles it and caps it at `net.core.wmem_max` and
+    /// `rmem_max`); 0 leaves both to the kernel's autotuning.
+    pub socket_buffer_bytes: usize,
 }
+
+/// Default of [`TcpConfig::socket_buffer_bytes`]. The kernel's autotuning
+/// starts a socket at 16 KiB to send and 128 KiB to receive and grows them
+/// as a stream runs; a collective's bursts of a few hundred KiB to a few MiB
+/// then stall on a full buffer and move in pieces. Interleaved against
+/// autotuning on the 2-core VM, 2 ranks: 1 MiB all-reduce 276 -> 229 us
+/// (every round), 64 KiB 30.3 -> 27.1 us, 16 MiB 9.14 -> 8.75 ms; 64 and
+/// 256 MiB and 4 ranks on 2 cores within noise. Buffer memory is only
+/// taken while data waits in it.
+pub const DEFAULT_SOCKET_BUFFER_BYTES: usize = 2 << 20;
 
 impl Default for TcpConfig {
     fn default() -> Self {
@@ -60,6 +74,7 @@ impl Default for TcpConfig {
             ifname: None,
             store_ip: None,
             job_key: 0,
+            socket_buffer_bytes: DEFAULT_SOCKET_BUFFER_BYTES,
         }
     }
 }
@@ -363,6 +378,7 @@ impl TcpTransport {
                         continue;
                     };
                     let mut sock = d.sock;
+                    size_buffers(&sock, self.cfg.socket_buffer_bytes, peer);
                     sock.set_nodelay(true).map_err(|e| {
                         Error::sys("setsockopt(TCP_NODELAY)", format!("to rank {peer}"), e)
                     })?;
@@ -480,6 +496,7 @@ impl TcpTransport {
             });
         }
         let mut sock = inc.sock;
+        size_buffers(&sock, self.cfg.socket_buffer_bytes, peer);
         sock.set_nodelay(true)
             .map_err(|e| Error::sys("setsockopt(TCP_NODELAY)", format!("from rank {peer}"), e))?;
         self.register_sock(&mut sock, peer, lane)?;
@@ -832,6 +849,23 @@ fn control_header(kind: FrameKind, me: Rank, len: usize) -> [u8; HEADER_LEN] {
         total: len as u64,
     }
     .encode()
+}
+
+/// Sets a lane's send and receive buffers to `bytes` (0: left to the
+/// kernel). A refusal costs speed, not correctness: it is logged, not fatal.
+fn size_buffers(sock: &TcpStream, bytes: usize, peer: Rank) {
+    if bytes == 0 {
+        return;
+    }
+    let s = socket2::SockRef::from(sock);
+    for (what, res) in [
+        ("setsockopt(SO_SNDBUF)", s.set_send_buffer_size(bytes)),
+        ("setsockopt(SO_RCVBUF)", s.set_recv_buffer_size(bytes)),
+    ] {
+        if let Err(e) = res {
+            crate::gw_warn!("tcp: {what} of {bytes} bytes on a socket to rank {peer}: {e}");
+        }
+    }
 }
 
 fn start_payload(hdr: FrameHeader, p: &Posted) -> Rx {

@@ -25,10 +25,16 @@ fn tag(step: u32) -> Tag {
 
 /// Ranks 0 and 1 with `lanes` sockets between them, connected.
 fn pair(lanes: usize) -> (TcpTransport, TcpTransport) {
-    let cfg = TcpConfig {
+    pair_with(TcpConfig {
         lanes,
-        store_ip: Some(Ipv4Addr::LOCALHOST.into()),
         ..TcpConfig::default()
+    })
+}
+
+fn pair_with(cfg: TcpConfig) -> (TcpTransport, TcpTransport) {
+    let cfg = TcpConfig {
+        store_ip: Some(Ipv4Addr::LOCALHOST.into()),
+        ..cfg
     };
     let mut t: Vec<TcpTransport> = (0..2)
         .map(|r| TcpTransport::new(r, cfg.clone()).unwrap())
@@ -156,4 +162,35 @@ fn a_parked_frame_never_holds_up_the_frames_behind_it() {
     });
     assert_eq!(dx, x);
     drop((a, b));
+}
+
+fn sysctl(name: &str) -> usize {
+    let path = format!("/proc/sys/net/core/{name}");
+    let text = std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{path}: {e}"));
+    text.trim()
+        .parse()
+        .unwrap_or_else(|e| panic!("{path}: {text:?}: {e}"))
+}
+
+/// Every lane, dialed or accepted, gets the configured buffers (which the
+/// kernel doubles, up to its maximum).
+#[test]
+fn every_lane_gets_the_configured_socket_buffers() {
+    let want = 256 * 1024;
+    let (a, b) = pair_with(TcpConfig {
+        lanes: 3,
+        socket_buffer_bytes: want,
+        ..TcpConfig::default()
+    });
+    let (snd, rcv) = (
+        2 * want.min(sysctl("wmem_max")),
+        2 * want.min(sysctl("rmem_max")),
+    );
+    for (t, peer) in [(&a, 1), (&b, 0)] {
+        for lane in t.conns[&peer].lanes.iter() {
+            let s = socket2::SockRef::from(&lane.as_ref().unwrap().sock);
+            assert_eq!(s.send_buffer_size().unwrap(), snd, "rank {}", t.me);
+            assert_eq!(s.recv_buffer_size().unwrap(), rcv, "rank {}", t.me);
+        }
+    }
 }
