@@ -444,13 +444,15 @@ impl Communicator {
             cfg.inline.value,
             crate::drive::drive_spin(spin, chosen, oversubscribed),
         );
+        let started = Arc::new(std::sync::Barrier::new(2));
         let thread = std::thread::Builder::new()
             .name(format!("gw-engine-{me}"))
             .spawn({
-                let driver = driver.clone();
-                move || engine_thread(driver, poll)
+                let (driver, started) = (driver.clone(), started.clone());
+                move || engine_thread(driver, poll, started)
             })
             .map_err(|e| Error::sys("pthread_create", "engine thread", e))?;
+        started.wait();
         gw_info!("init done in {:.1} ms", start.elapsed().as_secs_f64() * 1e3);
         Ok(Communicator {
             rank: me,

@@ -21,7 +21,7 @@
 use crate::engine::{Completion, DirectOp, Engine, Turn, TurnState};
 use mio::{Events, Poll, Waker};
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
-use std::sync::{Arc, Condvar, Mutex, MutexGuard};
+use std::sync::{Arc, Barrier, Condvar, Mutex, MutexGuard};
 use std::time::Duration;
 
 /// The longest the parked engine thread waits before it looks again by
@@ -185,9 +185,16 @@ impl Driver {
 }
 
 /// The engine thread's body: turns the engine whenever no caller does.
-pub(crate) fn engine_thread(driver: Arc<Driver>, mut poll: Poll) {
+/// It meets `started` once its own start-up allocations are done (the
+/// event buffer here, the thread's name and locals in the runtime), so
+/// that the communicator's init returns only after them: a thread the
+/// scheduler starts late would otherwise allocate in the middle of a
+/// training step.
+pub(crate) fn engine_thread(driver: Arc<Driver>, mut poll: Poll, started: Arc<Barrier>) {
     let mut events = Events::with_capacity(64);
     let mut st = TurnState::new();
+    started.wait();
+    drop(started);
     loop {
         if driver.driving.load(Ordering::Acquire) > 0 {
             driver.park();
