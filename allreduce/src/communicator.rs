@@ -444,15 +444,22 @@ impl Communicator {
             cfg.inline.value,
             crate::drive::drive_spin(spin, chosen, oversubscribed),
         );
-        let started = Arc::new(std::sync::Barrier::new(2));
+        // The engine thread reports once it has made its start-up
+        // allocations (see `engine_thread`); a thread that died first drops
+        // the sender, which ends the wait with an error instead of a hang.
+        let (started, has_started) = std::sync::mpsc::sync_channel(1);
         let thread = std::thread::Builder::new()
             .name(format!("gw-engine-{me}"))
             .spawn({
-                let (driver, started) = (driver.clone(), started.clone());
+                let driver = driver.clone();
                 move || engine_thread(driver, poll, started)
             })
             .map_err(|e| Error::sys("pthread_create", "engine thread", e))?;
-        started.wait();
+        has_started.recv().map_err(|_| {
+            Error::Internal(format!(
+                "rank {me}: the engine thread ended before it started"
+            ))
+        })?;
         gw_info!("init done in {:.1} ms", start.elapsed().as_secs_f64() * 1e3);
         Ok(Communicator {
             rank: me,

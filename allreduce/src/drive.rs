@@ -21,7 +21,8 @@
 use crate::engine::{Completion, DirectOp, Engine, Turn, TurnState};
 use mio::{Events, Poll, Waker};
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
-use std::sync::{Arc, Barrier, Condvar, Mutex, MutexGuard};
+use std::sync::mpsc::SyncSender;
+use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::time::Duration;
 
 /// The longest the parked engine thread waits before it looks again by
@@ -185,15 +186,16 @@ impl Driver {
 }
 
 /// The engine thread's body: turns the engine whenever no caller does.
-/// It meets `started` once its own start-up allocations are done (the
+/// It reports on `started` once its own start-up allocations are done (the
 /// event buffer here, the thread's name and locals in the runtime), so
 /// that the communicator's init returns only after them: a thread the
 /// scheduler starts late would otherwise allocate in the middle of a
 /// training step.
-pub(crate) fn engine_thread(driver: Arc<Driver>, mut poll: Poll, started: Arc<Barrier>) {
+pub(crate) fn engine_thread(driver: Arc<Driver>, mut poll: Poll, started: SyncSender<()>) {
     let mut events = Events::with_capacity(64);
     let mut st = TurnState::new();
-    started.wait();
+    // Init is waiting on the other end; it cannot have gone.
+    let _ = started.send(());
     drop(started);
     loop {
         if driver.driving.load(Ordering::Acquire) > 0 {
