@@ -363,12 +363,19 @@ impl ShmTransport {
         Ok(())
     }
 
-    /// Checks that a transfer with `peer` may be posted now.
-    fn check_post(&self, peer: Rank) -> Result<()> {
+    /// Checks that this transport is not aborted and `peer` is a valid
+    /// shared-memory peer (it may have closed: what it sent before can
+    /// still be received).
+    fn check_live(&self, peer: Rank) -> Result<()> {
         if self.aborted {
             return Err(Error::Aborted("the shm transport was aborted".into()));
         }
-        self.check_peer(peer)?;
+        self.check_peer(peer)
+    }
+
+    /// Checks that a transfer with `peer` may be posted now.
+    fn check_post(&self, peer: Rank) -> Result<()> {
+        self.check_live(peer)?;
         let p = &self.peers[peer as usize];
         if p.closed {
             return Err(p.closed_error(
@@ -453,10 +460,7 @@ impl ShmTransport {
         len: usize,
         in_place: bool,
     ) -> Result<Request> {
-        if self.aborted {
-            return Err(Error::Aborted("the shm transport was aborted".into()));
-        }
-        self.check_peer(peer)?;
+        self.check_live(peer)?;
         let (ptr, region_len) = self.range(mem, offset, len, "irecv")?;
         let stream = region_len >= stream::STREAM_REGION_BYTES;
         let req = self.new_req();
@@ -1246,10 +1250,7 @@ impl Transport for ShmTransport {
     }
 
     fn recv_now(&mut self, peer: Rank, tag: Tag, dst: &mut [u8]) -> Result<Now> {
-        if self.aborted {
-            return Err(Error::Aborted("the shm transport was aborted".into()));
-        }
-        self.check_peer(peer)?;
+        self.check_live(peer)?;
         let me = self.me;
         let p = &mut self.peers[peer as usize];
         // Anything pending with the peer has its order and its checks on the
