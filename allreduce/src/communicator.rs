@@ -165,6 +165,8 @@ pub struct Communicator {
     shape: Shape,
     /// How the ranks sit on hosts, for errors when hier cannot run.
     host_layout: String,
+    /// Segments in flight per peer and direction ([`OpSpec::depth`]).
+    depth: usize,
     /// The last automatic choice: `bytes << 8 | (Algo index + 1)`, 0 before
     /// the first. A training loop asks about the same sizes over and over,
     /// and evaluating the model costs as much as a small exchange.
@@ -412,6 +414,11 @@ impl Communicator {
             .unwrap_or(1);
         let spin = Duration::from_micros(cfg.spin_us.value);
         let oversubscribed = boot.local_size as usize > ncpu;
+        let depth = cfg.pipeline_depth_for(boot.local_size as usize, ncpu);
+        gw_info!(
+            "pipeline depth {depth} ({} ranks on this host, {ncpu} cores)",
+            boot.local_size
+        );
         // A caller spinning on its completion competes with its own engine
         // thread: only worth it when every rank's two threads have a core.
         let caller_spin = if 2 * boot.local_size as usize <= ncpu {
@@ -491,6 +498,7 @@ impl Communicator {
             last_auto: AtomicU64::new(0),
             shape,
             host_layout,
+            depth,
             _store_server: store_server,
         })
     }
@@ -810,6 +818,7 @@ impl Communicator {
             count,
             root: op.root,
             segment_elems: (self.cfg.segment_bytes_for(self.shape.link) / es).max(1),
+            depth: self.depth,
             scaled: op.weight.is_some(),
             local_size: self.shape.local.map_or(0, |l| l as u32),
         };

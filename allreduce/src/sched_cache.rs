@@ -121,6 +121,7 @@ mod tests {
             count,
             root: 0,
             segment_elems: 16,
+            depth: 8,
             scaled: false,
             local_size: 0,
         }

@@ -95,6 +95,41 @@ fn every_forced_all_reduce_algorithm() {
     }
 }
 
+/// The default pipeline depth depends on cores per rank (1 with a core each,
+/// 8 where ranks share cores); whatever it is here, every depth a user can
+/// pick must give the same results. Small segments make even the 70000- and
+/// 1 Mi-element messages pipeline through many segments per step.
+#[test]
+fn every_pipeline_depth_gives_the_same_results() {
+    for (n, depth) in [(2, "8"), (2, "1"), (3, "1"), (4, "2")] {
+        for transport in ["tcp", "shm"] {
+            let env = [
+                ("GW_TRANSPORT", transport),
+                ("GW_PIPELINE_DEPTH", depth),
+                ("GW_SEGMENT_BYTES", "4096"),
+                ("GW_DEBUG", "info"),
+            ];
+            let args = ["collectives", "0", "1", "7", "1000", "70000"];
+            let run = gwrun(n, "gwtest", &args, &env, DEADLINE);
+            assert!(run.status.success(), "n={n} {env:?}: {}", run.all());
+            for r in 0..n {
+                for want in [
+                    format!("rank {r}: pipeline depth {depth} "),
+                    format!("[{r}] rank {r}: collectives ok"),
+                ] {
+                    assert!(run.all().contains(&want), "missing {want:?}: {}", run.all());
+                }
+            }
+        }
+    }
+    run_ok(
+        4,
+        &[("GW_PIPELINE_DEPTH", "1"), ("GW_SEGMENT_BYTES", "4096")],
+        &["stress", "300"],
+        "stress ok: 300 random collectives",
+    );
+}
+
 #[test]
 fn rhd_on_three_ranks_is_refused_clearly() {
     let run = gwrun(

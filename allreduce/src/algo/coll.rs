@@ -10,7 +10,7 @@
 
 use gw_transport::Result;
 
-use super::dag::{Alias, Builder, DEPTH, DagSchedule, Desc, Pool, check_steps, nsegs, segment};
+use super::dag::{Alias, Builder, DagSchedule, Desc, Pool, check_steps, nsegs, segment};
 use super::{Buf, Loc, OpSpec};
 use gw_transport::wire::OpKind;
 
@@ -70,7 +70,7 @@ pub(super) fn broadcast(spec: &OpSpec) -> Result<DagSchedule> {
     } else {
         "tree broadcast"
     };
-    let mut b = Builder::new(name, identity(count));
+    let mut b = Builder::new(name, identity(count), spec.depth);
     for k in 0..m {
         let (off, len) = segment(count, seg, k).expect("segment");
         let desc = Desc::new("broadcast", 0, 1, k, m);
@@ -102,7 +102,7 @@ pub(super) fn broadcast(spec: &OpSpec) -> Result<DagSchedule> {
 }
 
 /// Reduce to `spec.root`, `n >= 2`. Only the root writes `Recv`; the other
-/// ranks add up in scratch ([`DEPTH`] slots of a segment per child, and as
+/// ranks add up in scratch (`spec.depth` slots of a segment per child, and as
 /// many more for a scaled leaf's contribution).
 pub(super) fn reduce(spec: &OpSpec) -> Result<DagSchedule> {
     let (count, seg) = (spec.count, spec.segment_elems);
@@ -114,14 +114,15 @@ pub(super) fn reduce(spec: &OpSpec) -> Result<DagSchedule> {
     } else {
         "tree reduce"
     };
-    let mut b = Builder::new(name, identity(count));
+    let mut b = Builder::new(name, identity(count), spec.depth);
     let slot_len = seg.min(count);
     let mut pools: Vec<Pool> = shape
         .children
         .iter()
-        .map(|_| b.pool(DEPTH, slot_len))
+        .map(|_| b.pool(spec.depth, slot_len))
         .collect();
-    let mut own_pool = (shape.children.is_empty() && spec.scaled).then(|| b.pool(DEPTH, slot_len));
+    let mut own_pool =
+        (shape.children.is_empty() && spec.scaled).then(|| b.pool(spec.depth, slot_len));
     let mut slots = Vec::with_capacity(2);
     for k in 0..m {
         let (off, len) = segment(count, seg, k).expect("segment");
@@ -179,7 +180,7 @@ pub(super) fn reduce(spec: &OpSpec) -> Result<DagSchedule> {
 pub(super) fn barrier(spec: &OpSpec) -> Result<DagSchedule> {
     let (n, r) = (spec.nranks as usize, spec.rank as usize);
     let rounds = n.next_power_of_two().trailing_zeros() as usize;
-    let mut b = Builder::new("dissemination barrier", identity(0));
+    let mut b = Builder::new("dissemination barrier", identity(0), spec.depth);
     let empty = Loc::new(Buf::Recv, 0, 0);
     let mut earlier = Vec::with_capacity(rounds);
     for k in 0..rounds {
@@ -202,7 +203,7 @@ pub(super) fn local(spec: &OpSpec) -> Result<DagSchedule> {
     } else {
         spec.count
     };
-    let mut b = Builder::new("single-rank", identity(count));
+    let mut b = Builder::new("single-rank", identity(count), spec.depth);
     if count > 0 {
         let finalize = matches!(
             spec.op,

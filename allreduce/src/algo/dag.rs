@@ -11,9 +11,10 @@
 //! aliased `Recv` element is caught at construction (debug builds).
 //!
 //! On top of that, messages to (and from) each peer are grouped into streams;
-//! at most [`DEPTH`] messages of a stream are in flight at once. Both sides
-//! of a stream list its messages in the same order (increasing step), so the
-//! window cannot deadlock.
+//! at most `depth` ([`OpSpec::depth`](super::OpSpec::depth)) messages of a stream are in flight at
+//! once. Both sides of a stream list its messages in the same order
+//! (increasing step), so the window cannot deadlock, whatever depth each side
+//! uses.
 //!
 //! [`DagSchedule`] then hands out actions whose predecessors all completed:
 //! `next_action` pops a queue and `complete` walks a precomputed successor
@@ -26,8 +27,10 @@ use gw_transport::{Error, Rank, Result};
 
 use super::{Action, ActionId, Buf, Loc, Schedule};
 
-/// Messages in flight per stream, and scratch slots per pipeline.
-pub(super) const DEPTH: usize = 8;
+/// The deepest pipeline a schedule may ask for: scratch grows with the depth
+/// (a slot per message in flight), and past a few messages the transports'
+/// own buffers already keep a link busy.
+pub const MAX_DEPTH: usize = 64;
 
 /// Where an action sits in its algorithm, for [`Schedule::waiting_for`].
 #[derive(Clone, Copy, Debug)]
@@ -239,10 +242,13 @@ pub(super) struct Builder {
     /// Every message: (peer, is_send, stream, node, step).
     messages: Vec<(Rank, bool, u32, u32, u32)>,
     scratch: usize,
+    /// Messages in flight per stream.
+    depth: usize,
 }
 
 impl Builder {
-    pub fn new(name: &'static str, alias: Alias) -> Builder {
+    /// `depth` is [`OpSpec::depth`](super::OpSpec::depth): messages in flight per stream.
+    pub fn new(name: &'static str, alias: Alias, depth: usize) -> Builder {
         Builder {
             name,
             actions: Vec::new(),
@@ -252,6 +258,7 @@ impl Builder {
             alias,
             messages: Vec::new(),
             scratch: 0,
+            depth: depth.max(1),
         }
     }
 
@@ -417,7 +424,7 @@ impl Builder {
                 );
             }
         }
-        // Per stream in program order; each message waits for the one DEPTH
+        // Per stream in program order; each message waits for the one `depth`
         // before it in its stream.
         self.messages
             .sort_unstable_by_key(|&(p, s, st, node, _)| (p, s, st, node));
@@ -429,8 +436,8 @@ impl Builder {
             "{}: a stream's steps do not increase in program order",
             self.name
         );
-        for w in self.messages.windows(DEPTH + 1) {
-            let (first, last) = (w[0], w[DEPTH]);
+        for w in self.messages.windows(self.depth + 1) {
+            let (first, last) = (w[0], w[self.depth]);
             if (first.0, first.1, first.2) == (last.0, last.1, last.2) {
                 self.edges.push((first.3, last.3));
             }

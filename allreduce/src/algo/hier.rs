@@ -35,7 +35,7 @@
 
 use gw_transport::{Error, Result};
 
-use super::dag::{Alias, Builder, DEPTH, DagSchedule, Desc, check_steps, chunk, nsegs, segment};
+use super::dag::{Alias, Builder, DagSchedule, Desc, check_steps, chunk, nsegs, segment};
 use super::{Buf, Loc, OpSpec};
 
 /// A ring of `size` members; this rank is member `me`.
@@ -100,12 +100,13 @@ pub(super) fn allreduce(spec: &OpSpec) -> Result<DagSchedule> {
             recv_off: 0,
             len: count,
         },
+        spec.depth,
     );
     // Separate slot pools, so a segment's intra-host receives never wait for
     // slots the previous segment's inter-host receives still hold.
     let slot_len = seg.min(maxpiece);
-    let mut intra_slots = b.pool(DEPTH, slot_len);
-    let mut inter_slots = b.pool(DEPTH, slot_len);
+    let mut intra_slots = b.pool(spec.depth, slot_len);
+    let mut inter_slots = b.pool(spec.depth, slot_len);
     let recv = |off: usize, len: usize| Loc::new(Buf::Recv, off, len);
     let send = |off: usize, len: usize| Loc::new(Buf::Send, off, len);
     // The first send of a range: straight from `Send` unless it is scaled (the

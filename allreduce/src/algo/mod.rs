@@ -197,6 +197,11 @@ pub struct OpSpec {
     /// Largest message, in elements, a schedule should send at once; bigger
     /// transfers are cut into segments of this size and pipelined.
     pub segment_elems: usize,
+    /// Messages in flight per stream (to or from one peer) and scratch slots
+    /// per pipeline, 1..=[`MAX_DEPTH`]. Ranks may differ in it: each side's
+    /// window only bounds what it has posted, and both list a stream in the
+    /// same order.
+    pub depth: usize,
     /// A weight applies to `Send`; never send from `Buf::Send` directly.
     pub scaled: bool,
     /// Ranks per host, for [`Algo::Hier`]: the ranks are grouped host by
@@ -221,6 +226,7 @@ impl OpSpec {
 
 mod coll;
 mod dag;
+pub use dag::MAX_DEPTH;
 mod hier;
 mod rd;
 pub(crate) use rd::direct_rounds;
@@ -296,6 +302,12 @@ pub fn check(spec: &OpSpec, algo: Algo) -> Result<()> {
     }
     if spec.segment_elems == 0 {
         return invalid("segment_elems must be at least 1".into());
+    }
+    if !(1..=MAX_DEPTH).contains(&spec.depth) {
+        return invalid(format!(
+            "pipeline depth {} out of range 1..={MAX_DEPTH}",
+            spec.depth
+        ));
     }
     if matches!(spec.op, OpKind::ReduceScatter | OpKind::AllGather)
         && spec.count.checked_mul(n).is_none()

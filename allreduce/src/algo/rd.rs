@@ -16,13 +16,13 @@
 //! two partial sums of one round, so both partners compute the same bits
 //! (addition is commutative) and every rank ends with an identical result.
 //!
-//! Messages are cut into segments; received partials land in [`DEPTH`]
+//! Messages are cut into segments; received partials land in `spec.depth`
 //! scratch slots. Round `g` uses step numbers `g·M + k` (`M` segments) and
 //! is its own stream; the fold is round 0 and the hand-back the last.
 
 use gw_transport::Result;
 
-use super::dag::{Alias, Builder, DEPTH, DagSchedule, Desc, check_steps, nsegs, segment};
+use super::dag::{Alias, Builder, DagSchedule, Desc, check_steps, nsegs, segment};
 use super::{Buf, Loc, OpSpec};
 
 /// Rank `r`'s role in a world of `n` with `e` ranks folded away.
@@ -91,8 +91,9 @@ pub(super) fn allreduce(spec: &OpSpec) -> Result<DagSchedule> {
             recv_off: 0,
             len: count,
         },
+        spec.depth,
     );
-    let mut slots = b.pool(DEPTH, seg.min(count).max(1));
+    let mut slots = b.pool(spec.depth, seg.min(count).max(1));
     let piece = |k: usize| segment(count, seg, k);
     match role(r, e) {
         Role::Folded { partner } => {
@@ -194,6 +195,7 @@ mod tests {
             count,
             root: 0,
             segment_elems: seg,
+            depth: 8,
             scaled,
             local_size: 0,
         }

@@ -8,14 +8,14 @@
 //! `r` complete (finalized in the last round). All-gather by recursive
 //! doubling runs the rounds backwards, exchanging whole blocks, which double.
 //!
-//! Messages are cut into segments; received halves land in [`DEPTH`] scratch
+//! Messages are cut into segments; received halves land in `spec.depth` scratch
 //! slots of a segment each. Round `g` (0..L halving, L..2L doubling) uses step
 //! numbers `g·M + k` with `M` the number of segments of the whole buffer, and
 //! is its own stream.
 
 use gw_transport::{Error, Result};
 
-use super::dag::{Alias, Builder, DEPTH, DagSchedule, Desc, check_steps, chunk, nsegs, segment};
+use super::dag::{Alias, Builder, DagSchedule, Desc, check_steps, chunk, nsegs, segment};
 use super::{Buf, Loc, OpSpec};
 
 pub(super) fn allreduce(spec: &OpSpec) -> Result<DagSchedule> {
@@ -35,8 +35,9 @@ pub(super) fn allreduce(spec: &OpSpec) -> Result<DagSchedule> {
             recv_off: 0,
             len: count,
         },
+        spec.depth,
     );
-    let mut slots = b.pool(DEPTH, seg.min(count));
+    let mut slots = b.pool(spec.depth, seg.min(count));
     // Element range of chunks [lo, hi).
     let elems = |lo: usize, hi: usize| {
         let a = chunk(count, n, lo).0;

@@ -10,14 +10,14 @@
 //! Each chunk is cut into segments of at most `segment_elems`, and the
 //! schedule is laid out segment-major (segment `k` goes through every step
 //! before segment `k + 1` starts, as NCCL's loop does), so up to
-//! [`DEPTH`](super::dag::DEPTH) segments of every stream are in flight and the
+//! `depth` ([`OpSpec::depth`](super::OpSpec::depth)) segments of every stream are in flight and the
 //! reduction of one overlaps the transfer of the next. Message `(segment k,
 //! step g)` of the `2(n - 1)` (or `n - 1`) steps has step number
 //! `k * steps + g`.
 
 use gw_transport::Result;
 
-use super::dag::{Alias, Builder, DEPTH, DagSchedule, Desc, check_steps, chunk, nsegs, segment};
+use super::dag::{Alias, Builder, DagSchedule, Desc, check_steps, chunk, nsegs, segment};
 use super::{Buf, Loc, OpSpec};
 
 struct Ring {
@@ -46,7 +46,7 @@ impl Ring {
 }
 
 /// Ring all-reduce of `spec.count` elements, `n >= 2`. Partial sums live in
-/// `Recv`; each reduce-scatter message lands in one of [`DEPTH`] scratch slots
+/// `Recv`; each reduce-scatter message lands in one of `spec.depth` scratch slots
 /// of a segment each.
 pub(super) fn allreduce(spec: &OpSpec) -> Result<DagSchedule> {
     let ring = Ring::new(spec);
@@ -62,8 +62,9 @@ pub(super) fn allreduce(spec: &OpSpec) -> Result<DagSchedule> {
             recv_off: 0,
             len: count,
         },
+        spec.depth,
     );
-    let mut slots = b.pool(DEPTH, seg.min(maxchunk));
+    let mut slots = b.pool(spec.depth, seg.min(maxchunk));
     // The segment `k` of chunk `c`, if it has one.
     let piece = |c: usize, k: usize| {
         let (coff, clen) = chunk(count, n, c);
@@ -109,7 +110,7 @@ pub(super) fn allreduce(spec: &OpSpec) -> Result<DagSchedule> {
 }
 
 /// Ring reduce-scatter: `Send` holds `n` chunks of `spec.count`, `Recv` gets
-/// chunk `rank`. Partial sums travel in scratch slots (2·[`DEPTH`] of a
+/// chunk `rank`. Partial sums travel in scratch slots (2·`spec.depth` of a
 /// segment each: a slot is held from its receive until the partial in it has
 /// been sent on), only the final reduction writes `Recv`.
 pub(super) fn reduce_scatter(spec: &OpSpec) -> Result<DagSchedule> {
@@ -125,8 +126,9 @@ pub(super) fn reduce_scatter(spec: &OpSpec) -> Result<DagSchedule> {
             recv_off: 0,
             len: count,
         },
+        spec.depth,
     );
-    let mut slots = b.pool(2 * DEPTH, seg.min(count));
+    let mut slots = b.pool(2 * spec.depth, seg.min(count));
     for k in 0..m {
         let (off, len) = segment(count, seg, k).expect("segment");
         let send_piece = |c: usize| Loc::new(Buf::Send, c * count + off, len);
@@ -175,6 +177,7 @@ pub(super) fn all_gather(spec: &OpSpec) -> Result<DagSchedule> {
             recv_off: ring.r * count,
             len: count,
         },
+        spec.depth,
     );
     for k in 0..m {
         let (off, len) = segment(count, seg, k).expect("segment");

@@ -37,7 +37,7 @@ use proptest::prelude::*;
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 
-use super::{Action, ActionId, Algo, Buf, Loc, OpSpec, Schedule, build};
+use super::{Action, ActionId, Algo, Buf, Loc, MAX_DEPTH, OpSpec, Schedule, build};
 
 /// A cheap hasher for the simulator's small integer keys.
 #[derive(Default)]
@@ -94,6 +94,9 @@ struct Case {
     seed: u64,
     /// Ranks per host (`OpSpec::local_size`); only hier reads it.
     local: usize,
+    /// Pipeline depth (`OpSpec::depth`) of the even and of the odd ranks:
+    /// ranks on different hardware may pick different depths.
+    depth: (usize, usize),
 }
 
 impl Case {
@@ -105,6 +108,11 @@ impl Case {
             count: self.count,
             root: self.root as u32,
             segment_elems: self.seg,
+            depth: if rank.is_multiple_of(2) {
+                self.depth.0
+            } else {
+                self.depth.1
+            },
             scaled: self.scaled,
             local_size: self.local as u32,
         }
@@ -833,7 +841,12 @@ const SMALL: Case = Case {
     lazy: 0.0,
     seed: 7,
     local: 1,
+    depth: (8, 8),
 };
+
+/// Pipeline depths of even and odd ranks the matrices rotate through: the
+/// two defaults, a shallow and a deep one together, and one of each.
+const DEPTHS: [(usize, usize); 4] = [(8, 8), (1, 1), (2, 5), (1, 8)];
 
 fn matrix(op: OpKind, algo: Algo, counts: &[usize]) {
     let mut runs = 0;
@@ -861,7 +874,7 @@ fn matrix(op: OpKind, algo: Algo, counts: &[usize]) {
             continue;
         }
         for &count in counts {
-            for seg in [1, 3, 64, usize::MAX] {
+            for (si, seg) in [1, 3, 64, usize::MAX].into_iter().enumerate() {
                 for (v, (in_place, scaled)) in
                     [(false, false), (true, false), (false, true), (true, true)]
                         .into_iter()
@@ -897,6 +910,7 @@ fn matrix(op: OpKind, algo: Algo, counts: &[usize]) {
                         lazy: if in_place { 0.5 } else { 0.0 },
                         seed,
                         local: 1,
+                        depth: DEPTHS[(si + v) % DEPTHS.len()],
                     };
                     if let Err(e) = run_case(&case) {
                         panic!("{case:?}: {e}");
@@ -973,10 +987,13 @@ proptest! {
         eager in prop_oneof![Just(0.0), 0.0f64..1.0],
         lazy in prop_oneof![Just(0.0), 0.0f64..1.0],
         seed: u64,
+        depth in 1usize..=9,
+        odd in prop_oneof![Just(None), (1usize..=9).prop_map(Some)],
     ) {
         let (op, algo) = OPS[which];
         let count = if op == OpKind::Barrier { 0 } else { count };
-        let case = Case { op, algo, n, count, seg, root: root % n, in_place, scaled, eager, lazy, seed, local: 1 };
+        let depth = (depth, odd.unwrap_or(depth));
+        let case = Case { op, algo, n, count, seg, root: root % n, in_place, scaled, eager, lazy, seed, local: 1, depth };
         if algo == Algo::Rhd && op == OpKind::AllReduce && !n.is_power_of_two() {
             prop_assert!(build(&case.spec(0), algo).is_err());
         } else {
@@ -997,7 +1014,7 @@ fn matrix_hier_allreduce() {
     for (hosts, local) in GRIDS {
         let n = hosts * local;
         for count in COUNTS {
-            for seg in [1, 3, 64, usize::MAX] {
+            for (si, seg) in [1, 3, 64, usize::MAX].into_iter().enumerate() {
                 for (v, (in_place, scaled)) in
                     [(false, false), (true, false), (false, true), (true, true)]
                         .into_iter()
@@ -1023,6 +1040,7 @@ fn matrix_hier_allreduce() {
                             ^ (seg as u64 % 1000) << 4
                             ^ v as u64,
                         local,
+                        depth: DEPTHS[(si + v) % DEPTHS.len()],
                     };
                     if let Err(e) = run_case(&case) {
                         panic!("{case:?}: {e}");
@@ -1051,6 +1069,8 @@ proptest! {
         eager in prop_oneof![Just(0.0), 0.0f64..1.0],
         lazy in prop_oneof![Just(0.0), 0.0f64..1.0],
         seed: u64,
+        depth in 1usize..=9,
+        odd in prop_oneof![Just(None), (1usize..=9).prop_map(Some)],
     ) {
         let case = Case {
             op: OpKind::AllReduce,
@@ -1065,6 +1085,7 @@ proptest! {
             lazy,
             seed,
             local,
+            depth: (depth, odd.unwrap_or(depth)),
         };
         let r = run_case(&case);
         prop_assert!(r.is_ok(), "{:?}: {}", case, r.unwrap_err());
@@ -1107,6 +1128,7 @@ fn hier_sends_a_local_share_across_hosts() {
                 count,
                 root: 0,
                 segment_elems: 7,
+                depth: 8,
                 scaled: false,
                 local_size: local as u32,
             };
@@ -1140,6 +1162,7 @@ fn hier_needs_a_layout_that_divides_the_world() {
         count: 10,
         root: 0,
         segment_elems: 4,
+        depth: 8,
         scaled: false,
         local_size: 4,
     };
@@ -1193,6 +1216,7 @@ fn barrier_receive_overtaking_an_earlier_round() {
                 lazy: 0.0,
                 seed,
                 local: 1,
+                depth: (1, 1),
             };
             let r = run_case(&case);
             assert!(r.is_ok(), "{case:?}: {}", r.unwrap_err());
@@ -1300,6 +1324,7 @@ fn pair_case() -> Case {
         lazy: 0.0,
         seed: 7,
         local: 1,
+        depth: (8, 8),
     }
 }
 
@@ -1607,6 +1632,7 @@ fn schedule_properties() {
                     count,
                     root: 0,
                     segment_elems: seg,
+                    depth: 8,
                     scaled: true,
                     local_size: 1,
                 };
@@ -1631,6 +1657,7 @@ fn schedule_properties() {
         count: 1000,
         root: 0,
         segment_elems: 100,
+        depth: 8,
         scaled: false,
         local_size: 1,
     };
@@ -1658,6 +1685,7 @@ fn invalid_arguments() {
         count: 10,
         root: 0,
         segment_elems: 4,
+        depth: 8,
         scaled: false,
         local_size: 1,
     };
@@ -1703,6 +1731,22 @@ fn invalid_arguments() {
             Algo::Ring
         )
         .contains("segment_elems")
+    );
+    for depth in [0, MAX_DEPTH + 1] {
+        assert_eq!(
+            msg(OpSpec { depth, ..spec }, Algo::Ring),
+            format!("invalid argument: pipeline depth {depth} out of range 1..={MAX_DEPTH}")
+        );
+    }
+    assert!(
+        build(
+            &OpSpec {
+                depth: MAX_DEPTH,
+                ..spec
+            },
+            Algo::Ring
+        )
+        .is_ok()
     );
     assert!(
         msg(

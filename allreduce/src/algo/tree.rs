@@ -16,7 +16,7 @@
 
 use gw_transport::Result;
 
-use super::dag::{Alias, Builder, DEPTH, DagSchedule, Desc, Pool, check_steps, nsegs, segment};
+use super::dag::{Alias, Builder, DagSchedule, Desc, Pool, check_steps, nsegs, segment};
 use super::{Buf, Loc, OpSpec};
 
 /// One rank's place in a tree: parent and up to two children.
@@ -106,13 +106,17 @@ pub(super) fn allreduce(spec: &OpSpec) -> Result<DagSchedule> {
             recv_off: 0,
             len: count,
         },
+        spec.depth,
     );
     let slot_len = seg.min(half);
     let nodes = [dtree(n, r, 0), dtree(n, r, 1)];
-    // DEPTH slots per (tree, child) for the partial sums coming up.
+    // `depth` slots per (tree, child) for the partial sums coming up.
     let mut pools: Vec<[Option<Pool>; 2]> = nodes
         .iter()
-        .map(|node| node.children.map(|c| c.map(|_| b.pool(DEPTH, slot_len))))
+        .map(|node| {
+            node.children
+                .map(|c| c.map(|_| b.pool(spec.depth, slot_len)))
+        })
         .collect();
     const PHASES: [&str; 4] = [
         "reduce (tree 0)",
