@@ -29,6 +29,9 @@ pub const TCP_SEGMENT_BYTES: usize = 1 << 20;
 /// falls out of cache before it is read. On this 2-core VM, interleaved
 /// against depth 8, 2 ranks: TCP 16 MiB 11.7 -> 8.9 ms, 64 MiB 56 -> 36 ms,
 /// 256 MiB 208 -> 133 ms; shm 16 MiB 5.8 -> 4.3 ms, 256 MiB 89 -> 75 ms.
+/// This rests on sends that complete locally, as both transports' do; one
+/// whose sends complete only on the peer's acknowledgement (RDMA) would want
+/// a deeper window to cover the round trip.
 pub const DEPTH_CORE_PER_RANK: usize = 1;
 
 /// Default pipeline depth where a host runs more ranks than it has cores: a
