@@ -165,7 +165,7 @@ pub struct Communicator {
     shape: Shape,
     /// How the ranks sit on hosts, for errors when hier cannot run.
     host_layout: String,
-    /// Segments in flight per peer and direction ([`OpSpec::depth`]).
+    /// Messages in flight per stream ([`OpSpec::depth`]).
     depth: usize,
     /// The last automatic choice: `bytes << 8 | (Algo index + 1)`, 0 before
     /// the first. A training loop asks about the same sizes over and over,
@@ -415,6 +415,12 @@ impl Communicator {
         let spin = Duration::from_micros(cfg.spin_us.value);
         let oversubscribed = boot.local_size as usize > ncpu;
         let depth = cfg.pipeline_depth_for(boot.local_size as usize, ncpu);
+        if !(1..=algo::MAX_DEPTH).contains(&depth) {
+            return Err(Error::Config(format!(
+                "pipeline depth {depth} out of range 1..={} (GW_PIPELINE_DEPTH)",
+                algo::MAX_DEPTH
+            )));
+        }
         gw_info!(
             "pipeline depth {depth} ({} ranks on this host, {ncpu} cores)",
             boot.local_size

@@ -123,7 +123,7 @@ pub struct Config {
     /// size. Left at its default it depends on the link (see
     /// [`Config::segment_bytes_for`]).
     pub segment_bytes: Setting<usize>,
-    /// `GW_PIPELINE_DEPTH`: segments in flight per peer and direction. Left
+    /// `GW_PIPELINE_DEPTH`: messages in flight per stream. Left
     /// at its default it depends on whether ranks share cores (see
     /// [`Config::pipeline_depth_for`]).
     pub pipeline_depth: Setting<usize>,
@@ -250,7 +250,7 @@ impl Config {
             "GW_PIPELINE_DEPTH",
             env,
             |v| positive::<usize>(v).filter(|n| *n <= MAX_DEPTH),
-            "1..=64",
+            &format!("1..={MAX_DEPTH}"),
         )?;
         env_override(
             &mut self.algo,
@@ -470,7 +470,7 @@ mod tests {
             ("GW_SHM_SLOTS", "1"),
             ("GW_SOCKET_BUFFER_BYTES", "100"),
             ("GW_PIPELINE_DEPTH", "0"),
-            ("GW_PIPELINE_DEPTH", "65"),
+            ("GW_PIPELINE_DEPTH", "17"),
         ] {
             let e = Config::default()
                 .apply_env_from(&env(&[(k, v)]))

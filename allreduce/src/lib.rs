@@ -21,7 +21,7 @@ pub mod model;
 pub mod reduce;
 mod sched_cache;
 
-pub use algo::Algo;
+pub use algo::{Algo, MAX_DEPTH};
 pub use bootstrap::Bootstrap;
 pub use communicator::{Communicator, Handle, Pending, RawOp};
 pub use config::{Config, TransportChoice};

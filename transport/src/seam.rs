@@ -28,10 +28,12 @@ use crate::wire::{Fingerprint, FrameHeader, OpKind};
 pub type Rank = u32;
 
 /// Requests a transport has room for before its request table grows: far
-/// more than schedules keep in flight (four messages per stream and peer).
+/// more than schedules keep in flight (at most 16 messages per stream,
+/// `gw_allreduce`'s `MAX_DEPTH`, and two streams per peer).
 pub(crate) const REQS_RESERVED: usize = 512;
 /// Posted sends or receives per peer a transport has room for before its
-/// queues grow (schedules keep four messages per stream in flight).
+/// queues grow (at most 16 messages per stream and two streams per peer in
+/// flight).
 pub(crate) const POSTED_RESERVED: usize = 64;
 
 /// What a transport is, for the algorithm chooser.

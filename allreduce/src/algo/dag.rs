@@ -28,9 +28,11 @@ use gw_transport::{Error, Rank, Result};
 use super::{Action, ActionId, Buf, Loc, Schedule};
 
 /// The deepest pipeline a schedule may ask for: scratch grows with the depth
-/// (a slot per message in flight), and past a few messages the transports'
-/// own buffers already keep a link busy.
-pub const MAX_DEPTH: usize = 64;
+/// (a slot per message in flight), past a few messages the transports' own
+/// buffers already keep a link busy, and the transports reserve queue room
+/// for this many messages per stream (two streams to a peer at most) so that
+/// steady-state steps do not grow them.
+pub const MAX_DEPTH: usize = 16;
 
 /// Where an action sits in its algorithm, for [`Schedule::waiting_for`].
 #[derive(Clone, Copy, Debug)]

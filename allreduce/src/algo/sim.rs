@@ -1614,6 +1614,40 @@ fn simulator_catches_in_place_clobbering() {
     }
 }
 
+/// The depth bounds what a stream has in flight and sizes the scratch: with
+/// nothing completed, a 2-rank ring all-reduce hands out as many sends to its
+/// one peer as the window lets through, and keeps a scratch slot per message
+/// in flight.
+#[test]
+fn the_depth_bounds_messages_in_flight_and_scratch() {
+    let seg = 10;
+    for depth in [1, 2, 3, 8, MAX_DEPTH] {
+        let spec = OpSpec {
+            op: OpKind::AllReduce,
+            rank: 0,
+            nranks: 2,
+            count: 2 * seg * 40,
+            root: 0,
+            segment_elems: seg,
+            depth,
+            scaled: false,
+            local_size: 1,
+        };
+        let mut s = build(&spec, Algo::Ring).unwrap();
+        assert_eq!(s.scratch_elems(), depth * seg, "depth {depth}");
+        let mut sends = 0;
+        while let Some(a) = s.next_action() {
+            if matches!(a, Action::Send { .. }) {
+                sends += 1;
+            }
+        }
+        // The stream to the peer alternates a reduce-scatter send (ready at
+        // once) with an all-gather send (waiting for a reduction): of the
+        // first `depth` messages, the reduce-scatter ones go out.
+        assert_eq!(sends, depth.div_ceil(2), "depth {depth}");
+    }
+}
+
 /// Every schedule has work where there is data, stays within small scratch,
 /// and says what it waits for.
 #[test]
