@@ -167,6 +167,15 @@ impl Lane {
             closed: false,
         }
     }
+
+    /// The socket may hold new bytes (a readiness event, or a poke): read it
+    /// again. Whatever an earlier read found about the socket being empty is
+    /// stale now; kept, it would clear `readable` once the stage runs dry and
+    /// lose the event, leaving the bytes unread until the peer sends more.
+    pub fn mark_readable(&mut self) {
+        self.readable = true;
+        self.stage.drained = false;
+    }
 }
 
 /// The greeting a dialing rank writes first on every lane.

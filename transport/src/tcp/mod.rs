@@ -1144,7 +1144,7 @@ impl Transport for TcpTransport {
                 let Some(lane) = lane else { continue };
                 lane.writable = true;
                 if all || i == 0 || !lane.rx.at_frame_start() {
-                    lane.readable = true;
+                    lane.mark_readable();
                 }
             }
         }
@@ -1159,7 +1159,7 @@ impl Transport for TcpTransport {
             && let Some(lane) = self.conns.get_mut(&peer).and_then(|c| c.lanes[li].as_mut())
         {
             if event.is_readable() || event.is_read_closed() || event.is_error() {
-                lane.readable = true;
+                lane.mark_readable();
             }
             if event.is_writable() || event.is_write_closed() || event.is_error() {
                 lane.writable = true;

@@ -32,6 +32,12 @@ fn pair(lanes: usize) -> (TcpTransport, TcpTransport) {
 }
 
 fn pair_with(cfg: TcpConfig) -> (TcpTransport, TcpTransport) {
+    pair_polled(cfg, None)
+}
+
+/// As [`pair_with`]; with `poll`, rank 1 learns of input only from it, as the
+/// engine thread does.
+fn pair_polled(cfg: TcpConfig, poll: Option<&mio::Poll>) -> (TcpTransport, TcpTransport) {
     let cfg = TcpConfig {
         store_ip: Some(Ipv4Addr::LOCALHOST.into()),
         ..cfg
@@ -39,6 +45,9 @@ fn pair_with(cfg: TcpConfig) -> (TcpTransport, TcpTransport) {
     let mut t: Vec<TcpTransport> = (0..2)
         .map(|r| TcpTransport::new(r, cfg.clone()).unwrap())
         .collect();
+    if let Some(p) = poll {
+        t[1].attach(p.registry(), 0).unwrap();
+    }
     let infos: Vec<PeerInfo> = (0..2)
         .map(|r| PeerInfo {
             rank: r,
@@ -166,6 +175,92 @@ fn a_parked_frame_never_holds_up_the_frames_behind_it() {
         sent == [true; 2] && b.test(rx).unwrap()
     });
     assert_eq!(dx, x);
+    drop((a, b));
+}
+
+/// Polls rank 1's events for up to `wait` and hands them to it.
+fn dispatch(b: &mut TcpTransport, poll: &mut mio::Poll, wait: Duration) {
+    let mut events = mio::Events::with_capacity(16);
+    poll.poll(&mut events, Some(wait)).unwrap();
+    for e in events.iter() {
+        b.on_event(e).unwrap();
+    }
+}
+
+/// Rank 1 reads two small frames in one read (the second into the lane's
+/// stage, which found the socket empty then) and holds the second back for
+/// its receive. A third frame arrives meanwhile and its readiness event is
+/// handed over. Finishing the staged frame must not clear that: the third
+/// frame is read without any further event. (It was not, and a tree
+/// all-reduce over TCP hung waiting for a frame that sat in the socket.)
+#[test]
+fn a_readiness_event_is_not_lost_while_the_stage_drains() {
+    let mut poll = mio::Poll::new().unwrap();
+    let (mut a, mut b) = pair_polled(
+        TcpConfig {
+            lanes: 1,
+            ..TcpConfig::default()
+        },
+        Some(&poll),
+    );
+    let len = 100;
+    let src: Vec<Vec<u8>> = (1..=3).map(|k| pattern(len, k)).collect();
+    let mut dst = vec![vec![0u8; len]; 3];
+    // SAFETY: the vectors outlive the transports' use of them (every request
+    // completes or the test fails, and the transports are dropped first).
+    let (ms, md): (Vec<_>, Vec<_>) = unsafe {
+        (
+            src.iter()
+                .map(|v| a.register(v.as_ptr().cast_mut(), len).unwrap())
+                .collect(),
+            dst.iter_mut()
+                .map(|v| b.register(v.as_mut_ptr(), len).unwrap())
+                .collect(),
+        )
+    };
+    let send = |a: &mut TcpTransport, k: usize| {
+        let s = a.isend(1, tag(k as u32), ms[k], 0, len).unwrap();
+        let start = Instant::now();
+        while !a.test(s).unwrap() {
+            a.progress().unwrap();
+            assert!(start.elapsed() < LIMIT, "frame {k} was not sent");
+        }
+    };
+    send(&mut a, 0);
+    send(&mut a, 1);
+    let r0 = b.irecv(0, tag(0), md[0], 0, len).unwrap();
+    let start = Instant::now();
+    while !b.test(r0).unwrap() {
+        dispatch(&mut b, &mut poll, Duration::from_millis(50));
+        b.progress().unwrap();
+        assert!(start.elapsed() < LIMIT, "frame 0 never arrived");
+    }
+    let lane = b.conns[&0].lanes[0].as_ref().unwrap();
+    assert!(
+        matches!(lane.rx, Rx::Parked { .. }) && lane.stage.pending() && lane.stage.drained,
+        "frame 1 was not held back in the stage"
+    );
+    send(&mut a, 2);
+    dispatch(&mut b, &mut poll, LIMIT);
+    let r1 = b.irecv(0, tag(1), md[1], 0, len).unwrap();
+    let r2 = b.irecv(0, tag(2), md[2], 0, len).unwrap();
+    let start = Instant::now();
+    let mut done = [false; 2];
+    loop {
+        for (d, r) in done.iter_mut().zip([r1, r2]) {
+            *d = *d || b.test(r).unwrap();
+        }
+        if done == [true; 2] {
+            break;
+        }
+        b.progress().unwrap();
+        dispatch(&mut b, &mut poll, Duration::from_millis(10));
+        assert!(
+            start.elapsed() < Duration::from_secs(2),
+            "frame 2 sits in the socket, its event lost"
+        );
+    }
+    assert_eq!(dst, src);
     drop((a, b));
 }
 
