@@ -6,7 +6,7 @@
 
 mod common;
 
-use common::{expected, input, right};
+use common::{expected, input, on_each_rank, right};
 use gw_allreduce::local::local_world;
 use gw_allreduce::{Algo, MAX_DEPTH, RedOp, TransportChoice};
 use rand::rngs::StdRng;
@@ -32,39 +32,29 @@ fn ranks_with_different_depths_agree_exactly() {
                 cfg.inline.set(false);
             })
             .expect("communicators");
-            let threads: Vec<_> = comms
-                .into_iter()
-                .map(|c| {
-                    std::thread::spawn(move || -> Result<(), String> {
-                        let r = c.rank();
-                        let mut rng = StdRng::seed_from_u64(11);
-                        for k in 0..30 {
-                            let count = rng.random_range(1..=20_000usize);
-                            let send: Vec<f32> = (0..count).map(|i| input(r, k, i)).collect();
-                            let mut out = vec![0.0f32; count];
-                            c.all_reduce(&send, &mut out, RedOp::Sum)
-                                .map_err(|e| e.to_string())?;
-                            if let Some((i, x)) = out
-                                .iter()
-                                .enumerate()
-                                .find(|&(i, &x)| !right(RedOp::Sum, n, k, i, x))
-                            {
-                                return Err(format!(
-                                    "rank {r} (depth {}) call {k} of {count}: element {i} is {x}, sum {}",
-                                    depth_of(r),
-                                    expected(n, k, i)
-                                ));
-                            }
-                        }
-                        Ok(())
-                    })
-                })
-                .collect();
-            for t in threads {
-                t.join()
-                    .expect("rank thread")
-                    .unwrap_or_else(|e| panic!("{transport:?} {algo:?}: {e}"));
-            }
+            on_each_rank(comms, &format!("{transport:?} {algo:?}"), move |c| {
+                let r = c.rank();
+                let mut rng = StdRng::seed_from_u64(11);
+                for k in 0..30 {
+                    let count = rng.random_range(1..=20_000usize);
+                    let send: Vec<f32> = (0..count).map(|i| input(r, k, i)).collect();
+                    let mut out = vec![0.0f32; count];
+                    c.all_reduce(&send, &mut out, RedOp::Sum)
+                        .map_err(|e| e.to_string())?;
+                    if let Some((i, x)) = out
+                        .iter()
+                        .enumerate()
+                        .find(|&(i, &x)| !right(RedOp::Sum, n, k, i, x))
+                    {
+                        return Err(format!(
+                            "rank {r} (depth {}) call {k} of {count}: element {i} is {x}, sum {}",
+                            depth_of(r),
+                            expected(n, k, i)
+                        ));
+                    }
+                }
+                Ok(())
+            });
         }
     }
 }

@@ -5,7 +5,7 @@
 
 mod common;
 
-use common::{expected, input, right};
+use common::{expected, input, on_each_rank, right};
 use gw_allreduce::local::local_world;
 use gw_allreduce::{Algo, Communicator, Error, RedOp, TransportChoice, direct_calls};
 use rand::rngs::StdRng;
@@ -38,65 +38,60 @@ fn world(
 /// every element.
 fn run(comms: Vec<Communicator>, calls: usize, seed: u64) {
     let n = comms.len() as u32;
-    let threads: Vec<_> = comms
-        .into_iter()
-        .map(|c| {
-            std::thread::spawn(move || -> Result<(), String> {
-                let r = c.rank();
-                let mut rng = StdRng::seed_from_u64(seed);
-                for k in 0..calls {
-                    let count = rng.random_range(1..=SEGMENT_ELEMS + 64);
-                    let in_place = rng.random_bool(0.3);
-                    let op = if rng.random_bool(0.25) {
-                        RedOp::Avg
-                    } else {
-                        RedOp::Sum
-                    };
-                    let behind = rng.random_bool(0.2);
-                    let pending = if behind {
-                        let v: Vec<f32> = (0..count).map(|i| input(r, k + 1, i)).collect();
-                        Some(c.iall_reduce(v, RedOp::Sum, None).map_err(|e| e.to_string())?)
-                    } else {
-                        None
-                    };
-                    let send: Vec<f32> = (0..count).map(|i| input(r, k, i)).collect();
-                    let out = if in_place {
-                        let mut b = send;
-                        c.all_reduce_in_place(&mut b, op)
-                            .map_err(|e| format!("call {k}: {e}"))?;
-                        b
-                    } else {
-                        let mut b = vec![0.0f32; count];
-                        c.all_reduce(&send, &mut b, op)
-                            .map_err(|e| format!("call {k}: {e}"))?;
-                        b
-                    };
-                    for (i, &x) in out.iter().enumerate() {
-                        if !right(op, n, k, i, x) {
-                            return Err(format!(
-                                "rank {r} call {k} ({op:?} of {count} elements, in place {in_place}): element {i} is {x}, sum {}",
-                                expected(n, k, i)
-                            ));
-                        }
-                    }
-                    if let Some(p) = pending {
-                        let v = p.wait().map_err(|e| e.to_string())?;
-                        for (i, &x) in v.iter().enumerate() {
-                            if x != expected(n, k + 1, i) {
-                                return Err(format!(
-                                    "rank {r} non-blocking call after {k}: element {i} is {x}"
-                                ));
-                            }
-                        }
+    on_each_rank(comms, "rank", move |c| {
+        let r = c.rank();
+        let mut rng = StdRng::seed_from_u64(seed);
+        for k in 0..calls {
+            let count = rng.random_range(1..=SEGMENT_ELEMS + 64);
+            let in_place = rng.random_bool(0.3);
+            let op = if rng.random_bool(0.25) {
+                RedOp::Avg
+            } else {
+                RedOp::Sum
+            };
+            let behind = rng.random_bool(0.2);
+            let pending = if behind {
+                let v: Vec<f32> = (0..count).map(|i| input(r, k + 1, i)).collect();
+                Some(
+                    c.iall_reduce(v, RedOp::Sum, None)
+                        .map_err(|e| e.to_string())?,
+                )
+            } else {
+                None
+            };
+            let send: Vec<f32> = (0..count).map(|i| input(r, k, i)).collect();
+            let out = if in_place {
+                let mut b = send;
+                c.all_reduce_in_place(&mut b, op)
+                    .map_err(|e| format!("call {k}: {e}"))?;
+                b
+            } else {
+                let mut b = vec![0.0f32; count];
+                c.all_reduce(&send, &mut b, op)
+                    .map_err(|e| format!("call {k}: {e}"))?;
+                b
+            };
+            for (i, &x) in out.iter().enumerate() {
+                if !right(op, n, k, i, x) {
+                    return Err(format!(
+                        "rank {r} call {k} ({op:?} of {count} elements, in place {in_place}): element {i} is {x}, sum {}",
+                        expected(n, k, i)
+                    ));
+                }
+            }
+            if let Some(p) = pending {
+                let v = p.wait().map_err(|e| e.to_string())?;
+                for (i, &x) in v.iter().enumerate() {
+                    if x != expected(n, k + 1, i) {
+                        return Err(format!(
+                            "rank {r} non-blocking call after {k}: element {i} is {x}"
+                        ));
                     }
                 }
-                Ok(())
-            })
-        })
-        .collect();
-    for t in threads {
-        t.join().expect("rank thread").expect("rank");
-    }
+            }
+        }
+        Ok(())
+    });
 }
 
 #[test]

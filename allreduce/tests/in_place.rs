@@ -5,7 +5,7 @@
 
 mod common;
 
-use common::{expected, input, right};
+use common::{expected, input, on_each_rank, right};
 use gw_allreduce::local::local_world;
 use gw_allreduce::{Algo, Communicator, RedOp, TransportChoice, in_place_reads};
 use rand::rngs::StdRng;
@@ -29,60 +29,52 @@ fn world(n: u32, algo: Algo, key: &str) -> (gw_transport::store::StoreServer, Ve
 /// rank): all-reduces, some in place, some averaging, and reduce-scatters.
 fn run(comms: Vec<Communicator>, calls: usize, seed: u64) {
     let n = comms.len() as u32;
-    let threads: Vec<_> = comms
-        .into_iter()
-        .map(|c| {
-            std::thread::spawn(move || -> Result<(), String> {
-                let r = c.rank();
-                let mut rng = StdRng::seed_from_u64(seed);
-                for k in 0..calls {
-                    let count = rng.random_range(1..=6000usize);
-                    let op = if rng.random_bool(0.25) {
-                        RedOp::Avg
-                    } else {
-                        RedOp::Sum
-                    };
-                    let what = rng.random_range(0..3);
-                    let send: Vec<f32> = (0..count).map(|i| input(r, k, i)).collect();
-                    let (out, first) = match what {
-                        0 => {
-                            let mut b = send;
-                            c.all_reduce_in_place(&mut b, op).map_err(|e| e.to_string())?;
-                            (b, 0)
-                        }
-                        1 => {
-                            let mut b = vec![0.0f32; count];
-                            c.all_reduce(&send, &mut b, op).map_err(|e| e.to_string())?;
-                            (b, 0)
-                        }
-                        _ => {
-                            // Each rank gets its `per` elements of n·per.
-                            let per = count.div_ceil(n as usize);
-                            let send: Vec<f32> =
-                                (0..per * n as usize).map(|i| input(r, k, i)).collect();
-                            let mut b = vec![0.0f32; per];
-                            c.reduce_scatter(&send, &mut b, op)
-                                .map_err(|e| e.to_string())?;
-                            (b, r as usize * per)
-                        }
-                    };
-                    for (j, &x) in out.iter().enumerate() {
-                        let i = first + j;
-                        if !right(op, n, k, i, x) {
-                            return Err(format!(
-                                "rank {r} call {k} (kind {what}, {op:?} of {count}): element {i} is {x}, sum {}",
-                                expected(n, k, i)
-                            ));
-                        }
-                    }
+    on_each_rank(comms, "rank", move |c| {
+        let r = c.rank();
+        let mut rng = StdRng::seed_from_u64(seed);
+        for k in 0..calls {
+            let count = rng.random_range(1..=6000usize);
+            let op = if rng.random_bool(0.25) {
+                RedOp::Avg
+            } else {
+                RedOp::Sum
+            };
+            let what = rng.random_range(0..3);
+            let send: Vec<f32> = (0..count).map(|i| input(r, k, i)).collect();
+            let (out, first) = match what {
+                0 => {
+                    let mut b = send;
+                    c.all_reduce_in_place(&mut b, op)
+                        .map_err(|e| e.to_string())?;
+                    (b, 0)
                 }
-                Ok(())
-            })
-        })
-        .collect();
-    for t in threads {
-        t.join().expect("rank thread").expect("rank");
-    }
+                1 => {
+                    let mut b = vec![0.0f32; count];
+                    c.all_reduce(&send, &mut b, op).map_err(|e| e.to_string())?;
+                    (b, 0)
+                }
+                _ => {
+                    // Each rank gets its `per` elements of n·per.
+                    let per = count.div_ceil(n as usize);
+                    let send: Vec<f32> = (0..per * n as usize).map(|i| input(r, k, i)).collect();
+                    let mut b = vec![0.0f32; per];
+                    c.reduce_scatter(&send, &mut b, op)
+                        .map_err(|e| e.to_string())?;
+                    (b, r as usize * per)
+                }
+            };
+            for (j, &x) in out.iter().enumerate() {
+                let i = first + j;
+                if !right(op, n, k, i, x) {
+                    return Err(format!(
+                        "rank {r} call {k} (kind {what}, {op:?} of {count}): element {i} is {x}, sum {}",
+                        expected(n, k, i)
+                    ));
+                }
+            }
+        }
+        Ok(())
+    });
 }
 
 #[test]

@@ -1,6 +1,6 @@
 //! Inputs and checks shared by the all-reduce integration tests.
 
-use gw_allreduce::RedOp;
+use gw_allreduce::{Communicator, RedOp};
 
 /// Rank `r`'s element `i` in call `k`: small integers, so float sums are exact.
 pub fn input(r: u32, k: usize, i: usize) -> f32 {
@@ -18,5 +18,26 @@ pub fn right(op: RedOp, n: u32, k: usize, i: usize, x: f32) -> bool {
     match op {
         RedOp::Avg => (x - sum / n as f32).abs() <= 1e-6 * sum.abs().max(1.0),
         _ => x == sum,
+    }
+}
+
+/// Runs `body` on every rank's communicator, each on a thread of its own (a
+/// collective needs all ranks calling at once), and panics naming `what` and
+/// the error of the first rank that returned one.
+pub fn on_each_rank<F>(comms: Vec<Communicator>, what: &str, body: F)
+where
+    F: Fn(Communicator) -> Result<(), String> + Clone + Send + 'static,
+{
+    let threads: Vec<_> = comms
+        .into_iter()
+        .map(|c| {
+            let body = body.clone();
+            std::thread::spawn(move || body(c))
+        })
+        .collect();
+    for t in threads {
+        if let Err(e) = t.join().expect("rank thread") {
+            panic!("{what}: {e}");
+        }
     }
 }
