@@ -6,7 +6,7 @@
 //! word or after `=` (`--maxbytes=64M`). Every mistake is a [`UsageError`]
 //! whose text completes `gwbench: error: `.
 
-use gw_allreduce::{Algo, DType, OpKind, RedOp};
+use gw_collectives::{Algo, DType, OpKind, RedOp};
 use std::fmt;
 use std::path::PathBuf;
 

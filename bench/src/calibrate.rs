@@ -1,14 +1,14 @@
 //! `gwbench calibrate`: measures the cost model's parameters on this machine.
 //!
-//! The model (`gw_allreduce::model`) prices a 2-rank ring all-reduce of S
+//! The model (`gw_collectives::model`) prices a 2-rank ring all-reduce of S
 //! bytes at `2α + S·β + S/2·γ`, so timing that all-reduce at 8 B and at
 //! 8 MiB over each transport gives α and β directly, in the same terms the
 //! algorithm choice uses; γ comes from timing the reduction kernel alone.
 //! Rank 0 writes the result to the file every later job's rank 0 reads.
 
-use gw_allreduce::model::{CostModel, Link};
-use gw_allreduce::reduce::Kernel;
-use gw_allreduce::{
+use gw_collectives::model::{CostModel, Link};
+use gw_collectives::reduce::Kernel;
+use gw_collectives::{
     Algo, Bootstrap, Communicator, Config, DType, OpKind, RawOp, RedOp, TransportChoice,
 };
 use std::time::Instant;

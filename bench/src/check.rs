@@ -19,7 +19,7 @@
 //! produces (its f32 division is correctly rounded, and rounding the f32
 //! quotient again to half or bfloat16 is innocuous).
 
-use gw_allreduce::{DType, Element, RedOp};
+use gw_collectives::{DType, Element, RedOp};
 use half::{bf16, f16};
 use std::fmt::Debug;
 

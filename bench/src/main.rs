@@ -18,7 +18,7 @@ mod nccl;
 mod p2p;
 mod report;
 
-use gw_allreduce::{Communicator, Error};
+use gw_collectives::{Communicator, Error};
 use std::process::ExitCode;
 use std::time::Duration;
 

@@ -11,7 +11,7 @@ use crate::Fail;
 use crate::args::{Coll, CollOpts};
 use crate::check::{Pattern, Value, count_wrong, poison};
 use crate::report::{self, Header, Meas, RankLine, Row, Summary};
-use gw_allreduce::{Algo, Communicator, DType, Error, RawOp, RedOp};
+use gw_collectives::{Algo, Communicator, DType, Error, RawOp, RedOp};
 use half::{bf16, f16};
 use std::io::Write as _;
 use std::time::Instant;

@@ -16,7 +16,7 @@
 use crate::Fail;
 use crate::args::P2pOpts;
 use crate::report::{self, Header, P2pRow, RankLine, Summary};
-use gw_allreduce::{Communicator, DType, Error, Handle};
+use gw_collectives::{Communicator, DType, Error, Handle};
 use std::io::Write as _;
 use std::time::Instant;
 

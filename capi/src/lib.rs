@@ -1,4 +1,4 @@
-//! The C ABI over gw-allreduce (issue 5): `libgradwire.so` / `libgradwire.a`
+//! The C ABI over gw-collectives (issue 5): `libgradwire.so` / `libgradwire.a`
 //! and `include/gradwire.h` (generated from this file by cbindgen in
 //! `build.rs`).
 //!
@@ -14,7 +14,7 @@
     clippy::missing_safety_doc
 )]
 
-use gw_allreduce::{Bootstrap, Communicator, Config, Handle, OpKind, RawOp, TransportChoice};
+use gw_collectives::{Bootstrap, Communicator, Config, Handle, OpKind, RawOp, TransportChoice};
 use gw_transport::store::{StoreConfig, StoreServer};
 use gw_transport::{DType, Error, RedOp};
 use std::cell::RefCell;

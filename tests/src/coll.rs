@@ -6,7 +6,7 @@
 //! products, extrema and averages are exact in every dtype, f16 and bf16
 //! included, and any wrong element is a real error, not rounding.
 
-use gw_allreduce::{Communicator, DType, OpKind, RawOp, RedOp};
+use gw_collectives::{Communicator, DType, OpKind, RawOp, RedOp};
 use half::{bf16, f16};
 
 /// The value rank `r` contributes at element `i` for operator `op`.

@@ -17,7 +17,7 @@ use crate::data::Dataset;
 use crate::mlp::{Mlp, Workspace};
 use crate::plan::{PlanSource, check_plan, check_tiling};
 use crate::step::{StepClient, StepReport};
-use gw_allreduce::{Algo, Communicator, DType, OpKind, RawOp, RedOp};
+use gw_collectives::{Algo, Communicator, DType, OpKind, RawOp, RedOp};
 use serde::{Deserialize, Serialize};
 use std::io::Write;
 use std::path::PathBuf;

@@ -4,8 +4,8 @@
 //! the batch unevenly, and combine with r_i = b_i / B exactly as the worker
 //! does, for the automatic algorithm and every forced one.
 
-use gw_allreduce::local::local_world;
-use gw_allreduce::{Communicator, TransportChoice};
+use gw_collectives::local::local_world;
+use gw_collectives::{Communicator, TransportChoice};
 use gw_train::data::Dataset;
 use gw_train::mlp::Mlp;
 use gw_train::worker::{local_gradient, reduce_weighted};

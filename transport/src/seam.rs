@@ -1,7 +1,7 @@
 //! The one interface every transport implements, shaped like NCCL's `ncclNet`.
 //!
 //! A transport is driven by a single progress thread (the engine in
-//! `gw-allreduce`), so its methods take `&mut self` and need no locking. All
+//! `gw-collectives`), so its methods take `&mut self` and need no locking. All
 //! calls are non-blocking: `connect` reports whether the connection is up yet,
 //! `isend`/`irecv` post a transfer of a registered memory range and return a
 //! [`Request`], `test` says whether it finished, and `progress` moves bytes.
@@ -29,7 +29,7 @@ pub type Rank = u32;
 
 /// Requests a transport has room for before its request table grows: far
 /// more than schedules keep in flight (at most 16 messages per stream,
-/// `gw_allreduce`'s `MAX_DEPTH`, and two streams per peer).
+/// `gw_collectives`'s `MAX_DEPTH`, and two streams per peer).
 pub(crate) const REQS_RESERVED: usize = 512;
 /// Posted sends or receives per peer a transport has room for before its
 /// queues grow (at most 16 messages per stream and two streams per peer in

@@ -4,7 +4,7 @@
 //! line per rank and exits non-zero on any wrong byte or error, printing the
 //! error text so that tests can check what it names.
 
-use gw_allreduce::{Communicator, DType, Error, OpKind, RawOp, RedOp};
+use gw_collectives::{Communicator, DType, Error, OpKind, RawOp, RedOp};
 use gw_tests::coll::{self, Case};
 use rand::{Rng, SeedableRng};
 use std::process::ExitCode;

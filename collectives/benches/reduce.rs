@@ -1,13 +1,13 @@
 //! Reduction-kernel throughput: the kernels (AVX2 and portable) against a
 //! naive scalar loop with the same semantics.
 //!
-//! `cargo bench -p gw-allreduce --bench reduce [-- SIZE_KIB]` (default 1024:
+//! `cargo bench -p gw-collectives --bench reduce [-- SIZE_KIB]` (default 1024:
 //! 1 MiB per buffer). Variants are interleaved round by round so that
 //! frequency and cache drift hit them alike; each figure is the median of the
 //! rounds. GB/s counts every byte touched: two buffers read, one written.
 
-use gw_allreduce::reduce::{Isa, Kernel};
-use gw_allreduce::{DType, RedOp};
+use gw_collectives::reduce::{Isa, Kernel};
+use gw_collectives::{DType, RedOp};
 use half::bf16;
 use std::hint::black_box;
 use std::time::Instant;

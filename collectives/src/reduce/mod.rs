@@ -72,7 +72,7 @@
 //! operand, never the heap) and converts them with `half`'s slice helpers.
 //! No call allocates.
 //!
-//! Measured with `cargo bench -p gw-allreduce --bench reduce [-- KIB]` on a
+//! Measured with `cargo bench -p gw-collectives --bench reduce [-- KIB]` on a
 //! (shared, noisy) 2-core AVX2 machine, against a scalar loop with the same
 //! semantics: f32 sum over 1 MiB buffers, ~1.6x (three operands, bound by
 //! memory at ~47 GB/s touched; SSE2 and AVX2 then tie) and ~2.6x in place

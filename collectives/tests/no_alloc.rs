@@ -26,8 +26,8 @@
 //! Every step's results are checked too, so a "zero allocations" result cannot
 //! come from operations that silently did nothing.
 
-use gw_allreduce::local::local_world;
-use gw_allreduce::{Algo, Communicator, RedOp, TransportChoice};
+use gw_collectives::local::local_world;
+use gw_collectives::{Algo, Communicator, RedOp, TransportChoice};
 use gw_transport::store::StoreServer;
 use std::alloc::{GlobalAlloc, Layout, System};
 use std::cell::Cell;
@@ -267,7 +267,7 @@ fn measure(comms: &[Communicator], count: usize) -> Result<Window, String> {
                     if c.rank() == 0 {
                         before.store(ALLOCS.load(Ordering::SeqCst), Ordering::SeqCst);
                         before_bytes.store(BYTES.load(Ordering::SeqCst), Ordering::SeqCst);
-                        before_stalls.store(gw_allreduce::stall_checks(), Ordering::SeqCst);
+                        before_stalls.store(gw_collectives::stall_checks(), Ordering::SeqCst);
                         before_early
                             .store(gw_transport::early_buffers_allocated(), Ordering::SeqCst);
                         TRACED.store(0, Ordering::SeqCst);
@@ -283,7 +283,8 @@ fn measure(comms: &[Communicator], count: usize) -> Result<Window, String> {
                     let counted = Window {
                         allocs: ALLOCS.load(Ordering::SeqCst) - before.load(Ordering::SeqCst),
                         bytes: BYTES.load(Ordering::SeqCst) - before_bytes.load(Ordering::SeqCst),
-                        stalls: gw_allreduce::stall_checks() - before_stalls.load(Ordering::SeqCst),
+                        stalls: gw_collectives::stall_checks()
+                            - before_stalls.load(Ordering::SeqCst),
                         early: gw_transport::early_buffers_allocated()
                             - before_early.load(Ordering::SeqCst),
                     };

@@ -7,8 +7,8 @@
 mod common;
 
 use common::{expected, input, on_each_rank, right};
-use gw_allreduce::local::local_world;
-use gw_allreduce::{Algo, MAX_DEPTH, RedOp, TransportChoice};
+use gw_collectives::local::local_world;
+use gw_collectives::{Algo, MAX_DEPTH, RedOp, TransportChoice};
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 

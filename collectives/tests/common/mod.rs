@@ -1,6 +1,6 @@
 //! Inputs and checks shared by the all-reduce integration tests.
 
-use gw_allreduce::{Communicator, RedOp};
+use gw_collectives::{Communicator, RedOp};
 
 /// Rank `r`'s element `i` in call `k`: small integers, so float sums are exact.
 pub fn input(r: u32, k: usize, i: usize) -> f32 {

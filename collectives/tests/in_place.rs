@@ -6,8 +6,8 @@
 mod common;
 
 use common::{expected, input, on_each_rank, right};
-use gw_allreduce::local::local_world;
-use gw_allreduce::{Algo, Communicator, RedOp, TransportChoice, in_place_reads};
+use gw_collectives::local::local_world;
+use gw_collectives::{Algo, Communicator, RedOp, TransportChoice, in_place_reads};
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 
