@@ -9,7 +9,7 @@
 use gw_collectives::model::{CostModel, Link};
 use gw_collectives::reduce::Kernel;
 use gw_collectives::{
-    Algo, Bootstrap, Communicator, Config, DType, OpKind, RawOp, RedOp, TransportChoice,
+    Algo, CommKey, Communicator, Config, DType, LaunchEnv, OpKind, RawOp, RedOp, TransportChoice,
 };
 use std::time::Instant;
 
@@ -81,8 +81,9 @@ fn measure_gamma() -> Result<f64, String> {
 fn link(choice: TransportChoice, gamma: f64) -> Result<Link, String> {
     let mut cfg = Config::default();
     cfg.transport.set(choice);
-    let boot = Bootstrap::from_env().map_err(|e| e.to_string())?;
-    let comm = Communicator::init(boot, cfg).map_err(|e| format!("{}: {e}", choice.name()))?;
+    let env = LaunchEnv::from_env().map_err(|e| e.to_string())?;
+    let key = CommKey::next(&format!("calibrate-{}", choice.name())).map_err(|e| e.to_string())?;
+    let comm = Communicator::init(env, key, cfg).map_err(|e| format!("{}: {e}", choice.name()))?;
     if comm.size() != 2 {
         return Err(format!("run it on exactly 2 ranks, not {}", comm.size()));
     }
@@ -110,8 +111,8 @@ pub fn run() -> Result<(), String> {
     let tcp = link(TransportChoice::Tcp, gamma)?;
     let shm = link(TransportChoice::Shm, gamma)?;
     let model = CostModel { tcp, shm, gamma };
-    let boot = Bootstrap::from_env().map_err(|e| e.to_string())?;
-    if boot.rank != 0 {
+    let env = LaunchEnv::from_env().map_err(|e| e.to_string())?;
+    if env.rank != 0 {
         return Ok(());
     }
     println!(

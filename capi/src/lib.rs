@@ -14,8 +14,11 @@
     clippy::missing_safety_doc
 )]
 
-use gw_collectives::{Bootstrap, Communicator, Config, Handle, OpKind, RawOp, TransportChoice};
-use gw_transport::store::{StoreConfig, StoreServer};
+use gw_collectives::{
+    CommKey, Communicator, Config, Handle, LaunchEnv, OpKind, RawOp, TransportChoice,
+};
+use gw_rendezvous::launch_env::Launcher;
+use gw_rendezvous::{StoreConfig, StoreServer};
 use gw_transport::{DType, Error, RedOp};
 use std::cell::RefCell;
 use std::collections::HashMap;
@@ -397,23 +400,13 @@ fn run(
 // ---------------------------------------------------------------------------
 // Unique ids.
 
-fn random_hex(bytes: usize) -> String {
-    use std::io::Read;
-    let mut b = vec![0u8; bytes];
-    let ok = std::fs::File::open("/dev/urandom")
-        .and_then(|mut f| f.read_exact(&mut b))
-        .is_ok();
-    if !ok {
-        let t = std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map(|d| d.as_nanos())
-            .unwrap_or(0);
-        let seed = t ^ ((std::process::id() as u128) << 64);
-        for (i, x) in b.iter_mut().enumerate() {
-            *x = (seed >> ((i % 16) * 8)) as u8 ^ (i as u8).wrapping_mul(151);
-        }
-    }
-    b.iter().map(|x| format!("{x:02x}")).collect()
+/// A secret from the kernel's random source; a process that cannot read
+/// it gets an error rather than a token someone could guess.
+fn random_hex(bytes: usize) -> CResult<String> {
+    gw_rendezvous::token::random_hex(bytes).map_err(|e| Failure {
+        code: gwSystemError,
+        msg: format!("cannot read /dev/urandom for a job token: {e}"),
+    })
 }
 
 /// The address other hosts use to reach this one: `GW_UNIQUEID_HOST` if set,
@@ -487,8 +480,8 @@ fn init_rank(
             msg: format!("invalid argument: rank {rank} is not in 0..{nranks}"),
         })?;
     let d = decode_id(id)?;
-    let job_key = d.job_id.clone();
-    let boot = Bootstrap {
+    let key = CommKey::exact(&format!("u{}", d.job_id))?;
+    let env = LaunchEnv {
         rank: me,
         world,
         local_rank: me,
@@ -496,11 +489,12 @@ fn init_rank(
         store: d.store,
         token: d.token,
         job_id: d.job_id,
+        job_server: None,
+        launcher: Launcher::Api,
         host_store: false,
-        launcher: "capi",
-        comm_key: Some(format!("u{}", job_key)),
     };
-    publish(Communicator::init(boot, cfg)?, comm)
+    gw_logging::init_if_unset();
+    publish(Communicator::init(env, key, cfg)?, comm)
 }
 
 fn publish(c: Communicator, comm: *mut gwComm_t) -> CResult<()> {
@@ -595,17 +589,19 @@ pub unsafe extern "C" fn gwGetVersion(version: *mut c_int) -> gwResult_t {
 pub unsafe extern "C" fn gwGetUniqueId(uniqueId: *mut gwUniqueId) -> gwResult_t {
     guard(std::ptr::null_mut(), || {
         out(uniqueId, "uniqueId")?;
-        let token = random_hex(16);
+        gw_logging::init_if_unset();
+        let token = random_hex(16)?;
         let server = StoreServer::start(
             std::net::SocketAddr::from(([0, 0, 0, 0], 0)),
             &token,
             StoreConfig::default(),
-        )?;
+        )
+        .map_err(gw_transport::Error::from)?;
         let port = server.local_addr().port();
         let text = format!(
             "{}:{port}|{token}|capi-{}",
             advertised_host(),
-            random_hex(8)
+            random_hex(8)?
         );
         if text.len() >= GW_UNIQUE_ID_BYTES {
             return fail(gwInternalError, "internal error: unique id text too long");
@@ -668,6 +664,7 @@ pub unsafe extern "C" fn gwCommInitFromEnv(comm: *mut gwComm_t) -> gwResult_t {
         out(comm, "comm")?;
         // SAFETY: checked non-null.
         unsafe { *comm = std::ptr::null_mut() };
+        gw_logging::init_if_unset();
         publish(Communicator::from_env()?, comm)
     })
 }

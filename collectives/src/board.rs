@@ -9,7 +9,7 @@
 //! doing; a rank that failed posts why. This costs nothing while operations
 //! make progress.
 
-use gw_transport::store::StoreClient;
+use gw_rendezvous::StoreClient;
 use gw_transport::wire::Fingerprint;
 use gw_transport::{Rank, Result};
 
@@ -65,7 +65,9 @@ impl Board {
     /// Posts the operation this rank is stalled in.
     pub fn post_doing(&mut self, me: Rank, fp: &Fingerprint) -> Result<()> {
         let key = self.doing_key(me);
-        self.store.set(&key, format!("{};{fp}", fp.seq).as_bytes())
+        Ok(self
+            .store
+            .set(&key, format!("{};{fp}", fp.seq).as_bytes())?)
     }
 
     /// What every other rank last posted.

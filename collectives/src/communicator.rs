@@ -12,30 +12,24 @@
 use crate::algo::p2p::{Half, P2p};
 use crate::algo::{self, Algo, OpSpec};
 use crate::board::Board;
-use crate::bootstrap::{Bootstrap, fnv1a};
-use crate::config::{Config, TransportChoice};
-use crate::drive::{Driver, engine_thread};
+use crate::bringup;
+use crate::comm_key::{CommKey, DEFAULT_NAME};
+use crate::config::Config;
+use crate::drive::Driver;
 use crate::element::Element;
-use crate::engine::{Completion, DirectOp, Engine, EngineConfig, Msg, OpDesc, Plan, Ptr};
+use crate::engine::{Completion, DirectOp, Msg, OpDesc, Plan, Ptr};
 use crate::mailbox;
-use crate::model::{CostModel, LinkKind, Shape};
+use crate::model::{CostModel, Shape};
 use crate::reduce::Kernel;
-use gw_transport::peers::{self, PeerInfo};
-use gw_transport::shm::{ShmConfig, ShmTransport};
-use gw_transport::store::{StoreClient, StoreConfig, StoreServer};
-use gw_transport::tcp::{TcpConfig, TcpTransport};
+use gw_rendezvous::launch_env::fnv1a;
+use gw_rendezvous::{LaunchEnv, StoreClient, StoreServer};
 use gw_transport::wire::{Fingerprint, OpKind};
-use gw_transport::{DType, Error, Rank, RedOp, Result, Transport, gw_info};
+use gw_transport::{DType, Error, Rank, RedOp, Result};
 use std::fmt::Write as _;
-use std::net::ToSocketAddrs;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
-
-/// Communicators created by this process so far; all ranks create theirs in
-/// the same order, so the count names a communicator's store keys.
-static GENERATION: AtomicU64 = AtomicU64::new(0);
 
 /// The sequence number of every point-to-point message (they are told apart
 /// by their per-pair step instead), chosen so that it can never be mistaken
@@ -46,8 +40,6 @@ const P2P_SEQ: u64 = u64::MAX;
 /// a blocking loop (which needs two: the one just finished may still be held
 /// by the engine for a moment) and for a dozen non-blocking calls in flight.
 const COMPLETION_POOL: usize = 16;
-/// Operations the engine's queue holds before it grows.
-const QUEUE_CAPACITY: usize = 64;
 
 /// A handle to a submitted operation.
 pub struct Handle {
@@ -144,6 +136,7 @@ pub struct Communicator {
     local_size: u32,
     cfg: Config,
     comm_id: u64,
+    key: CommKey,
     seq: AtomicU64,
     p2p_seq: Mutex<(Vec<u64>, Vec<u64>)>,
     tx: mailbox::Sender,
@@ -171,342 +164,118 @@ pub struct Communicator {
     /// the first. A training loop asks about the same sizes over and over,
     /// and evaluating the model costs as much as a small exchange.
     last_auto: AtomicU64,
+    /// Entered by the engine thread and by callers driving the engine, so
+    /// every log line names this communicator's rank and id.
+    span: tracing::Span,
     _store_server: Option<StoreServer>,
 }
 
 impl Communicator {
     /// Brings a communicator up from the launch environment (`gwrun`, Slurm or
     /// torchrun variables) with the default configuration plus `GW_*` overrides.
+    /// It is the next communicator named `world` of this process (see
+    /// [`Communicator::from_env_named`]).
     pub fn from_env() -> Result<Communicator> {
-        Self::init(Bootstrap::from_env()?, Config::default())
+        Self::from_env_named(DEFAULT_NAME)
     }
 
-    /// Brings a communicator up. `cfg` is overridden by `GW_*` variables.
-    pub fn init(boot: Bootstrap, mut cfg: Config) -> Result<Communicator> {
+    /// Brings up the next communicator named `name` of this process (keys
+    /// `name-0`, `name-1`, ...; see [`CommKey`]): communicators of different
+    /// names meet whatever order ranks create them in.
+    pub fn from_env_named(name: &str) -> Result<Communicator> {
+        Self::init(
+            LaunchEnv::from_env()?,
+            CommKey::next(name)?,
+            Config::default(),
+        )
+    }
+
+    /// Brings a communicator up: listen, rendezvous, route, start the engine
+    /// (see `bringup.rs`). `cfg` is overridden by `GW_*` variables.
+    pub fn init(env: LaunchEnv, key: CommKey, mut cfg: Config) -> Result<Communicator> {
         cfg.apply_env()?;
-        gw_transport::log::set_rank(boot.rank);
-        if gw_transport::log::enabled(gw_transport::log::Level::Info) {
-            gw_info!(
-                "init rank {}/{} (local {}/{}) via {} variables, store {}",
-                boot.rank,
-                boot.world,
-                boot.local_rank,
-                boot.local_size,
-                boot.launcher,
-                boot.store
+        let prefix = format!("gw/{key}");
+        let comm_id = fnv1a(&[&env.job_id, &prefix]);
+        // ERROR level, so that its fields reach every line that is printed.
+        let span =
+            tracing::error_span!("comm", rank = env.rank, comm = %format_args!("{comm_id:016x}"));
+        let in_comm = span.clone();
+        let _in_comm = in_comm.enter();
+        if tracing::enabled!(tracing::Level::INFO) {
+            tracing::info!(
+                "init rank {}/{} (local {}/{}) via {} variables, store {}, communicator {key}",
+                env.rank,
+                env.world,
+                env.local_rank,
+                env.local_size,
+                env.launcher.as_str(),
+                env.store
             );
             for line in cfg.describe() {
-                gw_info!("config {line}");
+                tracing::info!("config {line}");
             }
         }
         let start = Instant::now();
         let timeout = cfg.timeout.value;
         let deadline = start + timeout;
-        let (me, world) = (boot.rank, boot.world);
 
-        let store_server = if boot.host_store && me == 0 {
-            let port = boot
-                .store
-                .rsplit(':')
-                .next()
-                .and_then(|p| p.parse::<u16>().ok())
-                .unwrap_or(0);
-            Some(StoreServer::start(
-                std::net::SocketAddr::from(([0, 0, 0, 0], port)),
-                &boot.token,
-                StoreConfig::default(),
-            )?)
-        } else {
-            None
-        };
-        let mut store = StoreClient::connect(&boot.store, &boot.token, deadline)?;
-
-        let generation = GENERATION.fetch_add(1, Ordering::Relaxed);
-        let key = match &boot.comm_key {
-            Some(k) => k.clone(),
-            None => format!("c{generation}"),
-        };
-        let prefix = format!("gw/{key}");
-        let claims = store.add(&format!("{prefix}/claim/{me}"), 1)?;
-        if claims > 1 {
-            return Err(Error::Config(format!(
-                "rank {me} was started twice: another process already claimed rank {me} of this job (check GW_RANK and the launcher)"
-            )));
-        }
-
-        let choice = cfg.transport.value;
-        let store_ip = boot
-            .store
-            .to_socket_addrs()
-            .ok()
-            .and_then(|mut a| a.next())
-            .map(|a| a.ip());
-        let mut tcp = if choice == TransportChoice::Shm && world > 1 {
-            None
-        } else {
-            Some(TcpTransport::new(
-                me,
-                TcpConfig {
-                    lanes: cfg.lanes.value,
-                    segment_bytes: cfg.segment_bytes_for(LinkKind::Tcp),
-                    ifname: cfg.socket_ifname.value.clone(),
-                    store_ip,
-                    job_key: fnv1a(&[&boot.token, &boot.job_id]),
-                    socket_buffer_bytes: cfg.socket_buffer_bytes.value,
-                },
-            )?)
-        };
-        let host_id = peers::host_id();
-        let info = PeerInfo {
-            rank: me,
-            host_id: host_id.clone(),
-            hostname: peers::hostname(),
-            pid: std::process::id(),
-            tcp: tcp
-                .as_ref()
-                .map(|t| vec![t.listen_addr()])
-                .unwrap_or_default(),
-        };
-        // Rank 0's cost model, published before its peer record, so it is
-        // there once every record is: all ranks choose algorithms from it.
-        if me == 0 {
-            let (model, source) = CostModel::load()?;
-            gw_info!("cost model from {source}: {}", model.encode());
-            store.set(&format!("{prefix}/model"), model.encode().as_bytes())?;
-        }
-        store.set(&format!("{prefix}/peer/{me}"), info.encode().as_bytes())?;
-        let keys: Vec<String> = (0..world).map(|r| format!("{prefix}/peer/{r}")).collect();
-        let key_refs: Vec<&str> = keys.iter().map(String::as_str).collect();
-        let values = match store.wait(&key_refs, deadline) {
-            Ok(v) => v,
-            Err(Error::Timeout { .. }) => {
-                let present = store.check(&key_refs)?;
-                let missing: Vec<String> = present
-                    .iter()
-                    .enumerate()
-                    .filter(|(_, p)| !**p)
-                    .map(|(r, _)| r.to_string())
-                    .collect();
-                return Err(Error::Timeout {
-                    secs: timeout.as_secs_f64(),
-                    what: format!(
-                        "at init on rank {me}: rank(s) {} of {world} never arrived at the store {}",
-                        missing.join(", "),
-                        boot.store
-                    ),
-                });
-            }
-            Err(e) => return Err(e),
-        };
-        let model = match store.get(&format!("{prefix}/model"))? {
-            Some(v) => CostModel::decode(&String::from_utf8_lossy(&v))?,
-            None => {
-                return Err(Error::Protocol(
-                    "rank 0 published no cost model at init".into(),
-                ));
-            }
-        };
-        let mut peers = Vec::with_capacity(world as usize);
-        for (r, v) in values.iter().enumerate() {
-            let p = PeerInfo::decode(&String::from_utf8_lossy(v))?;
-            if p.rank as usize != r {
-                return Err(Error::Protocol(format!(
-                    "store record for rank {r} names rank {}",
-                    p.rank
-                )));
-            }
-            peers.push(p);
-        }
-
-        // Route each peer to a transport: index 0 is TCP when present, then shm.
-        let mut transports: Vec<Box<dyn Transport>> = Vec::new();
-        let tcp_idx = tcp.is_some().then_some(0usize);
-        let needs_shm = peers
-            .iter()
-            .any(|p| p.rank != me && choice != TransportChoice::Tcp && p.host_id == host_id);
-        if let Some(t) = tcp.as_mut() {
-            t.set_peers(peers.clone());
-        }
-        if let Some(t) = tcp {
-            transports.push(Box::new(t));
-        }
-        let shm_idx = if needs_shm {
-            transports.push(Box::new(ShmTransport::new(
-                me,
-                peers.clone(),
-                ShmConfig {
-                    job_id: format!("{}-{key}", boot.job_id),
-                    slot_bytes: cfg.shm_slot_bytes.value,
-                    slots: cfg.shm_slots.value,
-                    pull_bytes: shm_pull_bytes(&cfg, boot.local_size),
-                },
-            )?));
-            Some(transports.len() - 1)
-        } else {
-            None
-        };
-        let mut route = vec![0usize; world as usize];
-        let mut routes = vec!["self"; world as usize];
-        for p in &peers {
-            if p.rank == me {
-                continue;
-            }
-            let same_host = p.host_id == host_id;
-            let (idx, name) = match (choice, same_host) {
-                (TransportChoice::Shm, false) => {
-                    return Err(Error::Config(format!(
-                        "GW_TRANSPORT=shm, but rank {} is on another host ({}); use auto or tcp",
-                        p.rank, p.hostname
-                    )));
-                }
-                (TransportChoice::Tcp, _) | (TransportChoice::Auto, false) => (tcp_idx, "tcp"),
-                (_, true) => (shm_idx, "shm"),
-            };
-            let idx = idx.ok_or_else(|| {
-                Error::Internal(format!("no {name} transport for rank {}", p.rank))
-            })?;
-            route[p.rank as usize] = idx;
-            routes[p.rank as usize] = name;
-            gw_info!(
-                "rank {} ({}): {name}{}",
-                p.rank,
-                p.hostname,
-                if same_host {
-                    " (same host)"
-                } else {
-                    " (other host)"
-                }
-            );
-        }
-
-        let hostnames: Vec<String> = peers.iter().map(|p| p.hostname.clone()).collect();
-        let link = if routes.contains(&"tcp") {
-            LinkKind::Tcp
-        } else {
-            LinkKind::Shm
-        };
-        // Every rank sees the same records, so every rank finds the same
-        // layout, and with rank 0's model makes the same choice.
-        let host_ids: Vec<&str> = peers.iter().map(|p| p.host_id.as_str()).collect();
-        let local = host_grid(&host_ids);
-        let host_layout = describe_hosts(&host_ids);
-        let shape = Shape {
-            n: world as usize,
-            link,
-            intra: if choice == TransportChoice::Tcp {
-                LinkKind::Tcp
-            } else {
-                LinkKind::Shm
-            },
-            local: local.map(|l| l as usize),
-        };
-        gw_info!(
-            "hosts: {host_layout}{}",
-            match shape.grid() {
-                Some((h, l)) => format!(" ({h} × {l}: hier available)"),
-                None => " (not grouped host by host in equal numbers: no hier)".into(),
-            }
+        let tcp = bringup::listen(&env, &cfg)?;
+        let met = bringup::rendezvous(&env, &key, tcp.as_ref(), timeout, deadline)?;
+        let mut routes = bringup::route(&env, &key, &cfg, tcp, &met.peers)?;
+        let board = Board::new(
+            StoreClient::connect(&env.store, &env.token, deadline)?,
+            met.prefix.clone(),
+            env.world,
         );
-        let (tx, rx) = mailbox::channel(QUEUE_CAPACITY);
-        let abort = Arc::new(AtomicBool::new(false));
-        let ncpu = std::thread::available_parallelism()
-            .map(|n| n.get())
-            .unwrap_or(1);
-        let spin = Duration::from_micros(cfg.spin_us.value);
-        let oversubscribed = boot.local_size as usize > ncpu;
-        let depth = cfg.pipeline_depth_for(boot.local_size as usize, ncpu);
-        if !(1..=algo::MAX_DEPTH).contains(&depth) {
-            return Err(Error::Config(format!(
-                "pipeline depth {depth} out of range 1..={} (GW_PIPELINE_DEPTH)",
-                algo::MAX_DEPTH
-            )));
-        }
-        gw_info!(
-            "pipeline depth {depth} ({} ranks on this host, {ncpu} cores)",
-            boot.local_size
-        );
-        // A caller spinning on its completion competes with its own engine
-        // thread: only worth it when every rank's two threads have a core.
-        let caller_spin = if 2 * boot.local_size as usize <= ncpu {
-            spin
-        } else {
-            Duration::ZERO
-        };
-        let (engine, poll, waker) = Engine::new(
-            EngineConfig {
-                me,
-                timeout,
-                spin,
-                oversubscribed,
-                hostnames: hostnames.clone(),
-                board: Some(Board::new(
-                    StoreClient::connect(&boot.store, &boot.token, deadline)?,
-                    prefix.clone(),
-                    world,
-                )),
-            },
-            transports,
-            route,
-            rx,
-            abort.clone(),
-        )?;
-        let chosen = cfg.spin_us.source != crate::config::Source::Default;
-        let driver = Driver::new(
-            engine,
-            waker,
-            cfg.inline.value,
-            crate::drive::drive_spin(spin, chosen, oversubscribed),
-        );
-        // The engine thread reports once it has made its start-up
-        // allocations (see `engine_thread`); a thread that died first drops
-        // the sender, which ends the wait with an error instead of a hang.
-        let (started, has_started) = std::sync::mpsc::sync_channel(1);
-        let thread = std::thread::Builder::new()
-            .name(format!("gw-engine-{me}"))
-            .spawn({
-                let driver = driver.clone();
-                move || engine_thread(driver, poll, started)
-            })
-            .map_err(|e| Error::sys("pthread_create", "engine thread", e))?;
-        has_started.recv().map_err(|_| {
-            Error::Internal(format!(
-                "rank {me}: the engine thread ended before it started"
-            ))
-        })?;
-        gw_info!("init done in {:.1} ms", start.elapsed().as_secs_f64() * 1e3);
+        let started = bringup::start_engine(&env, &cfg, &mut routes, board, span.clone())?;
+        tracing::info!("init done in {:.1} ms", start.elapsed().as_secs_f64() * 1e3);
+        let world = env.world;
         Ok(Communicator {
-            rank: me,
+            rank: env.rank,
             size: world,
-            local_rank: boot.local_rank,
-            local_size: boot.local_size,
-            comm_id: fnv1a(&[&boot.job_id, &prefix]),
+            local_rank: env.local_rank,
+            local_size: env.local_size,
+            comm_id,
+            key,
             cfg,
             seq: AtomicU64::new(0),
             p2p_seq: Mutex::new((vec![0; world as usize], vec![0; world as usize])),
-            tx,
+            tx: started.tx,
             // Filled now: a pool grown on demand would keep as few as the
             // warm-up happened to need, and allocate later on the first race
             // with an engine that has not dropped its reference yet.
             completions: Mutex::new(
                 (0..COMPLETION_POOL)
-                    .map(|_| Arc::new(Completion::new(caller_spin)))
+                    .map(|_| Arc::new(Completion::new(started.caller_spin)))
                     .collect(),
             ),
-            driver,
-            abort,
-            thread: Some(thread),
-            routes,
-            hostnames,
-            store: Mutex::new(store),
+            driver: started.driver,
+            abort: started.abort,
+            thread: Some(started.thread),
+            routes: routes.names,
+            hostnames: routes.hostnames,
+            store: Mutex::new(met.store),
             fusion: Mutex::new(Vec::new()),
-            caller_spin,
-            model,
+            caller_spin: started.caller_spin,
+            model: met.model,
             last_auto: AtomicU64::new(0),
-            shape,
-            host_layout,
-            depth,
-            _store_server: store_server,
+            shape: routes.shape,
+            host_layout: routes.host_layout,
+            depth: started.depth,
+            span,
+            _store_server: met.store_server,
         })
+    }
+
+    /// The key ranks met under (see [`CommKey`]).
+    pub fn key(&self) -> &CommKey {
+        &self.key
+    }
+
+    /// The tracing span of this communicator (fields `rank` and `comm`), for
+    /// callers that want their own lines to carry them.
+    pub fn span(&self) -> &tracing::Span {
+        &self.span
     }
 
     pub fn rank(&self) -> Rank {
@@ -605,7 +374,7 @@ impl Communicator {
             } else {
                 self.describe_auto_algo()
             };
-            gw_info!(
+            tracing::info!(
                 "{} of {bytes} B: {} (predicted {:.1} µs; {why})",
                 kind.name(),
                 a.name(),
@@ -1384,61 +1153,6 @@ impl Communicator {
     }
 }
 
-/// The shared-memory pull threshold: as configured, or by default on only
-/// where a host runs more ranks than it has cores. With a core per rank, the
-/// sender copying into a slot while the receiver copies out of the previous
-/// one (two copies, on two cores at once) beats one `process_vm_readv` by
-/// the receiver alone (1 MiB 2-rank all-reduce 5.2 vs 2.4 GB/s, 64 MiB
-/// equal); with ranks sharing cores the copies no longer overlap and one
-/// copy instead of two wins (4 ranks on 2 cores, 1 MiB: 1.3-2.0 vs
-/// 0.6-1.1 GB/s).
-fn shm_pull_bytes(cfg: &Config, local_ranks: u32) -> usize {
-    if cfg.shm_pull_bytes.source != crate::config::Source::Default {
-        return cfg.shm_pull_bytes.value;
-    }
-    let ncpu = std::thread::available_parallelism().map_or(1, |n| n.get());
-    if local_ranks as usize > ncpu {
-        cfg.shm_pull_bytes.value
-    } else {
-        0
-    }
-}
-
-/// Ranks per host when `host_ids` (one per rank) come in equal runs of
-/// consecutive ranks, one run per host: the layout hier needs.
-fn host_grid(host_ids: &[&str]) -> Option<u32> {
-    let first = *host_ids.first()?;
-    let local = host_ids.iter().take_while(|h| **h == first).count();
-    if !host_ids.len().is_multiple_of(local) {
-        return None;
-    }
-    let runs: Vec<&[&str]> = host_ids.chunks(local).collect();
-    let uniform = runs.iter().all(|run| run.iter().all(|h| *h == run[0]));
-    let mut heads: Vec<&str> = runs.iter().map(|run| run[0]).collect();
-    heads.sort_unstable();
-    heads.dedup();
-    // A host that appears in two runs is not host by host.
-    if !uniform || heads.len() != runs.len() {
-        return None;
-    }
-    u32::try_from(local).ok()
-}
-
-/// The host of each rank, numbered in order of first appearance: "ranks
-/// 0-1 on host 0, 2-3 on host 1" reads as "hosts by rank: 0 0 1 1".
-fn describe_hosts(host_ids: &[&str]) -> String {
-    let mut seen: Vec<&str> = Vec::new();
-    let mut s = String::from("hosts by rank:");
-    for h in host_ids {
-        let i = seen.iter().position(|x| x == h).unwrap_or_else(|| {
-            seen.push(h);
-            seen.len() - 1
-        });
-        let _ = write!(s, " {i}");
-    }
-    s
-}
-
 impl Drop for Communicator {
     fn drop(&mut self) {
         let _ = self.tx.send(Msg::Shutdown);
@@ -1446,33 +1160,5 @@ impl Drop for Communicator {
         if let Some(t) = self.thread.take() {
             let _ = t.join();
         }
-    }
-}
-
-#[cfg(test)]
-mod layout_tests {
-    use super::{describe_hosts, host_grid};
-
-    #[test]
-    fn host_grid_needs_equal_consecutive_runs() {
-        assert_eq!(host_grid(&["a", "a", "b", "b"]), Some(2));
-        assert_eq!(host_grid(&["a", "a", "a", "b", "b", "b"]), Some(3));
-        assert_eq!(host_grid(&["a", "b", "c", "d"]), Some(1));
-        assert_eq!(host_grid(&["a", "a", "a", "a"]), Some(4));
-        assert_eq!(host_grid(&["a"]), Some(1));
-        assert_eq!(host_grid(&[]), None);
-        // Uneven hosts, interleaved ranks, a host in two runs.
-        assert_eq!(host_grid(&["a", "a", "b"]), None);
-        assert_eq!(host_grid(&["a", "a", "b", "b", "b", "b"]), None);
-        assert_eq!(host_grid(&["a", "b", "a", "b"]), None);
-        assert_eq!(host_grid(&["a", "a", "b", "b", "a", "a"]), None);
-    }
-
-    #[test]
-    fn hosts_are_described_by_rank() {
-        assert_eq!(
-            describe_hosts(&["x", "y", "x", "z"]),
-            "hosts by rank: 0 1 0 2"
-        );
     }
 }

@@ -67,6 +67,9 @@ pub(crate) struct Driver {
     /// How long a driving caller polls without progress before it hands
     /// over (at least the engine's `spin_us`; see [`CALLER_SPIN`]).
     drive_spin: Duration,
+    /// The communicator's span: whoever turns the engine is inside it, so
+    /// the engine's log lines carry the rank and communicator id.
+    span: tracing::Span,
 }
 
 impl Driver {
@@ -75,6 +78,7 @@ impl Driver {
         waker: Arc<Waker>,
         inline: bool,
         drive_spin: Duration,
+        span: tracing::Span,
     ) -> Arc<Driver> {
         Arc::new(Driver {
             engine: Mutex::new(engine),
@@ -84,6 +88,7 @@ impl Driver {
             waker,
             inline,
             drive_spin,
+            span,
         })
     }
 
@@ -113,6 +118,7 @@ impl Driver {
             self.kick();
             return false;
         }
+        let _in_comm = self.span.enter();
         self.driving.fetch_add(1, Ordering::AcqRel);
         let mut st = TurnState::new();
         let mut first = true;
@@ -155,6 +161,7 @@ impl Driver {
         if !self.inline {
             return None;
         }
+        let _in_comm = self.span.enter();
         self.driving.fetch_add(1, Ordering::AcqRel);
         let mut e = self.lock();
         // The engine thread may have armed the doorbells before it parked.

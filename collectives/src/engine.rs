@@ -883,7 +883,7 @@ impl Engine {
         match self.transports[t].connect(peer)? {
             Readiness::Ready => {
                 self.connected[p] = true;
-                gw_transport::gw_info!(
+                tracing::info!(
                     "connected to rank {peer} ({}) over {}",
                     self.cfg.hostnames.get(p).map(String::as_str).unwrap_or("?"),
                     self.transports[t].properties().name
@@ -971,7 +971,7 @@ impl Engine {
         if self.failed.is_some() {
             return;
         }
-        gw_transport::gw_warn!("communicator failed: {e}");
+        tracing::warn!("communicator failed: {e}");
         let reason = format!("rank {} failed: {e}", self.cfg.me);
         for t in &mut self.transports {
             t.abort(&reason);
@@ -1007,7 +1007,7 @@ fn consult_board(
     match compare_board(board.as_mut()?, me, fp, stalled, posted) {
         Ok(found) => found,
         Err(e) => {
-            gw_transport::gw_warn!("cannot use the store to coordinate failures any more: {e}");
+            tracing::warn!("cannot use the store to coordinate failures any more: {e}");
             *board = None;
             None
         }

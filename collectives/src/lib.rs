@@ -9,7 +9,8 @@
 
 pub mod algo;
 mod board;
-pub mod bootstrap;
+mod bringup;
+pub mod comm_key;
 pub mod communicator;
 pub mod config;
 mod drive;
@@ -22,11 +23,12 @@ pub mod reduce;
 mod sched_cache;
 
 pub use algo::{Algo, MAX_DEPTH};
-pub use bootstrap::Bootstrap;
+pub use comm_key::CommKey;
 pub use communicator::{Communicator, Handle, Pending, RawOp};
 pub use config::{Config, TransportChoice};
 pub use element::Element;
 #[doc(hidden)]
 pub use engine::{direct_calls, in_place_reads, stall_checks};
+pub use gw_rendezvous::LaunchEnv;
 pub use gw_transport::wire::OpKind;
 pub use gw_transport::{DType, Error, RedOp, Result};

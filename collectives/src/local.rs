@@ -2,10 +2,11 @@
 //! each, over a store on loopback: what tests and examples use to run real
 //! collectives (real sockets, real shared memory) without launching ranks.
 
-use crate::bootstrap::Bootstrap;
+use crate::comm_key::CommKey;
 use crate::communicator::Communicator;
 use crate::config::Config;
-use gw_transport::store::{StoreConfig, StoreServer};
+use gw_rendezvous::launch_env::{LaunchEnv, Launcher};
+use gw_rendezvous::{StoreConfig, StoreServer};
 use gw_transport::{Error, Result};
 
 /// Brings up `world` communicators, rank `r` configured by `configure(r, cfg)`
@@ -25,7 +26,7 @@ pub fn local_world(
     let store_addr = store.local_addr().to_string();
     let handles: Vec<_> = (0..world)
         .map(|r| {
-            let boot = Bootstrap {
+            let env = LaunchEnv {
                 rank: r,
                 world,
                 local_rank: r,
@@ -33,13 +34,14 @@ pub fn local_world(
                 store: store_addr.clone(),
                 token: token.into(),
                 job_id: format!("lw{}{key}", std::process::id()),
+                job_server: None,
+                launcher: Launcher::Api,
                 host_store: false,
-                launcher: "test",
-                comm_key: Some(key.into()),
             };
             let mut cfg = Config::default();
             configure(r, &mut cfg);
-            std::thread::spawn(move || Communicator::init(boot, cfg))
+            let key = CommKey::exact(key);
+            std::thread::spawn(move || Communicator::init(env, key?, cfg))
         })
         .collect();
     // Every thread is joined before an error is returned, so no rank is

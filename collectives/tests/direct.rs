@@ -20,7 +20,7 @@ fn world(
     n: u32,
     key: &str,
     scheduled: impl Fn(u32) -> bool,
-) -> (gw_transport::store::StoreServer, Vec<Communicator>) {
+) -> (gw_rendezvous::StoreServer, Vec<Communicator>) {
     local_world(n, key, |r, cfg| {
         cfg.transport.set(transport);
         cfg.algo.set(Some(Algo::Rd));

@@ -14,7 +14,7 @@ use rand::{Rng, SeedableRng};
 /// Small segments, so that one call is many messages of one ring slot each.
 const SEGMENT_BYTES: usize = 1024;
 
-fn world(n: u32, algo: Algo, key: &str) -> (gw_transport::store::StoreServer, Vec<Communicator>) {
+fn world(n: u32, algo: Algo, key: &str) -> (gw_rendezvous::StoreServer, Vec<Communicator>) {
     local_world(n, key, |_, cfg| {
         cfg.transport.set(TransportChoice::Shm);
         cfg.algo.set(Some(algo));

@@ -28,7 +28,7 @@
 
 use gw_collectives::local::local_world;
 use gw_collectives::{Algo, Communicator, RedOp, TransportChoice};
-use gw_transport::store::StoreServer;
+use gw_rendezvous::StoreServer;
 use std::alloc::{GlobalAlloc, Layout, System};
 use std::cell::Cell;
 use std::sync::Barrier;

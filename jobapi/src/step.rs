@@ -21,6 +21,7 @@
 
 use crate::http::{HttpError, call};
 use crate::types::{StepBegin, StepEnd, StepEndReply, StepPlan};
+use gw_rendezvous::launch_env::{JobServerEnv, var};
 use std::time::{Duration, Instant};
 
 /// Default of `GW_JOB_RETRY_S`: how long a server may stay unreachable.
@@ -130,31 +131,8 @@ pub struct StepClient {
     rng: u64,
 }
 
-fn env_var(var: &'static str) -> Result<String, StepError> {
-    match std::env::var(var) {
-        Ok(v) if !v.trim().is_empty() => Ok(v.trim().to_owned()),
-        Ok(_) => Err(StepError::Env {
-            var,
-            detail: "is empty".into(),
-        }),
-        Err(std::env::VarError::NotPresent) => Err(StepError::Env {
-            var,
-            detail: "is not set (GW_JOB_SERVER is, so a gwjob agent should have set it)".into(),
-        }),
-        Err(std::env::VarError::NotUnicode(_)) => Err(StepError::Env {
-            var,
-            detail: "is not valid UTF-8".into(),
-        }),
-    }
-}
-
 /// Parses `GW_JOB_RETRY_S`: seconds, fractions allowed, > 0.
-pub fn parse_retry(text: &str) -> Result<Duration, String> {
-    match text.trim().parse::<f64>() {
-        Ok(s) if s.is_finite() && s > 0.0 && s < 1e9 => Ok(Duration::from_secs_f64(s)),
-        _ => Err(format!("'{text}' is not a positive number of seconds")),
-    }
-}
+pub use gw_rendezvous::launch_env::parse_retry;
 
 impl StepClient {
     /// The client for this worker, from the variables a gwjob agent sets:
@@ -165,10 +143,17 @@ impl StepClient {
         if !server_in_env() {
             return Ok(None);
         }
-        let text = env_var("GW_RANK")?;
-        let rank = text.parse::<u32>().map_err(|_| StepError::Env {
-            var: "GW_RANK",
-            detail: format!("'{text}' is not a rank number"),
+        let text = std::env::var(var::RANK).unwrap_or_default();
+        let rank = text.trim().parse::<u32>().map_err(|_| StepError::Env {
+            var: var::RANK,
+            detail: if text.trim().is_empty() {
+                format!(
+                    "is not set ({} is, so a gwjob agent should have set it)",
+                    var::JOB_SERVER
+                )
+            } else {
+                format!("'{text}' is not a rank number")
+            },
         })?;
         Self::from_env_with_rank(rank)
     }
@@ -176,20 +161,15 @@ impl StepClient {
     /// As [`StepClient::from_env`], but for `rank` rather than `GW_RANK`
     /// (for callers that know their rank from a communicator).
     pub fn from_env_with_rank(rank: u32) -> Result<Option<StepClient>, StepError> {
-        if !server_in_env() {
+        let found = JobServerEnv::from_env().map_err(|e| StepError::Env {
+            var: e.var,
+            detail: e.detail,
+        })?;
+        let Some((server, job_id)) = found else {
             return Ok(None);
-        }
-        let server = env_var("GW_JOB_SERVER")?;
-        let job_id = env_var("GW_JOB_ID")?;
-        let token = env_var("GW_JOB_TOKEN")?;
-        let mut c = StepClient::new(&server, &job_id, &token, rank);
-        if let Ok(t) = std::env::var("GW_JOB_RETRY_S")
-            && !t.trim().is_empty()
-        {
-            let d = parse_retry(&t).map_err(|detail| StepError::Env {
-                var: "GW_JOB_RETRY_S",
-                detail,
-            })?;
+        };
+        let mut c = StepClient::new(&server.url, &job_id, &server.job_token, rank);
+        if let Some(d) = server.retry {
             c = c.with_retry(d);
         }
         Ok(Some(c))
@@ -388,7 +368,7 @@ fn stopped_reason(job_id: &str, e: &HttpError) -> Option<String> {
 }
 
 fn server_in_env() -> bool {
-    std::env::var_os("GW_JOB_SERVER").is_some_and(|v| !v.is_empty())
+    std::env::var_os(var::JOB_SERVER).is_some_and(|v| !v.is_empty())
 }
 
 #[cfg(test)]

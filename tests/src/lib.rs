@@ -8,7 +8,7 @@ pub mod coll;
 pub mod jobs;
 pub mod netns;
 
-use gw_transport::store::{StoreConfig, StoreServer};
+use gw_rendezvous::{StoreConfig, StoreServer};
 use std::io::Read;
 use std::path::PathBuf;
 use std::process::{Child, Command, ExitStatus, Stdio};

@@ -95,6 +95,7 @@ fn parse_report(args: &[String]) -> Result<ReportArgs, String> {
 }
 
 fn main() {
+    gw_logging::init();
     let args: Vec<String> = std::env::args().skip(1).collect();
     if args.iter().any(|a| a == "-h" || a == "--help") {
         println!("{USAGE}");

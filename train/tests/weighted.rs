@@ -6,10 +6,10 @@
 
 use gw_collectives::local::local_world;
 use gw_collectives::{Communicator, TransportChoice};
+use gw_rendezvous::StoreServer;
 use gw_train::data::Dataset;
 use gw_train::mlp::Mlp;
 use gw_train::worker::{local_gradient, reduce_weighted};
-use gw_transport::store::StoreServer;
 
 fn comms(world: u32, key: &str) -> (StoreServer, Vec<Communicator>) {
     local_world(world, key, |_, cfg| cfg.transport.set(TransportChoice::Tcp))

@@ -126,3 +126,27 @@ impl Clone for Error {
         }
     }
 }
+
+/// Bring-up errors keep their variant, so their message and C result code
+/// are the same whichever layer reports them.
+impl From<gw_rendezvous::Error> for Error {
+    fn from(e: gw_rendezvous::Error) -> Self {
+        use gw_rendezvous::Error as R;
+        match e {
+            R::InvalidArgument(s) => Error::InvalidArgument(s),
+            R::Sys {
+                syscall,
+                context,
+                source,
+            } => Error::Sys {
+                syscall,
+                context,
+                source,
+            },
+            R::Timeout { secs, what } => Error::Timeout { secs, what },
+            R::Protocol(s) => Error::Protocol(s),
+            R::Store(s) => Error::Store(s),
+            R::Config(s) => Error::Config(s),
+        }
+    }
+}

@@ -6,7 +6,7 @@
 //! backoff and an outbox of undelivered news), [`workers`] (processes),
 //! [`stores`] (rendezvous stores). This file is the loop that ties them
 //! together on the main thread, woken by SIGCHLD, SIGINT/SIGTERM (see
-//! [`crate::launcher::signals`]) or the next deadline, so every decision is
+//! [`gw_launch::signals`]) or the next deadline, so every decision is
 //! taken in one place and in order.
 //!
 //! Why the loop is shaped as it is:
@@ -32,9 +32,9 @@ use std::time::{Duration, Instant};
 use gw_jobapi::http::HttpError;
 use gw_jobapi::types::{HeartbeatReply, RegisterNode, StoreOpened};
 
-use crate::launcher::remove_shm_files;
-use crate::launcher::signals::{Signals, signal_name};
 use args::Command;
+use gw_launch::remove_shm_files;
+use gw_launch::signals::{Signals, signal_name};
 use link::{Backoff, Link, Outbox};
 use stores::Stores;
 use workers::Workers;
@@ -59,7 +59,7 @@ pub fn main(args: Vec<String>) -> i32 {
         }
         Ok(Command::Run(o)) => run(o),
         Err(e) => {
-            eprintln!("gwjob agent: error: {e}");
+            tracing::error!("{e}");
             EXIT_USAGE
         }
     }
@@ -70,7 +70,7 @@ pub fn run(o: args::Options) -> i32 {
     let mut signals = match Signals::install() {
         Ok(s) => s,
         Err(e) => {
-            eprintln!("gwjob agent: error: cannot install signal handlers: {e}");
+            tracing::error!("cannot install signal handlers: {e}");
             return EXIT_INTERNAL;
         }
     };
@@ -82,8 +82,8 @@ pub fn run(o: args::Options) -> i32 {
         device_type: o.device_type.clone(),
         addr: ip.to_string(),
     };
-    eprintln!(
-        "gwjob agent: node {} (rack {}, {} slot{}, {}) at {ip}, server {}",
+    tracing::info!(
+        "node {} (rack {}, {} slot{}, {}) at {ip}, server {}",
         o.node,
         o.rack,
         o.slots,
@@ -142,15 +142,15 @@ impl Agent {
             if let Some((count, sig)) = signals.take_terminate() {
                 let name = signal_name(sig);
                 if !self.shutting_down {
-                    eprintln!(
-                        "gwjob agent: received {name}; stopping {} worker(s)",
+                    tracing::info!(
+                        "received {name}; stopping {} worker(s)",
                         self.workers.running()
                     );
                     self.shutting_down = true;
                     self.workers.stop_all();
                 }
                 if count > 1 || self.workers.running() > 0 && self.signalled_before {
-                    eprintln!("gwjob agent: received {name} again; killing the workers");
+                    tracing::warn!("received {name} again; killing the workers");
                     self.workers.kill_all();
                 }
                 self.signalled_before = true;
@@ -164,7 +164,7 @@ impl Agent {
             if now >= self.next_contact
                 && let Err(e) = self.contact()
             {
-                eprintln!("gwjob agent: error: {e}");
+                tracing::error!("{e}");
                 self.workers.stop_all();
                 self.workers.kill_all();
                 return EXIT_INTERNAL;
@@ -206,8 +206,8 @@ impl Agent {
         if !self.registered {
             match self.link.register() {
                 Ok(period) => {
-                    eprintln!(
-                        "gwjob agent: registered node {} with {} (heartbeat every {} ms)",
+                    tracing::info!(
+                        "registered node {} with {} (heartbeat every {} ms)",
                         self.link.node.node,
                         self.link.server,
                         period.as_millis()
@@ -249,8 +249,8 @@ impl Agent {
                 }
             }
             Err(e) if link::is_unknown_node(&e) => {
-                eprintln!(
-                    "gwjob agent: the job server does not know node {} ({e}); registering again",
+                tracing::warn!(
+                    "the job server does not know node {} ({e}); registering again",
                     self.link.node.node
                 );
                 self.registered = false;
@@ -269,8 +269,8 @@ impl Agent {
                 match self.stores.open(&os.job_id, &os.store_token, self.ip) {
                     Ok(addr) => {
                         if fresh {
-                            eprintln!(
-                                "gwjob agent: opened the rendezvous store of job {} at {addr}",
+                            tracing::info!(
+                                "opened the rendezvous store of job {} at {addr}",
                                 os.job_id
                             );
                         }
@@ -279,7 +279,7 @@ impl Agent {
                             addr,
                         });
                     }
-                    Err(e) => eprintln!("gwjob agent: job {}: {e}", os.job_id),
+                    Err(e) => tracing::warn!("job {}: {e}", os.job_id),
                 }
             }
             for l in &reply.launches {
@@ -292,7 +292,7 @@ impl Agent {
         }
         for job in &reply.stops {
             if self.workers.stop(job) {
-                eprintln!("gwjob agent: stopping job {job} (the server asked)");
+                tracing::info!("stopping job {job} (the server asked)");
                 self.stores.close(job);
                 remove_shm_files(Path::new("/dev/shm"), job);
             }
@@ -302,8 +302,8 @@ impl Agent {
     fn failed(&mut self, e: &HttpError) {
         let now = Instant::now();
         if self.down_since.is_none() {
-            eprintln!(
-                "gwjob agent: job server unreachable ({e}); retrying with backoff, workers keep running"
+            tracing::warn!(
+                "job server unreachable ({e}); retrying with backoff, workers keep running"
             );
             self.down_since = Some(now);
         }
@@ -313,10 +313,7 @@ impl Agent {
     fn recovered(&mut self) {
         self.backoff.reset();
         if let Some(t) = self.down_since.take() {
-            eprintln!(
-                "gwjob agent: job server back after {:.1} s",
-                t.elapsed().as_secs_f64()
-            );
+            tracing::info!("job server back after {:.1} s", t.elapsed().as_secs_f64());
         }
     }
 
@@ -327,7 +324,7 @@ impl Agent {
         }
         let sent = self.outbox.heartbeat();
         if let Err(e) = self.link.heartbeat(&sent) {
-            eprintln!("gwjob agent: could not report the last worker exits: {e}");
+            tracing::warn!("could not report the last worker exits: {e}");
         }
     }
 }

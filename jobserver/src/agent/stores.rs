@@ -11,7 +11,7 @@ use std::collections::HashMap;
 use std::net::{IpAddr, SocketAddr};
 use std::time::{Duration, Instant};
 
-use gw_transport::store::{StoreConfig, StoreServer};
+use gw_rendezvous::{StoreConfig, StoreServer};
 
 /// How long a store outlives the job's last local worker.
 pub const LINGER: Duration = Duration::from_secs(30);
@@ -103,7 +103,7 @@ impl Stores {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use gw_transport::store::StoreClient;
+    use gw_rendezvous::StoreClient;
     use std::net::Ipv4Addr;
 
     const LO: IpAddr = IpAddr::V4(Ipv4Addr::LOCALHOST);

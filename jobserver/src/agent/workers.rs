@@ -15,16 +15,18 @@ use std::collections::{BTreeMap, HashSet};
 use std::ffi::OsStr;
 use std::io;
 use std::os::unix::ffi::OsStrExt;
-use std::os::unix::process::{CommandExt, ExitStatusExt};
+use std::os::unix::process::ExitStatusExt;
 use std::path::Path;
 use std::process::{Child, Command, ExitStatus, Stdio};
 use std::time::{Duration, Instant};
 
 use gw_jobapi::types::{Launch, WorkerExit};
 
-use crate::launcher::output::{Stream, pump};
-use crate::launcher::signals::signal_name;
-use crate::launcher::spawn::find_program;
+use gw_launch::child::{self, Group};
+use gw_launch::output::{Stream, pump};
+use gw_launch::program::find_program;
+use gw_launch::signals::signal_name;
+use gw_rendezvous::launch_env::var;
 
 /// How long workers get between SIGTERM and SIGKILL.
 pub const STOP_GRACE: Duration = Duration::from_secs(5);
@@ -131,10 +133,7 @@ impl Workers {
                 .filter(|&&r| self.seen.insert((l.job_id.clone(), r)))
                 .count();
             if fresh > 0 {
-                eprintln!(
-                    "gwjob agent: not starting job {}: it was stopped here",
-                    l.job_id
-                );
+                tracing::warn!("not starting job {}: it was stopped here", l.job_id);
             }
             return failed;
         }
@@ -149,11 +148,7 @@ impl Workers {
             };
             match res {
                 Ok(child) => {
-                    eprintln!(
-                        "gwjob agent: started job {} rank {rank} (pid {})",
-                        l.job_id,
-                        child.id()
-                    );
+                    tracing::info!("started job {} rank {rank} (pid {})", l.job_id, child.id());
                     let job = self.jobs.entry(l.job_id.clone()).or_insert_with(|| Job {
                         workers: Vec::new(),
                         stopping: None,
@@ -165,9 +160,10 @@ impl Workers {
                     });
                 }
                 Err(e) => {
-                    eprintln!(
-                        "gwjob agent: cannot start job {} rank {rank} ({}): {e}",
-                        l.job_id, l.program
+                    tracing::warn!(
+                        "cannot start job {} rank {rank} ({}): {e}",
+                        l.job_id,
+                        l.program
                     );
                     failed.push(WorkerExit {
                         job_id: l.job_id.clone(),
@@ -191,7 +187,7 @@ impl Workers {
                     Ok(None) => continue,
                     Err(e) => {
                         // Cannot happen for our own unreaped child; do not spin on it.
-                        eprintln!("gwjob agent: cannot wait for job {id} rank {}: {e}", w.rank);
+                        tracing::warn!("cannot wait for job {id} rank {}: {e}", w.rank);
                         ExitStatus::from_raw(1 << 8)
                     }
                 };
@@ -202,7 +198,7 @@ impl Workers {
                 unsafe {
                     libc::kill(-w.pid(), libc::SIGKILL);
                 }
-                eprintln!("gwjob agent: {}", describe(id, w.rank, st));
+                tracing::info!("{}", describe(id, w.rank, st));
                 exits.push(exit_of(id, w.rank, st));
             }
         }
@@ -291,8 +287,8 @@ impl Workers {
                 })
                 .collect();
             if !left.is_empty() {
-                eprintln!(
-                    "gwjob agent: job {id} rank{} {} still running {} s after SIGTERM; sending SIGKILL",
+                tracing::warn!(
+                    "job {id} rank{} {} still running {} s after SIGTERM; sending SIGKILL",
                     if left.len() == 1 { "" } else { "s" },
                     left.join(", "),
                     self.grace.as_secs_f64()
@@ -327,52 +323,25 @@ fn spawn(program: &Path, l: &Launch, rank: u32, local: usize, server: &str) -> i
             cmd.env_remove(k);
         }
     }
+    // The server sends these with the job's environment; a launch that lacks
+    // them still gets them.
     let has = |name: &str| l.env.iter().any(|(k, _)| k == name);
-    if !has("GW_WORLD_SIZE") {
-        cmd.env("GW_WORLD_SIZE", l.world.to_string());
-    }
-    if !has("GW_LOCAL_SIZE") {
-        cmd.env("GW_LOCAL_SIZE", l.ranks.len().to_string());
-    }
-    if !has("GW_JOB_SERVER") {
-        cmd.env("GW_JOB_SERVER", server);
-    }
-    if !has("GW_JOB_ID") {
-        cmd.env("GW_JOB_ID", &l.job_id);
+    let defaults = [
+        (var::WORLD_SIZE, l.world.to_string()),
+        (var::LOCAL_SIZE, l.ranks.len().to_string()),
+        (var::JOB_SERVER, server.to_owned()),
+        (var::JOB_ID, l.job_id.clone()),
+    ];
+    for (k, v) in defaults.iter().filter(|(k, _)| !has(k)) {
+        cmd.env(k, v);
     }
     for (k, v) in &l.env {
         cmd.env(k, v);
     }
-    cmd.env("GW_RANK", rank.to_string());
-    cmd.env("GW_LOCAL_RANK", local.to_string());
-    cmd.stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped());
-    cmd.process_group(0);
-    // SAFETY: getpid is always safe to call.
-    let parent = unsafe { libc::getpid() };
-    // SAFETY: the closure runs in the child between fork and exec and calls
-    // only async-signal-safe functions (prctl, getppid, signal, sigemptyset,
-    // sigprocmask, _exit) on a local sigset_t; it allocates nothing.
-    unsafe {
-        cmd.pre_exec(move || {
-            if libc::prctl(
-                libc::PR_SET_PDEATHSIG,
-                libc::SIGKILL as libc::c_ulong,
-                0,
-                0,
-                0,
-            ) != 0
-            {
-                return Err(io::Error::last_os_error());
-            }
-            // The agent died before the prctl took effect.
-            if libc::getppid() != parent {
-                libc::_exit(137);
-            }
-            crate::launcher::spawn::reset_signals_in_child()
-        });
-    }
+    cmd.env(var::RANK, rank.to_string());
+    cmd.env(var::LOCAL_RANK, local.to_string());
+    cmd.stdout(Stdio::piped()).stderr(Stdio::piped());
+    child::prepare(&mut cmd, Group::New);
     let mut child = cmd.spawn()?;
     let prefix = format!("[{}:{rank}] ", l.job_id).into_bytes();
     if let Some(out) = child.stdout.take() {
@@ -400,7 +369,7 @@ fn forward(prefix: Vec<u8>, src: impl io::Read + Send + 'static, stream: Stream)
     if let Err(e) = r {
         // The pipe is dropped with the closure: the worker gets EPIPE rather
         // than blocking on a full pipe.
-        eprintln!("gwjob agent: cannot start an output thread: {e}");
+        tracing::warn!("cannot start an output thread: {e}");
     }
 }
 

@@ -20,8 +20,14 @@ fn main() {
     }
     let cmd = args.remove(0);
     let code = match cmd.as_str() {
-        "serve" => gw_jobserver::server::main(args),
-        "agent" => gw_jobserver::agent::main(args),
+        "serve" => {
+            gw_logging::init_service("gwjob");
+            gw_jobserver::server::main(args)
+        }
+        "agent" => {
+            gw_logging::init_service("gwjob agent");
+            gw_jobserver::agent::main(args)
+        }
         "submit" | "status" | "cancel" => gw_jobserver::cli::main(&cmd, args),
         "-h" | "--help" | "help" => {
             print!("{USAGE}");

@@ -2,8 +2,8 @@
 //! and each job's own worker token (its workers' step protocol only). Tokens
 //! are compared in constant time; every refusal is logged with the peer.
 
-use crate::launcher::spawn::random_hex;
 use crate::server::error::{ApiError, ApiResult};
+use gw_rendezvous::token::random_hex;
 use std::fs::OpenOptions;
 use std::io::Write;
 use std::os::unix::fs::OpenOptionsExt;

@@ -219,7 +219,7 @@ pub fn event(
         "INSERT INTO events(at, job_id, node, message) VALUES (?1, ?2, ?3, ?4)",
         params![now(), job_id, node, message],
     )?;
-    eprintln!("gwjob: {message}");
+    tracing::info!("{message}");
     Ok(())
 }
 

@@ -23,7 +23,7 @@ pub fn serve(app: Arc<App>, server: Arc<Server>, threads: usize) {
             .spawn(move || worker(&app, &server));
         match spawned {
             Ok(h) => handles.push(h),
-            Err(e) => eprintln!("gwjob: cannot start HTTP thread {i}: {e}"),
+            Err(e) => tracing::error!("cannot start HTTP thread {i}: {e}"),
         }
     }
     worker(&app, &server);
@@ -37,7 +37,7 @@ fn worker(app: &App, server: &Server) {
         match server.recv() {
             Ok(req) => serve_one(app, req),
             Err(e) => {
-                eprintln!("gwjob: accepting a request failed: {e}");
+                tracing::error!("accepting a request failed: {e}");
                 std::thread::sleep(std::time::Duration::from_millis(50));
             }
         }
@@ -92,12 +92,9 @@ fn serve_one(app: &App, mut req: Request) {
         Err(e) => {
             let path = url.split('?').next().unwrap_or("");
             if e.status == 401 {
-                eprintln!("gwjob: 401 for {peer}: {method} {path}: {}", e.message);
+                tracing::warn!("401 for {peer}: {method} {path}: {}", e.message);
             } else if e.status >= 500 {
-                eprintln!(
-                    "gwjob: {} for {peer}: {method} {path}: {}",
-                    e.status, e.message
-                );
+                tracing::error!("{} for {peer}: {method} {path}: {}", e.status, e.message);
             }
             let body = serde_json::to_string(&ErrorBody { error: e.message })
                 .unwrap_or_else(|_| String::from("{\"error\":\"unprintable error\"}"));
@@ -109,6 +106,6 @@ fn serve_one(app: &App, mut req: Request) {
         resp = resp.with_header(h);
     }
     if let Err(e) = req.respond(resp) {
-        eprintln!("gwjob: cannot reply to {peer}: {e}");
+        tracing::warn!("cannot reply to {peer}: {e}");
     }
 }

@@ -3,7 +3,6 @@
 //! transaction of the request it serves, so a request's changes commit
 //! together or not at all.
 
-use crate::launcher::spawn::random_hex;
 use crate::server::db::{event, now, to_json};
 use crate::server::error::{ApiError, ApiResult, corrupt};
 use crate::server::placement::{FreeNode, place};
@@ -13,6 +12,7 @@ use gw_jobapi::types::{
     JobState, JobStatus, PlannerKind, SetGlobalBatch, SubmitReply, SubmitRequest,
 };
 use gw_planner::RankFit;
+use gw_rendezvous::token::random_hex;
 use rusqlite::{OptionalExtension, Row, Transaction, params};
 
 /// A job's row, decoded.

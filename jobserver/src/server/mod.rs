@@ -99,7 +99,7 @@ fn start_liveness(app: Arc<App>) -> Result<(), String> {
             loop {
                 std::thread::sleep(period);
                 if let Err(e) = app.check_nodes() {
-                    eprintln!("gwjob: node liveness check failed: {e}");
+                    tracing::error!("node liveness check failed: {e}");
                 }
             }
         })

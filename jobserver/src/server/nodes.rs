@@ -33,6 +33,7 @@ use gw_jobapi::types::{
     Heartbeat, HeartbeatReply, JobState, Launch, OpenStore, RegisterNode, RegisterReply,
     StoreOpened, WorkerExit,
 };
+use gw_rendezvous::launch_env::{JobServerEnv, job_vars};
 use rusqlite::{OptionalExtension, Transaction, params};
 use std::collections::HashMap;
 use std::sync::Mutex;
@@ -252,10 +253,7 @@ pub fn heartbeat(
 /// reports for the same job are ignored (the first store stays).
 fn store_opened(tx: &Transaction<'_>, node: &str, s: &StoreOpened) -> ApiResult<()> {
     let Some(job) = jobs::find(tx, &s.job_id)? else {
-        eprintln!(
-            "gwjob: node {node} reported a store for unknown job {}",
-            s.job_id
-        );
+        tracing::warn!("node {node} reported a store for unknown job {}", s.job_id);
         return Ok(());
     };
     let rank0: Option<String> = tx
@@ -266,8 +264,8 @@ fn store_opened(tx: &Transaction<'_>, node: &str, s: &StoreOpened) -> ApiResult<
         )
         .optional()?;
     if rank0.as_deref() != Some(node) {
-        eprintln!(
-            "gwjob: node {node} reported a store for job {}, whose rank 0 is not on it; ignored",
+        tracing::warn!(
+            "node {node} reported a store for job {}, whose rank 0 is not on it; ignored",
             job.id
         );
         return Ok(());
@@ -319,9 +317,10 @@ fn worker_exited(tx: &Transaction<'_>, node: &str, e: &WorkerExit) -> ApiResult<
         .optional()?;
     match row {
         None => {
-            eprintln!(
-                "gwjob: node {node} reported an exit of rank {} of job {}, which is not on it; ignored",
-                e.rank, e.job_id
+            tracing::warn!(
+                "node {node} reported an exit of rank {} of job {}, which is not on it; ignored",
+                e.rank,
+                e.job_id
             );
             return Ok(());
         }
@@ -427,18 +426,23 @@ fn launches(tx: &Transaction<'_>, node: &str, server_url: &str) -> ApiResult<Vec
 
 fn launch(job: &Job, ranks: Vec<u32>, local: usize, server_url: &str) -> Launch {
     let mut env = job.spec.env.clone();
-    env.extend([
-        ("GW_WORLD_SIZE".to_owned(), job.workers().to_string()),
-        ("GW_LOCAL_SIZE".to_owned(), local.to_string()),
-        (
-            "GW_STORE".to_owned(),
-            job.store_addr.clone().unwrap_or_default(),
-        ),
-        ("GW_TOKEN".to_owned(), job.store_token.clone()),
-        ("GW_JOB_ID".to_owned(), job.id.clone()),
-        ("GW_JOB_SERVER".to_owned(), server_url.to_owned()),
-        ("GW_JOB_TOKEN".to_owned(), job.job_token.clone()),
-    ]);
+    let server = JobServerEnv {
+        url: server_url.to_owned(),
+        job_token: job.job_token.clone(),
+        retry: None,
+    };
+    env.extend(
+        job_vars(
+            job.workers(),
+            local as u32,
+            job.store_addr.as_deref().unwrap_or_default(),
+            &job.store_token,
+            &job.id,
+            Some(&server),
+        )
+        .into_iter()
+        .map(|(k, v)| (k.to_owned(), v)),
+    );
     Launch {
         job_id: job.id.clone(),
         ranks,

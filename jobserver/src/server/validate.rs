@@ -13,17 +13,7 @@ pub const MAX_BATCH: u64 = 1 << 40;
 
 /// Variables the server and agent set for every worker; a job may not
 /// override them.
-pub const RESERVED_ENV: &[&str] = &[
-    "GW_RANK",
-    "GW_WORLD_SIZE",
-    "GW_LOCAL_RANK",
-    "GW_LOCAL_SIZE",
-    "GW_STORE",
-    "GW_TOKEN",
-    "GW_JOB_ID",
-    "GW_JOB_SERVER",
-    "GW_JOB_TOKEN",
-];
+pub const RESERVED_ENV: &[&str] = gw_rendezvous::launch_env::var::RESERVED;
 
 /// Checks `req`; the error text says which field is wrong and why.
 pub fn submission(req: &SubmitRequest) -> ApiResult<()> {

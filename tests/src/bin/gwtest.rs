@@ -350,6 +350,7 @@ fn model_choices(comm: &Communicator) -> String {
 }
 
 fn main() -> ExitCode {
+    gw_logging::init();
     let args: Vec<String> = std::env::args().skip(1).collect();
     let Some(cmd) = args.first().cloned() else {
         eprintln!(

@@ -89,7 +89,7 @@ impl Doorbell {
             Err(e) => {
                 if !self.warned {
                     self.warned = true;
-                    crate::gw_warn!(
+                    tracing::warn!(
                         "shm doorbell {addr:?}: sendto failed: {e}; the peer will notice data only when it polls"
                     );
                 }

@@ -51,11 +51,11 @@ use self::pull::RENDEZVOUS_LEN;
 use self::ring::{CanPull, Consumer, Corrupt, MAX_PULLS, Producer, next_segment};
 use self::segment::{Layout, Opened, Segment, pid_alive, segment_path};
 use crate::error::{Error, Result};
-use crate::peers::PeerInfo;
 use crate::reqmap::{self, ReqMap};
 use crate::seam::{Landed, MemHandle, Now, Properties, Rank, Readiness, Request, Tag, Transport};
 use crate::unexpected::Unexpected;
 use crate::wire::{DType, Fingerprint, FrameHeader, FrameKind, HEADER_LEN, OpKind, RedOp};
+use gw_rendezvous::PeerInfo;
 use std::collections::VecDeque;
 use std::os::unix::net::SocketAddr;
 use std::sync::atomic::{Ordering, fence};
@@ -310,7 +310,7 @@ impl ShmTransport {
         if cfg.pull_bytes > 0 {
             pull::allow_peers_to_pull();
         }
-        crate::gw_info!(
+        tracing::info!(
             "shm: rank {me}, job {}, {} slots of {} bytes per ring, single copy from {} bytes",
             cfg.job_id,
             cfg.slots,
@@ -618,12 +618,12 @@ fn probe_peer(p: &mut Peer) {
     conn.rx.set_can_pull(yes);
     conn.probed = true;
     if yes {
-        crate::gw_info!(
+        tracing::info!(
             "shm: large messages from {} are pulled in one copy",
             p.who()
         );
     } else {
-        crate::gw_info!(
+        tracing::info!(
             "shm: process_vm_readv of {} refused; its large messages go through the slots",
             p.who()
         );
@@ -1118,7 +1118,7 @@ impl Transport for ShmTransport {
             // The higher rank may be asleep waiting for the file to appear.
             self.bell.ring(&p.bell);
         }
-        crate::gw_info!("shm: connected to {} through {}", p.who(), path.display());
+        tracing::info!("shm: connected to {} through {}", p.who(), path.display());
         Ok(Readiness::Ready)
     }
 

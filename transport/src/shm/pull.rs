@@ -63,7 +63,7 @@ pub(crate) fn allow_peers_to_pull() {
                 )
             };
             if rc != 0 {
-                crate::gw_info!(
+                tracing::info!(
                     "shm: prctl(PR_SET_PTRACER) failed ({}); peers copy through slots",
                     io::Error::last_os_error()
                 );

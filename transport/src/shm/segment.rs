@@ -243,7 +243,7 @@ impl Segment {
             Err(e)
                 if e.kind() == io::ErrorKind::AlreadyExists && is_stale(path, Duration::ZERO) =>
             {
-                crate::gw_warn!(
+                tracing::warn!(
                     "removing stale shared segment {} left by a dead process",
                     path.display()
                 );
@@ -471,7 +471,7 @@ fn sweep_stale_segments() {
             let ours = std::fs::symlink_metadata(&path)
                 .is_ok_and(|m| m.file_type().is_file() && m.uid() == uid);
             if ours && is_stale(&path, Duration::from_secs(60)) {
-                crate::gw_info!("removing stale shared segment {}", path.display());
+                tracing::info!("removing stale shared segment {}", path.display());
                 let _ = std::fs::remove_file(&path);
             }
         }

@@ -13,12 +13,12 @@ mod lane;
 pub use iface::{choose_bind_ip, interface_addrs};
 
 use crate::error::{Error, Result};
-use crate::nosignal;
-use crate::peers::PeerInfo;
 use crate::reqmap::{self, ReqMap};
 use crate::seam::{MemHandle, Properties, Rank, Readiness, Request, Tag, Transport};
 use crate::unexpected::Unexpected;
 use crate::wire::{Fingerprint, FrameHeader, FrameKind, HEADER_LEN, OpKind, RedOp};
+use gw_rendezvous::PeerInfo;
+use gw_rendezvous::nosignal;
 use lane::{HELLO_LEN, Hello, Lane, OutSeg, RawPtr, Rx, Stage};
 use mio::net::{TcpListener, TcpStream};
 use mio::{Interest, Registry, Token};
@@ -172,7 +172,7 @@ impl TcpTransport {
         let listen_addr = listener
             .local_addr()
             .map_err(|e| Error::sys("getsockname", "data-plane listener", e))?;
-        crate::gw_info!(
+        tracing::info!(
             "tcp: listening on {listen_addr} ({why}), {} lane(s)",
             cfg.lanes
         );
@@ -330,7 +330,7 @@ impl TcpTransport {
                 written: 0,
             });
         }
-        crate::gw_info!("tcp: dialing rank {peer} at {target} with {nlanes} lane(s)");
+        tracing::info!("tcp: dialing rank {peer} at {target} with {nlanes} lane(s)");
         Ok(())
     }
 
@@ -424,14 +424,14 @@ impl TcpTransport {
             let res = inc.sock.read(&mut inc.buf[inc.got..]);
             match res {
                 Ok(0) => {
-                    crate::gw_warn!("tcp: connection from {} closed before its hello", inc.addr);
+                    tracing::warn!("tcp: connection from {} closed before its hello", inc.addr);
                     self.incoming.swap_remove(i);
                     continue;
                 }
                 Ok(n) => inc.got += n,
                 Err(e) if would_block(&e) => {}
                 Err(e) => {
-                    crate::gw_warn!(
+                    tracing::warn!(
                         "tcp: connection from {} failed before its hello: {e}",
                         inc.addr
                     );
@@ -452,14 +452,14 @@ impl TcpTransport {
 
     fn admit(&mut self, inc: Incoming) -> Result<()> {
         let Some(h) = Hello::decode(&inc.buf) else {
-            crate::gw_warn!(
+            tracing::warn!(
                 "tcp: refused connection from {}: not a gradwire hello",
                 inc.addr
             );
             return Ok(());
         };
         if h.job_key != self.cfg.job_key {
-            crate::gw_warn!(
+            tracing::warn!(
                 "tcp: refused connection from {}: wrong job key (another job?)",
                 inc.addr
             );
@@ -471,7 +471,7 @@ impl TcpTransport {
             || h.nlanes as usize != self.cfg.lanes
             || h.lane >= h.nlanes
         {
-            crate::gw_warn!(
+            tracing::warn!(
                 "tcp: refused connection from {} claiming rank {} lane {}/{}: this rank {} expects rank < {} and {} lane(s) (is GW_LANES the same on every rank?)",
                 inc.addr,
                 h.rank,
@@ -501,7 +501,7 @@ impl TcpTransport {
             .map_err(|e| Error::sys("setsockopt(TCP_NODELAY)", format!("from rank {peer}"), e))?;
         self.register_sock(&mut sock, peer, lane)?;
         self.conn_entry(peer).lanes[lane] = Some(Lane::new(sock));
-        crate::gw_trace!("tcp: accepted lane {lane} from rank {peer} ({})", inc.addr);
+        tracing::trace!("tcp: accepted lane {lane} from rank {peer} ({})", inc.addr);
         Ok(())
     }
 
@@ -863,7 +863,7 @@ fn size_buffers(sock: &TcpStream, bytes: usize, peer: Rank) {
         ("setsockopt(SO_RCVBUF)", s.set_recv_buffer_size(bytes)),
     ] {
         if let Err(e) = res {
-            crate::gw_warn!("tcp: {what} of {bytes} bytes on a socket to rank {peer}: {e}");
+            tracing::warn!("tcp: {what} of {bytes} bytes on a socket to rank {peer}: {e}");
         }
     }
 }

@@ -725,7 +725,7 @@ fn ranks_meet_in_the_store() {
 #[test]
 #[ignore = "run by ranks_meet_in_the_store under gwrun"]
 fn rank_uses_the_store() {
-    use gw_transport::store::StoreClient;
+    use gw_rendezvous::StoreClient;
     if std::env::var_os("GW_TEST_STORE_RANK").is_none() {
         return;
     }

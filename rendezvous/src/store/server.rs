@@ -14,7 +14,6 @@
 use super::StoreConfig;
 use super::codec::{Decoder, Message, PROTOCOL_VERSION, Request, Response};
 use crate::error::{Error, Result};
-use crate::{gw_info, gw_warn};
 use mio::{Events, Interest, Poll, Token, Waker};
 use std::collections::HashMap;
 use std::io::{self, Read};
@@ -24,6 +23,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
+use tracing::{info, warn};
 
 const LISTENER: Token = Token(0);
 const WAKER: Token = Token(1);
@@ -83,7 +83,7 @@ impl StoreServer {
             )));
         }
         if token.is_empty() {
-            gw_warn!(
+            warn!(
                 "store: starting without a job token; any process that can reach {bind} may join"
             );
         }
@@ -116,7 +116,7 @@ impl StoreServer {
             .name("gw-store-accept".into())
             .spawn(move || accept_loop(&sh, poll, listener))
             .map_err(|e| Error::sys("pthread_create", ctx(), e))?;
-        gw_info!("store: serving on {addr}");
+        info!("store: serving on {addr}");
         Ok(StoreServer {
             addr,
             shared,
@@ -141,7 +141,7 @@ impl StoreServer {
         };
         self.shared.stopping.store(true, Ordering::SeqCst);
         if let Err(e) = self.waker.wake() {
-            gw_warn!("store: cannot wake the accept thread: {e}");
+            warn!("store: cannot wake the accept thread: {e}");
         }
         let _ = accept.join();
         {
@@ -160,7 +160,7 @@ impl StoreServer {
         for t in threads {
             let _ = t.join();
         }
-        gw_info!("store: stopped serving on {}", self.addr);
+        info!("store: stopped serving on {}", self.addr);
     }
 }
 
@@ -177,7 +177,7 @@ fn accept_loop(shared: &Arc<Shared>, mut poll: Poll, listener: mio::net::TcpList
             if e.kind() == io::ErrorKind::Interrupted {
                 continue;
             }
-            gw_warn!("store: epoll_wait failed, no longer accepting connections: {e}");
+            warn!("store: epoll_wait failed, no longer accepting connections: {e}");
             return;
         }
         // Readiness is edge-triggered: drain the backlog before polling again.
@@ -189,7 +189,7 @@ fn accept_loop(shared: &Arc<Shared>, mut poll: Poll, listener: mio::net::TcpList
                 Err(e) => {
                     // Usually EMFILE; the pending connection stays queued, so
                     // back off and retry rather than spin or lose the edge.
-                    gw_warn!("store: accept failed: {e}");
+                    warn!("store: accept failed: {e}");
                     std::thread::sleep(Duration::from_millis(100));
                 }
             }
@@ -207,7 +207,7 @@ fn admit(shared: &Arc<Shared>, stream: mio::net::TcpStream, peer: SocketAddr) {
     let clone = match setup {
         Ok(c) => c,
         Err(e) => {
-            gw_warn!("store: cannot set up connection from {peer}: {e}");
+            warn!("store: cannot set up connection from {peer}: {e}");
             return;
         }
     };
@@ -235,19 +235,19 @@ fn admit(shared: &Arc<Shared>, stream: mio::net::TcpStream, peer: SocketAddr) {
             conns.open.insert(id, clone);
             conns.threads.push(t);
         }
-        Err(e) => gw_warn!("store: cannot start a thread for {peer}: {e}"),
+        Err(e) => warn!("store: cannot start a thread for {peer}: {e}"),
     }
 }
 
 fn serve(shared: &Shared, mut stream: TcpStream, peer: SocketAddr, id: u64) {
     match session(shared, &mut stream, peer) {
-        Ok(()) => gw_info!("store: client {peer} disconnected"),
+        Ok(()) => info!("store: client {peer} disconnected"),
         Err(End::Refused(reason)) => {
-            gw_warn!("store: refused connection from {peer}: {reason}")
+            warn!("store: refused connection from {peer}: {reason}")
         }
         Err(End::Dropped(reason)) => {
             if !shared.stopping.load(Ordering::SeqCst) {
-                gw_warn!("store: dropped client {peer}: {reason}");
+                warn!("store: dropped client {peer}: {reason}");
             }
         }
     }
@@ -314,7 +314,7 @@ fn session(shared: &Shared, stream: &mut TcpStream, peer: SocketAddr) -> Result<
     stream
         .set_read_timeout(None)
         .map_err(|e| End::Dropped(format!("setsockopt: {e}")))?;
-    gw_info!("store: client {peer} joined");
+    info!("store: client {peer} joined");
     loop {
         let req = match read_request(stream, &mut dec, &mut buf, None) {
             Ok(Some(r)) => r,

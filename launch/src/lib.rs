@@ -1,9 +1,13 @@
-//! `gwrun`, the job launcher (in the style of mpirun and torchrun).
+//! gradwire's launcher layer: `gwrun` (in the style of mpirun and torchrun),
+//! and the pieces the job server's agent starts its workers with.
 //!
-//! It lives in the library rather than in the binary so that every piece can
-//! be unit-tested: [`args`] parses the command line, [`spawn`] finds the
-//! program and starts ranks, [`output`] tags their output, [`signals`] and
-//! [`job`] supervise them. `src/bin/gwrun.rs` only calls [`main`].
+//! It lives in a library rather than in the binary so that every piece can
+//! be unit-tested, and so that the agent shares it: [`args`] parses gwrun's
+//! command line, [`program`] finds the program, [`child`] starts a rank the
+//! way every launcher must, [`spawn`] gives gwrun's ranks their launch
+//! environment, [`output`] tags their output, [`signals`] and [`job`]
+//! supervise them. `src/bin/gwrun.rs` only calls [`main`]. Nothing here
+//! needs a database or an HTTP stack: building gwrun compiles neither.
 //!
 //! The order of a run, and why:
 //! 1. parse arguments and resolve PROGRAM *before* anything is started, so a
@@ -21,9 +25,13 @@
 //! Exit statuses are listed in [`args::HELP`]: 0 success; the failing rank's
 //! status, or 128 + signal; 1 when gwrun itself fails; 2 for usage errors.
 
+#[macro_use]
+mod say;
 pub mod args;
+pub mod child;
 pub mod job;
 pub mod output;
+pub mod program;
 pub mod signals;
 pub mod spawn;
 
@@ -33,7 +41,9 @@ use std::path::Path;
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
-use gw_transport::store::{StoreConfig, StoreServer};
+use gw_rendezvous::launch_env::var;
+use gw_rendezvous::token::random_hex;
+use gw_rendezvous::{StoreConfig, StoreServer};
 
 use args::{Command, Options};
 use job::RankProc;
@@ -65,32 +75,32 @@ pub fn main(args: Vec<OsString>) -> i32 {
 }
 
 fn usage_error(msg: &str) -> i32 {
-    eprintln!("gwrun: error: {msg}");
+    say!("error: {msg}");
     EXIT_USAGE
 }
 
 fn internal_error(msg: &str) -> i32 {
-    eprintln!("gwrun: error: {msg}");
+    say!("error: {msg}");
     EXIT_INTERNAL
 }
 
 /// Launches the job described by `opts` and waits for it.
 pub fn run(opts: Options) -> i32 {
-    let program = match spawn::find_program(&opts.program) {
+    let program = match program::find_program(&opts.program) {
         Ok(p) => p,
         Err(e) => return usage_error(&e.0),
     };
     let bind = match opts.store_bind {
         Some(b) => b,
-        None => match std::env::var("GW_STORE_BIND") {
+        None => match std::env::var(var::STORE_BIND) {
             Ok(v) if !v.trim().is_empty() => match args::parse_bind(&v) {
                 Ok(b) => b,
-                Err(e) => return usage_error(&format!("GW_STORE_BIND: {e}")),
+                Err(e) => return usage_error(&format!("{}: {e}", var::STORE_BIND)),
             },
             _ => SocketAddr::from((Ipv4Addr::LOCALHOST, 0)),
         },
     };
-    let (token, job_id) = match (spawn::random_hex(16), spawn::random_hex(8)) {
+    let (token, job_id) = match (random_hex(16), random_hex(8)) {
         (Ok(t), Ok(j)) => (t, j),
         (Err(e), _) | (_, Err(e)) => {
             return internal_error(&format!("cannot read /dev/urandom: {e}"));
@@ -109,25 +119,24 @@ pub fn run(opts: Options) -> i32 {
     };
     let store_addr = args::advertised_store(opts.store_addr.as_deref(), store.local_addr());
 
-    let mut common_env = vec![
-        ("GW_STORE".to_owned(), store_addr),
-        ("GW_TOKEN".to_owned(), token),
-        ("GW_JOB_ID".to_owned(), job_id.clone()),
-    ];
+    let mut settings = Vec::new();
     if let Some(t) = opts.transport {
-        common_env.push(("GW_TRANSPORT".to_owned(), t.as_str().to_owned()));
+        settings.push(("GW_TRANSPORT", t.as_str().to_owned()));
     }
     if let Some(t) = &opts.timeout {
-        common_env.push(("GW_TIMEOUT".to_owned(), t.clone()));
+        settings.push(("GW_TIMEOUT", t.clone()));
     }
     if let Some(k) = opts.lanes {
-        common_env.push(("GW_LANES".to_owned(), k.to_string()));
+        settings.push(("GW_LANES", k.to_string()));
     }
     let plan = RankPlan {
         program,
         args: opts.args,
-        world: opts.nprocs,
-        common_env,
+        world: opts.nprocs as u32,
+        store: store_addr,
+        token,
+        job_id: job_id.clone(),
+        settings,
         pipe_output: opts.tag_output,
     };
 
@@ -142,11 +151,11 @@ pub fn run(opts: Options) -> i32 {
 /// Spawns, supervises and cleans up the ranks; returns the exit status.
 fn launch(plan: &RankPlan, signals: &mut Signals) -> i32 {
     let (done_tx, done_rx) = mpsc::channel::<()>();
-    let mut ranks: Vec<RankProc> = Vec::with_capacity(plan.world);
+    let mut ranks: Vec<RankProc> = Vec::with_capacity(plan.world as usize);
     let mut pgid: Option<i32> = None;
     let mut code = None;
-    for rank in 0..plan.world {
-        let mut child = match plan.spawn(rank, pgid) {
+    for rank in 0..plan.world as usize {
+        let mut child = match plan.spawn(rank as u32, pgid) {
             Ok(c) => c,
             Err(e) => {
                 code = Some(internal_error(&format!(
@@ -197,8 +206,8 @@ fn launch(plan: &RankPlan, signals: &mut Signals) -> i32 {
             Ok(()) => {}
             Err(mpsc::RecvTimeoutError::Disconnected) => break,
             Err(mpsc::RecvTimeoutError::Timeout) => {
-                eprintln!(
-                    "gwrun: rank output still open {} s after the job ended; not waiting for it",
+                say!(
+                    "rank output still open {} s after the job ended; not waiting for it",
                     DRAIN_GRACE.as_secs()
                 );
                 break;
@@ -215,7 +224,7 @@ fn start_forwarder(
     done: &mpsc::Sender<()>,
 ) {
     if let Err(e) = output::forward(rank, src, stream, done.clone()) {
-        eprintln!("gwrun: cannot start an output thread for rank {rank}: {e}");
+        say!("cannot start an output thread for rank {rank}: {e}");
     }
 }
 

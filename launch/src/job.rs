@@ -2,7 +2,7 @@
 //! failure, forwarding signals, and escalating to SIGKILL.
 //!
 //! One loop on gwrun's main thread does all of it, woken by SIGCHLD or
-//! SIGINT/SIGTERM (see [`super::signals`]) or by the next kill deadline, so
+//! SIGINT/SIGTERM (see [`crate::signals`]) or by the next kill deadline, so
 //! that decisions are taken in one place and in order. A failure is reported
 //! only while the job is still running normally: ranks that die of the SIGTERM
 //! gwrun itself sent are consequences, not causes, and are not reported.
@@ -11,7 +11,7 @@ use std::os::unix::process::ExitStatusExt;
 use std::process::{Child, ExitStatus};
 use std::time::{Duration, Instant};
 
-use super::signals::{Signals, signal_name};
+use crate::signals::{Signals, signal_name};
 
 /// How long ranks get to exit after a SIGINT/SIGTERM forwarded from the user.
 pub const FORWARD_GRACE: Duration = Duration::from_secs(5);
@@ -95,13 +95,13 @@ pub fn supervise(ranks: &mut [RankProc], pgid: i32, signals: &mut Signals) -> i3
                 Ok(None) => continue,
                 Err(e) => {
                     // Cannot happen for our own unreaped child; do not spin on it.
-                    eprintln!("gwrun: cannot wait for rank {}: {e}", r.rank);
+                    say!("cannot wait for rank {}: {e}", r.rank);
                     ExitStatus::from_raw(1 << 8)
                 }
             };
             r.status = Some(st);
             if !st.success() && was_running {
-                eprintln!("{}", describe_failure(r.rank, st));
+                crate::say::line(&describe_failure(r.rank, st));
                 cause.get_or_insert(exit_code_of(st));
                 failed = true;
             }
@@ -124,7 +124,7 @@ pub fn supervise(ranks: &mut [RankProc], pgid: i32, signals: &mut Signals) -> i3
             let name = signal_name(sig);
             match &mut phase {
                 Phase::Running => {
-                    eprintln!("gwrun: received {name}; forwarding it to the ranks");
+                    say!("received {name}; forwarding it to the ranks");
                     signal_ranks(pgid, ranks, sig);
                     cause.get_or_insert(128 + sig);
                     phase = Phase::Stopping {
@@ -134,12 +134,12 @@ pub fn supervise(ranks: &mut [RankProc], pgid: i32, signals: &mut Signals) -> i3
                         killed: count > 1,
                     };
                     if count > 1 {
-                        eprintln!("gwrun: received {name} again; killing the ranks");
+                        say!("received {name} again; killing the ranks");
                         signal_ranks(pgid, ranks, libc::SIGKILL);
                     }
                 }
                 Phase::Stopping { killed, .. } if !*killed => {
-                    eprintln!("gwrun: received {name} again; killing the ranks");
+                    say!("received {name} again; killing the ranks");
                     cause.get_or_insert(128 + sig);
                     signal_ranks(pgid, ranks, libc::SIGKILL);
                     *killed = true;
@@ -165,8 +165,8 @@ pub fn supervise(ranks: &mut [RankProc], pgid: i32, signals: &mut Signals) -> i3
                     .filter(|r| r.status.is_none())
                     .map(|r| r.rank.to_string())
                     .collect();
-                eprintln!(
-                    "gwrun: rank{} {} still running {} s after {}; sending SIGKILL",
+                say!(
+                    "rank{} {} still running {} s after {}; sending SIGKILL",
                     if left.len() == 1 { "" } else { "s" },
                     left.join(", "),
                     grace.as_secs(),

@@ -1,26 +1,19 @@
-//! Finding the program, making the job's secrets, and starting the ranks.
+//! Finding the program a launcher starts.
 //!
-//! Ranks are started so that gwrun can always clean up after them:
-//! - all ranks share one new process group (led by rank 0), so one `kill(-pgid)`
-//!   reaches each rank *and* whatever it forked (`sh -c` children, data
-//!   loaders), which would otherwise keep running and hold our output pipes;
-//! - each rank asks the kernel for SIGKILL when gwrun dies
-//!   (`PR_SET_PDEATHSIG`), so a `kill -9` of gwrun does not leave orphans;
-//! - SIGINT/SIGTERM are reset to their default action, because a gwrun started
-//!   with them ignored (`nohup`, a background job of a script) would otherwise
-//!   pass the ignoring on and make forwarding useless;
-//! - stdin is /dev/null: the ranks are not in the terminal's foreground group,
-//!   and a read from the terminal would stop them with SIGTTIN.
+//! A name containing '/' is a path; otherwise the directory of the running
+//! launcher is searched first (so `gwrun -n 4 gwbench` finds the gwbench
+//! built next to it), then `PATH`. gwrun looks the program up before it
+//! starts anything, so a typo costs nothing and exits 2; the job server's
+//! agent looks up each job's program the same way.
 
-use std::ffi::{CString, OsStr, OsString};
-use std::fs::File;
-use std::io::{self, Read};
+use std::ffi::{CString, OsStr};
 use std::os::unix::ffi::OsStrExt;
-use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
 
-use super::args::is_path;
+/// Whether a program name is used as a path (contains '/') rather than looked up.
+pub fn is_path(program: &OsStr) -> bool {
+    program.as_encoded_bytes().contains(&b'/')
+}
 
 /// Why the program cannot be run; the text completes `gwrun: error: `.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -97,103 +90,6 @@ fn is_executable(p: &Path) -> bool {
     unsafe { libc::access(c.as_ptr(), libc::X_OK) == 0 }
 }
 
-/// `n` bytes from /dev/urandom, as lowercase hex.
-pub fn random_hex(n: usize) -> io::Result<String> {
-    let mut buf = vec![0u8; n];
-    File::open("/dev/urandom")?.read_exact(&mut buf)?;
-    Ok(buf.iter().map(|b| format!("{b:02x}")).collect())
-}
-
-/// What every rank of one job shares.
-#[derive(Debug, Clone)]
-pub struct RankPlan {
-    /// Resolved program path.
-    pub program: PathBuf,
-    pub args: Vec<OsString>,
-    pub world: usize,
-    /// Variables set identically for every rank (GW_STORE, GW_TOKEN, ...).
-    pub common_env: Vec<(String, String)>,
-    /// Pipe stdout/stderr to gwrun (for tagging) or let ranks inherit them.
-    pub pipe_output: bool,
-}
-
-impl RankPlan {
-    /// The per-rank variables.
-    pub fn rank_env(&self, rank: usize) -> Vec<(&'static str, String)> {
-        vec![
-            ("GW_RANK", rank.to_string()),
-            ("GW_WORLD_SIZE", self.world.to_string()),
-            ("GW_LOCAL_RANK", rank.to_string()),
-            ("GW_LOCAL_SIZE", self.world.to_string()),
-        ]
-    }
-
-    /// Starts rank `rank`. `pgid` is `None` for the first rank, which becomes
-    /// the leader of a new process group; later ranks join `Some(leader)`.
-    pub fn spawn(&self, rank: usize, pgid: Option<i32>) -> io::Result<Child> {
-        let mut cmd = Command::new(&self.program);
-        cmd.args(&self.args);
-        for (k, v) in &self.common_env {
-            cmd.env(k, v);
-        }
-        for (k, v) in self.rank_env(rank) {
-            cmd.env(k, v);
-        }
-        cmd.stdin(Stdio::null());
-        if self.pipe_output {
-            cmd.stdout(Stdio::piped()).stderr(Stdio::piped());
-        }
-        cmd.process_group(pgid.unwrap_or(0));
-        // SAFETY: getpid is always safe to call.
-        let parent = unsafe { libc::getpid() };
-        // SAFETY: the closure runs in the child between fork and exec and
-        // calls only async-signal-safe functions (prctl, getppid, signal,
-        // _exit); it allocates nothing.
-        unsafe {
-            cmd.pre_exec(move || {
-                if libc::prctl(
-                    libc::PR_SET_PDEATHSIG,
-                    libc::SIGKILL as libc::c_ulong,
-                    0,
-                    0,
-                    0,
-                ) != 0
-                {
-                    return Err(io::Error::last_os_error());
-                }
-                // gwrun died before the prctl took effect: nobody will signal us.
-                if libc::getppid() != parent {
-                    libc::_exit(137);
-                }
-                reset_signals_in_child()
-            });
-        }
-        cmd.spawn()
-    }
-}
-
-/// Gives a forked child default signal handling before it execs: gwrun and
-/// the agent block SIGINT/SIGTERM/SIGCHLD on their main thread (see
-/// [`super::signals`]) and a fork keeps that mask across exec, so without
-/// this a rank would never see the SIGTERM that is meant to stop it.
-///
-/// # Safety
-/// Call only between fork and exec (in `pre_exec`): it uses only
-/// async-signal-safe calls.
-pub unsafe fn reset_signals_in_child() -> io::Result<()> {
-    // SAFETY: plain libc calls on a local sigset, valid in a forked child.
-    unsafe {
-        libc::signal(libc::SIGINT, libc::SIG_DFL);
-        libc::signal(libc::SIGTERM, libc::SIG_DFL);
-        let mut none = std::mem::MaybeUninit::<libc::sigset_t>::uninit();
-        libc::sigemptyset(none.as_mut_ptr());
-        if libc::sigprocmask(libc::SIG_SETMASK, none.as_ptr(), std::ptr::null_mut()) != 0 {
-            return Err(io::Error::last_os_error());
-        }
-    }
-    Ok(())
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -209,6 +105,13 @@ mod tests {
     fn make(path: &Path, mode: u32) {
         std::fs::write(path, "#!/bin/sh\n").unwrap();
         std::fs::set_permissions(path, std::fs::Permissions::from_mode(mode)).unwrap();
+    }
+
+    #[test]
+    fn paths() {
+        assert!(is_path(OsStr::new("./x")));
+        assert!(is_path(OsStr::new("/bin/sh")));
+        assert!(!is_path(OsStr::new("sh")));
     }
 
     #[test]
@@ -258,18 +161,5 @@ mod tests {
             e.0,
             "program 'zz-nope' not found beside gwrun (/opt/gw/bin) or on PATH"
         );
-    }
-
-    #[test]
-    fn random_ids() {
-        let a = random_hex(16).unwrap();
-        let b = random_hex(16).unwrap();
-        assert_eq!(a.len(), 32);
-        assert!(
-            a.bytes()
-                .all(|c| c.is_ascii_hexdigit() && !c.is_ascii_uppercase())
-        );
-        assert_ne!(a, b);
-        assert_eq!(random_hex(8).unwrap().len(), 16);
     }
 }

@@ -1,0 +1,490 @@
+//! Bringing a communicator up, one step per function.
+//!
+//! 1. [`listen`]: open the TCP data-plane listener (its address is published).
+//! 2. [`rendezvous`]: through the store, claim this rank, publish its record
+//!    (and, on rank 0, the cost model), and wait with the init deadline for
+//!    every other rank's; ranks that never arrive are named, with what each
+//!    was bringing up instead.
+//! 3. [`route`]: decide which transport reaches which rank (shared memory to
+//!    same-host peers, TCP to the rest, or what `GW_TRANSPORT` forces) and
+//!    where the ranks sit on hosts.
+//! 4. [`start_engine`]: the progress engine, its mailbox and its thread.
+//!
+//! Connections are made later and lazily, by the engine, only to the peers
+//! an algorithm talks to.
+
+use crate::algo;
+use crate::board::Board;
+use crate::comm_key::CommKey;
+use crate::config::{Config, Source, TransportChoice};
+use crate::drive::{Driver, engine_thread};
+use crate::engine::{Engine, EngineConfig};
+use crate::mailbox;
+use crate::model::{CostModel, LinkKind, Shape};
+use gw_rendezvous::launch_env::fnv1a;
+use gw_rendezvous::{LaunchEnv, PeerInfo, StoreClient, StoreConfig, StoreServer, peers};
+use gw_transport::shm::{ShmConfig, ShmTransport};
+use gw_transport::tcp::{TcpConfig, TcpTransport};
+use gw_transport::{Error, Rank, Result, Transport};
+use std::fmt::Write as _;
+use std::net::ToSocketAddrs;
+use std::sync::Arc;
+use std::sync::atomic::AtomicBool;
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+/// Operations the engine's queue holds before it grows.
+const QUEUE_CAPACITY: usize = 64;
+
+/// Step 1: the TCP transport, listening, unless only shared memory is used.
+pub(crate) fn listen(env: &LaunchEnv, cfg: &Config) -> Result<Option<TcpTransport>> {
+    if cfg.transport.value == TransportChoice::Shm && env.world > 1 {
+        return Ok(None);
+    }
+    let store_ip = env
+        .store
+        .to_socket_addrs()
+        .ok()
+        .and_then(|mut a| a.next())
+        .map(|a| a.ip());
+    Ok(Some(TcpTransport::new(
+        env.rank,
+        TcpConfig {
+            lanes: cfg.lanes.value,
+            segment_bytes: cfg.segment_bytes_for(LinkKind::Tcp),
+            ifname: cfg.socket_ifname.value.clone(),
+            store_ip,
+            job_key: fnv1a(&[&env.token, &env.job_id]),
+            socket_buffer_bytes: cfg.socket_buffer_bytes.value,
+        },
+    )?))
+}
+
+/// What the ranks learnt about each other through the store.
+pub(crate) struct Met {
+    pub store: StoreClient,
+    /// The store this rank hosts (rank 0 of a Slurm or torchrun launch).
+    pub store_server: Option<StoreServer>,
+    /// Prefix of this communicator's store keys.
+    pub prefix: String,
+    /// Every rank's record, indexed by rank.
+    pub peers: Vec<PeerInfo>,
+    /// Rank 0's cost model, which every rank chooses algorithms with.
+    pub model: CostModel,
+}
+
+/// Job-wide key under which each rank says which communicator it is
+/// bringing up, so that a rank left waiting can say what the missing ones
+/// are doing instead.
+fn initing_key(rank: Rank) -> String {
+    format!("gw/initing/{rank}")
+}
+
+/// Step 2: claim, publish, and wait for everyone.
+pub(crate) fn rendezvous(
+    env: &LaunchEnv,
+    key: &CommKey,
+    tcp: Option<&TcpTransport>,
+    timeout: Duration,
+    deadline: Instant,
+) -> Result<Met> {
+    let (me, world) = (env.rank, env.world);
+    let store_server = if env.host_store && me == 0 {
+        let port = env
+            .store
+            .rsplit(':')
+            .next()
+            .and_then(|p| p.parse::<u16>().ok())
+            .unwrap_or(0);
+        Some(StoreServer::start(
+            std::net::SocketAddr::from(([0, 0, 0, 0], port)),
+            &env.token,
+            StoreConfig::default(),
+        )?)
+    } else {
+        None
+    };
+    let mut store = StoreClient::connect(&env.store, &env.token, deadline)?;
+    store.set(&initing_key(me), key.as_str().as_bytes())?;
+
+    let prefix = format!("gw/{key}");
+    let claims = store.add(&format!("{prefix}/claim/{me}"), 1)?;
+    if claims > 1 {
+        return Err(Error::Config(format!(
+            "rank {me} was started twice: another process already claimed rank {me} of communicator {key} in this job (check GW_RANK and the launcher)"
+        )));
+    }
+    let info = PeerInfo {
+        rank: me,
+        host_id: peers::host_id(),
+        hostname: peers::hostname(),
+        pid: std::process::id(),
+        tcp: tcp.map(|t| vec![t.listen_addr()]).unwrap_or_default(),
+    };
+    // Rank 0's cost model, published before its peer record, so it is
+    // there once every record is: all ranks choose algorithms from it.
+    if me == 0 {
+        let (model, source) = CostModel::load()?;
+        tracing::info!("cost model from {source}: {}", model.encode());
+        store.set(&format!("{prefix}/model"), model.encode().as_bytes())?;
+    }
+    store.set(&format!("{prefix}/peer/{me}"), info.encode().as_bytes())?;
+    let keys: Vec<String> = (0..world).map(|r| format!("{prefix}/peer/{r}")).collect();
+    let key_refs: Vec<&str> = keys.iter().map(String::as_str).collect();
+    let values = match store.wait(&key_refs, deadline) {
+        Ok(v) => v,
+        Err(gw_rendezvous::Error::Timeout { .. }) => {
+            let present = store.check(&key_refs)?;
+            let mut missing = Vec::new();
+            let mut elsewhere = Vec::new();
+            for r in (0..world).filter(|&r| !present[r as usize]) {
+                missing.push(r.to_string());
+                if let Ok(Some(other)) = store.get(&initing_key(r)) {
+                    let other = String::from_utf8_lossy(&other).into_owned();
+                    if other != key.as_str() {
+                        elsewhere.push(format!("rank {r} is bringing up communicator {other}"));
+                    }
+                }
+            }
+            let hint = if elsewhere.is_empty() {
+                String::new()
+            } else {
+                format!(
+                    "; {} (create communicators of the same name in the same order on every rank, or from different threads)",
+                    elsewhere.join(", ")
+                )
+            };
+            return Err(Error::Timeout {
+                secs: timeout.as_secs_f64(),
+                what: format!(
+                    "at init of communicator {key} on rank {me}: rank(s) {} of {world} never arrived at the store {}{hint}",
+                    missing.join(", "),
+                    env.store
+                ),
+            });
+        }
+        Err(e) => return Err(e.into()),
+    };
+    let model = match store.get(&format!("{prefix}/model"))? {
+        Some(v) => CostModel::decode(&String::from_utf8_lossy(&v))?,
+        None => {
+            return Err(Error::Protocol(
+                "rank 0 published no cost model at init".into(),
+            ));
+        }
+    };
+    let mut peers = Vec::with_capacity(world as usize);
+    for (r, v) in values.iter().enumerate() {
+        let p = PeerInfo::decode(&String::from_utf8_lossy(v))?;
+        if p.rank as usize != r {
+            return Err(Error::Protocol(format!(
+                "store record for rank {r} names rank {}",
+                p.rank
+            )));
+        }
+        peers.push(p);
+    }
+    Ok(Met {
+        store,
+        store_server,
+        prefix,
+        peers,
+        model,
+    })
+}
+
+/// Which transport reaches which rank, and where the ranks are.
+pub(crate) struct Routes {
+    pub transports: Vec<Box<dyn Transport>>,
+    /// Index into `transports` per rank (unused for this rank).
+    pub route: Vec<usize>,
+    /// The transport's name per rank ("tcp", "shm", "self").
+    pub names: Vec<&'static str>,
+    pub hostnames: Vec<String>,
+    /// Links and host grid, for the cost model.
+    pub shape: Shape,
+    /// How the ranks sit on hosts, for errors when hier cannot run.
+    pub host_layout: String,
+}
+
+/// Step 3: routes every peer to a transport; index 0 is TCP when present, then shm.
+pub(crate) fn route(
+    env: &LaunchEnv,
+    key: &CommKey,
+    cfg: &Config,
+    tcp: Option<TcpTransport>,
+    peers: &[PeerInfo],
+) -> Result<Routes> {
+    let me = env.rank;
+    let choice = cfg.transport.value;
+    let host_id = &peers[me as usize].host_id;
+    let mut transports: Vec<Box<dyn Transport>> = Vec::new();
+    let tcp_idx = tcp.is_some().then_some(0usize);
+    let needs_shm = peers
+        .iter()
+        .any(|p| p.rank != me && choice != TransportChoice::Tcp && &p.host_id == host_id);
+    if let Some(mut t) = tcp {
+        t.set_peers(peers.to_vec());
+        transports.push(Box::new(t));
+    }
+    let shm_idx = if needs_shm {
+        transports.push(Box::new(ShmTransport::new(
+            me,
+            peers.to_vec(),
+            ShmConfig {
+                job_id: format!("{}-{key}", env.job_id),
+                slot_bytes: cfg.shm_slot_bytes.value,
+                slots: cfg.shm_slots.value,
+                pull_bytes: shm_pull_bytes(cfg, env.local_size),
+            },
+        )?));
+        Some(transports.len() - 1)
+    } else {
+        None
+    };
+    let mut route = vec![0usize; env.world as usize];
+    let mut names = vec!["self"; env.world as usize];
+    for p in peers.iter().filter(|p| p.rank != me) {
+        let same_host = &p.host_id == host_id;
+        let (idx, name) = match (choice, same_host) {
+            (TransportChoice::Shm, false) => {
+                return Err(Error::Config(format!(
+                    "GW_TRANSPORT=shm, but rank {} is on another host ({}); use auto or tcp",
+                    p.rank, p.hostname
+                )));
+            }
+            (TransportChoice::Tcp, _) | (TransportChoice::Auto, false) => (tcp_idx, "tcp"),
+            (_, true) => (shm_idx, "shm"),
+        };
+        let idx =
+            idx.ok_or_else(|| Error::Internal(format!("no {name} transport for rank {}", p.rank)))?;
+        route[p.rank as usize] = idx;
+        names[p.rank as usize] = name;
+        tracing::info!(
+            "rank {} ({}): {name}{}",
+            p.rank,
+            p.hostname,
+            if same_host {
+                " (same host)"
+            } else {
+                " (other host)"
+            }
+        );
+    }
+
+    let link = if names.contains(&"tcp") {
+        LinkKind::Tcp
+    } else {
+        LinkKind::Shm
+    };
+    // Every rank sees the same records, so every rank finds the same
+    // layout, and with rank 0's model makes the same choice.
+    let host_ids: Vec<&str> = peers.iter().map(|p| p.host_id.as_str()).collect();
+    let local = host_grid(&host_ids);
+    let host_layout = describe_hosts(&host_ids);
+    let shape = Shape {
+        n: env.world as usize,
+        link,
+        intra: if choice == TransportChoice::Tcp {
+            LinkKind::Tcp
+        } else {
+            LinkKind::Shm
+        },
+        local: local.map(|l| l as usize),
+    };
+    tracing::info!(
+        "hosts: {host_layout}{}",
+        match shape.grid() {
+            Some((h, l)) => format!(" ({h} × {l}: hier available)"),
+            None => " (not grouped host by host in equal numbers: no hier)".into(),
+        }
+    );
+    Ok(Routes {
+        transports,
+        route,
+        names,
+        hostnames: peers.iter().map(|p| p.hostname.clone()).collect(),
+        shape,
+        host_layout,
+    })
+}
+
+/// The running engine and what callers need to use it.
+pub(crate) struct Started {
+    pub tx: mailbox::Sender,
+    pub driver: Arc<Driver>,
+    pub abort: Arc<AtomicBool>,
+    pub thread: JoinHandle<()>,
+    /// Messages in flight per stream (`OpSpec::depth`).
+    pub depth: usize,
+    /// How long a caller spins on a completion before sleeping.
+    pub caller_spin: Duration,
+}
+
+/// Step 4: the engine over `transports`, and its thread, started.
+pub(crate) fn start_engine(
+    env: &LaunchEnv,
+    cfg: &Config,
+    routes: &mut Routes,
+    board: Board,
+    span: tracing::Span,
+) -> Result<Started> {
+    let me = env.rank;
+    let (tx, rx) = mailbox::channel(QUEUE_CAPACITY);
+    let abort = Arc::new(AtomicBool::new(false));
+    let ncpu = std::thread::available_parallelism()
+        .map(|n| n.get())
+        .unwrap_or(1);
+    let spin = Duration::from_micros(cfg.spin_us.value);
+    let oversubscribed = env.local_size as usize > ncpu;
+    let depth = cfg.pipeline_depth_for(env.local_size as usize, ncpu);
+    if !(1..=algo::MAX_DEPTH).contains(&depth) {
+        return Err(Error::Config(format!(
+            "pipeline depth {depth} out of range 1..={} (GW_PIPELINE_DEPTH)",
+            algo::MAX_DEPTH
+        )));
+    }
+    tracing::info!(
+        "pipeline depth {depth} ({} ranks on this host, {ncpu} cores)",
+        env.local_size
+    );
+    // A caller spinning on its completion competes with its own engine
+    // thread: only worth it when every rank's two threads have a core.
+    let caller_spin = if 2 * env.local_size as usize <= ncpu {
+        spin
+    } else {
+        Duration::ZERO
+    };
+    let (engine, poll, waker) = Engine::new(
+        EngineConfig {
+            me,
+            timeout: cfg.timeout.value,
+            spin,
+            oversubscribed,
+            hostnames: routes.hostnames.clone(),
+            board: Some(board),
+        },
+        std::mem::take(&mut routes.transports),
+        std::mem::take(&mut routes.route),
+        rx,
+        abort.clone(),
+    )?;
+    let chosen = cfg.spin_us.source != Source::Default;
+    let driver = Driver::new(
+        engine,
+        waker,
+        cfg.inline.value,
+        crate::drive::drive_spin(spin, chosen, oversubscribed),
+        span.clone(),
+    );
+    // The engine thread reports once it has made its start-up allocations
+    // (see `engine_thread`); a thread that died first drops the sender,
+    // which ends the wait with an error instead of a hang.
+    let (started, has_started) = std::sync::mpsc::sync_channel(1);
+    let thread = std::thread::Builder::new()
+        .name(format!("gw-engine-{me}"))
+        .spawn({
+            let driver = driver.clone();
+            move || {
+                let _in_comm = span.enter();
+                engine_thread(driver, poll, started)
+            }
+        })
+        .map_err(|e| Error::sys("pthread_create", "engine thread", e))?;
+    has_started.recv().map_err(|_| {
+        Error::Internal(format!(
+            "rank {me}: the engine thread ended before it started"
+        ))
+    })?;
+    Ok(Started {
+        tx,
+        driver,
+        abort,
+        thread,
+        depth,
+        caller_spin,
+    })
+}
+
+/// The shared-memory pull threshold: `GW_SHM_PULL_BYTES` when set, else
+/// on only where this host runs more ranks than it has cores. With a core
+/// per rank the sender's copy into the ring and the receiver's copy out of
+/// it (two copies, on two cores at once) beats one `process_vm_readv` by
+/// the receiver alone (1 MiB 2-rank all-reduce 5.2 vs 2.4 GB/s, 64 MiB
+/// equal); with ranks sharing cores the copies no longer overlap and one
+/// copy instead of two wins (4 ranks on 2 cores, 1 MiB: 1.3-2.0 vs
+/// 0.6-1.1 GB/s).
+fn shm_pull_bytes(cfg: &Config, local_ranks: u32) -> usize {
+    if cfg.shm_pull_bytes.source != Source::Default {
+        return cfg.shm_pull_bytes.value;
+    }
+    let ncpu = std::thread::available_parallelism().map_or(1, |n| n.get());
+    if local_ranks as usize > ncpu {
+        cfg.shm_pull_bytes.value
+    } else {
+        0
+    }
+}
+
+/// Ranks per host when `host_ids` (one per rank) come in equal runs of
+/// consecutive ranks, one run per host: the layout hier needs.
+fn host_grid(host_ids: &[&str]) -> Option<u32> {
+    let first = *host_ids.first()?;
+    let local = host_ids.iter().take_while(|h| **h == first).count();
+    if !host_ids.len().is_multiple_of(local) {
+        return None;
+    }
+    let runs: Vec<&[&str]> = host_ids.chunks(local).collect();
+    let uniform = runs.iter().all(|run| run.iter().all(|h| *h == run[0]));
+    let mut heads: Vec<&str> = runs.iter().map(|run| run[0]).collect();
+    heads.sort_unstable();
+    heads.dedup();
+    // A host that appears in two runs is not host by host.
+    if !uniform || heads.len() != runs.len() {
+        return None;
+    }
+    u32::try_from(local).ok()
+}
+
+/// The host of each rank, numbered in order of first appearance: "ranks
+/// 0-1 on host 0, 2-3 on host 1" reads as "hosts by rank: 0 0 1 1".
+fn describe_hosts(host_ids: &[&str]) -> String {
+    let mut seen: Vec<&str> = Vec::new();
+    let mut s = String::from("hosts by rank:");
+    for h in host_ids {
+        let i = seen.iter().position(|x| x == h).unwrap_or_else(|| {
+            seen.push(h);
+            seen.len() - 1
+        });
+        let _ = write!(s, " {i}");
+    }
+    s
+}
+
+#[cfg(test)]
+mod layout_tests {
+    use super::{describe_hosts, host_grid};
+
+    #[test]
+    fn host_grid_needs_equal_consecutive_runs() {
+        assert_eq!(host_grid(&["a", "a", "b", "b"]), Some(2));
+        assert_eq!(host_grid(&["a", "a", "a", "b", "b", "b"]), Some(3));
+        assert_eq!(host_grid(&["a", "b", "c", "d"]), Some(1));
+        assert_eq!(host_grid(&["a", "a", "a", "a"]), Some(4));
+        assert_eq!(host_grid(&["a"]), Some(1));
+        assert_eq!(host_grid(&[]), None);
+        // Uneven hosts, interleaved ranks, a host in two runs.
+        assert_eq!(host_grid(&["a", "a", "b"]), None);
+        assert_eq!(host_grid(&["a", "a", "b", "b", "b", "b"]), None);
+        assert_eq!(host_grid(&["a", "b", "a", "b"]), None);
+        assert_eq!(host_grid(&["a", "a", "b", "b", "a", "a"]), None);
+    }
+
+    #[test]
+    fn hosts_are_described_by_rank() {
+        assert_eq!(
+            describe_hosts(&["x", "y", "x", "z"]),
+            "hosts by rank: 0 1 0 2"
+        );
+    }
+}

@@ -1,0 +1,560 @@
+//! The launch contract: every `GW_*` variable a launcher hands a rank, typed.
+//!
+//! Launchers (gwrun, the job server's agent) write these variables and ranks
+//! (the communicator's bring-up, the step client) read them. Each name is
+//! spelled once, in [`var`], and both directions go through [`LaunchEnv`], so
+//! a producer and a consumer can never disagree about a name or a format.
+//! Programs started by Slurm (`SLURM_PROCID`, `SLURM_NTASKS`,
+//! `SLURM_LOCALID`) or torchrun (`RANK`, `WORLD_SIZE`, `LOCAL_RANK`,
+//! `MASTER_ADDR`, `MASTER_PORT`) are read too; those launchers run no store,
+//! so rank 0 hosts it, as torch's TCPStore does.
+
+use crate::error::{Error, Result};
+use std::time::Duration;
+
+/// The name of every variable of the contract.
+pub mod var {
+    /// This process's rank in the job.
+    pub const RANK: &str = "GW_RANK";
+    /// Ranks in the job.
+    pub const WORLD_SIZE: &str = "GW_WORLD_SIZE";
+    /// This process's rank among the job's ranks on its host.
+    pub const LOCAL_RANK: &str = "GW_LOCAL_RANK";
+    /// The job's ranks on this host.
+    pub const LOCAL_SIZE: &str = "GW_LOCAL_SIZE";
+    /// `host:port` of the rendezvous store.
+    pub const STORE: &str = "GW_STORE";
+    /// The job's secret, presented to the store and hashed into data-plane hellos.
+    pub const TOKEN: &str = "GW_TOKEN";
+    /// Names the job's shared-memory segments and store keys.
+    pub const JOB_ID: &str = "GW_JOB_ID";
+    /// `http://host:port` of the job server whose step protocol the worker follows.
+    pub const JOB_SERVER: &str = "GW_JOB_SERVER";
+    /// The job's token for the job server's worker endpoints.
+    pub const JOB_TOKEN: &str = "GW_JOB_TOKEN";
+    /// Seconds the step client keeps retrying a job server that does not answer.
+    pub const JOB_RETRY_S: &str = "GW_JOB_RETRY_S";
+    /// Where gwrun's store listens (`host:port`), when not on loopback.
+    pub const STORE_BIND: &str = "GW_STORE_BIND";
+
+    /// What a launcher sets for every rank, and so what a job's own
+    /// environment may not override.
+    pub const RESERVED: &[&str] = &[
+        RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_SIZE, STORE, TOKEN, JOB_ID, JOB_SERVER, JOB_TOKEN,
+    ];
+}
+
+/// Which launcher's variables a rank was started with.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Launcher {
+    Gwrun,
+    Slurm,
+    Torchrun,
+    /// Not from variables: a program passed the store and its rank itself
+    /// (the C ABI's unique id, tests).
+    Api,
+}
+
+impl Launcher {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Launcher::Gwrun => "gwrun",
+            Launcher::Slurm => "slurm",
+            Launcher::Torchrun => "torchrun",
+            Launcher::Api => "api",
+        }
+    }
+}
+
+/// The job server a worker reports its steps to.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct JobServerEnv {
+    /// `http://host:port`.
+    pub url: String,
+    /// The job's token for the worker endpoints.
+    pub job_token: String,
+    /// How long to keep retrying a server that does not answer (`None`: the
+    /// client's default).
+    pub retry: Option<Duration>,
+}
+
+/// Who a rank is in its job and how it reaches the job's store.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct LaunchEnv {
+    pub rank: u32,
+    pub world: u32,
+    pub local_rank: u32,
+    pub local_size: u32,
+    /// `host:port` of the rendezvous store.
+    pub store: String,
+    /// Job secret presented to the store.
+    pub token: String,
+    /// Names this job's shared-memory segments.
+    pub job_id: String,
+    /// Set when the rank was started by a job server's agent.
+    pub job_server: Option<JobServerEnv>,
+    /// Which launcher's variables were read (`Gwrun` for a written one).
+    pub launcher: Launcher,
+    /// Whether rank 0 must run the store itself (Slurm and torchrun launches).
+    pub host_store: bool,
+}
+
+/// A variable lookup: the process environment, or a map in tests.
+pub type Lookup<'a> = &'a dyn Fn(&str) -> Option<String>;
+
+impl LaunchEnv {
+    /// The variables a launcher sets for this rank, in a fixed order.
+    pub fn vars(&self) -> Vec<(&'static str, String)> {
+        let mut v = vec![
+            (var::RANK, self.rank.to_string()),
+            (var::WORLD_SIZE, self.world.to_string()),
+            (var::LOCAL_RANK, self.local_rank.to_string()),
+            (var::LOCAL_SIZE, self.local_size.to_string()),
+            (var::STORE, self.store.clone()),
+            (var::TOKEN, self.token.clone()),
+            (var::JOB_ID, self.job_id.clone()),
+        ];
+        if let Some(js) = &self.job_server {
+            v.push((var::JOB_SERVER, js.url.clone()));
+            v.push((var::JOB_TOKEN, js.job_token.clone()));
+            if let Some(r) = js.retry {
+                v.push((var::JOB_RETRY_S, r.as_secs_f64().to_string()));
+            }
+        }
+        v
+    }
+
+    /// Reads the process environment.
+    pub fn from_env() -> Result<LaunchEnv> {
+        Self::from_lookup(&|k| std::env::var(k).ok())
+    }
+
+    /// Reads any variable lookup: gwrun's variables first, then Slurm's, then
+    /// torchrun's. Every missing or malformed variable is named.
+    pub fn from_lookup(env: Lookup<'_>) -> Result<LaunchEnv> {
+        let token = env(var::TOKEN).unwrap_or_default();
+        let (rank, world, local_rank, local_size, store, host_store, launcher);
+        if env(var::RANK).is_some() || env(var::WORLD_SIZE).is_some() {
+            launcher = Launcher::Gwrun;
+            rank = need(num(env, var::RANK)?, var::RANK, launcher)?;
+            world = need(num(env, var::WORLD_SIZE)?, var::WORLD_SIZE, launcher)?;
+            local_rank = num(env, var::LOCAL_RANK)?.unwrap_or(rank);
+            local_size = num(env, var::LOCAL_SIZE)?.unwrap_or(world);
+            store = env(var::STORE).ok_or_else(|| {
+                Error::Config(format!(
+                    "{} is not set (run the program under gwrun)",
+                    var::STORE
+                ))
+            })?;
+            host_store = false;
+        } else if env("SLURM_PROCID").is_some() {
+            launcher = Launcher::Slurm;
+            rank = need(num(env, "SLURM_PROCID")?, "SLURM_PROCID", launcher)?;
+            world = need(num(env, "SLURM_NTASKS")?, "SLURM_NTASKS", launcher)?;
+            local_rank = num(env, "SLURM_LOCALID")?.unwrap_or(0);
+            local_size = num(env, "SLURM_NTASKS_PER_NODE")?.unwrap_or(1);
+            (store, host_store) = store_from_master(env, launcher)?;
+        } else if env("RANK").is_some() || env("WORLD_SIZE").is_some() {
+            launcher = Launcher::Torchrun;
+            rank = need(num(env, "RANK")?, "RANK", launcher)?;
+            world = need(num(env, "WORLD_SIZE")?, "WORLD_SIZE", launcher)?;
+            local_rank = num(env, "LOCAL_RANK")?.unwrap_or(0);
+            local_size = num(env, "LOCAL_WORLD_SIZE")?.unwrap_or(1);
+            (store, host_store) = store_from_master(env, launcher)?;
+        } else {
+            return Err(Error::Config(format!(
+                "no launch variables: set {}, {} and {} (gwrun does), or run under Slurm or torchrun",
+                var::RANK,
+                var::WORLD_SIZE,
+                var::STORE
+            )));
+        }
+        if world == 0 {
+            return Err(Error::Config("world size is 0".into()));
+        }
+        if rank >= world {
+            return Err(Error::Config(format!(
+                "rank {rank} is not below the world size {world}"
+            )));
+        }
+        if local_size == 0 || local_rank >= local_size {
+            return Err(Error::Config(format!(
+                "local rank {local_rank} is not below the local size {local_size}"
+            )));
+        }
+        let job_id = match env(var::JOB_ID) {
+            Some(j) if !j.is_empty() => sanitize(&j),
+            _ => format!("{:016x}", fnv1a(&[&store, &token])),
+        };
+        Ok(LaunchEnv {
+            rank,
+            world,
+            local_rank,
+            local_size,
+            store,
+            token,
+            job_id,
+            // A malformed job-server part is the step client's to report,
+            // when the program asks for a step: a communicator needs none of it.
+            job_server: JobServerEnv::from_lookup(env)
+                .ok()
+                .flatten()
+                .map(|(js, _)| js),
+            launcher,
+            host_store,
+        })
+    }
+}
+
+/// A launch variable that is missing or malformed.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct VarError {
+    pub var: &'static str,
+    /// Completes "`var` ...": "is not set (...)", "is empty", ...
+    pub detail: String,
+}
+
+impl std::fmt::Display for VarError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}: {}", self.var, self.detail)
+    }
+}
+
+impl JobServerEnv {
+    /// The job server of a worker started by a gwjob agent, and the job's
+    /// id; `None` when `GW_JOB_SERVER` is unset or empty (the program was
+    /// not started by a gwjob agent).
+    pub fn from_lookup(
+        env: Lookup<'_>,
+    ) -> std::result::Result<Option<(JobServerEnv, String)>, VarError> {
+        if env(var::JOB_SERVER).is_none_or(|v| v.is_empty()) {
+            return Ok(None);
+        }
+        let needed = |name: &'static str| match env(name) {
+            Some(v) if !v.trim().is_empty() => Ok(v.trim().to_owned()),
+            Some(_) => Err(VarError {
+                var: name,
+                detail: "is empty".into(),
+            }),
+            None => Err(VarError {
+                var: name,
+                detail: format!(
+                    "is not set ({} is, so a gwjob agent should have set it)",
+                    var::JOB_SERVER
+                ),
+            }),
+        };
+        let url = needed(var::JOB_SERVER)?;
+        let job_id = needed(var::JOB_ID)?;
+        let job_token = needed(var::JOB_TOKEN)?;
+        let retry = match env(var::JOB_RETRY_S) {
+            Some(t) if !t.trim().is_empty() => {
+                Some(parse_retry(&t).map_err(|detail| VarError {
+                    var: var::JOB_RETRY_S,
+                    detail,
+                })?)
+            }
+            _ => None,
+        };
+        Ok(Some((
+            JobServerEnv {
+                url,
+                job_token,
+                retry,
+            },
+            job_id,
+        )))
+    }
+
+    /// Reads the process environment (a variable that is not valid UTF-8
+    /// counts as unset).
+    pub fn from_env() -> std::result::Result<Option<(JobServerEnv, String)>, VarError> {
+        Self::from_lookup(&|k| std::env::var(k).ok())
+    }
+}
+
+/// Parses `GW_JOB_RETRY_S`: seconds, fractions allowed, > 0.
+pub fn parse_retry(text: &str) -> std::result::Result<Duration, String> {
+    match text.trim().parse::<f64>() {
+        Ok(s) if s.is_finite() && s > 0.0 && s < 1e9 => Ok(Duration::from_secs_f64(s)),
+        _ => Err(format!("'{text}' is not a positive number of seconds")),
+    }
+}
+
+/// The variables common to every rank of a job before ranks are numbered:
+/// what a job server sends an agent, which adds each rank's own numbers.
+pub fn job_vars(
+    world: u32,
+    local_size: u32,
+    store: &str,
+    token: &str,
+    job_id: &str,
+    job_server: Option<&JobServerEnv>,
+) -> Vec<(&'static str, String)> {
+    let mut v = vec![
+        (var::WORLD_SIZE, world.to_string()),
+        (var::LOCAL_SIZE, local_size.to_string()),
+        (var::STORE, store.to_owned()),
+        (var::TOKEN, token.to_owned()),
+        (var::JOB_ID, job_id.to_owned()),
+    ];
+    if let Some(js) = job_server {
+        v.push((var::JOB_SERVER, js.url.clone()));
+        v.push((var::JOB_TOKEN, js.job_token.clone()));
+    }
+    v
+}
+
+fn num(env: Lookup<'_>, name: &str) -> Result<Option<u32>> {
+    match env(name) {
+        None => Ok(None),
+        Some(v) => v
+            .trim()
+            .parse::<u32>()
+            .map(Some)
+            .map_err(|_| Error::Config(format!("{name}={v:?} is not a non-negative integer"))),
+    }
+}
+
+fn need(v: Option<u32>, name: &str, launcher: Launcher) -> Result<u32> {
+    v.ok_or_else(|| {
+        Error::Config(format!(
+            "{name} is not set (the {} launch variables are incomplete)",
+            launcher.as_str()
+        ))
+    })
+}
+
+/// A short stable id derived from text (FNV-1a), for job ids and
+/// communicator ids: every rank computes the same value from the same words.
+pub fn fnv1a(parts: &[&str]) -> u64 {
+    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+    for p in parts {
+        for b in p.bytes().chain(std::iter::once(0xff)) {
+            h ^= b as u64;
+            h = h.wrapping_mul(0x0000_0100_0000_01b3);
+        }
+    }
+    h
+}
+
+/// Keeps what is safe in a file name and a store key, at most 64 characters.
+pub fn sanitize(s: &str) -> String {
+    s.chars()
+        .map(|c| {
+            if c.is_ascii_alphanumeric() || c == '-' || c == '_' {
+                c
+            } else {
+                '_'
+            }
+        })
+        .take(64)
+        .collect()
+}
+
+fn store_from_master(env: Lookup<'_>, launcher: Launcher) -> Result<(String, bool)> {
+    let launcher = launcher.as_str();
+    if let Some(s) = env(var::STORE) {
+        return Ok((s, false));
+    }
+    let addr = env("MASTER_ADDR").ok_or_else(|| {
+        Error::Config(format!(
+            "MASTER_ADDR (or {}) is not set for a {launcher} launch",
+            var::STORE
+        ))
+    })?;
+    let port = num(env, "MASTER_PORT")?
+        .ok_or_else(|| Error::Config(format!("MASTER_PORT is not set for a {launcher} launch")))?;
+    if port == 0 || port > 65535 {
+        return Err(Error::Config(format!(
+            "MASTER_PORT={port} is not a TCP port"
+        )));
+    }
+    Ok((format!("{addr}:{port}"), true))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::collections::HashMap;
+
+    fn lookup(pairs: &[(&str, &str)]) -> impl Fn(&str) -> Option<String> + use<> {
+        let m: HashMap<String, String> = pairs
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect();
+        move |k| m.get(k).cloned()
+    }
+
+    fn boot(pairs: &[(&str, &str)]) -> Result<LaunchEnv> {
+        LaunchEnv::from_lookup(&lookup(pairs))
+    }
+
+    #[test]
+    fn gwrun_variables() {
+        let b = boot(&[
+            ("GW_RANK", "2"),
+            ("GW_WORLD_SIZE", "4"),
+            ("GW_LOCAL_RANK", "0"),
+            ("GW_LOCAL_SIZE", "2"),
+            ("GW_STORE", "127.0.0.1:999"),
+            ("GW_TOKEN", "t"),
+            ("GW_JOB_ID", "abc"),
+        ])
+        .unwrap();
+        assert_eq!((b.rank, b.world, b.local_rank, b.local_size), (2, 4, 0, 2));
+        assert_eq!(
+            (b.store.as_str(), b.token.as_str(), b.job_id.as_str()),
+            ("127.0.0.1:999", "t", "abc")
+        );
+        assert!(!b.host_store);
+        assert_eq!(b.job_server, None);
+    }
+
+    #[test]
+    fn what_a_launcher_writes_a_rank_reads_back() {
+        let written = LaunchEnv {
+            rank: 3,
+            world: 8,
+            local_rank: 1,
+            local_size: 2,
+            store: "10.1.2.3:4000".into(),
+            token: "secret".into(),
+            job_id: "j-1".into(),
+            job_server: Some(JobServerEnv {
+                url: "http://10.0.0.1:7000".into(),
+                job_token: "jt".into(),
+                retry: Some(Duration::from_millis(2500)),
+            }),
+            launcher: Launcher::Gwrun,
+            host_store: false,
+        };
+        let vars: Vec<(String, String)> = written
+            .vars()
+            .into_iter()
+            .map(|(k, v)| (k.to_owned(), v))
+            .collect();
+        let pairs: Vec<(&str, &str)> = vars.iter().map(|(k, v)| (k.as_str(), v.as_str())).collect();
+        assert_eq!(boot(&pairs).unwrap(), written);
+        // Everything written is reserved from a job's own environment.
+        for (k, _) in &vars {
+            assert!(
+                var::RESERVED.contains(&k.as_str()) || k == var::JOB_RETRY_S,
+                "{k}"
+            );
+        }
+    }
+
+    #[test]
+    fn job_vars_plus_a_rank_make_a_launch_env() {
+        let js = JobServerEnv {
+            url: "http://h:1".into(),
+            job_token: "jt".into(),
+            retry: None,
+        };
+        let mut vars: Vec<(String, String)> = job_vars(4, 2, "h:2", "tok", "job", Some(&js))
+            .into_iter()
+            .map(|(k, v)| (k.to_owned(), v))
+            .collect();
+        vars.push((var::RANK.into(), "3".into()));
+        vars.push((var::LOCAL_RANK.into(), "1".into()));
+        let pairs: Vec<(&str, &str)> = vars.iter().map(|(k, v)| (k.as_str(), v.as_str())).collect();
+        let e = boot(&pairs).unwrap();
+        assert_eq!((e.rank, e.world, e.local_rank, e.local_size), (3, 4, 1, 2));
+        assert_eq!(e.job_server, Some(js));
+    }
+
+    #[test]
+    fn job_server_variables_are_named_when_wrong() {
+        let server = JobServerEnv::from_lookup;
+        assert_eq!(server(&lookup(&[])), Ok(None));
+        let e = server(&lookup(&[
+            ("GW_JOB_SERVER", "http://h:1"),
+            ("GW_JOB_ID", "j"),
+        ]))
+        .unwrap_err();
+        assert_eq!(e.var, "GW_JOB_TOKEN");
+        assert!(e.detail.contains("is not set"), "{e}");
+        let e = server(&lookup(&[
+            ("GW_JOB_SERVER", "http://h:1"),
+            ("GW_JOB_ID", " "),
+            ("GW_JOB_TOKEN", "t"),
+        ]))
+        .unwrap_err();
+        assert_eq!((e.var, e.detail.as_str()), ("GW_JOB_ID", "is empty"));
+        let e = server(&lookup(&[
+            ("GW_JOB_SERVER", "http://h:1"),
+            ("GW_JOB_ID", "j"),
+            ("GW_JOB_TOKEN", "t"),
+            ("GW_JOB_RETRY_S", "-2"),
+        ]))
+        .unwrap_err();
+        assert_eq!(e.var, "GW_JOB_RETRY_S");
+        // A communicator does not need the job server: a bad one is left to
+        // the step client.
+        let env = boot(&[
+            ("GW_RANK", "0"),
+            ("GW_WORLD_SIZE", "1"),
+            ("GW_STORE", "a:1"),
+            ("GW_JOB_SERVER", "http://h:1"),
+        ])
+        .unwrap();
+        assert_eq!(env.job_server, None);
+    }
+
+    #[test]
+    fn slurm_and_torchrun_variables() {
+        let s = boot(&[
+            ("SLURM_PROCID", "1"),
+            ("SLURM_NTASKS", "2"),
+            ("SLURM_LOCALID", "1"),
+            ("SLURM_NTASKS_PER_NODE", "2"),
+            ("MASTER_ADDR", "10.0.0.1"),
+            ("MASTER_PORT", "29500"),
+        ])
+        .unwrap();
+        assert_eq!(
+            (s.rank, s.world, s.launcher, s.host_store),
+            (1, 2, Launcher::Slurm, true)
+        );
+        assert_eq!(s.store, "10.0.0.1:29500");
+        let t = boot(&[
+            ("RANK", "0"),
+            ("WORLD_SIZE", "3"),
+            ("LOCAL_RANK", "0"),
+            ("MASTER_ADDR", "h"),
+            ("MASTER_PORT", "1"),
+        ])
+        .unwrap();
+        assert_eq!((t.rank, t.world, t.launcher), (0, 3, Launcher::Torchrun));
+    }
+
+    #[test]
+    fn bad_environments_are_named() {
+        let cases: &[(&[(&str, &str)], &str)] = &[
+            (&[], "no launch variables"),
+            (&[("GW_RANK", "0"), ("GW_WORLD_SIZE", "2")], "GW_STORE"),
+            (
+                &[
+                    ("GW_RANK", "x"),
+                    ("GW_WORLD_SIZE", "2"),
+                    ("GW_STORE", "a:1"),
+                ],
+                "GW_RANK=\"x\"",
+            ),
+            (
+                &[
+                    ("GW_RANK", "2"),
+                    ("GW_WORLD_SIZE", "2"),
+                    ("GW_STORE", "a:1"),
+                ],
+                "not below the world size",
+            ),
+            (&[("RANK", "0"), ("WORLD_SIZE", "2")], "MASTER_ADDR"),
+        ];
+        for (env, want) in cases {
+            let e = boot(env).unwrap_err().to_string();
+            assert!(e.contains(want), "{e} should mention {want}");
+        }
+    }
+}
