@@ -255,6 +255,9 @@ fn every_collective_and_algorithm_checks_out_on_three_ranks() {
         assert_eq!(j.matches("\"out_of_place\": {").count(), 3, "{case:?}\n{j}");
         assert!(j.contains("\"world_size\": 3"), "{j}");
         assert!(!j.contains("\"wrong\": 1"), "{j}");
+        let v: serde_json::Value = serde_json::from_str(&j).expect("-J writes valid JSON");
+        assert_eq!(v["rows"].as_array().map(Vec::len), Some(3), "{j}");
+        assert_eq!(v["ok"], true, "{j}");
     }
 }
 
@@ -341,6 +344,8 @@ fn p2p_two_ranks() {
     let _ = std::fs::remove_file(&json);
     assert_eq!(j.matches("\"latency_us\":").count(), 5, "{j}");
     assert!(j.contains("\"collective\": \"p2p\""), "{j}");
+    let v: serde_json::Value = serde_json::from_str(&j).expect("-J writes valid JSON");
+    assert_eq!(v["rows"][4]["size"], 32768, "{j}");
 }
 
 #[test]
