@@ -1,58 +1,38 @@
-//! gwbench's command line, parsed by hand.
+//! gwbench's command line.
 //!
 //! The flags are nccl-tests' (`-b -e -f -n -w -c -d -o -r -J`, with their long
-//! spellings), plus `-a` for the all-reduce algorithm. Short options take their
-//! value as the next word or glued on (`-b8`, `-e64M`); long ones as the next
-//! word or after `=` (`--maxbytes=64M`). Every mistake is a [`UsageError`]
-//! whose text completes `gwbench: error: `.
+//! spellings), plus `-a` for the all-reduce algorithm, so that a command line
+//! written for nccl-tests carries over. clap derives the parser from [`Cli`];
+//! [`parse`] adds the rules that span several flags and turns clap's
+//! multi-line errors into the single line that completes `gwbench: error: `,
+//! because under gwrun every rank's stderr is interleaved and a usage error
+//! must stay readable.
 
+use clap::builder::{PossibleValue, PossibleValuesParser, StyledStr, TypedValueParser};
+use clap::error::{ContextKind, ContextValue, ErrorKind};
+use clap::parser::ValueSource;
+use clap::{Args, CommandFactory, FromArgMatches, Parser, Subcommand, ValueEnum};
+use clap_complete::Shell;
 use gw_collectives::{Algo, DType, OpKind, RedOp};
+use std::ffi::OsString;
 use std::fmt;
 use std::path::PathBuf;
 
-/// The text of `gwbench --help`.
-pub const HELP: &str = "\
-gwbench - gradwire microbenchmarks in the style of nccl-tests
-
-usage: gwrun -n N gwbench COLLECTIVE [OPTIONS]
+/// clap would put `[OPTIONS]` before the collective, but [`parse`] wants the
+/// collective first (as the old parser did), so the usage says so.
+const USAGE: &str = "\
+gwrun -n N gwbench COLLECTIVE [OPTIONS]
        gwrun -n 2 gwbench p2p [OPTIONS]
-       gwrun -n 2 gwbench calibrate   measure the cost model's α and β over
-                                      tcp and shm and γ of the reduction, and
-                                      write them where rank 0 of every later
-                                      job reads them (GW_MODEL_FILE, else
-                                      ~/.cache/gradwire/model)
+       gwrun -n 2 gwbench calibrate
+       gwbench completions SHELL";
 
-collectives (each run out-of-place, then in-place, for every size):
-  allreduce        (also all_reduce)
-  reduce_scatter   (also reducescatter)
-  allgather        (also all_gather)
-  broadcast        (also bcast)
-  reduce
-  p2p              point-to-point on exactly 2 ranks: ping-pong latency (half
-                   the round trip), one-way bandwidth, and bidirectional
-                   bandwidth with sendrecv
+/// What the flags' one-line help cannot say: how to read the output, and the
+/// exit statuses scripts depend on.
+const AFTER_HELP: &str = "\
+Each collective runs out-of-place, then in-place, for every size. Sizes take
+K, M or G suffixes (either case) = 2^10, 2^20, 2^30 bytes.
 
-options (nccl-tests' flags; sizes take K, M or G suffixes = 2^10, 2^20, 2^30):
-  -b, --minbytes SIZE      smallest size (default 8)
-  -e, --maxbytes SIZE      largest size (default 64M)
-  -f, --stepfactor F       multiply the size by F between rows (default 2, >= 2)
-  -n, --iters N            timed iterations per size and placement (default 20)
-  -w, --warmup_iters N     untimed iterations before them (default 5)
-  -c, --check 0|1          check the result of one extra iteration per size and
-                           placement, outside the timed region (default 1)
-  -d, --datatype TYPE      float, double, half, bfloat16, int32, int64, uint8
-                           (default float; not for p2p)
-  -o, --op OP              sum, prod, min, max, avg (default sum; avg needs a
-                           floating-point type; allreduce, reduce_scatter and
-                           reduce only)
-  -r, --root R             root rank of broadcast and reduce (default 0)
-  -a, --algo ALGO          all-reduce algorithm: ring, tree, rhd, rd, hier or auto
-                           (default auto: the library's choice per size, which
-                           GW_ALGO and GW_TREE_THRESHOLD steer)
-  -J, --output_file FILE   also write the results as JSON to FILE (rank 0)
-  -h, --help               print this help and exit
-
-output (rank 0 only; the nccl-tests table):
+Output (rank 0 only; the nccl-tests table):
   size     bytes per rank: all-reduce, broadcast, reduce: count x type size;
            reduce-scatter: the send buffer (count x n); all-gather: the receive
            buffer (count x n). For those two the per-rank count is size / n
@@ -67,12 +47,239 @@ output (rank 0 only; the nccl-tests table):
   wrong elements, as nccl-tests does; 'Avg bus bandwidth' is the mean busbw over
   every row, both placements.
 
-p2p table: size, latency (us, half round trip), one-way bandwidth and
+p2p table: size, latency (us, half the round trip), one-way bandwidth and
 bidirectional bandwidth (GB/s, both directions summed), #wrong bytes.
 
-exit status: 0 success; 1 wrong results or a library error (one line naming
+Shell completion: gwbench completions bash|zsh|fish|elvish|powershell prints a
+script, e.g. gwbench completions bash > ~/.local/share/bash-completion/completions/gwbench
+
+Exit status: 0 success; 1 wrong results or a library error (one line naming
 it); 2 usage error.
 ";
+
+/// gwbench's command line, as clap sees it.
+///
+/// The collective is a positional value rather than a subcommand so that one
+/// `--help` page documents every flag, as nccl-tests' does.
+#[derive(Debug, Parser)]
+#[command(
+    name = "gwbench",
+    about = "gwbench - gradwire microbenchmarks in the style of nccl-tests",
+    // Without this the doc comment above, written for readers of the code,
+    // would become the long help's description.
+    long_about = None,
+    override_usage = USAGE,
+    after_help = AFTER_HELP,
+    // Not `args_conflicts_with_subcommands`: with it clap reports any stray
+    // word after the collective as a misplaced subcommand. [`parse`] refuses
+    // a command after a collective instead.
+    subcommand_negates_reqs = true,
+    // The old parser let a repeated flag's last value win; clap refuses
+    // repeats unless told otherwise.
+    args_override_self = true,
+    // "help" is not a collective; `-h` and `--help` are the ways to ask.
+    disable_help_subcommand = true
+)]
+pub struct Cli {
+    /// The benchmark to run (each collective out-of-place, then in-place, for
+    /// every size)
+    #[arg(value_enum, required = true, value_name = "COLLECTIVE")]
+    bench: Option<Bench>,
+
+    #[command(flatten)]
+    opts: Opts,
+
+    #[command(subcommand)]
+    sub: Option<Sub>,
+}
+
+/// The positional COLLECTIVE: the five collectives and p2p.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+enum Bench {
+    /// (also all_reduce)
+    #[value(name = "allreduce", alias = "all_reduce")]
+    AllReduce,
+    /// (also reducescatter)
+    #[value(name = "reduce_scatter", alias = "reducescatter")]
+    ReduceScatter,
+    /// (also all_gather)
+    #[value(name = "allgather", alias = "all_gather")]
+    AllGather,
+    /// (also bcast)
+    #[value(name = "broadcast", alias = "bcast")]
+    Broadcast,
+    #[value(name = "reduce")]
+    Reduce,
+    /// point-to-point on exactly 2 ranks: ping-pong latency (half the round
+    /// trip), one-way bandwidth, and bidirectional bandwidth with sendrecv
+    #[value(name = "p2p")]
+    P2p,
+}
+
+impl Bench {
+    fn name(self) -> String {
+        self.to_possible_value()
+            .map_or_else(String::new, |v| v.get_name().to_owned())
+    }
+
+    fn coll(self) -> Option<Coll> {
+        Some(match self {
+            Bench::AllReduce => Coll::AllReduce,
+            Bench::ReduceScatter => Coll::ReduceScatter,
+            Bench::AllGather => Coll::AllGather,
+            Bench::Broadcast => Coll::Broadcast,
+            Bench::Reduce => Coll::Reduce,
+            Bench::P2p => return None,
+        })
+    }
+}
+
+#[derive(Debug, Subcommand)]
+enum Sub {
+    /// Measure the cost model's α and β over tcp and shm and γ of the
+    /// reduction (on 2 ranks), and write them where rank 0 of every later job
+    /// reads them (GW_MODEL_FILE, else ~/.cache/gradwire/model)
+    Calibrate,
+    /// Print a completion script for SHELL on stdout
+    Completions {
+        #[arg(value_enum)]
+        shell: Shell,
+    },
+}
+
+impl Sub {
+    fn name(&self) -> &'static str {
+        match self {
+            Sub::Calibrate => "calibrate",
+            Sub::Completions { .. } => "completions",
+        }
+    }
+}
+
+/// The flags p2p refuses: they describe a reduction or a root it does not have.
+const COLL_ONLY: [&str; 4] = ["dtype", "redop", "root", "algo"];
+
+/// The benchmark flags. Numeric ones accept a leading '-' as a value so that
+/// `-e -5` is reported as a bad size rather than as a missing value.
+#[derive(Debug, Args)]
+struct Opts {
+    /// Smallest size
+    #[arg(
+        short = 'b',
+        long = "minbytes",
+        value_name = "SIZE",
+        default_value = "8",
+        value_parser = parse_min_size,
+        allow_negative_numbers = true,
+    )]
+    minbytes: usize,
+
+    /// Largest size
+    #[arg(
+        short = 'e',
+        long = "maxbytes",
+        value_name = "SIZE",
+        default_value = "64M",
+        value_parser = parse_size,
+        allow_negative_numbers = true,
+    )]
+    maxbytes: usize,
+
+    /// Multiply the size by F between rows (at least 2)
+    #[arg(
+        short = 'f',
+        long = "stepfactor",
+        value_name = "F",
+        default_value = "2",
+        value_parser = parse_factor,
+        allow_negative_numbers = true,
+    )]
+    stepfactor: usize,
+
+    /// Timed iterations per size and placement (at least 1)
+    #[arg(
+        short = 'n',
+        long = "iters",
+        value_name = "N",
+        default_value = "20",
+        value_parser = parse_iters,
+        allow_negative_numbers = true,
+    )]
+    iters: usize,
+
+    /// Untimed iterations before them
+    #[arg(
+        short = 'w',
+        long = "warmup_iters",
+        value_name = "N",
+        default_value = "5",
+        value_parser = parse_whole,
+        allow_negative_numbers = true,
+    )]
+    warmup: usize,
+
+    /// Check the result of one extra iteration per size and placement, outside
+    /// the timed region
+    #[arg(
+        short = 'c',
+        long = "check",
+        value_name = "0|1",
+        default_value = "1",
+        value_parser = check_parser(),
+        // A `bool` field would otherwise make -c a flag without a value.
+        action = clap::ArgAction::Set,
+    )]
+    check: bool,
+
+    /// Element type (not for p2p)
+    #[arg(
+        short = 'd',
+        long = "datatype",
+        value_name = "TYPE",
+        default_value = "float",
+        value_parser = dtype_parser(),
+    )]
+    dtype: DType,
+
+    /// Reduction; avg needs a floating-point type; used by allreduce,
+    /// reduce_scatter and reduce only (not for p2p)
+    #[arg(
+        short = 'o',
+        long = "op",
+        value_name = "OP",
+        default_value = "sum",
+        value_parser = redop_parser(),
+    )]
+    redop: RedOp,
+
+    /// Root rank of broadcast and reduce (not for p2p)
+    #[arg(
+        short = 'r',
+        long = "root",
+        value_name = "R",
+        default_value = "0",
+        value_parser = parse_rank,
+        allow_negative_numbers = true,
+    )]
+    root: u32,
+
+    /// All-reduce algorithm; auto is the library's choice per size, which
+    /// GW_ALGO and GW_TREE_THRESHOLD steer (not for p2p)
+    // Spelled out in full so that clap takes `None` (auto) as a parsed value
+    // instead of making the flag optional.
+    #[arg(
+        short = 'a',
+        long = "algo",
+        value_name = "ALGO",
+        default_value = "auto",
+        value_parser = algo_parser(),
+    )]
+    algo: std::option::Option<Algo>,
+
+    /// Also write the results as JSON to FILE (rank 0)
+    #[arg(short = 'J', long = "output_file", value_name = "FILE")]
+    json: Option<PathBuf>,
+}
 
 /// The collectives gwbench measures.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -94,18 +301,7 @@ impl Coll {
         Coll::Reduce,
     ];
 
-    pub fn parse(s: &str) -> Option<Coll> {
-        Some(match s {
-            "allreduce" | "all_reduce" => Coll::AllReduce,
-            "reduce_scatter" | "reducescatter" => Coll::ReduceScatter,
-            "allgather" | "all_gather" => Coll::AllGather,
-            "broadcast" | "bcast" => Coll::Broadcast,
-            "reduce" => Coll::Reduce,
-            _ => return None,
-        })
-    }
-
-    /// The name gwbench prints (and accepts first).
+    /// The name gwbench prints (and the one `--help` lists).
     pub fn name(self) -> &'static str {
         match self {
             Coll::AllReduce => "allreduce",
@@ -210,10 +406,12 @@ pub struct P2pOpts {
 /// What the command line asks for.
 #[derive(Clone, Debug, PartialEq)]
 pub enum Command {
-    Help,
+    /// `-h` or `--help`: the text to print.
+    Help(String),
     Coll(CollOpts),
     P2p(P2pOpts),
     Calibrate,
+    Completions(Shell),
 }
 
 /// A command-line mistake; the text completes `gwbench: error: `.
@@ -231,223 +429,242 @@ fn err<T>(msg: impl Into<String>) -> Result<T, UsageError> {
 }
 
 /// Parses a size: digits with an optional K, M or G (either case), powers of 1024.
-pub fn parse_size(s: &str) -> Option<usize> {
-    let (digits, mult) = match s.as_bytes().last()? {
-        b'K' | b'k' => (&s[..s.len() - 1], 1usize << 10),
-        b'M' | b'm' => (&s[..s.len() - 1], 1 << 20),
-        b'G' | b'g' => (&s[..s.len() - 1], 1 << 30),
+pub fn parse_size(s: &str) -> Result<usize, String> {
+    // clap quotes the value and the flag in front of this message.
+    let bad = || "expected a size such as 8, 128K, 64M or 1G".to_string();
+    let (digits, mult) = match s.as_bytes().last() {
+        Some(b'K' | b'k') => (&s[..s.len() - 1], 1usize << 10),
+        Some(b'M' | b'm') => (&s[..s.len() - 1], 1 << 20),
+        Some(b'G' | b'g') => (&s[..s.len() - 1], 1 << 30),
         _ => (s, 1),
     };
+    // `usize::from_str` alone would also take a leading '+'.
     if digits.is_empty() || !digits.bytes().all(|b| b.is_ascii_digit()) {
-        return None;
+        return Err(bad());
     }
-    digits.parse::<usize>().ok()?.checked_mul(mult)
+    digits
+        .parse::<usize>()
+        .ok()
+        .and_then(|d| d.checked_mul(mult))
+        .ok_or_else(bad)
 }
 
-/// The flags: short letter, long name, whether p2p accepts it.
-const FLAGS: &[(char, &str, bool)] = &[
-    ('b', "minbytes", true),
-    ('e', "maxbytes", true),
-    ('f', "stepfactor", true),
-    ('n', "iters", true),
-    ('w', "warmup_iters", true),
-    ('c', "check", true),
-    ('d', "datatype", false),
-    ('o', "op", false),
-    ('r', "root", false),
-    ('a', "algo", false),
-    ('J', "output_file", true),
+/// `-b`: a size of at least one byte (an empty row measures nothing).
+fn parse_min_size(s: &str) -> Result<usize, String> {
+    match parse_size(s)? {
+        0 => Err("must be at least 1 byte".into()),
+        n => Ok(n),
+    }
+}
+
+fn parse_whole(s: &str) -> Result<usize, String> {
+    if s.is_empty() || !s.bytes().all(|b| b.is_ascii_digit()) {
+        return Err("expected a whole number".into());
+    }
+    s.parse().map_err(|_| "too large".into())
+}
+
+/// `-f`: a factor of 1 would repeat one size forever.
+fn parse_factor(s: &str) -> Result<usize, String> {
+    match parse_whole(s)? {
+        n if n < 2 => Err("must be at least 2".into()),
+        n => Ok(n),
+    }
+}
+
+/// `-n`: with no timed iteration there is no time to report.
+fn parse_iters(s: &str) -> Result<usize, String> {
+    match parse_whole(s)? {
+        0 => Err("must be at least 1".into()),
+        n => Ok(n),
+    }
+}
+
+fn parse_rank(s: &str) -> Result<u32, String> {
+    if s.is_empty() || !s.bytes().all(|b| b.is_ascii_digit()) {
+        return Err("expected a rank number".into());
+    }
+    s.parse().map_err(|_| "too large for a rank number".into())
+}
+
+fn check_parser() -> impl TypedValueParser<Value = bool> {
+    PossibleValuesParser::new(["0", "1"]).map(|s| s == "1")
+}
+
+/// The types `-d` takes: nccl-tests' names, which `--help` lists, and the
+/// aliases `DType::parse` also accepts, which it does not. `bytes` is left
+/// out: nothing can be reduced or checked as untyped bytes.
+const DTYPES: [(&str, &[&str]); 7] = [
+    ("float", &["f32", "float32"]),
+    ("double", &["f64", "float64"]),
+    ("half", &["f16", "float16"]),
+    ("bfloat16", &["bf16"]),
+    ("int32", &["i32", "int"]),
+    ("int64", &["i64"]),
+    ("uint8", &["u8"]),
 ];
 
-fn whole(flag: char, v: &str) -> Result<usize, UsageError> {
-    match v.parse::<usize>() {
-        Ok(n) => Ok(n),
-        Err(_) => err(format!("-{flag} expects a whole number, got '{v}'")),
+fn dtype_parser() -> impl TypedValueParser<Value = DType> {
+    PossibleValuesParser::new(
+        DTYPES.map(|(name, aliases)| PossibleValue::new(name).aliases(aliases)),
+    )
+    .try_map(|s| DType::parse(&s).ok_or_else(|| format!("unknown datatype '{s}'")))
+}
+
+fn redop_parser() -> impl TypedValueParser<Value = RedOp> {
+    PossibleValuesParser::new(RedOp::ALL.map(RedOp::name))
+        .try_map(|s| RedOp::parse(&s).ok_or_else(|| format!("unknown op '{s}'")))
+}
+
+fn algo_parser() -> impl TypedValueParser<Value = Option<Algo>> {
+    let names = Algo::ALL.map(Algo::name).into_iter().chain(["auto"]);
+    PossibleValuesParser::new(names).try_map(|s| match s.as_str() {
+        "auto" => Ok(None),
+        _ => Algo::parse(&s)
+            .map(Some)
+            .ok_or_else(|| format!("unknown algorithm '{s}'")),
+    })
+}
+
+/// clap's error as one line: the message and its notes and tips, without the
+/// usage block (the help has it).
+fn one_line(mut e: clap::Error) -> String {
+    // clap tips "to pass '-x' as a value, use '-- -x'" for programs whose
+    // positionals take free text; gwbench's only one is the collective, so
+    // the tip would send the user from one error to another.
+    if e.kind() == ErrorKind::UnknownArgument
+        && let Some(ContextValue::StyledStrs(tips)) = e.get(ContextKind::Suggested)
+    {
+        let kept: Vec<StyledStr> = tips
+            .iter()
+            .filter(|t| !t.to_string().contains("as a value, use '-- "))
+            .cloned()
+            .collect();
+        e.insert(ContextKind::Suggested, ContextValue::StyledStrs(kept));
     }
+    let text = e.render().to_string();
+    let mut line = String::new();
+    for part in text.lines().map(str::trim) {
+        if part.starts_with("Usage:") || part.starts_with("For more information") {
+            break;
+        }
+        if part.is_empty() {
+            continue;
+        }
+        let part = part.strip_prefix("error: ").unwrap_or(part);
+        if !line.is_empty() {
+            // "...provided:" and "[possible values: ...]" continue the line
+            // before them; notes and tips are sentences of their own.
+            let glue = line.ends_with(':') || part.starts_with('[');
+            line.push_str(if glue { " " } else { "; " });
+        }
+        line.push_str(part);
+    }
+    line.push_str("; see gwbench --help");
+    line
 }
 
 /// Parses gwbench's arguments (without `argv[0]`).
-pub fn parse(args: &[String]) -> Result<Command, UsageError> {
-    if args.iter().any(|a| a == "-h" || a == "--help") {
-        return Ok(Command::Help);
-    }
-    let Some(first) = args.first() else {
-        return err(
-            "missing COLLECTIVE (allreduce, reduce_scatter, allgather, broadcast, reduce or p2p); see gwbench --help",
-        );
-    };
-    if first == "calibrate" {
-        if args.len() > 1 {
-            return err(format!("calibrate takes no options, got '{}'", args[1]));
-        }
-        return Ok(Command::Calibrate);
-    }
-    let coll = match first.as_str() {
-        "p2p" => None,
-        name => match Coll::parse(name) {
-            Some(c) => Some(c),
-            None if name.starts_with('-') => {
-                return err(format!(
-                    "the first argument must be the COLLECTIVE, got option '{name}'; see gwbench --help"
-                ));
-            }
-            None => {
-                return err(format!(
-                    "unknown collective '{name}' (allreduce, reduce_scatter, allgather, broadcast, reduce or p2p)"
-                ));
-            }
-        },
-    };
-
-    let mut sizes = Sizes::default();
-    let mut iters = 20usize;
-    let mut warmup = 5usize;
-    let mut check = true;
-    let mut dtype = DType::F32;
-    let mut redop = RedOp::Sum;
-    let mut root = 0u32;
-    let mut algo = None;
-    let mut json = None;
-
-    let mut it = args[1..].iter();
-    while let Some(arg) = it.next() {
-        // Find the flag and any value glued to it.
-        let (short, inline): (char, Option<&str>) = if let Some(long) = arg.strip_prefix("--") {
-            let (name, value) = match long.split_once('=') {
-                Some((n, v)) => (n, Some(v)),
-                None => (long, None),
-            };
-            match FLAGS.iter().find(|f| f.1 == name) {
-                Some(f) => (f.0, value),
-                None => return err(format!("unknown option '--{name}'; see gwbench --help")),
-            }
-        } else if let Some(rest) = arg.strip_prefix('-') {
-            let mut chars = rest.chars();
-            let Some(c) = chars.next() else {
-                return err(format!("unexpected argument '{arg}'"));
-            };
-            if !FLAGS.iter().any(|f| f.0 == c) {
-                return err(format!("unknown option '-{c}'; see gwbench --help"));
-            }
-            let glued = chars.as_str();
-            (c, (!glued.is_empty()).then_some(glued))
-        } else {
-            return err(format!(
-                "unexpected argument '{arg}' (options come after the COLLECTIVE)"
-            ));
-        };
-        let flag = FLAGS
+pub fn parse<S: Into<OsString>>(args: impl IntoIterator<Item = S>) -> Result<Command, UsageError> {
+    let args: Vec<OsString> = args.into_iter().map(Into::into).collect();
+    if args.is_empty() {
+        // clap would say only "<COLLECTIVE> was not provided"; a first-time
+        // user is better served by the choices.
+        let names: Vec<String> = Bench::value_variants()
             .iter()
-            .find(|f| f.0 == short)
-            .copied()
-            .unwrap_or((short, "", true));
-        if coll.is_none() && !flag.2 {
-            return err(format!("-{short} (--{}) does not apply to p2p", flag.1));
-        }
-        let value = match inline {
-            Some(v) => v,
-            None => match it.next() {
-                Some(v) => v.as_str(),
-                None => return err(format!("-{short} (--{}) needs a value", flag.1)),
-            },
-        };
-        match short {
-            'b' | 'e' => {
-                let Some(s) = parse_size(value) else {
-                    return err(format!(
-                        "-{short} expects a size such as 8, 128K, 64M or 1G, got '{value}'"
-                    ));
-                };
-                if short == 'b' {
-                    sizes.min = s;
-                } else {
-                    sizes.max = s;
-                }
-            }
-            'f' => sizes.factor = whole('f', value)?,
-            'n' => iters = whole('n', value)?,
-            'w' => warmup = whole('w', value)?,
-            'c' => {
-                check = match value {
-                    "0" => false,
-                    "1" => true,
-                    _ => return err(format!("-c expects 0 or 1, got '{value}'")),
-                }
-            }
-            'd' => {
-                dtype = match DType::parse(value) {
-                    Some(d) if d != DType::Bytes => d,
-                    _ => {
-                        return err(format!(
-                            "unknown datatype '{value}' (float, double, half, bfloat16, int32, int64, uint8)"
-                        ));
-                    }
-                }
-            }
-            'o' => {
-                redop = match RedOp::parse(value) {
-                    Some(o) => o,
-                    None => return err(format!("unknown op '{value}' (sum, prod, min, max, avg)")),
-                }
-            }
-            'r' => {
-                root = match value.parse::<u32>() {
-                    Ok(r) => r,
-                    Err(_) => return err(format!("-r expects a rank number, got '{value}'")),
-                }
-            }
-            'a' => {
-                algo = match value {
-                    "auto" => None,
-                    v => match Algo::parse(v) {
-                        Some(a) => Some(a),
-                        None => {
-                            return err(format!(
-                                "unknown algorithm '{v}' (ring, tree, rhd, rd, hier, auto)"
-                            ));
-                        }
-                    },
-                }
-            }
-            'J' => {
-                if value.is_empty() {
-                    return err("-J needs a file name");
-                }
-                json = Some(PathBuf::from(value));
-            }
-            _ => unreachable!("every flag in FLAGS is handled"),
-        }
-    }
-
-    if sizes.min == 0 {
-        return err("-b must be at least 1 byte");
-    }
-    if sizes.min > sizes.max {
-        return err(format!("-b {} is larger than -e {}", sizes.min, sizes.max));
-    }
-    if sizes.factor < 2 {
-        return err(format!("-f must be at least 2, got {}", sizes.factor));
-    }
-    if iters == 0 {
-        return err("-n must be at least 1");
-    }
-
-    let Some(coll) = coll else {
-        return Ok(Command::P2p(P2pOpts {
-            sizes,
-            iters,
-            warmup,
-            check,
-            json,
-        }));
-    };
-    if coll.reduces() && redop == RedOp::Avg && !dtype.is_float() {
+            .filter_map(ValueEnum::to_possible_value)
+            .map(|v| v.get_name().to_owned())
+            .collect();
         return err(format!(
-            "-o avg needs a floating-point datatype, not {} (the library refuses integer averages)",
-            dtype.name()
+            "missing COLLECTIVE ({}) or command (calibrate, completions); see gwbench --help",
+            names.join(", ")
         ));
     }
-    if let Some(a) = algo
+    // gwbench has always answered -h and --help wherever they appear, even
+    // after a mistake (`gwbench alltoall --help`, `-J --help`); clap would
+    // stop at the mistake. The help is still clap's: the top level's, or a
+    // command's when the first word names one.
+    if let Some(flag) = args.iter().find(|a| *a == "-h" || *a == "--help") {
+        let mut argv = vec![OsString::from("gwbench")];
+        if Cli::command().find_subcommand(&args[0]).is_some() {
+            argv.push(args[0].clone());
+        }
+        argv.push(flag.clone());
+        if let Err(e) = Cli::command().try_get_matches_from(argv)
+            && !e.use_stderr()
+        {
+            return Ok(Command::Help(e.render().to_string()));
+        }
+    }
+    let argv = std::iter::once(OsString::from("gwbench")).chain(args.iter().cloned());
+    let m = match Cli::command().try_get_matches_from(argv) {
+        Ok(m) => m,
+        // Help is the only "error" clap prints on stdout.
+        Err(e) if !e.use_stderr() => return Ok(Command::Help(e.render().to_string())),
+        Err(e) => return err(one_line(e)),
+    };
+    let cli = Cli::from_arg_matches(&m).map_err(|e| UsageError(one_line(e)))?;
+    if let Some(first) = args[0].to_str().filter(|a| a.starts_with('-')) {
+        return err(format!(
+            "the first argument must be the COLLECTIVE, got option '{first}'; see gwbench --help"
+        ));
+    }
+    if let (Some(bench), Some(sub)) = (cli.bench, &cli.sub) {
+        let (name, bench) = (sub.name(), bench.name());
+        return err(format!(
+            "unexpected argument '{name}' after '{bench}': {name} is a command of its own, \
+             not an option; see gwbench --help"
+        ));
+    }
+    match cli.sub {
+        Some(Sub::Calibrate) => return Ok(Command::Calibrate),
+        Some(Sub::Completions { shell }) => return Ok(Command::Completions(shell)),
+        None => {}
+    }
+    let Some(bench) = cli.bench else {
+        return err("missing COLLECTIVE; see gwbench --help");
+    };
+    let o = cli.opts;
+    if o.minbytes > o.maxbytes {
+        return err(format!(
+            "-b {} is larger than -e {}",
+            o.minbytes, o.maxbytes
+        ));
+    }
+    let sizes = Sizes {
+        min: o.minbytes,
+        max: o.maxbytes,
+        factor: o.stepfactor,
+    };
+
+    let Some(coll) = bench.coll() else {
+        let cmd = Cli::command();
+        let given = COLL_ONLY
+            .iter()
+            .filter(|id| m.value_source(id) == Some(ValueSource::CommandLine))
+            .find_map(|id| cmd.get_arguments().find(|a| a.get_id() == *id));
+        if let Some(a) = given {
+            return err(format!(
+                "-{} (--{}) does not apply to p2p",
+                a.get_short().unwrap_or('?'),
+                a.get_long().unwrap_or("?")
+            ));
+        }
+        return Ok(Command::P2p(P2pOpts {
+            sizes,
+            iters: o.iters,
+            warmup: o.warmup,
+            check: o.check,
+            json: o.json,
+        }));
+    };
+    if coll.reduces() && o.redop == RedOp::Avg && !o.dtype.is_float() {
+        return err(format!(
+            "-o avg needs a floating-point datatype, not {} (the library refuses integer averages)",
+            o.dtype.name()
+        ));
+    }
+    if let Some(a) = o.algo
         && coll != Coll::AllReduce
     {
         return err(format!(
@@ -459,15 +676,20 @@ pub fn parse(args: &[String]) -> Result<Command, UsageError> {
     Ok(Command::Coll(CollOpts {
         coll,
         sizes,
-        iters,
-        warmup,
-        check,
-        dtype,
-        redop: if coll.reduces() { redop } else { RedOp::None },
-        root: if coll.rooted() { root } else { 0 },
-        algo,
-        json,
+        iters: o.iters,
+        warmup: o.warmup,
+        check: o.check,
+        dtype: o.dtype,
+        redop: if coll.reduces() { o.redop } else { RedOp::None },
+        root: if coll.rooted() { o.root } else { 0 },
+        algo: o.algo,
+        json: o.json,
     }))
+}
+
+/// Writes the completion script for `shell` to `out`.
+pub fn completions(shell: Shell, out: &mut dyn std::io::Write) {
+    clap_complete::generate(shell, &mut Cli::command(), "gwbench", out);
 }
 
 #[cfg(test)]
@@ -475,8 +697,7 @@ mod tests {
     use super::*;
 
     fn p(s: &str) -> Result<Command, UsageError> {
-        let v: Vec<String> = s.split_whitespace().map(String::from).collect();
-        parse(&v)
+        parse(s.split_whitespace())
     }
 
     fn coll(s: &str) -> CollOpts {
@@ -493,26 +714,47 @@ mod tests {
         }
     }
 
+    /// Every flag gwbench has had, short and long; none may go missing.
+    const FLAGS: [(char, &str); 11] = [
+        ('b', "minbytes"),
+        ('e', "maxbytes"),
+        ('f', "stepfactor"),
+        ('n', "iters"),
+        ('w', "warmup_iters"),
+        ('c', "check"),
+        ('d', "datatype"),
+        ('o', "op"),
+        ('r', "root"),
+        ('a', "algo"),
+        ('J', "output_file"),
+    ];
+
+    #[test]
+    fn clap_definition_is_consistent() {
+        Cli::command().debug_assert();
+    }
+
     #[test]
     fn sizes_parse_with_suffixes() {
-        assert_eq!(parse_size("8"), Some(8));
-        assert_eq!(parse_size("1K"), Some(1024));
-        assert_eq!(parse_size("128k"), Some(128 << 10));
-        assert_eq!(parse_size("64M"), Some(64 << 20));
-        assert_eq!(parse_size("2g"), Some(2 << 30));
+        assert_eq!(parse_size("8"), Ok(8));
+        assert_eq!(parse_size("1K"), Ok(1024));
+        assert_eq!(parse_size("128k"), Ok(128 << 10));
+        assert_eq!(parse_size("64M"), Ok(64 << 20));
+        assert_eq!(parse_size("2g"), Ok(2 << 30));
         for bad in [
             "",
             "K",
             "1.5M",
             "-1",
+            "+1",
             "1T",
             "1KB",
             " 8",
             "99999999999999999999",
         ] {
-            assert_eq!(parse_size(bad), None, "{bad:?}");
+            assert!(parse_size(bad).is_err(), "{bad:?}");
         }
-        assert_eq!(parse_size(&format!("{}G", usize::MAX)), None);
+        assert!(parse_size(&format!("{}G", usize::MAX)).is_err());
     }
 
     #[test]
@@ -527,6 +769,7 @@ mod tests {
                 factor: 2
             }
         );
+        assert_eq!(o.sizes, Sizes::default());
         assert_eq!((o.iters, o.warmup, o.check), (20, 5, true));
         assert_eq!(
             (o.dtype, o.redop, o.root, o.algo),
@@ -559,17 +802,27 @@ mod tests {
         assert_eq!(coll("allreduce -a rhd").algo, Some(Algo::Rhd));
         assert_eq!(coll("allreduce --algo=tree").algo, Some(Algo::Tree));
         assert_eq!(coll("allreduce -a auto").algo, None);
+        assert_eq!(coll("allreduce -e64M").sizes.max, 64 << 20);
+        assert_eq!(coll("allreduce -b8").sizes.min, 8);
+        assert_eq!(coll("allreduce --maxbytes=64M").sizes.max, 64 << 20);
+    }
+
+    #[test]
+    fn a_repeated_flag_takes_its_last_value() {
+        assert_eq!(coll("allreduce -n 3 -n 4").iters, 4);
+        assert_eq!(coll("allreduce -e 1K --maxbytes 2K").sizes.max, 2048);
     }
 
     #[test]
     fn collective_names_and_aliases() {
         for c in Coll::ALL {
-            assert_eq!(Coll::parse(c.name()), Some(c));
+            assert_eq!(coll(c.name()).coll, c);
         }
         assert_eq!(coll("all_reduce").coll, Coll::AllReduce);
         assert_eq!(coll("reducescatter").coll, Coll::ReduceScatter);
         assert_eq!(coll("all_gather").coll, Coll::AllGather);
         assert_eq!(coll("bcast").coll, Coll::Broadcast);
+        assert!(matches!(p("p2p"), Ok(Command::P2p(_))));
     }
 
     #[test]
@@ -585,8 +838,21 @@ mod tests {
         ] {
             assert_eq!(coll(&format!("allreduce -d {name}")).dtype, d);
         }
+        // The aliases the library's parser has always accepted still work.
+        for (name, aliases) in DTYPES {
+            let d = coll(&format!("allreduce -d {name}")).dtype;
+            for a in aliases {
+                assert_eq!(coll(&format!("allreduce -d {a}")).dtype, d, "{a}");
+            }
+        }
+        for d in DType::ALL {
+            assert!(DTYPES.iter().any(|(n, _)| *n == d.name()), "{d:?}");
+        }
         for op in RedOp::ALL {
             assert_eq!(coll(&format!("allreduce -o {}", op.name())).redop, op);
+        }
+        for a in Algo::ALL {
+            assert_eq!(coll(&format!("allreduce -a {}", a.name())).algo, Some(a));
         }
     }
 
@@ -600,6 +866,8 @@ mod tests {
         assert_eq!((r.redop, r.root), (RedOp::Prod, 2));
         // avg on an integer type is refused only where a reduction happens.
         assert_eq!(coll("allgather -o avg -d int32").redop, RedOp::None);
+        // `-a auto` is what every collective runs anyway.
+        assert_eq!(coll("reduce_scatter -a auto").algo, None);
     }
 
     #[test]
@@ -619,45 +887,158 @@ mod tests {
             }
             other => panic!("{other:?}"),
         }
-        assert!(usage("p2p -d half").contains("does not apply to p2p"));
-        assert!(usage("p2p -a ring").contains("does not apply to p2p"));
+        for (args, want) in [
+            ("p2p -d half", "-d (--datatype) does not apply to p2p"),
+            ("p2p --op=max", "-o (--op) does not apply to p2p"),
+            ("p2p -r 0", "-r (--root) does not apply to p2p"),
+            ("p2p -a ring", "-a (--algo) does not apply to p2p"),
+            ("p2p -a auto", "-a (--algo) does not apply to p2p"),
+        ] {
+            assert_eq!(usage(args), want);
+        }
     }
 
     #[test]
     fn help_anywhere() {
-        assert_eq!(p("--help"), Ok(Command::Help));
-        assert_eq!(p("-h"), Ok(Command::Help));
-        assert_eq!(p("allreduce -b 8 --help"), Ok(Command::Help));
-        for flag in FLAGS {
-            assert!(
-                HELP.contains(&format!("-{}, --{}", flag.0, flag.1)),
-                "{flag:?} undocumented"
-            );
+        for args in [
+            "--help",
+            "-h",
+            "allreduce -b 8 --help",
+            "p2p -h",
+            // Help wins over a mistake before or after it.
+            "alltoall --help",
+            "allreduce -b 1Q -h",
+            "allreduce -J --help",
+            "-b 8 allreduce -h",
+        ] {
+            match p(args) {
+                Ok(Command::Help(text)) => assert!(
+                    text.contains("Usage: gwrun -n N gwbench COLLECTIVE [OPTIONS]"),
+                    "{args}: {text}"
+                ),
+                other => panic!("{args}: {other:?}"),
+            }
+        }
+        for args in ["calibrate --help", "calibrate -x -h", "completions -h"] {
+            match p(args) {
+                Ok(Command::Help(text)) => {
+                    let name = args.split(' ').next().unwrap_or_default();
+                    assert!(
+                        text.contains(&format!("Usage: gwbench {name}")),
+                        "{args}: {text}"
+                    );
+                }
+                other => panic!("{args}: {other:?}"),
+            }
+        }
+        let help = Cli::command().render_long_help().to_string();
+        let short_help = Cli::command().render_help().to_string();
+        for (short, long) in FLAGS {
+            let flag = format!("-{short}, --{long}");
+            assert!(help.contains(&flag), "{flag} undocumented");
+            assert!(short_help.contains(&flag), "{flag} missing from -h");
+        }
+        for want in [
+            "allreduce",
+            "(also all_reduce)",
+            "reducescatter",
+            "all_gather",
+            "bcast",
+            "p2p",
+            "calibrate",
+            "completions",
+            "busbw    algbw x 2(n-1)/n",
+            "2^10, 2^20, 2^30",
+            "Exit status: 0 success; 1 wrong results",
+        ] {
+            assert!(help.contains(want), "--help lacks {want:?}\n{help}");
+        }
+    }
+
+    #[test]
+    fn calibrate_and_completions() {
+        assert_eq!(p("calibrate"), Ok(Command::Calibrate));
+        assert!(usage("calibrate -b 8").contains("unexpected argument '-b'"));
+        assert!(usage("allreduce calibrate").contains("unexpected argument 'calibrate'"));
+        assert!(usage("p2p -b 8 completions bash").contains("unexpected argument 'completions'"));
+        assert_eq!(p("completions bash"), Ok(Command::Completions(Shell::Bash)));
+        assert_eq!(p("completions zsh"), Ok(Command::Completions(Shell::Zsh)));
+        assert_eq!(p("completions fish"), Ok(Command::Completions(Shell::Fish)));
+        assert!(usage("completions tcsh").contains("invalid value 'tcsh'"));
+        assert!(usage("completions").contains("<SHELL>"));
+        let mut script = Vec::new();
+        completions(Shell::Bash, &mut script);
+        let script = String::from_utf8(script).expect("the script is text");
+        for want in ["gwbench", "--maxbytes", "reduce_scatter", "bfloat16"] {
+            assert!(script.contains(want), "completion lacks {want}");
         }
     }
 
     #[test]
     fn mistakes_are_one_line_usage_errors() {
         let cases = [
-            ("", "missing COLLECTIVE"),
-            ("alltoall", "unknown collective 'alltoall'"),
-            ("-b 8 allreduce", "must be the COLLECTIVE"),
-            ("allreduce -x 1", "unknown option '-x'"),
-            ("allreduce --bogus 1", "unknown option '--bogus'"),
-            ("allreduce -b", "-b (--minbytes) needs a value"),
-            ("allreduce -b 8Q", "-b expects a size"),
-            ("allreduce -e -5", "-e expects a size"),
-            ("allreduce -n many", "-n expects a whole number"),
-            ("allreduce -n 0", "-n must be at least 1"),
-            ("allreduce -f 1", "-f must be at least 2"),
-            ("allreduce -b 0", "-b must be at least 1"),
-            ("allreduce -b 1M -e 1K", "larger than -e"),
-            ("allreduce -c 2", "-c expects 0 or 1"),
-            ("allreduce -d float8", "unknown datatype 'float8'"),
-            ("allreduce -d bytes", "unknown datatype 'bytes'"),
-            ("allreduce -o xor", "unknown op 'xor'"),
-            ("allreduce -r -1", "-r expects a rank"),
-            ("allreduce -a butterfly", "unknown algorithm 'butterfly'"),
+            ("", "missing COLLECTIVE (allreduce, reduce_scatter"),
+            ("alltoall", "invalid value 'alltoall' for '<COLLECTIVE>'"),
+            ("-b 8 allreduce", "must be the COLLECTIVE, got option '-b'"),
+            (
+                "allreduce -x 1",
+                "unexpected argument '-x' found; see gwbench --help",
+            ),
+            (
+                "allreduce --maxbyte 8",
+                "a similar argument exists: '--maxbytes'",
+            ),
+            ("allreduce --bogus 1", "unexpected argument '--bogus'"),
+            (
+                "allreduce -b",
+                "a value is required for '--minbytes <SIZE>'",
+            ),
+            (
+                "allreduce -b 8Q",
+                "invalid value '8Q' for '--minbytes <SIZE>': expected a size",
+            ),
+            (
+                "allreduce -e -5",
+                "invalid value '-5' for '--maxbytes <SIZE>': expected a size",
+            ),
+            (
+                "allreduce -n many",
+                "'--iters <N>': expected a whole number",
+            ),
+            (
+                "allreduce -w -1",
+                "'--warmup_iters <N>': expected a whole number",
+            ),
+            ("allreduce -n 0", "'--iters <N>': must be at least 1"),
+            ("allreduce -f 1", "'--stepfactor <F>': must be at least 2"),
+            (
+                "allreduce -f x",
+                "'--stepfactor <F>': expected a whole number",
+            ),
+            (
+                "allreduce -b 0",
+                "'--minbytes <SIZE>': must be at least 1 byte",
+            ),
+            ("allreduce -b 1M -e 1K", "-b 1048576 is larger than -e 1024"),
+            ("allreduce -c 2", "invalid value '2' for '--check <0|1>'"),
+            (
+                "allreduce -d float8",
+                "invalid value 'float8' for '--datatype <TYPE>'",
+            ),
+            (
+                "allreduce -d bytes",
+                "invalid value 'bytes' for '--datatype <TYPE>'",
+            ),
+            ("allreduce -o xor", "invalid value 'xor' for '--op <OP>'"),
+            ("allreduce -r -1", "'--root <R>': expected a rank number"),
+            (
+                "allreduce -a butterfly",
+                "invalid value 'butterfly' for '--algo <ALGO>'",
+            ),
+            (
+                "allreduce -J=",
+                "a value is required for '--output_file <FILE>'",
+            ),
             ("allreduce -o avg -d int32", "-o avg needs a floating-point"),
             ("reduce -o avg -d uint8", "-o avg needs a floating-point"),
             ("reduce_scatter -a tree", "applies to allreduce only"),
@@ -667,7 +1048,11 @@ mod tests {
             let e = usage(args);
             assert!(e.contains(want), "{args:?}: {e:?} lacks {want:?}");
             assert!(!e.contains('\n'), "{args:?}: multi-line error {e:?}");
+            assert!(!e.starts_with("error:"), "{args:?}: {e:?}");
         }
+        // clap's list of choices survives the flattening.
+        assert!(usage("allreduce -d float8").contains("[possible values: float, double, half"));
+        assert!(usage("alltoall").contains("p2p"));
     }
 
     #[test]

@@ -6,10 +6,10 @@
 //! gwrun -n 2 gwbench p2p -b 1 -e 4M
 //! ```
 //!
-//! The logic lives in the modules: [`args`] (the command line), [`nccl`] (the
-//! collective benchmark), [`p2p`], [`check`] (patterns and verification) and
-//! [`report`] (table and JSON). Only rank 0 prints results; errors are one
-//! line `gwbench: error: ...`.
+//! The logic lives in the modules: [`args`] (the command line, with clap),
+//! [`nccl`] (the collective benchmark), [`p2p`], [`check`] (patterns and
+//! verification) and [`report`] (table and JSON). Only rank 0 prints results;
+//! errors are one line `gwbench: error: ...`.
 
 mod args;
 mod calibrate;
@@ -67,26 +67,32 @@ fn die(rank: u32, same_everywhere: bool, code: u8, msg: &str) -> ExitCode {
 }
 
 fn main() -> ExitCode {
-    let argv: Vec<String> = std::env::args_os()
-        .skip(1)
-        .map(|a| a.to_string_lossy().into_owned())
-        .collect();
     let rank = launch_rank();
-    let cmd = match args::parse(&argv) {
+    let cmd = match args::parse(std::env::args_os().skip(1)) {
         Ok(c) => c,
         Err(e) => return die(rank, true, EXIT_USAGE, &e.0),
     };
-    if cmd == args::Command::Help {
-        if rank == 0 {
-            print!("{}", args::HELP);
+    match cmd {
+        // Every rank would print the same text; gwrun would interleave it.
+        args::Command::Help(text) => {
+            if rank == 0 {
+                print!("{text}");
+            }
+            return ExitCode::SUCCESS;
         }
-        return ExitCode::SUCCESS;
-    }
-    if cmd == args::Command::Calibrate {
-        return match calibrate::run() {
-            Ok(()) => ExitCode::SUCCESS,
-            Err(e) => die(rank, false, EXIT_WRONG, &format!("calibrate: {e}")),
-        };
+        args::Command::Completions(shell) => {
+            if rank == 0 {
+                args::completions(shell, &mut std::io::stdout());
+            }
+            return ExitCode::SUCCESS;
+        }
+        args::Command::Calibrate => {
+            return match calibrate::run() {
+                Ok(()) => ExitCode::SUCCESS,
+                Err(e) => die(rank, false, EXIT_WRONG, &format!("calibrate: {e}")),
+            };
+        }
+        args::Command::Coll(_) | args::Command::P2p(_) => {}
     }
     let comm = match Communicator::from_env() {
         Ok(c) => c,
@@ -103,7 +109,9 @@ fn main() -> ExitCode {
     let result = match &cmd {
         args::Command::Coll(o) => nccl::run(&comm, o),
         args::Command::P2p(o) => p2p::run(&comm, o),
-        args::Command::Help | args::Command::Calibrate => Ok(true),
+        args::Command::Help(_) | args::Command::Completions(_) | args::Command::Calibrate => {
+            Ok(true)
+        }
     };
     match result {
         Ok(true) => ExitCode::SUCCESS,

@@ -130,11 +130,16 @@ pub struct JsonOut {
 }
 
 impl JsonOut {
-    pub fn write(mut self, text: &str) -> Result<(), Fail> {
-        self.file
-            .write_all(text.as_bytes())
-            .and_then(|()| self.file.flush())
-            .map_err(|e| Fail::Other(format!("cannot write {}: {e}", self.path.display())))
+    /// Writes `doc` (a [`report::json`] document), indented, with a final newline.
+    pub fn write(self, doc: &impl serde::Serialize) -> Result<(), Fail> {
+        let cannot = |e: &dyn std::fmt::Display| {
+            Fail::Other(format!("cannot write {}: {e}", self.path.display()))
+        };
+        let mut out = std::io::BufWriter::new(&self.file);
+        serde_json::to_writer_pretty(&mut out, doc).map_err(|e| cannot(&e))?;
+        out.write_all(b"\n")
+            .and_then(|()| out.flush())
+            .map_err(|e| cannot(&e))
     }
 }
 

@@ -276,7 +276,7 @@ pub fn run(comm: &Communicator, o: &P2pOpts) -> Result<bool, Fail> {
         print(&l);
     }
     if let Some(out) = json {
-        out.write(&report::p2p_json(&header, &rows, &summary))?;
+        out.write(&report::json(&header, &rows, &summary))?;
     }
     // Rank 0's last lines are out before either rank exits.
     b.sync()

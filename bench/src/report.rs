@@ -1,10 +1,11 @@
 //! The printed table (nccl-tests' columns and number formats, to the
-//! character) and the JSON file of `-J`.
+//! character, so that nccl-tests' parsers read it) and the JSON file of `-J`
+//! (for scripts that would rather not parse the table).
 
-use std::fmt::Write as _;
+use serde::Serialize;
 
 /// One measurement: a row's out-of-place or in-place half.
-#[derive(Clone, Copy, Debug, PartialEq)]
+#[derive(Clone, Copy, Debug, PartialEq, Serialize)]
 pub struct Meas {
     /// Mean microseconds per call, the largest over ranks.
     pub time_us: f64,
@@ -33,15 +34,17 @@ impl Meas {
 }
 
 /// One row of the collective table.
-#[derive(Clone, Debug, PartialEq)]
+#[derive(Clone, Debug, PartialEq, Serialize)]
 pub struct Row {
     pub size: usize,
     pub count: usize,
+    #[serde(rename = "type")]
     pub dtype: &'static str,
     pub redop: &'static str,
     /// -1 where there is no root.
     pub root: i64,
     /// The all-reduce algorithm that ran (JSON only; the table has no column).
+    #[serde(rename = "algorithm")]
     pub algo: Option<&'static str>,
     /// The cost model's predicted time for that algorithm, microseconds.
     pub predicted_us: Option<f64>,
@@ -50,7 +53,7 @@ pub struct Row {
 }
 
 /// One rank in the header's "Using ranks" list.
-#[derive(Clone, Debug, PartialEq)]
+#[derive(Clone, Debug, PartialEq, Serialize)]
 pub struct RankLine {
     pub rank: u32,
     pub host: String,
@@ -59,10 +62,11 @@ pub struct RankLine {
 }
 
 /// Everything the header block says.
-#[derive(Clone, Debug, PartialEq)]
+#[derive(Clone, Debug, PartialEq, Serialize)]
 pub struct Header {
     /// "allreduce", ..., "p2p".
     pub collective: String,
+    #[serde(rename = "world_size")]
     pub world: u32,
     pub transport: String,
     /// `None` for p2p.
@@ -74,6 +78,7 @@ pub struct Header {
     pub max_bytes: usize,
     pub step_factor: usize,
     pub iters: usize,
+    #[serde(rename = "warmup_iters")]
     pub warmup: usize,
     pub check: bool,
     pub ranks: Vec<RankLine>,
@@ -255,7 +260,7 @@ pub fn p2p_columns() -> [String; 3] {
 }
 
 /// One row of the p2p table.
-#[derive(Clone, Copy, Debug, PartialEq)]
+#[derive(Clone, Copy, Debug, PartialEq, Serialize)]
 pub struct P2pRow {
     pub size: usize,
     /// Half the mean round trip, microseconds.
@@ -282,144 +287,38 @@ pub fn p2p_row_line(r: &P2pRow) -> String {
 
 // ---- JSON --------------------------------------------------------------
 
-/// A JSON string literal.
-pub fn jstr(s: &str) -> String {
-    let mut o = String::with_capacity(s.len() + 2);
-    o.push('"');
-    for c in s.chars() {
-        match c {
-            '"' => o.push_str("\\\""),
-            '\\' => o.push_str("\\\\"),
-            '\n' => o.push_str("\\n"),
-            '\r' => o.push_str("\\r"),
-            '\t' => o.push_str("\\t"),
-            c if (c as u32) < 0x20 => {
-                let _ = write!(o, "\\u{:04x}", c as u32);
-            }
-            c => o.push(c),
-        }
+/// The `-J` file: the header, the rows, then the summary's fields at the top
+/// level. serde_json writes NaN and infinities (a zero-time row) as `null`,
+/// which JSON readers accept where they would refuse a bare `NaN`.
+#[derive(Serialize)]
+pub struct Document<'a, R> {
+    header: JsonHeader<'a>,
+    rows: &'a [R],
+    out_of_bounds: u64,
+    ok: bool,
+    avg_busbw: Option<f64>,
+}
+
+/// [`Header`] with the tag that tells gwbench's files from others.
+#[derive(Serialize)]
+struct JsonHeader<'a> {
+    benchmark: &'static str,
+    #[serde(flatten)]
+    header: &'a Header,
+}
+
+/// The `-J` file of a run: `rows` are [`Row`]s or [`P2pRow`]s.
+pub fn json<'a, R: Serialize>(h: &'a Header, rows: &'a [R], s: &Summary) -> Document<'a, R> {
+    Document {
+        header: JsonHeader {
+            benchmark: "gwbench",
+            header: h,
+        },
+        rows,
+        out_of_bounds: s.out_of_bounds,
+        ok: s.out_of_bounds == 0,
+        avg_busbw: s.avg_busbw,
     }
-    o.push('"');
-    o
-}
-
-/// A JSON number (`null` for NaN and infinities, which JSON lacks).
-pub fn jnum(x: f64) -> String {
-    if x.is_finite() {
-        format!("{x}")
-    } else {
-        "null".into()
-    }
-}
-
-fn jopt<T: ToString>(x: Option<T>) -> String {
-    x.map_or_else(|| "null".into(), |v| v.to_string())
-}
-
-fn header_json(h: &Header) -> String {
-    let ranks: Vec<String> = h
-        .ranks
-        .iter()
-        .map(|r| {
-            format!(
-                "{{\"rank\": {}, \"host\": {}, \"route\": {}}}",
-                r.rank,
-                jstr(&r.host),
-                jstr(&r.route)
-            )
-        })
-        .collect();
-    format!(
-        concat!(
-            "{{\"benchmark\": \"gwbench\", \"collective\": {}, \"world_size\": {}, \"transport\": {}, ",
-            "\"algorithm\": {}, \"datatype\": {}, \"redop\": {}, \"root\": {}, \"min_bytes\": {}, ",
-            "\"max_bytes\": {}, \"step_factor\": {}, \"iters\": {}, \"warmup_iters\": {}, \"check\": {}, ",
-            "\"ranks\": [{}]}}"
-        ),
-        jstr(&h.collective),
-        h.world,
-        jstr(&h.transport),
-        h.algorithm.as_deref().map_or_else(|| "null".into(), jstr),
-        h.datatype.map_or_else(|| "null".into(), jstr),
-        h.redop.map_or_else(|| "null".into(), jstr),
-        h.root,
-        h.min_bytes,
-        h.max_bytes,
-        h.step_factor,
-        h.iters,
-        h.warmup,
-        h.check,
-        ranks.join(", ")
-    )
-}
-
-fn meas_json(m: &Meas) -> String {
-    format!(
-        "{{\"time_us\": {}, \"algbw\": {}, \"busbw\": {}, \"wrong\": {}}}",
-        jnum(m.time_us),
-        jnum(m.algbw),
-        jnum(m.busbw),
-        jopt(m.wrong)
-    )
-}
-
-fn summary_json(s: &Summary) -> String {
-    format!(
-        "\"out_of_bounds\": {}, \"ok\": {}, \"avg_busbw\": {}",
-        s.out_of_bounds,
-        s.out_of_bounds == 0,
-        s.avg_busbw.map_or_else(|| "null".into(), jnum)
-    )
-}
-
-/// The `-J` file of a collective run.
-pub fn json(h: &Header, rows: &[Row], s: &Summary) -> String {
-    let rows: Vec<String> = rows
-        .iter()
-        .map(|r| {
-            format!(
-                "    {{\"size\": {}, \"count\": {}, \"type\": {}, \"redop\": {}, \"root\": {}, \"algorithm\": {}, \"predicted_us\": {}, \"out_of_place\": {}, \"in_place\": {}}}",
-                r.size,
-                r.count,
-                jstr(r.dtype),
-                jstr(r.redop),
-                r.root,
-                r.algo.map_or_else(|| "null".into(), jstr),
-                r.predicted_us.map_or_else(|| "null".into(), jnum),
-                meas_json(&r.out_of_place),
-                meas_json(&r.in_place)
-            )
-        })
-        .collect();
-    format!(
-        "{{\n  \"header\": {},\n  \"rows\": [\n{}\n  ],\n  {}\n}}\n",
-        header_json(h),
-        rows.join(",\n"),
-        summary_json(s)
-    )
-}
-
-/// The `-J` file of a p2p run.
-pub fn p2p_json(h: &Header, rows: &[P2pRow], s: &Summary) -> String {
-    let rows: Vec<String> = rows
-        .iter()
-        .map(|r| {
-            format!(
-                "    {{\"size\": {}, \"latency_us\": {}, \"bw\": {}, \"bibw\": {}, \"wrong\": {}}}",
-                r.size,
-                jnum(r.latency_us),
-                jnum(r.bw),
-                jnum(r.bibw),
-                jopt(r.wrong)
-            )
-        })
-        .collect();
-    format!(
-        "{{\n  \"header\": {},\n  \"rows\": [\n{}\n  ],\n  {}\n}}\n",
-        header_json(h),
-        rows.join(",\n"),
-        summary_json(s)
-    )
 }
 
 #[cfg(test)]
@@ -588,12 +487,11 @@ mod tests {
         assert_eq!(bad, ["# Out of bounds values : 2 FAILED", "#"]);
     }
 
-    #[test]
-    fn json_strings_escape() {
-        assert_eq!(jstr("a\"b\\c\nd\u{1}é≤"), "\"a\\\"b\\\\c\\nd\\u0001é≤\"");
-        assert_eq!(jnum(1.5), "1.5");
-        assert_eq!(jnum(f64::NAN), "null");
-        assert_eq!(jnum(f64::INFINITY), "null");
+    /// The `-J` text of a document, as `JsonOut` writes it, and its parse.
+    fn written(doc: &impl Serialize) -> (String, serde_json::Value) {
+        let text = serde_json::to_string_pretty(doc).expect("serialises");
+        let value = serde_json::from_str(&text).expect("is valid JSON");
+        (text, value)
     }
 
     #[test]
@@ -602,30 +500,110 @@ mod tests {
             out_of_bounds: 0,
             avg_busbw: Some(2.25),
         };
-        let j = json(&header(), &[row(), row()], &s);
-        for want in [
-            "\"header\": {\"benchmark\": \"gwbench\", \"collective\": \"allreduce\", \"world_size\": 2, \"transport\": \"shm\"",
-            "\"algorithm\": \"auto (tree ≤ 65536 B, ring above)\"",
-            "\"ranks\": [{\"rank\": 0, \"host\": \"node\\\"1\", \"route\": \"self\"}",
-            "{\"size\": 1048576, \"count\": 262144, \"type\": \"float\", \"redop\": \"sum\", \"root\": -1, \"algorithm\": \"ring\"",
-            "\"out_of_place\": {\"time_us\": 123.456, \"algbw\": 1.5, \"busbw\": 2.25, \"wrong\": 0}",
-            "\"in_place\": {\"time_us\": 12345.6, \"algbw\": 1.5, \"busbw\": 2.25, \"wrong\": 3}",
-            "\"out_of_bounds\": 0, \"ok\": true, \"avg_busbw\": 2.25",
+        let (text, j) = written(&json(&header(), &[row(), row()], &s));
+        let h = &j["header"];
+        assert_eq!(h["benchmark"], "gwbench");
+        assert_eq!(h["collective"], "allreduce");
+        assert_eq!(h["world_size"], 2);
+        assert_eq!(h["transport"], "shm");
+        assert_eq!(h["algorithm"], "auto (tree ≤ 65536 B, ring above)");
+        assert_eq!(
+            (&h["datatype"], &h["redop"], &h["root"]),
+            (&"float".into(), &"sum".into(), &(-1).into())
+        );
+        assert_eq!(
+            (&h["min_bytes"], &h["max_bytes"], &h["step_factor"]),
+            (&8.into(), &(1 << 20).into(), &2.into())
+        );
+        assert_eq!(
+            (&h["iters"], &h["warmup_iters"], &h["check"]),
+            (&20.into(), &5.into(), &true.into())
+        );
+        assert_eq!(
+            h["ranks"][0],
+            serde_json::json!({"rank": 0, "host": "node\"1", "route": "self"})
+        );
+        assert_eq!(h["ranks"][1]["route"], "shm");
+        // serde_json's map sorts its keys, so the order is checked in the text:
+        // the fields come in the order the old writer used.
+        let in_order = |keys: &[&str]| {
+            let at: Vec<usize> = keys
+                .iter()
+                .map(|k| text.find(&format!("\"{k}\":")).expect(k))
+                .collect();
+            assert!(at.is_sorted(), "{keys:?} out of order in\n{text}");
+        };
+        in_order(&[
+            "header",
+            "benchmark",
+            "collective",
+            "world_size",
+            "transport",
+            "algorithm",
+            "datatype",
+            "redop",
+            "root",
+            "min_bytes",
+            "max_bytes",
+            "step_factor",
+            "iters",
+            "warmup_iters",
+            "check",
+            "ranks",
+            "rows",
+            "out_of_bounds",
+            "ok",
+            "avg_busbw",
+        ]);
+        for (k, n) in [
+            ("benchmark", 1),
+            ("ranks", 1),
+            ("out_of_bounds", 1),
+            ("size", 2),
         ] {
-            assert!(j.contains(want), "missing {want}\n{j}");
+            assert_eq!(text.matches(&format!("\"{k}\":")).count(), n, "{k}");
         }
-        assert_eq!(j.matches("\"size\":").count(), 2);
-        assert_balanced(&j);
+
+        let rows = j["rows"].as_array().expect("rows are a list");
+        assert_eq!(rows.len(), 2);
+        assert_eq!(
+            rows[0],
+            serde_json::json!({
+                "size": 1048576, "count": 262144, "type": "float", "redop": "sum", "root": -1,
+                "algorithm": "ring", "predicted_us": 100.0,
+                "out_of_place": {"time_us": 123.456, "algbw": 1.5, "busbw": 2.25, "wrong": 0},
+                "in_place": {"time_us": 12345.6, "algbw": 1.5, "busbw": 2.25, "wrong": 3}
+            })
+        );
+        assert_eq!(
+            (&j["out_of_bounds"], &j["ok"], &j["avg_busbw"]),
+            (&0.into(), &true.into(), &2.25.into())
+        );
+        // What the end-to-end tests and existing scripts grep for.
+        assert_eq!(text.matches("\"out_of_place\": {").count(), 2, "{text}");
+        assert!(text.contains("\"world_size\": 2"), "{text}");
 
         let unchecked = Row {
             out_of_place: meas(1.0, None),
+            predicted_us: None,
+            algo: None,
             ..row()
         };
-        assert!(json(&header(), &[unchecked], &s).contains("\"wrong\": null"));
-        let empty = json(&header(), &[], &s);
-        assert_balanced(&empty);
+        let (_, u) = written(&json(&header(), &[unchecked], &s));
+        assert!(u["rows"][0]["out_of_place"]["wrong"].is_null());
+        assert!(u["rows"][0]["algorithm"].is_null());
+        assert!(u["rows"][0]["predicted_us"].is_null());
+        let (_, empty) = written(&json::<Row>(&header(), &[], &s));
+        assert_eq!(empty["rows"], serde_json::json!([]));
+        let failed = Summary {
+            out_of_bounds: 2,
+            avg_busbw: None,
+        };
+        let (_, f) = written(&json::<Row>(&header(), &[], &failed));
+        assert_eq!((&f["out_of_bounds"], &f["ok"]), (&2.into(), &false.into()));
+        assert!(f["avg_busbw"].is_null());
 
-        let p = p2p_json(
+        let (_, p) = written(&json(
             &Header {
                 collective: "p2p".into(),
                 algorithm: None,
@@ -644,48 +622,46 @@ mod tests {
                 out_of_bounds: 0,
                 avg_busbw: None,
             },
+        ));
+        assert_eq!(
+            p["rows"][0],
+            serde_json::json!({"size": 8, "latency_us": 3.5, "bw": 0.25, "bibw": 0.5, "wrong": 0})
         );
-        assert!(
-            p.contains(
-                "{\"size\": 8, \"latency_us\": 3.5, \"bw\": 0.25, \"bibw\": 0.5, \"wrong\": 0}"
-            ),
-            "{p}"
-        );
-        assert!(p.contains("\"algorithm\": null"), "{p}");
-        assert!(p.contains("\"avg_busbw\": null"), "{p}");
-        assert_balanced(&p);
+        assert_eq!(p["header"]["collective"], "p2p");
+        assert!(p["header"]["algorithm"].is_null());
+        assert!(p["header"]["datatype"].is_null());
+        assert!(p["avg_busbw"].is_null());
     }
 
-    /// Brackets balance outside strings and no value is left dangling.
-    fn assert_balanced(j: &str) {
-        let (mut depth, mut in_str, mut esc) = (0i32, false, false);
-        let mut prev = ' ';
-        for c in j.chars() {
-            if in_str {
-                match (esc, c) {
-                    (true, _) => esc = false,
-                    (false, '\\') => esc = true,
-                    (false, '"') => in_str = false,
-                    _ => {}
-                }
-                continue;
-            }
-            match c {
-                '"' => in_str = true,
-                '{' | '[' => depth += 1,
-                '}' | ']' => {
-                    assert!(prev != ',', "trailing comma in\n{j}");
-                    depth -= 1;
-                }
-                _ => {}
-            }
-            assert!(depth >= 0, "{j}");
-            if !c.is_whitespace() {
-                prev = c;
-            }
-        }
-        assert_eq!(depth, 0, "{j}");
-        assert!(!in_str);
+    #[test]
+    fn json_strings_escape_and_non_finite_numbers_are_null() {
+        let odd = "a\"b\\c\nd\u{1}é≤";
+        let h = Header {
+            ranks: vec![RankLine {
+                rank: 0,
+                host: odd.into(),
+                route: "self".into(),
+            }],
+            ..header()
+        };
+        let nan = Row {
+            out_of_place: Meas {
+                time_us: f64::NAN,
+                algbw: f64::INFINITY,
+                busbw: f64::NEG_INFINITY,
+                wrong: None,
+            },
+            ..row()
+        };
+        let s = Summary {
+            out_of_bounds: 0,
+            avg_busbw: Some(f64::NAN),
+        };
+        let (_, j) = written(&json(&h, &[nan], &s));
+        assert_eq!(j["header"]["ranks"][0]["host"], odd);
+        let m = &j["rows"][0]["out_of_place"];
+        assert!(m["time_us"].is_null() && m["algbw"].is_null() && m["busbw"].is_null());
+        assert!(j["avg_busbw"].is_null());
     }
 
     #[test]

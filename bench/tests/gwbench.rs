@@ -1,9 +1,9 @@
 //! gwbench end to end: real rank processes started by gwrun.
 //!
 //! gwrun is another package's binary, so `cargo test -p gw-bench` does not
-//! build it: run `cargo build --workspace --bins` first. The collective tests
-//! need the collective algorithms; the p2p and usage tests need only
-//! point-to-point transfers.
+//! build it: run `cargo build --workspace --bins` (or `cargo build -p
+//! gw-jobserver --bin gwrun`) first. The collective tests need the collective
+//! algorithms; the p2p and usage tests need only point-to-point transfers.
 
 use std::io::Read;
 use std::path::{Path, PathBuf};
@@ -255,6 +255,9 @@ fn every_collective_and_algorithm_checks_out_on_three_ranks() {
         assert_eq!(j.matches("\"out_of_place\": {").count(), 3, "{case:?}\n{j}");
         assert!(j.contains("\"world_size\": 3"), "{j}");
         assert!(!j.contains("\"wrong\": 1"), "{j}");
+        let v: serde_json::Value = serde_json::from_str(&j).expect("-J writes valid JSON");
+        assert_eq!(v["rows"].as_array().map(Vec::len), Some(3), "{j}");
+        assert_eq!(v["ok"], true, "{j}");
     }
 }
 
@@ -341,6 +344,8 @@ fn p2p_two_ranks() {
     let _ = std::fs::remove_file(&json);
     assert_eq!(j.matches("\"latency_us\":").count(), 5, "{j}");
     assert!(j.contains("\"collective\": \"p2p\""), "{j}");
+    let v: serde_json::Value = serde_json::from_str(&j).expect("-J writes valid JSON");
+    assert_eq!(v["rows"][4]["size"], 32768, "{j}");
 }
 
 #[test]
@@ -382,4 +387,45 @@ fn usage_errors_and_help_without_a_launcher() {
     ] {
         assert!(h.stdout.contains(flag), "--help lacks {flag}");
     }
+}
+
+#[test]
+fn under_gwrun_usage_errors_and_help_are_printed_once() {
+    let r = bench(3, &["allreduce", "-x", "1"]);
+    assert_eq!(r.code, Some(2), "{}", r.all());
+    let errors = r
+        .stdout
+        .lines()
+        .chain(r.stderr.lines())
+        .filter(|l| l.contains("gwbench: error:"))
+        .count();
+    assert_eq!(errors, 1, "{}", r.all());
+
+    let h = bench(2, &["--help"]);
+    assert_eq!(h.code, Some(0), "{}", h.all());
+    let usage: Vec<&str> = h.stdout.lines().filter(|l| l.contains("Usage:")).collect();
+    assert_eq!(usage.len(), 1, "{}", h.all());
+    assert!(usage[0].starts_with("[0] "), "{}", h.all());
+}
+
+#[test]
+fn completions_and_subcommand_help_without_a_launcher() {
+    for (shell, want) in [
+        ("bash", "_gwbench"),
+        ("zsh", "#compdef gwbench"),
+        ("fish", "gwbench"),
+    ] {
+        let r = run(&gwbench(), &["completions", shell]);
+        assert_eq!(r.code, Some(0), "{shell}\n{}", r.all());
+        assert!(r.stdout.contains(want), "{shell}\n{}", r.all());
+        assert!(r.stdout.contains("maxbytes"), "{shell}\n{}", r.all());
+    }
+    let r = run(&gwbench(), &["completions", "tcsh"]);
+    assert_eq!(r.code, Some(2), "{}", r.all());
+    assert_eq!(r.stderr.lines().count(), 1, "{}", r.all());
+    let h = run(&gwbench(), &["calibrate", "--help"]);
+    assert_eq!(h.code, Some(0), "{}", h.all());
+    assert!(h.stdout.contains("GW_MODEL_FILE"), "{}", h.all());
+    let top = run(&gwbench(), &["--help"]);
+    assert!(top.stdout.contains("completions"), "{}", top.all());
 }
