@@ -47,11 +47,15 @@ const EXIT_USAGE: u8 = 2;
 
 /// This process's rank as the launcher set it, before the communicator exists.
 fn launch_rank() -> u32 {
-    ["GW_RANK", "SLURM_PROCID", "RANK"]
-        .iter()
-        .find_map(|v| std::env::var(v).ok())
-        .and_then(|v| v.trim().parse().ok())
-        .unwrap_or(0)
+    [
+        gw_collectives::launch_env::var::RANK,
+        "SLURM_PROCID",
+        "RANK",
+    ]
+    .iter()
+    .find_map(|v| std::env::var(v).ok())
+    .and_then(|v| v.trim().parse().ok())
+    .unwrap_or(0)
 }
 
 /// Prints `msg` as gwbench's one error line. When every rank hits the same
@@ -67,6 +71,7 @@ fn die(rank: u32, same_everywhere: bool, code: u8, msg: &str) -> ExitCode {
 }
 
 fn main() -> ExitCode {
+    gw_logging::init();
     let rank = launch_rank();
     let cmd = match args::parse(std::env::args_os().skip(1)) {
         Ok(c) => c,

@@ -30,5 +30,6 @@ pub use element::Element;
 #[doc(hidden)]
 pub use engine::{direct_calls, in_place_reads, stall_checks};
 pub use gw_rendezvous::LaunchEnv;
+pub use gw_rendezvous::launch_env;
 pub use gw_transport::wire::OpKind;
 pub use gw_transport::{DType, Error, RedOp, Result};
