@@ -17,9 +17,10 @@
 use gw_collectives::{
     CommKey, Communicator, Config, Handle, LaunchEnv, OpKind, RawOp, TransportChoice,
 };
+use gw_collectives::{DType, RedOp};
 use gw_rendezvous::launch_env::Launcher;
 use gw_rendezvous::{StoreConfig, StoreServer};
-use gw_transport::{DType, Error, RedOp};
+use gw_transport::Error;
 use std::cell::RefCell;
 use std::collections::HashMap;
 use std::ffi::{CStr, CString, c_char, c_int};

@@ -9,8 +9,8 @@
 //! doing; a rank that failed posts why. This costs nothing while operations
 //! make progress.
 
+use crate::op::Fingerprint;
 use gw_rendezvous::StoreClient;
-use gw_transport::wire::Fingerprint;
 use gw_transport::{Rank, Result};
 
 /// Store keys of one communicator.

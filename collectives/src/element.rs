@@ -1,6 +1,6 @@
 //! Rust element types that map onto wire dtypes.
 
-use gw_transport::DType;
+use crate::op::DType;
 use half::{bf16, f16};
 
 /// A type collectives can move and reduce.

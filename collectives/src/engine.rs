@@ -27,19 +27,19 @@ pub use direct::direct_calls;
 #[doc(hidden)]
 pub use in_place::in_place_reads;
 
-use crate::algo::{Action, ActionId, Algo, Buf, Loc, OpSpec, Schedule};
+use crate::algo::{Action, ActionId, Buf, Loc, Schedule};
 use crate::board::Board;
 use crate::mailbox::Receiver;
-use crate::reduce::Kernel;
+use crate::op::Fingerprint;
+pub(crate) use crate::operation::{Completion, Msg, OpDesc, Plan, Ptr};
 use crate::sched_cache::{self, ScheduleCache};
 use gw_transport::seam::Readiness;
-use gw_transport::wire::Fingerprint;
-use gw_transport::{Error, Landed, MemHandle, Rank, Request, Result, Tag, Transport};
+use gw_transport::{Error, Landed, MemHandle, Rank, Request, Result, Transport};
 use mio::{Events, Poll, Token, Waker};
 use std::collections::VecDeque;
-use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::mpsc::TryRecvError;
-use std::sync::{Arc, Condvar, Mutex};
 use std::time::{Duration, Instant};
 
 /// The waker's token; transports use `index << 32 ..`.
@@ -60,150 +60,6 @@ static STALL_CHECKS: AtomicU64 = AtomicU64::new(0);
 #[doc(hidden)]
 pub fn stall_checks() -> u64 {
     STALL_CHECKS.load(Ordering::Relaxed)
-}
-
-/// A pointer into caller memory that whoever turns the engine may use.
-#[derive(Clone, Copy, Debug)]
-pub(crate) struct Ptr(pub *mut u8);
-// SAFETY: the caller guarantees the memory stays valid until the operation's
-// completion is signalled, and only the thread turning the engine (one at a
-// time, under its lock) touches it meanwhile.
-unsafe impl Send for Ptr {}
-
-/// Completion state shared between the engine and a waiting caller.
-///
-/// A waiter first spins on `ready` for `spin` (the engine usually finishes
-/// a small operation within microseconds, while a futex sleep and wake costs
-/// tens of microseconds on a VM), then blocks on the condition variable.
-#[derive(Default)]
-pub(crate) struct Completion {
-    state: Mutex<Option<Result<()>>>,
-    cv: Condvar,
-    ready: AtomicBool,
-    /// Callers blocked on `cv` (changed under `state`'s lock): a finished
-    /// operation nobody sleeps on costs no futex wake.
-    sleepers: AtomicU32,
-    spin: Duration,
-}
-
-impl Completion {
-    pub fn new(spin: Duration) -> Completion {
-        Completion {
-            spin,
-            ..Completion::default()
-        }
-    }
-
-    /// Makes a finished completion ready for another operation. Taking
-    /// `&mut self` (from `Arc::get_mut`) proves that neither the engine nor a
-    /// caller's handle still refers to it.
-    pub fn reset(&mut self) {
-        *self.state.get_mut().unwrap_or_else(|p| p.into_inner()) = None;
-        *self.ready.get_mut() = false;
-    }
-
-    pub fn finish(&self, r: Result<()>) {
-        let mut g = self.state.lock().unwrap_or_else(|p| p.into_inner());
-        if g.is_none() {
-            *g = Some(r);
-        }
-        self.ready.store(true, Ordering::Release);
-        // Read under the lock: a waiter registers under it before it sleeps.
-        let wake = self.sleepers.load(Ordering::Relaxed) > 0;
-        drop(g);
-        if wake {
-            self.cv.notify_all();
-        }
-    }
-
-    /// Spins until finished or the spin budget (capped by `deadline`) is spent.
-    fn spin_until_ready(&self, deadline: Option<Instant>) {
-        if self.spin.is_zero() {
-            return;
-        }
-        let start = Instant::now();
-        let mut end = start + self.spin;
-        if let Some(d) = deadline {
-            end = end.min(d);
-        }
-        let mut n = 0u32;
-        while !self.ready.load(Ordering::Acquire) {
-            n = n.wrapping_add(1);
-            if n.is_multiple_of(64) && Instant::now() >= end {
-                return;
-            }
-            std::hint::spin_loop();
-        }
-    }
-
-    /// Whether the operation finished (without taking the lock).
-    pub fn is_ready(&self) -> bool {
-        self.ready.load(Ordering::Acquire)
-    }
-
-    /// The result if the operation finished.
-    pub fn peek(&self) -> Option<Result<()>> {
-        self.state.lock().unwrap_or_else(|p| p.into_inner()).clone()
-    }
-
-    /// Blocks until finished or `timeout` passes (`None` if it did).
-    pub fn wait(&self, timeout: Option<Duration>) -> Option<Result<()>> {
-        let deadline = timeout.map(|t| Instant::now() + t);
-        self.spin_until_ready(deadline);
-        let mut g = self.state.lock().unwrap_or_else(|p| p.into_inner());
-        self.sleepers.fetch_add(1, Ordering::Relaxed);
-        let result = loop {
-            if let Some(r) = g.as_ref() {
-                break Some(r.clone());
-            }
-            match deadline {
-                None => g = self.cv.wait(g).unwrap_or_else(|p| p.into_inner()),
-                Some(d) => {
-                    let now = Instant::now();
-                    if now >= d {
-                        break None;
-                    }
-                    g = self
-                        .cv
-                        .wait_timeout(g, d - now)
-                        .unwrap_or_else(|p| p.into_inner())
-                        .0;
-                }
-            }
-        };
-        self.sleepers.fetch_sub(1, Ordering::Relaxed);
-        result
-    }
-}
-
-/// Where an operation's schedule comes from.
-pub(crate) enum Plan {
-    /// A collective: the engine rewinds the schedule of an earlier identical
-    /// call from its cache, or builds one (see `sched_cache`). The caller has
-    /// already checked the arguments with `algo::check`.
-    Collective(OpSpec, Algo),
-    /// A schedule the caller built (point-to-point), run once.
-    Built(Box<dyn Schedule>),
-    /// The schedule moved into the running operation.
-    Started,
-}
-
-/// One operation as submitted by a caller.
-pub(crate) struct OpDesc {
-    pub fp: Fingerprint,
-    pub plan: Plan,
-    pub kernel: Kernel,
-    pub weight: Option<f64>,
-    pub send: Ptr,
-    pub send_bytes: usize,
-    pub recv: Ptr,
-    pub recv_bytes: usize,
-    pub done: Arc<Completion>,
-}
-
-pub(crate) enum Msg {
-    Op(OpDesc),
-    Shutdown,
 }
 
 struct Running {
@@ -232,7 +88,7 @@ struct Spare {
 }
 
 /// A posted send or receive.
-#[derive(Clone, Copy, Debug)]
+#[derive(Debug)]
 struct Inflight {
     /// Index of the transport.
     t: usize,
@@ -737,17 +593,31 @@ impl Engine {
             }
             let mut i = 0;
             while i < r.inflight.len() {
-                let f = r.inflight[i];
-                match self.transports[f.t].test_in_place(f.req)? {
-                    Landed::Pending => i += 1,
+                // Testing consumes the request: take it out, and put it
+                // back where it was while it is pending (the push after a
+                // swap_remove stays within the vector's capacity).
+                let f = r.inflight.swap_remove(i);
+                let Inflight {
+                    t, id, in_place, ..
+                } = f;
+                match self.transports[t].test_in_place(f.req)? {
+                    Landed::Pending(req) => {
+                        r.inflight.push(Inflight {
+                            t,
+                            req,
+                            id,
+                            in_place,
+                        });
+                        let last = r.inflight.len() - 1;
+                        r.inflight.swap(i, last);
+                        i += 1;
+                    }
                     Landed::Written => {
-                        r.inflight.swap_remove(i);
-                        r.sched.complete(f.id);
+                        r.sched.complete(id);
                         progressed = true;
                     }
-                    Landed::InPlace(at) => {
-                        r.inflight.swap_remove(i);
-                        self.consume_in_place(r, f, at)?;
+                    Landed::InPlace { at, held } => {
+                        self.consume_in_place(r, t, id, in_place, held, at)?;
                         progressed = true;
                     }
                 }
@@ -780,7 +650,7 @@ impl Engine {
                     return Ok(false);
                 };
                 let (mem, off, len) = self.locate(r, t, src)?;
-                let tag = Tag { fp: r.op.fp, step };
+                let tag = r.op.fp.tag(step);
                 // A receive into scratch is read once, by what comes next in
                 // the schedule: it may as well read the bytes where they
                 // arrived (see `in_place.rs`).
@@ -1028,7 +898,7 @@ fn compare_board(
     if let Some(why) = board.failure()? {
         return Ok(Some(Error::Aborted(format!("another rank failed: {why}"))));
     }
-    if fp.op == gw_transport::OpKind::SendRecv || !stalled {
+    if fp.op == crate::op::OpKind::SendRecv || !stalled {
         return Ok(None);
     }
     if !*posted {

@@ -19,6 +19,8 @@ mod engine;
 pub mod local;
 mod mailbox;
 pub mod model;
+pub mod op;
+mod operation;
 pub mod reduce;
 mod sched_cache;
 
@@ -31,5 +33,5 @@ pub use element::Element;
 pub use engine::{direct_calls, in_place_reads, stall_checks};
 pub use gw_rendezvous::LaunchEnv;
 pub use gw_rendezvous::launch_env;
-pub use gw_transport::wire::OpKind;
-pub use gw_transport::{DType, Error, RedOp, Result};
+pub use gw_transport::{Error, Result};
+pub use op::{DType, Fingerprint, OpKind, RedOp};

@@ -12,7 +12,7 @@
 //! `Disconnected` once the sender is gone and the queue is empty, and a send
 //! fails once the engine's receiver is gone.
 
-use crate::engine::Msg;
+use crate::operation::Msg;
 use gw_transport::Error;
 use std::collections::VecDeque;
 use std::sync::atomic::{AtomicBool, Ordering};

@@ -112,7 +112,7 @@ impl ScheduleCache {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use gw_transport::wire::OpKind;
+    use crate::op::OpKind;
 
     fn spec(count: usize) -> OpSpec {
         OpSpec {

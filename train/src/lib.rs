@@ -11,6 +11,7 @@ pub mod data;
 pub mod mlp;
 pub mod plan;
 pub mod report;
+pub mod stop;
 pub mod worker;
 
 /// The worker's side of the step protocol (shared with the C ABI and Python).

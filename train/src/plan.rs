@@ -8,7 +8,7 @@
 //! path.
 
 use crate::step::{StepClient, StepError, StepReport};
-use crate::worker::Stop;
+use crate::stop::Stop;
 use gw_jobapi::types::StepPlan;
 
 /// The even split of `global_batch` over `world` ranks: equal shares, the

@@ -17,6 +17,7 @@ use crate::data::Dataset;
 use crate::mlp::{Mlp, Workspace};
 use crate::plan::{PlanSource, check_plan, check_tiling};
 use crate::step::{StepClient, StepReport};
+pub use crate::stop::Stop;
 use gw_collectives::{Algo, Communicator, DType, OpKind, RawOp, RedOp};
 use serde::{Deserialize, Serialize};
 use std::io::Write;
@@ -189,23 +190,6 @@ pub fn read_params(path: &std::path::Path) -> Result<Vec<f64>, String> {
             f64::from_le_bytes(a)
         })
         .collect())
-}
-
-/// Why the worker stopped early.
-#[derive(Debug)]
-pub enum Stop {
-    /// The job server ended the job (cancel, or a failure elsewhere) at this step.
-    ByServer {
-        step: u64,
-        reason: String,
-    },
-    Failed(String),
-}
-
-impl From<String> for Stop {
-    fn from(s: String) -> Stop {
-        Stop::Failed(s)
-    }
 }
 
 /// Files this rank writes under `--out`.

@@ -3,21 +3,27 @@
 //! The layer knows nothing of collectives. It offers one transport seam
 //! ([`seam::Transport`]) shaped like
 //! NCCL's `ncclNet`, and the backends that implement it: TCP over mio ([`tcp`])
-//! and same-host shared memory ([`shm`]). Every data frame carries the
-//! fingerprint of the operation that sent it ([`wire`]) so that ranks that
-//! disagree about what they are doing fail loudly instead of corrupting data.
+//! and same-host shared memory ([`shm`]). Every data frame carries the tag of
+//! the message it belongs to ([`wire`]), with an opaque signature of its
+//! operation, so that ranks that disagree about what they are doing fail
+//! loudly instead of corrupting data.
 
 pub mod error;
 pub mod seam;
 pub mod wire;
 
 pub use error::{Error, Result};
-pub use seam::{Landed, MemHandle, Now, Properties, Rank, Request, Tag, Transport};
+pub use seam::{
+    Landed, MemHandle, MemPtr, Now, Outstanding, Properties, Rank, Request, Scope, Signature, Tag,
+    TagFmt, Tested, Transport, TransportId,
+};
 #[doc(hidden)]
 pub use unexpected::early_buffers_allocated;
-pub use wire::{DType, Fingerprint, FrameHeader, FrameKind, OpKind, RedOp};
+pub use wire::{FrameHeader, FrameKind};
 
 mod reqmap;
 pub mod shm;
 pub mod tcp;
+#[cfg(test)]
+mod test_tags;
 mod unexpected;

@@ -10,11 +10,13 @@
 //! [`Transport::attach`] and gets the events back through
 //! [`Transport::on_event`].
 //!
-//! Messages are matched by [`Tag`]: the fingerprint of the operation plus the
-//! algorithm step. Between one pair of ranks, messages are delivered in the
-//! order they were posted per tag stream; a receiver that sees a frame of the
-//! same operation sequence number but a different fingerprint reports
-//! [`Error::Mismatch`] naming both calls.
+//! Messages are matched by [`Tag`]: conversation, operation slot, message
+//! within the operation, and an opaque [`Signature`] of the operation that
+//! the layer above chose (the transport never knows what a collective is).
+//! Between one pair of ranks, messages are delivered in the order they were
+//! posted per tag stream; a receiver that sees a frame of the same operation
+//! slot but a different signature reports [`Error::Mismatch`] naming both
+//! calls, printed by the tag's own [`TagFmt`].
 //!
 //! One-sided writes (RDMA WRITE WITH IMM, or a store into a mapped shared
 //! region) fit the same seam: a region registered once is published to peers
@@ -22,7 +24,9 @@
 //! into it; the immediate value arrives as a completion on the peer.
 
 use crate::error::{Error, Result};
-use crate::wire::{Fingerprint, FrameHeader, OpKind};
+pub use crate::wire::{Scope, Signature, Tag, TagFmt};
+use std::fmt;
+use std::sync::atomic::{AtomicU32, Ordering};
 
 /// A rank within a communicator.
 pub type Rank = u32;
@@ -53,62 +57,144 @@ pub struct Properties {
     pub max_segment: usize,
 }
 
-/// Names one message: which operation, and which step of its algorithm.
+/// A pointer into memory a caller lent gradwire: registered memory, or the
+/// buffers of an operation in flight. It may move to the thread that turns
+/// the engine; where it may be dereferenced is what its holder documents.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct Tag {
-    pub fp: Fingerprint,
-    pub step: u32,
-}
+pub struct MemPtr(pub *mut u8);
 
-impl Tag {
-    /// Whether a frame belongs to the message this tag names.
-    ///
-    /// Returns an error when the frame comes from the same operation slot
-    /// (communicator and sequence number) but describes a different call:
-    /// the two ranks disagree about what they are doing.
-    pub fn matches(&self, me: Rank, h: &FrameHeader, expected_total: u64) -> Result<bool> {
-        if h.fp.comm_id != self.fp.comm_id || h.fp.seq != self.fp.seq {
-            return Ok(false);
-        }
-        // Point-to-point messages all share one sequence number and are told
-        // apart by their per-pair step alone: a frame of a later send (on
-        // another lane, say) is not a disagreement about this one.
-        if h.fp.op == OpKind::SendRecv && self.fp.op == OpKind::SendRecv && h.step != self.step {
-            return Ok(false);
-        }
-        if h.fp != self.fp {
-            return Err(Error::Mismatch {
-                me,
-                peer: h.src_rank,
-                local: self.fp.to_string(),
-                remote: h.fp.to_string(),
-            });
-        }
-        if h.step != self.step {
-            return Ok(false);
-        }
-        if h.total != expected_total {
-            return Err(Error::Mismatch {
-                me,
-                peer: h.src_rank,
-                local: format!(
-                    "{} expecting {expected_total} bytes at step {}",
-                    self.fp, self.step
-                ),
-                remote: format!("{} sending {} bytes at step {}", h.fp, h.total, h.step),
-            });
-        }
-        Ok(true)
+// SAFETY: the pointer is dereferenced only by the one thread driving the
+// transport or engine that holds it, within memory whose owner promised it
+// stays valid and unraced for as long as it is lent (`Transport::register`,
+// an operation until its completion is signalled).
+unsafe impl Send for MemPtr {}
+
+/// Which transport instance issued a memory handle or a request, so that
+/// one given to another transport is refused instead of naming someone
+/// else's memory or transfer.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct TransportId(u32);
+
+impl TransportId {
+    /// A new id, never handed out before in this process.
+    pub fn next() -> TransportId {
+        static NEXT: AtomicU32 = AtomicU32::new(1);
+        TransportId(NEXT.fetch_add(1, Ordering::Relaxed))
     }
 }
 
-/// A registered memory region, local to one transport.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-pub struct MemHandle(pub u32);
+impl fmt::Display for TransportId {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "#{}", self.0)
+    }
+}
 
-/// An outstanding transfer.
+/// A registered memory region of one transport. It may be used by any
+/// number of transfers until it is deregistered, so it is `Copy`; only the
+/// transport that issued it accepts it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-pub struct Request(pub u64);
+pub struct MemHandle {
+    owner: TransportId,
+    index: u32,
+}
+
+impl MemHandle {
+    /// For transport implementations: the handle of registration `index`.
+    pub fn new(owner: TransportId, index: u32) -> MemHandle {
+        MemHandle { owner, index }
+    }
+
+    /// For transport implementations: the registration index, if `owner`
+    /// (called `name` in errors) issued this handle.
+    pub fn index_for(self, owner: TransportId, name: &str) -> Result<u32> {
+        if self.owner != owner {
+            return Err(Error::InvalidUsage(format!(
+                "memory handle {} of transport {} passed to transport {name} {owner}",
+                self.index, self.owner
+            )));
+        }
+        Ok(self.index)
+    }
+}
+
+/// An outstanding transfer. It is not `Copy`: testing it consumes it and
+/// hands it back only while the transfer is still pending, so a finished
+/// request cannot be tested, or released, a second time.
+#[derive(Debug, PartialEq, Eq, Hash)]
+#[must_use = "a request must be tested until it completes"]
+pub struct Request {
+    owner: TransportId,
+    id: u64,
+}
+
+impl Request {
+    /// For transport implementations: request number `id`.
+    pub fn new(owner: TransportId, id: u64) -> Request {
+        Request { owner, id }
+    }
+
+    /// For transport implementations: the request number, if `owner`
+    /// (called `name` in errors) issued this request.
+    pub fn id_for(&self, owner: TransportId, name: &str) -> Result<u64> {
+        if self.owner != owner {
+            return Err(Error::InvalidUsage(format!(
+                "request {} of transport {} passed to transport {name} {owner}",
+                self.id, self.owner
+            )));
+        }
+        Ok(self.id)
+    }
+
+    /// The request's number, for messages.
+    pub fn id(&self) -> u64 {
+        self.id
+    }
+}
+
+/// What [`Transport::test`] found.
+#[derive(Debug, PartialEq, Eq)]
+pub enum Tested {
+    /// Not finished: the request, to test again.
+    Pending(Request),
+    /// Finished; the request is gone.
+    Done,
+}
+
+/// A request being polled to completion: the request while it is pending,
+/// nothing once it is done. For code that tests the same transfer in a loop.
+#[derive(Debug, Default)]
+pub struct Outstanding(Option<Request>);
+
+impl Outstanding {
+    pub fn new(req: Request) -> Outstanding {
+        Outstanding(Some(req))
+    }
+
+    /// Whether the transfer has finished (testing it on `t` if not yet known).
+    pub fn poll(&mut self, t: &mut (impl Transport + ?Sized)) -> Result<bool> {
+        let Some(req) = self.0.take() else {
+            return Ok(true);
+        };
+        match t.test(req)? {
+            Tested::Pending(r) => {
+                self.0 = Some(r);
+                Ok(false)
+            }
+            Tested::Done => Ok(true),
+        }
+    }
+
+    /// Whether it has finished, without testing.
+    pub fn is_done(&self) -> bool {
+        self.0.is_none()
+    }
+}
+
+impl From<Request> for Outstanding {
+    fn from(req: Request) -> Outstanding {
+        Outstanding::new(req)
+    }
+}
 
 /// Whether a connection is usable yet.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -145,16 +231,16 @@ pub struct WriteImm {
 
 /// Where the bytes of a completed receive are (see
 /// [`Transport::irecv_in_place`]).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Debug, PartialEq, Eq)]
 pub enum Landed {
-    /// Not complete yet.
-    Pending,
+    /// Not complete yet: the request, to test again.
+    Pending(Request),
     /// Complete, and written to the receive's destination.
     Written,
-    /// Complete, but left where it arrived: the `len` bytes start here and
-    /// stay valid, unchanged, until [`Transport::release_in_place`]; the
-    /// destination was not written.
-    InPlace(*const u8),
+    /// Complete, but left where it arrived: the `len` bytes start at `at`
+    /// and stay valid, unchanged, until `held` is given to
+    /// [`Transport::release_in_place`]; the destination was not written.
+    InPlace { at: *const u8, held: Request },
 }
 
 /// What became of an attempt to move a small message at once (see
@@ -212,8 +298,9 @@ pub trait Transport: Send {
         len: usize,
     ) -> Result<Request>;
 
-    /// Whether `req` has completed; a completed request is released.
-    fn test(&mut self, req: Request) -> Result<bool>;
+    /// Whether `req` has completed: [`Tested::Done`] releases it,
+    /// [`Tested::Pending`] hands it back.
+    fn test(&mut self, req: Request) -> Result<Tested>;
 
     /// Sends `bytes` as the message `tag` to `peer` now, without posting a
     /// request, if the transport can do so at once (a message that fits its
@@ -260,18 +347,17 @@ pub trait Transport: Send {
     /// (nothing behind it is delivered) until [`Transport::release_in_place`],
     /// so the caller consumes the bytes and releases them at once.
     fn test_in_place(&mut self, req: Request) -> Result<Landed> {
-        Ok(if self.test(req)? {
-            Landed::Written
-        } else {
-            Landed::Pending
+        Ok(match self.test(req)? {
+            Tested::Done => Landed::Written,
+            Tested::Pending(r) => Landed::Pending(r),
         })
     }
 
     /// Ends the use of a receive that completed [`Landed::InPlace`].
-    fn release_in_place(&mut self, req: Request) -> Result<()> {
+    fn release_in_place(&mut self, held: Request) -> Result<()> {
         Err(Error::InvalidUsage(format!(
             "request {}: transport {} leaves no receive in place",
-            req.0,
+            held.id(),
             self.properties().name
         )))
     }
@@ -321,65 +407,5 @@ pub trait Transport: Send {
             "transport {} has no one-sided writes",
             self.properties().name
         )))
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-    use crate::wire::{DType, FrameKind, RedOp};
-
-    fn fp(op: OpKind, dtype: DType) -> Fingerprint {
-        Fingerprint {
-            comm_id: 9,
-            seq: if op == OpKind::SendRecv { u64::MAX } else { 4 },
-            op,
-            dtype,
-            redop: RedOp::None,
-            count: 0,
-            root: 0,
-        }
-    }
-
-    fn frame(fp: Fingerprint, step: u32) -> FrameHeader {
-        FrameHeader {
-            kind: FrameKind::Data,
-            src_rank: 1,
-            fp,
-            step,
-            offset: 0,
-            len: 8,
-            total: 8,
-        }
-    }
-
-    #[test]
-    fn a_later_point_to_point_message_of_another_type_is_not_a_mismatch() {
-        let want = Tag {
-            fp: fp(OpKind::SendRecv, DType::F64),
-            step: 5,
-        };
-        let later = frame(fp(OpKind::SendRecv, DType::U8), 6);
-        assert!(!want.matches(0, &later, 8).unwrap());
-        // The same step with another type is a real disagreement.
-        let same = frame(fp(OpKind::SendRecv, DType::U8), 5);
-        assert!(matches!(
-            want.matches(0, &same, 8),
-            Err(Error::Mismatch { .. })
-        ));
-        assert!(want.matches(0, &frame(want.fp, 5), 8).unwrap());
-    }
-
-    #[test]
-    fn a_collective_of_another_kind_in_the_same_slot_is_a_mismatch_at_any_step() {
-        let want = Tag {
-            fp: fp(OpKind::AllReduce, DType::F32),
-            step: 0,
-        };
-        let other = frame(fp(OpKind::Broadcast, DType::F32), 3);
-        assert!(matches!(
-            want.matches(0, &other, 8),
-            Err(Error::Mismatch { .. })
-        ));
     }
 }

@@ -151,19 +151,8 @@ impl Unexpected {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::wire::{DType, Fingerprint, FrameKind, OpKind, RedOp};
-
-    fn fp(seq: u64, count: u64) -> Fingerprint {
-        Fingerprint {
-            comm_id: 1,
-            seq,
-            op: OpKind::AllReduce,
-            dtype: DType::F32,
-            redop: RedOp::Sum,
-            count,
-            root: 0,
-        }
-    }
+    use crate::test_tags::{self, tag as mk};
+    use crate::wire::FrameKind;
 
     fn frame(
         seq: u64,
@@ -175,8 +164,7 @@ mod tests {
         let h = FrameHeader {
             kind: FrameKind::Data,
             src_rank: 1,
-            fp: fp(seq, 4),
-            step,
+            tag: mk(1, seq, 4, 0, step),
             offset,
             len: payload.len() as u64,
             total,
@@ -194,10 +182,7 @@ mod tests {
         let (h, b) = frame(7, 2, 0, &[1, 2, 3, 4], 8);
         u.push(h, b);
         let mut dst = [0u8; 8];
-        let tag = Tag {
-            fp: fp(7, 4),
-            step: 2,
-        };
+        let tag = mk(1, 7, 4, 0, 2);
         let got = unsafe { u.take(0, &tag, 8, dst.as_mut_ptr()) }.unwrap();
         assert_eq!(got, (8, 2));
         assert_eq!(dst, [1, 2, 3, 4, 5, 6, 7, 8]);
@@ -208,12 +193,9 @@ mod tests {
     fn a_disagreeing_buffered_frame_is_a_mismatch() {
         let mut u = Unexpected::default();
         let (mut h, b) = frame(7, 0, 0, &[1; 4], 4);
-        h.fp.count = 99;
+        h.tag.sig = test_tags::sig(99, 0);
         u.push(h, b);
-        let tag = Tag {
-            fp: fp(7, 4),
-            step: 0,
-        };
+        let tag = mk(1, 7, 4, 0, 0);
         let mut dst = [0u8; 4];
         let e = unsafe { u.take(0, &tag, 4, dst.as_mut_ptr()) }
             .unwrap_err()

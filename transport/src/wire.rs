@@ -1,11 +1,13 @@
-//! The data-plane frame header and the operation fingerprint it carries.
+//! The data-plane frame header and the message tag it carries.
 //!
 //! Every segment that crosses a transport starts with a fixed 64-byte header.
-//! Besides placement (`offset`, `len`) it names the operation that produced it
-//! (communicator, sequence number, op, dtype, reduction, count, root). A
-//! receiver compares that fingerprint with the operation it is running and turns
-//! any disagreement into an error naming both sides' calls: the most common way
-//! collective libraries hang or silently corrupt data is ranks that disagree.
+//! Besides placement (`offset`, `len`, `total`) it carries the [`Tag`] of the
+//! message: which conversation (communicator), which operation slot in it,
+//! which message of that operation, and a signature of the operation that
+//! the layer above chose and the transport only compares. A receiver that
+//! finds a frame of its operation slot with another signature reports both
+//! sides' calls: the most common way collective libraries hang or silently
+//! corrupt data is ranks that disagree.
 //!
 //! The codec is pure (no I/O) and total: any 64 bytes decode to a header or to
 //! an error, never a panic.
@@ -15,221 +17,156 @@ use std::fmt;
 
 /// Size of an encoded [`FrameHeader`].
 pub const HEADER_LEN: usize = 64;
-const MAGIC: u32 = u32::from_le_bytes(*b"GWF1");
+/// "GWF2": the layout with an opaque signature (GWF1 spelled out the
+/// collective's fields).
+const MAGIC: u32 = u32::from_le_bytes(*b"GWF2");
+/// Flag bit: the signature is compared per message, not per operation slot.
+const FLAG_PER_MESSAGE: u8 = 1;
 
-/// Element types, numbered as in the C ABI (`gwDataType_t`).
+/// What the layer above a transport says about one operation: opaque bytes
+/// that two ranks in the same operation slot must agree on. gradwire's
+/// collectives put the operation kind, element type, reduction, root and
+/// element count here; the transport only compares them.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub struct Signature(pub [u8; Signature::LEN]);
+
+impl Signature {
+    /// Bytes in a signature (what the 64-byte frame header has room for).
+    pub const LEN: usize = 14;
+}
+
+/// How far a signature has to agree.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-#[repr(u8)]
-pub enum DType {
-    U8 = 0,
-    I32 = 1,
-    I64 = 2,
-    F16 = 3,
-    Bf16 = 4,
-    F32 = 5,
-    F64 = 6,
-    /// Untyped bytes (point-to-point transfers, all-gather of opaque data).
-    Bytes = 255,
+pub enum Scope {
+    /// Every message of the operation slot carries the same signature: a
+    /// frame of the slot with another one is a disagreement at any step
+    /// (collectives).
+    Operation,
+    /// Messages of one slot are independent and told apart by their step
+    /// alone; signatures are compared only between frames of the same step
+    /// (point-to-point messages, which all share one slot).
+    Message,
 }
 
-impl DType {
-    /// Every reducible type, in C ABI order.
-    pub const ALL: [DType; 7] = [
-        DType::U8,
-        DType::I32,
-        DType::I64,
-        DType::F16,
-        DType::Bf16,
-        DType::F32,
-        DType::F64,
-    ];
+/// Prints a tag's operation (not its step) for error messages. The layer
+/// that makes tags supplies it, since only that layer knows what the
+/// signature means.
+pub type TagFmt = fn(&Tag, &mut fmt::Formatter<'_>) -> fmt::Result;
 
-    /// Bytes per element.
-    pub fn size(self) -> usize {
-        match self {
-            DType::U8 | DType::Bytes => 1,
-            DType::F16 | DType::Bf16 => 2,
-            DType::I32 | DType::F32 => 4,
-            DType::I64 | DType::F64 => 8,
-        }
-    }
-
-    /// Decodes the wire / C ABI code.
-    pub fn from_code(c: u8) -> Option<DType> {
-        Some(match c {
-            0 => DType::U8,
-            1 => DType::I32,
-            2 => DType::I64,
-            3 => DType::F16,
-            4 => DType::Bf16,
-            5 => DType::F32,
-            6 => DType::F64,
-            255 => DType::Bytes,
-            _ => return None,
-        })
-    }
-
-    /// The name nccl-tests prints for this type.
-    pub fn name(self) -> &'static str {
-        match self {
-            DType::U8 => "uint8",
-            DType::I32 => "int32",
-            DType::I64 => "int64",
-            DType::F16 => "half",
-            DType::Bf16 => "bfloat16",
-            DType::F32 => "float",
-            DType::F64 => "double",
-            DType::Bytes => "bytes",
-        }
-    }
-
-    /// Parses a nccl-tests type name or a Rust-style alias.
-    pub fn parse(s: &str) -> Option<DType> {
-        Some(match s {
-            "uint8" | "u8" => DType::U8,
-            "int32" | "i32" | "int" => DType::I32,
-            "int64" | "i64" => DType::I64,
-            "half" | "f16" | "float16" => DType::F16,
-            "bfloat16" | "bf16" => DType::Bf16,
-            "float" | "f32" | "float32" => DType::F32,
-            "double" | "f64" | "float64" => DType::F64,
-            "bytes" => DType::Bytes,
-            _ => return None,
-        })
-    }
-
-    /// Whether the type is a floating-point type.
-    pub fn is_float(self) -> bool {
-        matches!(self, DType::F16 | DType::Bf16 | DType::F32 | DType::F64)
-    }
-}
-
-/// Reduction operators, numbered as in the C ABI (`gwRedOp_t`).
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-#[repr(u8)]
-pub enum RedOp {
-    Sum = 0,
-    Prod = 1,
-    Min = 2,
-    Max = 3,
-    Avg = 4,
-    /// No reduction (broadcast, all-gather, point-to-point).
-    None = 255,
-}
-
-impl RedOp {
-    /// Every reduction operator, in C ABI order.
-    pub const ALL: [RedOp; 5] = [RedOp::Sum, RedOp::Prod, RedOp::Min, RedOp::Max, RedOp::Avg];
-
-    /// Decodes the wire / C ABI code.
-    pub fn from_code(c: u8) -> Option<RedOp> {
-        Some(match c {
-            0 => RedOp::Sum,
-            1 => RedOp::Prod,
-            2 => RedOp::Min,
-            3 => RedOp::Max,
-            4 => RedOp::Avg,
-            255 => RedOp::None,
-            _ => return None,
-        })
-    }
-
-    /// The name nccl-tests prints.
-    pub fn name(self) -> &'static str {
-        match self {
-            RedOp::Sum => "sum",
-            RedOp::Prod => "prod",
-            RedOp::Min => "min",
-            RedOp::Max => "max",
-            RedOp::Avg => "avg",
-            RedOp::None => "none",
-        }
-    }
-
-    /// Parses an operator name.
-    pub fn parse(s: &str) -> Option<RedOp> {
-        Some(match s {
-            "sum" => RedOp::Sum,
-            "prod" => RedOp::Prod,
-            "min" => RedOp::Min,
-            "max" => RedOp::Max,
-            "avg" => RedOp::Avg,
-            _ => return None,
-        })
-    }
-}
-
-/// What kind of operation a frame belongs to.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-#[repr(u8)]
-pub enum OpKind {
-    SendRecv = 1,
-    AllReduce = 2,
-    ReduceScatter = 3,
-    AllGather = 4,
-    Broadcast = 5,
-    Reduce = 6,
-    Barrier = 7,
-}
-
-impl OpKind {
-    /// Decodes the wire code.
-    pub fn from_code(c: u8) -> Option<OpKind> {
-        Some(match c {
-            1 => OpKind::SendRecv,
-            2 => OpKind::AllReduce,
-            3 => OpKind::ReduceScatter,
-            4 => OpKind::AllGather,
-            5 => OpKind::Broadcast,
-            6 => OpKind::Reduce,
-            7 => OpKind::Barrier,
-            _ => return None,
-        })
-    }
-
-    /// The API name of the operation.
-    pub fn name(self) -> &'static str {
-        match self {
-            OpKind::SendRecv => "send/recv",
-            OpKind::AllReduce => "all_reduce",
-            OpKind::ReduceScatter => "reduce_scatter",
-            OpKind::AllGather => "all_gather",
-            OpKind::Broadcast => "broadcast",
-            OpKind::Reduce => "reduce",
-            OpKind::Barrier => "barrier",
-        }
-    }
-}
-
-/// Identifies one collective call: every rank taking part computes the same value.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-pub struct Fingerprint {
-    pub comm_id: u64,
+/// Names one message: which conversation, which operation slot in it, which
+/// message of the operation, and what the operation is.
+#[derive(Clone, Copy)]
+pub struct Tag {
+    /// The conversation (a communicator's id).
+    pub comm: u64,
+    /// The operation slot within the conversation; messages match only
+    /// within one slot.
     pub seq: u64,
-    pub op: OpKind,
-    pub dtype: DType,
-    pub redop: RedOp,
-    pub count: u64,
-    pub root: u32,
+    /// The message within the operation (an algorithm step, a point-to-point
+    /// ordinal).
+    pub step: u32,
+    pub sig: Signature,
+    pub scope: Scope,
+    /// How to print the operation.
+    pub show: TagFmt,
 }
 
-impl fmt::Display for Fingerprint {
+impl PartialEq for Tag {
+    /// Tags are the same message when every field but the printer agrees.
+    fn eq(&self, o: &Tag) -> bool {
+        (self.comm, self.seq, self.step, self.sig, self.scope)
+            == (o.comm, o.seq, o.step, o.sig, o.scope)
+    }
+}
+
+impl Eq for Tag {}
+
+impl fmt::Debug for Tag {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(
-            f,
-            "{}(seq={}, count={}, dtype={}",
-            self.op.name(),
-            self.seq,
-            self.count,
-            self.dtype.name()
-        )?;
-        if self.redop != RedOp::None {
-            write!(f, ", op={}", self.redop.name())?;
+        write!(f, "Tag({self} step {})", self.step)
+    }
+}
+
+/// Prints the operation of a tag whose signature this layer cannot read.
+fn show_raw(t: &Tag, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+    write!(f, "operation(comm={:#x}, seq={}, signature=", t.comm, t.seq)?;
+    for b in t.sig.0 {
+        write!(f, "{b:02x}")?;
+    }
+    f.write_str(")")
+}
+
+impl fmt::Display for Tag {
+    /// The operation, as the tag's maker prints it.
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        (self.show)(self, f)
+    }
+}
+
+impl Tag {
+    /// The tag of control frames (abort, close), which belong to no message.
+    pub const NONE: Tag = Tag::raw(0, 0, 0, Signature([0; Signature::LEN]), Scope::Message);
+
+    /// A tag printed in hex: what a transport decodes from the wire before
+    /// it knows which of its receives the frame is for.
+    pub const fn raw(comm: u64, seq: u64, step: u32, sig: Signature, scope: Scope) -> Tag {
+        Tag {
+            comm,
+            seq,
+            step,
+            sig,
+            scope,
+            show: show_raw,
         }
-        if matches!(self.op, OpKind::Broadcast | OpKind::Reduce) {
-            write!(f, ", root={}", self.root)?;
+    }
+
+    /// `self`, printed the way `like` is (a frame compared with a posted
+    /// receive is shown in the receive's vocabulary).
+    pub fn described_like(mut self, like: &Tag) -> Tag {
+        self.show = like.show;
+        self
+    }
+
+    /// Whether a frame belongs to the message this tag names.
+    ///
+    /// Returns an error when the frame comes from the same operation slot
+    /// (communicator and sequence number) but describes a different call:
+    /// the two ranks disagree about what they are doing.
+    pub fn matches(&self, me: u32, h: &FrameHeader, expected_total: u64) -> Result<bool> {
+        if h.tag.comm != self.comm || h.tag.seq != self.seq {
+            return Ok(false);
         }
-        write!(f, ", comm={:#x})", self.comm_id)
+        // Point-to-point messages all share one sequence number and are told
+        // apart by their per-pair step alone: a frame of a later send (on
+        // another lane, say) is not a disagreement about this one.
+        if self.scope == Scope::Message && h.tag.scope == Scope::Message && h.tag.step != self.step
+        {
+            return Ok(false);
+        }
+        let theirs = h.tag.described_like(self);
+        if h.tag.sig != self.sig || h.tag.scope != self.scope {
+            return Err(Error::Mismatch {
+                me,
+                peer: h.src_rank,
+                local: self.to_string(),
+                remote: theirs.to_string(),
+            });
+        }
+        if h.tag.step != self.step {
+            return Ok(false);
+        }
+        if h.total != expected_total {
+            return Err(Error::Mismatch {
+                me,
+                peer: h.src_rank,
+                local: format!(
+                    "{self} expecting {expected_total} bytes at step {}",
+                    self.step
+                ),
+                remote: format!("{theirs} sending {} bytes at step {}", h.total, h.tag.step),
+            });
+        }
+        Ok(true)
     }
 }
 
@@ -254,9 +191,8 @@ pub enum FrameKind {
 pub struct FrameHeader {
     pub kind: FrameKind,
     pub src_rank: u32,
-    pub fp: Fingerprint,
-    /// Algorithm step within the operation; together with `fp.seq` it names the message.
-    pub step: u32,
+    /// The message this segment belongs to.
+    pub tag: Tag,
     /// Byte offset of this segment within its message.
     pub offset: u64,
     /// Payload bytes following the header.
@@ -266,32 +202,48 @@ pub struct FrameHeader {
 }
 
 impl FrameHeader {
-    /// Encodes into the 64-byte wire form (little endian).
+    /// A frame that belongs to no message (abort reasons, close notices)
+    /// with `len` payload bytes.
+    pub fn control(kind: FrameKind, src_rank: u32, len: usize) -> FrameHeader {
+        FrameHeader {
+            kind,
+            src_rank,
+            tag: Tag::NONE,
+            offset: 0,
+            len: len as u64,
+            total: len as u64,
+        }
+    }
+
+    /// Encodes into the 64-byte wire form (little endian):
+    /// magic 0..4, kind 4, flags 5, signature 6..20, source rank 20..24,
+    /// communicator 24..32, sequence 32..40, step 40..44, segment length
+    /// 44..48, offset 48..56, total 56..64.
     pub fn encode(&self) -> [u8; HEADER_LEN] {
         let mut b = [0u8; HEADER_LEN];
         b[0..4].copy_from_slice(&MAGIC.to_le_bytes());
         b[4] = self.kind as u8;
-        b[5] = self.fp.op as u8;
-        b[6] = self.fp.dtype as u8;
-        b[7] = self.fp.redop as u8;
-        b[8..12].copy_from_slice(&self.src_rank.to_le_bytes());
-        b[12..16].copy_from_slice(&self.fp.root.to_le_bytes());
-        b[16..20].copy_from_slice(&self.step.to_le_bytes());
-        // 20..24 reserved (zero)
-        b[24..32].copy_from_slice(&self.fp.comm_id.to_le_bytes());
-        b[32..40].copy_from_slice(&self.fp.seq.to_le_bytes());
-        b[40..48].copy_from_slice(&self.fp.count.to_le_bytes());
-        b[48..56].copy_from_slice(&self.offset.to_le_bytes());
-        // The payload length fits in 32 bits (segments are small); the total does not.
+        b[5] = match self.tag.scope {
+            Scope::Operation => 0,
+            Scope::Message => FLAG_PER_MESSAGE,
+        };
+        b[6..20].copy_from_slice(&self.tag.sig.0);
+        b[20..24].copy_from_slice(&self.src_rank.to_le_bytes());
+        b[24..32].copy_from_slice(&self.tag.comm.to_le_bytes());
+        b[32..40].copy_from_slice(&self.tag.seq.to_le_bytes());
+        b[40..44].copy_from_slice(&self.tag.step.to_le_bytes());
+        // A segment's payload fits in 32 bits (segments are small); the
+        // message's total does not.
         let len32 = u32::try_from(self.len).unwrap_or(u32::MAX);
-        b[56..60].copy_from_slice(&len32.to_le_bytes());
-        // Total bytes: low 32 bits here, high 32 bits in the reserved word.
-        b[60..64].copy_from_slice(&(self.total as u32).to_le_bytes());
-        b[20..24].copy_from_slice(&((self.total >> 32) as u32).to_le_bytes());
+        b[44..48].copy_from_slice(&len32.to_le_bytes());
+        b[48..56].copy_from_slice(&self.offset.to_le_bytes());
+        b[56..64].copy_from_slice(&self.total.to_le_bytes());
         b
     }
 
-    /// Decodes a header; any malformed input is a [`Error::Protocol`].
+    /// Decodes a header; any malformed input is a [`Error::Protocol`]. The
+    /// tag describes its operation in hex until a receiver that knows the
+    /// vocabulary adopts it (see [`Tag::described_like`]).
     pub fn decode(b: &[u8]) -> Result<FrameHeader> {
         if b.len() < HEADER_LEN {
             return Err(Error::Protocol(format!(
@@ -318,15 +270,16 @@ impl FrameHeader {
             4 => FrameKind::Rendezvous,
             k => return Err(Error::Protocol(format!("unknown frame kind {k}"))),
         };
-        let op = OpKind::from_code(b[5])
-            .ok_or_else(|| Error::Protocol(format!("unknown op code {}", b[5])))?;
-        let dtype = DType::from_code(b[6])
-            .ok_or_else(|| Error::Protocol(format!("unknown dtype code {}", b[6])))?;
-        let redop = RedOp::from_code(b[7])
-            .ok_or_else(|| Error::Protocol(format!("unknown reduction code {}", b[7])))?;
-        let len = u32_at(56) as u64;
-        let total = ((u32_at(20) as u64) << 32) | u32_at(60) as u64;
+        let scope = match b[5] {
+            0 => Scope::Operation,
+            FLAG_PER_MESSAGE => Scope::Message,
+            f => return Err(Error::Protocol(format!("unknown frame flags {f:#04x}"))),
+        };
+        let mut sig = [0u8; Signature::LEN];
+        sig.copy_from_slice(&b[6..20]);
+        let len = u32_at(44) as u64;
         let offset = u64_at(48);
+        let total = u64_at(56);
         if offset.checked_add(len).is_none_or(|end| end > total) {
             return Err(Error::Protocol(format!(
                 "segment [{offset}, +{len}) lies outside its {total}-byte message"
@@ -334,17 +287,8 @@ impl FrameHeader {
         }
         Ok(FrameHeader {
             kind,
-            src_rank: u32_at(8),
-            fp: Fingerprint {
-                comm_id: u64_at(24),
-                seq: u64_at(32),
-                op,
-                dtype,
-                redop,
-                count: u64_at(40),
-                root: u32_at(12),
-            },
-            step: u32_at(16),
+            src_rank: u32_at(20),
+            tag: Tag::raw(u64_at(24), u64_at(32), u32_at(40), Signature(sig), scope),
             offset,
             len,
             total,
@@ -362,44 +306,35 @@ mod tests {
             any::<u32>(),
             any::<u64>(),
             any::<u64>(),
-            1u8..=7,
-            prop::sample::select(vec![0u8, 1, 2, 3, 4, 5, 6, 255]),
-            prop::sample::select(vec![0u8, 1, 2, 3, 4, 255]),
-            any::<u64>(),
-            any::<u32>(),
-            any::<u32>(),
-            any::<u64>(),
-            any::<u32>(),
+            any::<[u8; Signature::LEN]>(),
             any::<bool>(),
+            any::<u32>(),
+            any::<u64>(),
+            any::<u32>(),
+            0usize..4,
         )
-            .prop_map(
-                |(src, comm, seq, op, dt, ro, count, root, step, total, len, _abort)| {
-                    let len = (len as u64).min(total);
-                    let offset = (total - len) / 2;
-                    FrameHeader {
-                        kind: [
-                            FrameKind::Data,
-                            FrameKind::Abort,
-                            FrameKind::Close,
-                            FrameKind::Rendezvous,
-                        ][(step % 4) as usize],
-                        src_rank: src,
-                        fp: Fingerprint {
-                            comm_id: comm,
-                            seq,
-                            op: OpKind::from_code(op).unwrap(),
-                            dtype: DType::from_code(dt).unwrap(),
-                            redop: RedOp::from_code(ro).unwrap(),
-                            count,
-                            root,
-                        },
-                        step,
-                        offset,
-                        len,
-                        total,
-                    }
-                },
-            )
+            .prop_map(|(src, comm, seq, sig, per_msg, step, total, len, kind)| {
+                let len = (len as u64).min(total);
+                let offset = (total - len) / 2;
+                let scope = if per_msg {
+                    Scope::Message
+                } else {
+                    Scope::Operation
+                };
+                FrameHeader {
+                    kind: [
+                        FrameKind::Data,
+                        FrameKind::Abort,
+                        FrameKind::Close,
+                        FrameKind::Rendezvous,
+                    ][kind],
+                    src_rank: src,
+                    tag: Tag::raw(comm, seq, step, Signature(sig), scope),
+                    offset,
+                    len,
+                    total,
+                }
+            })
     }
 
     proptest! {
@@ -431,19 +366,86 @@ mod tests {
     }
 
     #[test]
-    fn fingerprint_display_names_the_call() {
-        let fp = Fingerprint {
-            comm_id: 1,
-            seq: 7,
-            op: OpKind::Broadcast,
-            dtype: DType::F32,
-            redop: RedOp::None,
-            count: 10,
-            root: 3,
-        };
+    fn unknown_flags_are_refused() {
+        let mut enc = FrameHeader::control(FrameKind::Close, 1, 0).encode();
+        enc[5] = 0x80;
+        let e = FrameHeader::decode(&enc).unwrap_err();
+        assert!(e.to_string().contains("unknown frame flags"), "{e}");
+    }
+
+    // ---- tags ----
+
+    /// Prints the signature's first byte as a type code, as a test vocabulary.
+    fn show(t: &Tag, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "op(seq={}, type={})", t.seq, t.sig.0[0])
+    }
+
+    fn tag(scope: Scope, ty: u8, step: u32) -> Tag {
+        let mut sig = Signature::default();
+        sig.0[0] = ty;
+        Tag {
+            comm: 9,
+            seq: if scope == Scope::Message { u64::MAX } else { 4 },
+            step,
+            sig,
+            scope,
+            show,
+        }
+    }
+
+    fn frame(tag: Tag) -> FrameHeader {
+        // What the wire gives back: printed raw until matched.
+        let raw = Tag::raw(tag.comm, tag.seq, tag.step, tag.sig, tag.scope);
+        FrameHeader {
+            kind: FrameKind::Data,
+            src_rank: 1,
+            tag: raw,
+            offset: 0,
+            len: 8,
+            total: 8,
+        }
+    }
+
+    #[test]
+    fn a_later_point_to_point_message_of_another_type_is_not_a_mismatch() {
+        let want = tag(Scope::Message, 6, 5);
+        let later = frame(tag(Scope::Message, 0, 6));
+        assert!(!want.matches(0, &later, 8).unwrap());
+        // The same step with another type is a real disagreement.
+        let same = frame(tag(Scope::Message, 0, 5));
+        assert!(matches!(
+            want.matches(0, &same, 8),
+            Err(Error::Mismatch { .. })
+        ));
+        assert!(want.matches(0, &frame(want), 8).unwrap());
+    }
+
+    #[test]
+    fn a_collective_of_another_kind_in_the_same_slot_is_a_mismatch_at_any_step() {
+        let want = tag(Scope::Operation, 5, 0);
+        let other = frame(tag(Scope::Operation, 4, 3));
+        match want.matches(0, &other, 8) {
+            // Both sides are printed in the receiver's vocabulary.
+            Err(Error::Mismatch { local, remote, .. }) => {
+                assert_eq!(local, "op(seq=4, type=5)");
+                assert_eq!(remote, "op(seq=4, type=4)");
+            }
+            other => panic!("expected a mismatch, got {other:?}"),
+        }
+    }
+
+    #[test]
+    fn a_tag_without_a_vocabulary_prints_its_signature_in_hex() {
+        let t = Tag::raw(
+            0x10,
+            2,
+            0,
+            Signature([0xab; Signature::LEN]),
+            Scope::Operation,
+        );
         assert_eq!(
-            fp.to_string(),
-            "broadcast(seq=7, count=10, dtype=float, root=3, comm=0x1)"
+            t.to_string(),
+            format!("operation(comm=0x10, seq=2, signature={})", "ab".repeat(14))
         );
     }
 }

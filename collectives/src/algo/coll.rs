@@ -12,7 +12,7 @@ use gw_transport::Result;
 
 use super::dag::{Alias, Builder, DagSchedule, Desc, Pool, check_steps, nsegs, segment};
 use super::{Buf, Loc, OpSpec};
-use gw_transport::wire::OpKind;
+use crate::op::OpKind;
 
 /// Parent and children (actual ranks) of this rank in the broadcast/reduce
 /// tree rooted at `spec.root`, for a message of `m` segments.

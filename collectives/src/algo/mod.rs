@@ -40,7 +40,7 @@
 
 pub mod p2p;
 
-use gw_transport::wire::OpKind;
+use crate::op::OpKind;
 use gw_transport::{Error, Rank, Result};
 
 /// Which buffer a [`Loc`] refers to (see the module comment).

@@ -67,7 +67,7 @@ fn real(v: usize, e: usize) -> u32 {
 /// (`engine/direct.rs`); `None` for any other call.
 pub(crate) fn direct_rounds(spec: &OpSpec) -> Option<u32> {
     let (n, _, count, seg) = spec.dims();
-    let eligible = spec.op == gw_transport::OpKind::AllReduce
+    let eligible = spec.op == crate::op::OpKind::AllReduce
         && n >= 2
         && n.is_power_of_two()
         && !spec.scaled
@@ -185,7 +185,7 @@ pub(super) fn allreduce(spec: &OpSpec) -> Result<DagSchedule> {
 mod tests {
     use super::*;
     use crate::algo::{Action, Schedule};
-    use gw_transport::OpKind;
+    use crate::op::OpKind;
 
     fn spec(n: u32, rank: u32, count: usize, seg: usize, scaled: bool) -> OpSpec {
         OpSpec {

@@ -21,9 +21,9 @@
 use super::{
     Engine, PEER_CHECK_EVERY, Ptr, STALL, STALL_CHECKS, aborted, consult_board, failed_earlier,
 };
+use crate::op::Fingerprint;
 use crate::reduce::Kernel;
-use gw_transport::wire::Fingerprint;
-use gw_transport::{Error, Now, Rank, Request, Result, Tag};
+use gw_transport::{Error, Now, Outstanding, Rank, Request, Result, Tag};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
@@ -130,10 +130,7 @@ impl Engine {
             let t = self.direct_connect(op, peer, w)?;
             // Round 0 sends the caller's input, later rounds the partial sum.
             let src = if j == 0 { op.send } else { op.recv };
-            let tag = Tag {
-                fp: op.fp,
-                step: j + 1,
-            };
+            let tag = op.fp.tag(j + 1);
             self.direct_exchange(op, t, peer, tag, src, w)?;
             let got = self.scratch.as_ptr().cast::<u8>();
             // SAFETY: src and recv hold `count` elements (the caller's layout),
@@ -203,8 +200,12 @@ impl Engine {
                 }
             }
         };
-        let res = self.direct_complete(op, t, peer, tag, send.map(|s| s.1), w);
-        if let Some((mem, _)) = send {
+        let (mem, sreq) = match send {
+            Some((mem, req)) => (Some(mem), Some(req)),
+            None => (None, None),
+        };
+        let res = self.direct_complete(op, t, peer, tag, sreq, w);
+        if let Some(mem) = mem {
             // Fails only while the send is still posted, after an error
             // that fails the communicator (the transports are aborted).
             let _ = self.transports[t].deregister(mem);
@@ -229,8 +230,9 @@ impl Engine {
         // else uses it during this call.
         let into =
             unsafe { std::slice::from_raw_parts_mut(self.scratch.as_mut_ptr().cast(), op.bytes) };
+        let mut sreq = sreq.map(Outstanding::new);
         let (mut sent, mut got) = (sreq.is_none(), false);
-        let mut rreq = None;
+        let mut rreq: Option<Outstanding> = None;
         loop {
             let mut moved = false;
             if !got && rreq.is_none() {
@@ -238,7 +240,9 @@ impl Engine {
                     Now::Done => (got, moved) = (true, true),
                     Now::Empty => {}
                     Now::Later => {
-                        rreq = Some(self.transports[t].irecv(peer, tag, slot, 0, op.bytes)?);
+                        rreq = Some(Outstanding::new(
+                            self.transports[t].irecv(peer, tag, slot, 0, op.bytes)?,
+                        ));
                     }
                 }
             }
@@ -248,16 +252,16 @@ impl Engine {
                     moved |= tr.progress()?;
                 }
             }
-            if let Some(s) = sreq
+            if let Some(s) = sreq.as_mut()
                 && !sent
-                && self.transports[t].test(s)?
+                && s.poll(self.transports[t].as_mut())?
             {
                 sent = true;
                 moved = true;
             }
-            if let Some(r) = rreq
+            if let Some(r) = rreq.as_mut()
                 && !got
-                && self.transports[t].test(r)?
+                && r.poll(self.transports[t].as_mut())?
             {
                 got = true;
                 moved = true;

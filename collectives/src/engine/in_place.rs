@@ -15,9 +15,9 @@
 //!
 //! [`Landed::InPlace`]: gw_transport::Landed::InPlace
 
-use super::{Engine, Inflight, Running};
-use crate::algo::{Action, Loc};
-use gw_transport::Result;
+use super::{Engine, Running};
+use crate::algo::{Action, ActionId, Loc};
+use gw_transport::{Request, Result};
 use std::sync::atomic::{AtomicU64, Ordering};
 
 /// Reductions that read a received message where it arrived, process-wide.
@@ -31,27 +31,33 @@ pub fn in_place_reads() -> u64 {
 }
 
 impl Engine {
-    /// Completes the receive `f`, whose message lies at `at`, and runs what
-    /// that made ready (see the module comment).
+    /// Completes receive `id` on transport `t`, whose message lies at `at`
+    /// until `held` is released, and runs what that made ready (see the
+    /// module comment).
     pub(super) fn consume_in_place(
         &mut self,
         r: &mut Running,
-        f: Inflight,
+        t: usize,
+        id: ActionId,
+        in_place: Option<Loc>,
+        held: Request,
         at: *const u8,
     ) -> Result<()> {
-        let Some(range) = f.in_place else {
+        let Some(range) = in_place else {
+            let _ = self.transports[t].release_in_place(held);
             return Err(gw_transport::Error::Internal(
                 "a receive not posted in place completed in place".into(),
             ));
         };
-        r.sched.complete(f.id);
-        let mut held = true;
+        r.sched.complete(id);
+        // The slot's request, until it is released.
+        let mut held = Some(held);
         let mut out = Ok(());
         while out.is_ok() {
             let Some(a) = r.sched.next_action() else {
                 break;
             };
-            if held {
+            if held.is_some() {
                 if let Action::Reduce {
                     id,
                     dst,
@@ -63,14 +69,16 @@ impl Engine {
                 {
                     out = self.reduce(r, dst, x, y, finalize, Some((range, at)));
                     IN_PLACE_READS.fetch_add(1, Ordering::Relaxed);
-                    held = false;
-                    out = out.and(self.transports[f.t].release_in_place(f.req));
+                    if let Some(h) = held.take() {
+                        out = out.and(self.transports[t].release_in_place(h));
+                    }
                     r.sched.complete(id);
                     continue;
                 }
-                if touches(&a, range) {
-                    out = self.land(r, f, range, at);
-                    held = false;
+                if touches(&a, range)
+                    && let Some(h) = held.take()
+                {
+                    out = self.land(r, t, h, range, at);
                     if out.is_err() {
                         break;
                     }
@@ -78,24 +86,31 @@ impl Engine {
             }
             out = self.execute(r, a).map(|_| ());
         }
-        if held {
+        if let Some(h) = held {
             // Nothing that reads the message is ready yet: it goes to
             // scratch, and the slot back to the peer.
-            out = out.and(self.land(r, f, range, at));
+            out = out.and(self.land(r, t, h, range, at));
         }
         out
     }
 
     /// Copies a message left in place into its scratch range and releases
     /// it (released even if the range is bad, so that no slot stays held).
-    fn land(&mut self, r: &Running, f: Inflight, range: Loc, at: *const u8) -> Result<()> {
+    fn land(
+        &mut self,
+        r: &Running,
+        t: usize,
+        held: Request,
+        range: Loc,
+        at: *const u8,
+    ) -> Result<()> {
         let copied = self.buf_range(r, range).map(|(base, off, len)| {
             // SAFETY: buf_range checked the range against scratch; the
             // transport guarantees `len` bytes at `at` until release, in
             // memory the engine does not own, so the two do not overlap.
             unsafe { std::ptr::copy_nonoverlapping(at, base.0.add(off), len) }
         });
-        let released = self.transports[f.t].release_in_place(f.req);
+        let released = self.transports[t].release_in_place(held);
         copied.and(released)
     }
 }

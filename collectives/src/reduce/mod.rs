@@ -83,6 +83,7 @@ mod kernels;
 mod narrow;
 #[cfg(test)]
 mod tests;
+mod unaligned;
 
 use crate::{DType, Error, RedOp, Result};
 use kernels::{DISTINCT, DST_IS_A, DST_IS_AB, DST_IS_B, Half, OpSel, Params};

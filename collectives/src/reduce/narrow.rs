@@ -6,7 +6,7 @@
 //! instructions (`vcvtph2ps` / `vcvtps2ph`, eight lanes at a time) or,
 //! without them, `half`'s own slice conversions.
 
-use super::kernels::{BLOCK, Un};
+use super::unaligned::{BLOCK, Un};
 use std::mem::MaybeUninit;
 
 /// bf16 → f32: exact (bf16 is the upper half of an f32).

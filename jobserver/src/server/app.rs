@@ -62,10 +62,16 @@ impl App {
             Route::ListJobs => to_json(&db.tx(status::list)?),
             Route::GetJob(id) => to_json(&db.tx(|tx| status::status(tx, id))?),
             Route::Events(id) => to_json(&db.tx(|tx| status::events(tx, id))?),
-            Route::Cancel(id) => to_json(&db.tx(|tx| jobs::cancel(tx, id))?),
+            Route::Cancel(id) => to_json(&db.tx(|tx| {
+                jobs::cancel(tx, id)?;
+                status::status(tx, id)
+            })?),
             Route::SetGlobalBatch(id) => {
                 let req: SetGlobalBatch = body(c)?;
-                to_json(&db.tx(|tx| jobs::set_global_batch(tx, id, &req))?)
+                to_json(&db.tx(|tx| {
+                    jobs::set_global_batch(tx, id, &req)?;
+                    status::status(tx, id)
+                })?)
             }
             Route::StepBegin(id) => to_json(&db.tx(|tx| {
                 let job = steps::authorize(tx, id, token)?;

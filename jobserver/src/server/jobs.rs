@@ -8,9 +8,7 @@ use crate::server::error::{ApiError, ApiResult, corrupt};
 use crate::server::placement::{FreeNode, place};
 use crate::server::plan::FIT_FORGET;
 use crate::server::validate;
-use gw_jobapi::types::{
-    JobState, JobStatus, PlannerKind, SetGlobalBatch, SubmitReply, SubmitRequest,
-};
+use gw_jobapi::types::{JobState, PlannerKind, SetGlobalBatch, SubmitReply, SubmitRequest};
 use gw_planner::RankFit;
 use gw_rendezvous::token::random_hex;
 use rusqlite::{OptionalExtension, Row, Transaction, params};
@@ -299,7 +297,7 @@ pub fn end(
 
 /// `POST /v1/jobs/{id}/cancel`. Cancelling a cancelled job is a no-op; a
 /// job that already ended otherwise cannot be cancelled (409).
-pub fn cancel(tx: &Transaction<'_>, id: &str) -> ApiResult<JobStatus> {
+pub fn cancel(tx: &Transaction<'_>, id: &str) -> ApiResult<()> {
     let job = get(tx, id)?;
     match job.state {
         JobState::Pending | JobState::Running => {
@@ -315,7 +313,7 @@ pub fn cancel(tx: &Transaction<'_>, id: &str) -> ApiResult<JobStatus> {
             return Err(ApiError::conflict(job.not_running()));
         }
     }
-    crate::server::status::status(tx, id)
+    Ok(())
 }
 
 /// The global batch in force at `step`: the latest change at or before it,
@@ -334,11 +332,7 @@ pub fn batch_at(tx: &Transaction<'_>, job: &Job, step: u64) -> ApiResult<u64> {
 
 /// `POST /v1/jobs/{id}/global_batch`: B from `step` on (until the next
 /// scheduled change). Steps already planned cannot change (409).
-pub fn set_global_batch(
-    tx: &Transaction<'_>,
-    id: &str,
-    req: &SetGlobalBatch,
-) -> ApiResult<JobStatus> {
+pub fn set_global_batch(tx: &Transaction<'_>, id: &str, req: &SetGlobalBatch) -> ApiResult<()> {
     let job = get(tx, id)?;
     if !matches!(job.state, JobState::Pending | JobState::Running) {
         return Err(ApiError::conflict(job.not_running()));
@@ -380,5 +374,5 @@ pub fn set_global_batch(
             req.global_batch, req.step
         ),
     )?;
-    crate::server::status::status(tx, id)
+    Ok(())
 }

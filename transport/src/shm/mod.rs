@@ -52,9 +52,12 @@ use self::ring::{CanPull, Consumer, Corrupt, MAX_PULLS, Producer, next_segment};
 use self::segment::{Layout, Opened, Segment, pid_alive, segment_path};
 use crate::error::{Error, Result};
 use crate::reqmap::{self, ReqMap};
-use crate::seam::{Landed, MemHandle, Now, Properties, Rank, Readiness, Request, Tag, Transport};
+use crate::seam::{
+    Landed, MemHandle, MemPtr, Now, Properties, Rank, Readiness, Request, Tag, Tested, Transport,
+    TransportId,
+};
 use crate::unexpected::Unexpected;
-use crate::wire::{DType, Fingerprint, FrameHeader, FrameKind, HEADER_LEN, OpKind, RedOp};
+use crate::wire::{FrameHeader, FrameKind, HEADER_LEN};
 use gw_rendezvous::PeerInfo;
 use std::collections::VecDeque;
 use std::os::unix::net::SocketAddr;
@@ -126,18 +129,9 @@ impl ShmConfig {
     }
 }
 
-/// A pointer into registered memory.
-#[derive(Clone, Copy, Debug)]
-struct RawMem(*mut u8);
-
-// SAFETY: registered memory is owned by the caller, who promised (in
-// `register`) that it stays valid and unraced while transfers are posted; the
-// pointer itself carries no thread affinity.
-unsafe impl Send for RawMem {}
-
 #[derive(Debug)]
 struct Region {
-    ptr: RawMem,
+    ptr: MemPtr,
     len: usize,
 }
 
@@ -147,7 +141,7 @@ struct SendOp {
     tag: Tag,
     mem: MemHandle,
     /// Start of the message (registered base + offset).
-    ptr: RawMem,
+    ptr: MemPtr,
     len: usize,
     /// Bytes already in the ring.
     sent: u64,
@@ -167,7 +161,7 @@ struct RecvOp {
     req: u64,
     tag: Tag,
     mem: MemHandle,
-    ptr: RawMem,
+    ptr: MemPtr,
     len: usize,
     received: u64,
     /// Lands in a region too large to stay cached: copy around the cache
@@ -252,6 +246,8 @@ enum Head {
 /// The same-host shared-memory transport (see the module documentation).
 #[derive(Debug)]
 pub struct ShmTransport {
+    /// Issues this transport's memory handles and requests.
+    id: TransportId,
     me: Rank,
     cfg: ShmConfig,
     layout: Layout,
@@ -318,6 +314,7 @@ impl ShmTransport {
             cfg.pull_bytes
         );
         Ok(ShmTransport {
+            id: TransportId::next(),
             me,
             layout: Layout {
                 slots: cfg.slots,
@@ -401,24 +398,7 @@ impl ShmTransport {
                 end -= 1;
             }
             let text = &reason.as_bytes()[..end];
-            let header = FrameHeader {
-                kind,
-                src_rank: me,
-                fp: Fingerprint {
-                    comm_id: 0,
-                    seq: 0,
-                    op: OpKind::SendRecv,
-                    dtype: DType::Bytes,
-                    redop: RedOp::None,
-                    count: 0,
-                    root: 0,
-                },
-                step: 0,
-                offset: 0,
-                len: text.len() as u64,
-                total: text.len() as u64,
-            }
-            .encode();
+            let header = FrameHeader::control(kind, me, text.len()).encode();
             if conn.tx.push(&header, text).unwrap_or(false) && conn.tx.take_reader_sleeping() {
                 self.bell.ring(&p.bell);
             }
@@ -433,21 +413,22 @@ impl ShmTransport {
         offset: usize,
         len: usize,
         what: &str,
-    ) -> Result<(RawMem, usize)> {
+    ) -> Result<(MemPtr, usize)> {
+        let index = mem.index_for(self.id, "shm")?;
         let r = self
             .regions
-            .get(mem.0 as usize)
+            .get(index as usize)
             .and_then(|r| r.as_ref())
             .ok_or_else(|| {
-                Error::InvalidArgument(format!("{what}: memory handle {} is not registered", mem.0))
+                Error::InvalidArgument(format!("{what}: memory handle {index} is not registered"))
             })?;
         if offset.checked_add(len).is_none_or(|end| end > r.len) {
             return Err(Error::InvalidArgument(format!(
-                "{what}: range [{offset}, {offset}+{len}) lies outside registered region {} of {} bytes",
-                mem.0, r.len
+                "{what}: range [{offset}, {offset}+{len}) lies outside registered region {index} of {} bytes",
+                r.len
             )));
         }
-        Ok((RawMem(r.ptr.0.wrapping_add(offset)), r.len))
+        Ok((MemPtr(r.ptr.0.wrapping_add(offset)), r.len))
     }
 
     /// Posts a receive (see `irecv` and `irecv_in_place`).
@@ -470,7 +451,7 @@ impl ShmTransport {
         let (got, frames) = unsafe { p.early.take(me, &tag, len, ptr.0)? };
         if got >= len && frames > 0 {
             self.reqs.insert(req, true);
-            return Ok(Request(req));
+            return Ok(Request::new(self.id, req));
         }
         if p.closed {
             // Frames sent before the close were buffered; nothing more comes.
@@ -493,17 +474,17 @@ impl ShmTransport {
             stream,
             in_place,
         });
-        Ok(Request(req))
+        Ok(Request::new(self.id, req))
     }
 
     /// The peer whose inbound ring holds request `req`'s message in place,
     /// and the message's length.
-    fn holder(&self, req: Request) -> Option<(usize, usize)> {
+    fn holder(&self, req: u64) -> Option<(usize, usize)> {
         self.peers
             .iter()
             .enumerate()
             .find_map(|(i, p)| match p.held {
-                Some((r, len)) if r == req.0 => Some((i, len)),
+                Some((r, len)) if r == req => Some((i, len)),
                 _ => None,
             })
     }
@@ -682,21 +663,17 @@ fn examine(me: Rank, p: &Peer, rx: &Consumer, raw: &[u8; HEADER_LEN]) -> Result<
             .position(|r| r.req == active)
             .ok_or_else(|| Error::Internal(format!("active receive {active} is not posted")))?;
         let r = &p.recvs[i];
-        if h.fp != r.tag.fp
-            || h.step != r.tag.step
-            || h.total != r.len as u64
-            || h.offset != r.received
-        {
+        if h.tag != r.tag || h.total != r.len as u64 || h.offset != r.received {
             return Err(Error::Protocol(format!(
                 "{} sent bytes [{}, +{}) of {} step {} ({} bytes) while bytes from {} of {} step {} ({} bytes) were due",
                 p.who(),
                 h.offset,
                 h.len,
-                h.fp,
-                h.step,
+                h.tag.described_like(&r.tag),
+                h.tag.step,
                 h.total,
                 r.received,
-                r.tag.fp,
+                r.tag,
                 r.tag.step,
                 r.len
             )));
@@ -709,8 +686,8 @@ fn examine(me: Rank, p: &Peer, rx: &Consumer, raw: &[u8; HEADER_LEN]) -> Result<
                 return Err(Error::Protocol(format!(
                     "{} started {} step {} at byte {} instead of 0",
                     p.who(),
-                    h.fp,
-                    h.step,
+                    h.tag.described_like(&r.tag),
+                    h.tag.step,
                     h.offset
                 )));
             }
@@ -751,8 +728,7 @@ fn pump_sends(
             let header = FrameHeader {
                 kind: FrameKind::Rendezvous,
                 src_rank: me,
-                fp: op.tag.fp,
-                step: op.tag.step,
+                tag: op.tag,
                 offset: 0,
                 len: RENDEZVOUS_LEN as u64,
                 total: op.len as u64,
@@ -776,8 +752,7 @@ fn pump_sends(
         let header = FrameHeader {
             kind: FrameKind::Data,
             src_rank: me,
-            fp: op.tag.fp,
-            step: op.tag.step,
+            tag: op.tag,
             offset,
             len,
             total: op.len as u64,
@@ -878,8 +853,8 @@ unsafe fn pull_bytes(p: &Peer, h: &FrameHeader, addr: u64, dst: *mut u8, len: us
             "process_vm_readv",
             format!(
                 "pulling {len} bytes of {} step {} at {addr:#x} from {}",
-                h.fp,
-                h.step,
+                h.tag,
+                h.tag.step,
                 p.who()
             ),
             e,
@@ -1129,7 +1104,7 @@ impl Transport for ShmTransport {
             )));
         }
         let region = Some(Region {
-            ptr: RawMem(ptr),
+            ptr: MemPtr(ptr),
             len,
         });
         let idx = match self.regions.iter().position(|r| r.is_none()) {
@@ -1144,18 +1119,18 @@ impl Transport for ShmTransport {
         };
         let idx = u32::try_from(idx)
             .map_err(|_| Error::InvalidUsage("too many registered regions".into()))?;
-        Ok(MemHandle(idx))
+        Ok(MemHandle::new(self.id, idx))
     }
 
     fn deregister(&mut self, mem: MemHandle) -> Result<()> {
+        let index = mem.index_for(self.id, "shm")?;
         let known = self
             .regions
-            .get(mem.0 as usize)
+            .get(index as usize)
             .is_some_and(|r| r.is_some());
         if !known {
             return Err(Error::InvalidArgument(format!(
-                "deregister: memory handle {} is not registered",
-                mem.0
+                "deregister: memory handle {index} is not registered"
             )));
         }
         let busy = self.peers.iter().any(|p| {
@@ -1165,11 +1140,10 @@ impl Transport for ShmTransport {
         });
         if busy {
             return Err(Error::InvalidUsage(format!(
-                "deregister: memory handle {} is still used by a posted transfer",
-                mem.0
+                "deregister: memory handle {index} is still used by a posted transfer"
             )));
         }
-        self.regions[mem.0 as usize] = None;
+        self.regions[index as usize] = None;
         Ok(())
     }
 
@@ -1192,7 +1166,7 @@ impl Transport for ShmTransport {
             len,
             sent: 0,
         });
-        Ok(Request(req))
+        Ok(Request::new(self.id, req))
     }
 
     fn irecv(
@@ -1233,8 +1207,7 @@ impl Transport for ShmTransport {
         let header = FrameHeader {
             kind: FrameKind::Data,
             src_rank: me,
-            fp: tag.fp,
-            step: tag.step,
+            tag,
             offset: 0,
             len: n,
             total: n,
@@ -1283,27 +1256,27 @@ impl Transport for ShmTransport {
         Ok(Now::Done)
     }
 
-    fn test(&mut self, req: Request) -> Result<bool> {
+    fn test(&mut self, req: Request) -> Result<Tested> {
         match self.test_in_place(req)? {
-            Landed::Pending => Ok(false),
-            Landed::Written => Ok(true),
-            Landed::InPlace(_) => Err(Error::InvalidUsage(format!(
+            Landed::Pending(r) => Ok(Tested::Pending(r)),
+            Landed::Written => Ok(Tested::Done),
+            Landed::InPlace { held, .. } => Err(Error::InvalidUsage(format!(
                 "request {} completed in place: test it with test_in_place and release it",
-                req.0
+                held.id()
             ))),
         }
     }
 
     fn test_in_place(&mut self, req: Request) -> Result<Landed> {
-        match self.reqs.get(&req.0) {
-            None => Err(Error::InvalidUsage(format!(
-                "request {} is unknown to the shm transport (never posted, or already completed and tested)",
-                req.0
+        let id = req.id_for(self.id, "shm")?;
+        match self.reqs.get(&id) {
+            None => Err(Error::Internal(format!(
+                "shm: request {id} is not in the request table"
             ))),
-            Some(false) => Ok(Landed::Pending),
+            Some(false) => Ok(Landed::Pending(req)),
             Some(true) => {
-                self.reqs.remove(&req.0);
-                let Some((i, len)) = self.holder(req) else {
+                self.reqs.remove(&id);
+                let Some((i, len)) = self.holder(id) else {
                     return Ok(Landed::Written);
                 };
                 let p = &self.peers[i];
@@ -1312,14 +1285,15 @@ impl Transport for ShmTransport {
                     .as_ref()
                     .ok_or_else(|| Error::Internal("connection vanished".into()))?;
                 let at = conn.rx.payload_ptr(len).map_err(|c| p.corrupt(c))?;
-                Ok(Landed::InPlace(at))
+                Ok(Landed::InPlace { at, held: req })
             }
         }
     }
 
-    fn release_in_place(&mut self, req: Request) -> Result<()> {
-        let (i, _) = self.holder(req).ok_or_else(|| {
-            Error::InvalidUsage(format!("request {} holds no message in place", req.0))
+    fn release_in_place(&mut self, held: Request) -> Result<()> {
+        let id = held.id_for(self.id, "shm")?;
+        let (i, _) = self.holder(id).ok_or_else(|| {
+            Error::InvalidUsage(format!("request {id} holds no message in place"))
         })?;
         let p = &mut self.peers[i];
         p.held = None;

@@ -400,7 +400,7 @@ impl Consumer {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::wire::{DType, Fingerprint, FrameHeader, FrameKind, OpKind, RedOp};
+    use crate::wire::{FrameHeader, FrameKind};
 
     /// An 8-aligned heap region for a ring.
     fn region(slots: usize, slot_bytes: usize) -> Vec<u64> {
@@ -419,16 +419,7 @@ mod tests {
         FrameHeader {
             kind: FrameKind::Data,
             src_rank: 0,
-            fp: Fingerprint {
-                comm_id: 1,
-                seq: 2,
-                op: OpKind::SendRecv,
-                dtype: DType::Bytes,
-                redop: RedOp::None,
-                count: total,
-                root: 0,
-            },
-            step: 0,
+            tag: crate::test_tags::tag(1, 2, total, 0, 0),
             offset,
             len,
             total,

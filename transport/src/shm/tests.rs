@@ -1,6 +1,7 @@
 //! Two `ShmTransport`s in one process (ranks 0 and 1), over real shared memory.
 
 use super::*;
+use crate::seam::Outstanding;
 use proptest::prelude::*;
 use std::sync::atomic::AtomicU32;
 use std::time::{Duration, Instant};
@@ -63,23 +64,9 @@ pub(super) fn pair_pull(
     (a, b)
 }
 
-pub(super) fn fp(seq: u64, count: u64) -> Fingerprint {
-    Fingerprint {
-        comm_id: 0xc0,
-        seq,
-        op: OpKind::AllReduce,
-        dtype: DType::U8,
-        redop: RedOp::Sum,
-        count,
-        root: 0,
-    }
-}
-
+/// Operation slot `seq` of a 100-element operation (see `test_tags`).
 pub(super) fn tag(seq: u64, step: u32) -> Tag {
-    Tag {
-        fp: fp(seq, 100),
-        step,
-    }
+    crate::test_tags::tag(0xc0, seq, 100, 0, step)
 }
 
 pub(super) fn reg(t: &mut ShmTransport, buf: &mut [u8]) -> MemHandle {
@@ -97,9 +84,11 @@ pub(super) fn pattern(len: usize, seed: u8) -> Vec<u8> {
 pub(super) fn run(
     a: &mut ShmTransport,
     b: &mut ShmTransport,
-    mut ra: Vec<Request>,
-    mut rb: Vec<Request>,
+    ra: Vec<impl Into<Outstanding>>,
+    rb: Vec<impl Into<Outstanding>>,
 ) {
+    let mut ra: Vec<Outstanding> = ra.into_iter().map(Into::into).collect();
+    let mut rb: Vec<Outstanding> = rb.into_iter().map(Into::into).collect();
     let deadline = Instant::now() + Duration::from_secs(2);
     while !(ra.is_empty() && rb.is_empty()) {
         assert!(
@@ -108,8 +97,8 @@ pub(super) fn run(
         );
         a.progress().unwrap();
         b.progress().unwrap();
-        ra.retain(|r| !a.test(*r).unwrap());
-        rb.retain(|r| !b.test(*r).unwrap());
+        ra.retain_mut(|r| !r.poll(&mut *a).unwrap());
+        rb.retain_mut(|r| !r.poll(&mut *b).unwrap());
     }
 }
 
@@ -168,9 +157,9 @@ fn unmatched_frame_waits_in_its_slot_until_its_recv_is_posted() {
     let mut dst = vec![0u8; 16];
     let ms = reg(&mut a, &mut src);
     let md = reg(&mut b, &mut dst);
-    let s = a.isend(1, tag(1, 0), ms, 0, 16).unwrap();
+    let mut s = Outstanding::new(a.isend(1, tag(1, 0), ms, 0, 16).unwrap());
     assert!(a.progress().unwrap());
-    assert!(a.test(s).unwrap());
+    assert!(s.poll(&mut a).unwrap());
     // Nothing posted on b and no send of b's stuck: the frame stays in the
     // ring (no copy), there is nothing to do, and b may sleep.
     assert!(!b.progress().unwrap());
@@ -181,15 +170,15 @@ fn unmatched_frame_waits_in_its_slot_until_its_recv_is_posted() {
         vec![0u8; 16],
         "nothing is written before the receive is posted"
     );
-    let r = b.irecv(0, tag(1, 0), md, 0, 16).unwrap();
+    let mut r = Outstanding::new(b.irecv(0, tag(1, 0), md, 0, 16).unwrap());
     assert!(b.progress().unwrap());
     assert!(
-        b.test(r).unwrap(),
+        r.poll(&mut b).unwrap(),
         "the waiting frame completes the receive"
     );
     assert_eq!(dst, src);
-    // A completed request is forgotten.
-    assert!(matches!(b.test(r), Err(Error::InvalidUsage(_))));
+    // A completed request is gone: polling it again asks the transport nothing.
+    assert!(r.is_done() && r.poll(&mut b).unwrap());
 }
 
 #[test]
@@ -205,21 +194,25 @@ fn unmatched_frame_is_buffered_while_a_send_is_stuck() {
     let ms = reg(&mut b, &mut src);
     let mb = reg(&mut a, &mut back);
     let md = reg(&mut b, &mut dst);
-    let sends: Vec<_> = (0..3)
-        .map(|k| b.isend(0, tag(2, k), ms, 16 * k as usize, 16).unwrap())
+    let mut sends: Vec<Outstanding> = (0..3)
+        .map(|k| {
+            b.isend(0, tag(2, k), ms, 16 * k as usize, 16)
+                .unwrap()
+                .into()
+        })
         .collect();
     b.progress().unwrap();
     assert!(
-        !b.test(sends[2]).unwrap(),
+        !sends[2].poll(&mut b).unwrap(),
         "the third send waits for a slot"
     );
-    let s = a.isend(1, tag(3, 0), mb, 0, 16).unwrap();
+    let mut s = Outstanding::new(a.isend(1, tag(3, 0), mb, 0, 16).unwrap());
     a.progress().unwrap();
-    assert!(a.test(s).unwrap());
+    assert!(s.poll(&mut a).unwrap());
     assert!(b.progress().unwrap(), "the frame is buffered");
-    let r = b.irecv(0, tag(3, 0), md, 0, 16).unwrap();
+    let mut r = Outstanding::new(b.irecv(0, tag(3, 0), md, 0, 16).unwrap());
     assert!(
-        b.test(r).unwrap(),
+        r.poll(&mut b).unwrap(),
         "the buffered frame completes the receive at once"
     );
     assert_eq!(dst, back);
@@ -232,28 +225,12 @@ fn mismatched_fingerprint_names_both_ranks() {
     let mut dst = vec![0u8; 8];
     let ms = reg(&mut a, &mut src);
     let md = reg(&mut b, &mut dst);
-    a.isend(
-        1,
-        Tag {
-            fp: fp(5, 10),
-            step: 0,
-        },
-        ms,
-        0,
-        8,
-    )
-    .unwrap();
-    b.irecv(
-        0,
-        Tag {
-            fp: fp(5, 20),
-            step: 0,
-        },
-        md,
-        0,
-        8,
-    )
-    .unwrap();
+    let _ = a
+        .isend(1, crate::test_tags::tag(0xc0, 5, 10, 0, 0), ms, 0, 8)
+        .unwrap();
+    let _ = b
+        .irecv(0, crate::test_tags::tag(0xc0, 5, 20, 0, 0), md, 0, 8)
+        .unwrap();
     a.progress().unwrap();
     let e = b.progress().unwrap_err();
     match &e {
@@ -284,8 +261,8 @@ fn mismatched_length_is_a_mismatch() {
     let mut dst = vec![0u8; 8];
     let ms = reg(&mut a, &mut src);
     let md = reg(&mut b, &mut dst);
-    a.isend(1, tag(5, 0), ms, 0, 8).unwrap();
-    b.irecv(0, tag(5, 0), md, 0, 4).unwrap();
+    let _ = a.isend(1, tag(5, 0), ms, 0, 8).unwrap();
+    let _ = b.irecv(0, tag(5, 0), md, 0, 4).unwrap();
     a.progress().unwrap();
     assert!(matches!(
         b.progress(),
@@ -383,10 +360,10 @@ fn progress_connects_the_higher_rank() {
     let ms = reg(&mut a, &mut src);
     let md = reg(&mut b, &mut dst);
     // Posting before connect is fine: progress brings the pair up.
-    let rb = b.irecv(0, tag(1, 0), md, 0, 20).unwrap();
+    let rb = Outstanding::new(b.irecv(0, tag(1, 0), md, 0, 20).unwrap());
     assert!(!b.progress().unwrap());
     assert!(!b.prepare_sleep() || !segment_path(&j, 0, 1).exists());
-    let ra = a.isend(1, tag(1, 0), ms, 0, 20).unwrap();
+    let ra = Outstanding::new(a.isend(1, tag(1, 0), ms, 0, 20).unwrap());
     run(&mut a, &mut b, vec![ra], vec![rb]);
     assert_eq!(dst, src);
 }
@@ -424,19 +401,28 @@ fn usage_errors() {
         a.irecv(1, tag(1, 0), m, usize::MAX, 2),
         Err(Error::InvalidArgument(_))
     ));
+    // A handle deregistered, and a handle or request of another transport.
+    let mut other = vec![0u8; 4];
+    let gone = reg(&mut a, &mut other);
+    a.deregister(gone).unwrap();
     assert!(matches!(
-        a.isend(1, tag(1, 0), MemHandle(9), 0, 1),
+        a.isend(1, tag(1, 0), gone, 0, 1),
         Err(Error::InvalidArgument(_))
     ));
-    assert!(matches!(
-        a.test(Request(12345)),
-        Err(Error::InvalidUsage(_))
-    ));
-    let r = a.isend(1, tag(1, 0), m, 0, 10).unwrap();
+    let (mut c, _d) = pair("usage-other", 2, 8);
+    let foreign = reg(&mut c, &mut other);
+    let e = a.isend(1, tag(1, 0), foreign, 0, 1).unwrap_err();
+    assert!(
+        matches!(e, Error::InvalidUsage(_)) && e.to_string().contains("of transport"),
+        "{e}"
+    );
+    let theirs = c.irecv(1, tag(7, 0), foreign, 0, 1).unwrap();
+    assert!(matches!(a.test(theirs), Err(Error::InvalidUsage(_))));
+    let mut r = Outstanding::new(a.isend(1, tag(1, 0), m, 0, 10).unwrap());
     assert!(matches!(a.deregister(m), Err(Error::InvalidUsage(_))));
     a.connect(1).unwrap();
     a.progress().unwrap();
-    assert!(a.test(r).unwrap());
+    assert!(r.poll(&mut a).unwrap());
     a.deregister(m).unwrap();
     assert!(a.deregister(m).is_err());
     let p = a.properties();
@@ -455,34 +441,34 @@ fn prepare_sleep_sees_waiting_data() {
     let mut dst = vec![0u8; 16];
     let ms = reg(&mut a, &mut src);
     let md = reg(&mut b, &mut dst);
-    let r = b.irecv(0, tag(2, 0), md, 0, 16).unwrap();
+    let mut r = Outstanding::new(b.irecv(0, tag(2, 0), md, 0, 16).unwrap());
     assert!(b.prepare_sleep(), "nothing has arrived yet");
     b.finish_sleep();
-    a.isend(1, tag(2, 0), ms, 0, 16).unwrap();
+    let _ = a.isend(1, tag(2, 0), ms, 0, 16).unwrap();
     a.progress().unwrap();
     assert!(!b.prepare_sleep(), "data is waiting");
     // The flags were cleared again: a's next publish rings nobody.
     assert!(!a.peers[1].conn.as_ref().unwrap().tx.take_reader_sleeping());
     b.progress().unwrap();
-    assert!(b.test(r).unwrap());
+    assert!(r.poll(&mut b).unwrap());
 }
 
 /// Runs rank `t` in its own thread, sleeping in a mio::Poll whenever it can,
 /// until `reqs` complete. Returns how many wakeups came with events.
 fn sleepy(
     mut t: ShmTransport,
-    reqs: Vec<Request>,
+    reqs: Vec<impl Into<Outstanding> + Send + 'static>,
 ) -> std::thread::JoinHandle<(ShmTransport, usize)> {
     std::thread::spawn(move || {
         let mut poll = mio::Poll::new().unwrap();
         let mut events = mio::Events::with_capacity(8);
         t.attach(poll.registry(), 7 << 32).unwrap();
         let deadline = Instant::now() + Duration::from_secs(3);
-        let mut reqs = reqs;
+        let mut reqs: Vec<Outstanding> = reqs.into_iter().map(Into::into).collect();
         let mut woken = 0;
         loop {
             t.progress().unwrap();
-            reqs.retain(|r| !t.test(*r).unwrap());
+            reqs.retain_mut(|r| !r.poll(&mut t).unwrap());
             if reqs.is_empty() {
                 return (t, woken);
             }
@@ -508,14 +494,14 @@ fn doorbell_wakes_a_sleeping_reader() {
     let mut dst = vec![0u8; 100];
     let ms = reg(&mut a, &mut src);
     let md = reg(&mut b, &mut dst);
-    let r = b.irecv(0, tag(3, 1), md, 0, 100).unwrap();
+    let r = Outstanding::new(b.irecv(0, tag(3, 1), md, 0, 100).unwrap());
     let start = Instant::now();
     let h = sleepy(b, vec![r]);
     std::thread::sleep(Duration::from_millis(100));
-    let s = a.isend(1, tag(3, 1), ms, 0, 100).unwrap();
+    let mut s = Outstanding::new(a.isend(1, tag(3, 1), ms, 0, 100).unwrap());
     // 100 bytes need 4 slots of a 2-slot ring: a must also be woken by b
     // freeing slots, which it observes by polling here.
-    while !a.test(s).unwrap() {
+    while !s.poll(&mut a).unwrap() {
         a.progress().unwrap();
         assert!(start.elapsed() < Duration::from_secs(2));
     }
@@ -538,12 +524,12 @@ fn doorbell_wakes_a_writer_blocked_on_a_full_ring() {
     let ms = reg(&mut a, &mut src);
     let md = reg(&mut b, &mut dst);
     // Four slots' worth through a one-slot ring: a sleeps after each segment.
-    let s = a.isend(1, tag(4, 0), ms, 0, 64).unwrap();
+    let s = Outstanding::new(a.isend(1, tag(4, 0), ms, 0, 64).unwrap());
     let start = Instant::now();
     let h = sleepy(a, vec![s]);
     std::thread::sleep(Duration::from_millis(50));
-    let r = b.irecv(0, tag(4, 0), md, 0, 64).unwrap();
-    while !b.test(r).unwrap() {
+    let mut r = Outstanding::new(b.irecv(0, tag(4, 0), md, 0, 64).unwrap());
+    while !r.poll(&mut b).unwrap() {
         b.progress().unwrap();
         std::thread::sleep(Duration::from_millis(5));
         assert!(start.elapsed() < Duration::from_secs(2));
@@ -560,17 +546,17 @@ fn creator_wakes_a_higher_rank_waiting_to_connect() {
     let mut b = ShmTransport::new(1, infos(2), cfg(&j, 2, 8)).unwrap();
     let mut dst = vec![0u8; 0];
     let md = reg(&mut b, &mut dst);
-    let r = b.irecv(0, tag(1, 0), md, 0, 0).unwrap();
+    let r = Outstanding::new(b.irecv(0, tag(1, 0), md, 0, 0).unwrap());
     let start = Instant::now();
     let h = sleepy(b, vec![r]);
     std::thread::sleep(Duration::from_millis(100));
     let mut a = a;
     let mut src = vec![0u8; 0];
     let ms = reg(&mut a, &mut src);
-    let s = a.isend(1, tag(1, 0), ms, 0, 0).unwrap();
+    let mut s = Outstanding::new(a.isend(1, tag(1, 0), ms, 0, 0).unwrap());
     a.connect(1).unwrap();
     a.progress().unwrap();
-    assert!(a.test(s).unwrap());
+    assert!(s.poll(&mut a).unwrap());
     let (_b, _) = h.join().unwrap();
     assert!(start.elapsed() < Duration::from_secs(2));
 }
@@ -648,7 +634,7 @@ fn after_abort_nothing_is_touched_and_posts_fail() {
     let (mut a, mut b) = pair("abort2", 2, 16);
     let mut buf = vec![0u8; 16];
     let m = reg(&mut a, &mut buf);
-    let r = a.irecv(1, tag(1, 0), m, 0, 16).unwrap();
+    let mut r = Outstanding::new(a.irecv(1, tag(1, 0), m, 0, 16).unwrap());
     a.abort("bye");
     assert!(matches!(
         a.isend(1, tag(1, 1), m, 0, 1),
@@ -661,10 +647,10 @@ fn after_abort_nothing_is_touched_and_posts_fail() {
     // b's data for the dropped receive is never copied.
     let mut src = vec![7u8; 16];
     let ms = reg(&mut b, &mut src);
-    b.isend(0, tag(1, 0), ms, 0, 16).unwrap();
+    let _ = b.isend(0, tag(1, 0), ms, 0, 16).unwrap();
     assert!(b.progress().is_err(), "b sees the abort");
     assert!(!a.progress().unwrap());
-    assert!(!a.test(r).unwrap());
+    assert!(!r.poll(&mut a).unwrap());
     assert!(a.prepare_sleep());
     assert_eq!(buf, vec![0u8; 16]);
 }
@@ -676,8 +662,8 @@ fn clean_close_is_not_a_crash() {
     let mut dst = vec![0u8; 20];
     let ms = reg(&mut a, &mut src);
     let md = reg(&mut b, &mut dst);
-    let s = a.isend(1, tag(1, 0), ms, 0, 20).unwrap();
-    let r = b.irecv(0, tag(1, 0), md, 0, 20).unwrap();
+    let s = Outstanding::new(a.isend(1, tag(1, 0), ms, 0, 20).unwrap());
+    let r = Outstanding::new(b.irecv(0, tag(1, 0), md, 0, 20).unwrap());
     run(&mut a, &mut b, vec![s], vec![r]);
     drop(a);
     assert!(!b.prepare_sleep(), "the close notice is work");
@@ -693,7 +679,7 @@ fn close_while_data_is_expected_is_an_error() {
     let (a, mut b) = pair("close2", 2, 16);
     let mut dst = vec![0u8; 4];
     let md = reg(&mut b, &mut dst);
-    b.irecv(0, tag(1, 0), md, 0, 4).unwrap();
+    let _ = b.irecv(0, tag(1, 0), md, 0, 4).unwrap();
     drop(a);
     match b.progress().unwrap_err() {
         Error::Remote { rank: 0, what, .. } => assert!(what.contains("expected data"), "{what}"),
@@ -702,13 +688,13 @@ fn close_while_data_is_expected_is_an_error() {
 }
 
 /// Progresses `t` until `reqs` complete, sleeping in a poller when idle.
-fn drive_sleeping(t: &mut ShmTransport, poll: &mut mio::Poll, mut reqs: Vec<Request>) {
+fn drive_sleeping(t: &mut ShmTransport, poll: &mut mio::Poll, mut reqs: Vec<Outstanding>) {
     let mut events = mio::Events::with_capacity(8);
     let deadline = Instant::now() + Duration::from_secs(3);
     while !reqs.is_empty() {
         assert!(Instant::now() < deadline, "transfers did not finish");
         t.progress().unwrap();
-        reqs.retain(|r| !t.test(*r).unwrap());
+        reqs.retain_mut(|r| !r.poll(&mut *t).unwrap());
         if !reqs.is_empty() && t.prepare_sleep() {
             poll.poll(&mut events, Some(Duration::from_millis(500)))
                 .unwrap();
@@ -752,9 +738,9 @@ fn child_rank() {
     if mode == "crash" {
         std::process::exit(0); // no destructors: no close notice
     }
-    let r = t.irecv(0, tag(1, 0), m, 0, len).unwrap();
+    let r = Outstanding::new(t.irecv(0, tag(1, 0), m, 0, len).unwrap());
     drive_sleeping(&mut t, &mut poll, vec![r]);
-    let s = t.isend(0, tag(1, 1), m, 0, len).unwrap();
+    let s = Outstanding::new(t.isend(0, tag(1, 1), m, 0, len).unwrap());
     drive_sleeping(&mut t, &mut poll, vec![s]);
 }
 
@@ -809,8 +795,8 @@ fn echo_with_child(name: &str, mode: &str, pull: usize) {
         assert!(Instant::now() < deadline, "the child never probed us");
         std::thread::sleep(Duration::from_millis(1));
     }
-    let s = t.isend(1, tag(1, 0), ms, 0, len).unwrap();
-    let r = t.irecv(1, tag(1, 1), md, 0, len).unwrap();
+    let s = Outstanding::new(t.isend(1, tag(1, 0), ms, 0, len).unwrap());
+    let r = Outstanding::new(t.irecv(1, tag(1, 1), md, 0, len).unwrap());
     drive_sleeping(&mut t, &mut poll, vec![s, r]);
     assert_eq!(dst, src);
     let pulled = t.peers[1].next_pull;
@@ -872,17 +858,17 @@ fn a_send_waiting_to_be_pulled_keeps_its_memory_registered() {
     b.progress().unwrap();
     let mut src = pattern(1000, 4);
     let ms = reg(&mut a, &mut src);
-    let s = a.isend(1, tag(1, 0), ms, 0, 1000).unwrap();
+    let mut s = Outstanding::new(a.isend(1, tag(1, 0), ms, 0, 1000).unwrap());
     a.progress().unwrap();
     assert!(
-        !a.test(s).unwrap(),
+        !s.poll(&mut a).unwrap(),
         "complete before the receiver pulled it"
     );
     let e = a.deregister(ms).unwrap_err().to_string();
     assert!(e.contains("still used"), "{e}");
     let mut dst = vec![0u8; 1000];
     let md = reg(&mut b, &mut dst);
-    let r = b.irecv(0, tag(1, 0), md, 0, 1000).unwrap();
+    let r = Outstanding::new(b.irecv(0, tag(1, 0), md, 0, 1000).unwrap());
     run(&mut a, &mut b, vec![s], vec![r]);
     assert_eq!(dst, src);
     a.deregister(ms).unwrap();
@@ -901,10 +887,10 @@ fn sends_waiting_on_each_other_do_not_deadlock() {
     let (msa, mda) = (reg(&mut a, &mut sa), reg(&mut a, &mut da));
     let (msb, mdb) = (reg(&mut b, &mut sb), reg(&mut b, &mut db));
     let mut sends = [
-        Some(a.isend(1, tag(1, 0), msa, 0, n).unwrap()),
-        Some(b.isend(0, tag(1, 1), msb, 0, n).unwrap()),
+        Some(Outstanding::new(a.isend(1, tag(1, 0), msa, 0, n).unwrap())),
+        Some(Outstanding::new(b.isend(0, tag(1, 1), msb, 0, n).unwrap())),
     ];
-    let mut recvs: [Option<Request>; 2] = [None, None];
+    let mut recvs: [Option<Outstanding>; 2] = [None, None];
     let mut done = [false, false];
     let mut idle_rounds = 0;
     let deadline = Instant::now() + Duration::from_secs(2);
@@ -912,15 +898,15 @@ fn sends_waiting_on_each_other_do_not_deadlock() {
         assert!(Instant::now() < deadline, "deadlocked");
         for (i, t) in [&mut a, &mut b].into_iter().enumerate() {
             let moved = t.progress().unwrap();
-            if let Some(s) = sends[i]
-                && t.test(s).unwrap()
+            if let Some(s) = sends[i].as_mut()
+                && s.poll(t).unwrap()
             {
                 sends[i] = None;
                 let (mem, peer, step) = if i == 0 { (mda, 1, 1) } else { (mdb, 0, 0) };
-                recvs[i] = Some(t.irecv(peer, tag(1, step), mem, 0, n).unwrap());
+                recvs[i] = Some(t.irecv(peer, tag(1, step), mem, 0, n).unwrap().into());
             }
-            if let Some(r) = recvs[i]
-                && t.test(r).unwrap()
+            if let Some(r) = recvs[i].as_mut()
+                && r.poll(t).unwrap()
             {
                 recvs[i] = None;
                 done[i] = true;
@@ -953,8 +939,8 @@ fn a_peer_that_cannot_be_read_gets_its_data_through_slots() {
     let mut src = pattern(3000, 7);
     let mut dst = vec![0u8; 3000];
     let (ms, md) = (reg(&mut a, &mut src), reg(&mut b, &mut dst));
-    let s = a.isend(1, tag(1, 0), ms, 0, 3000).unwrap();
-    let r = b.irecv(0, tag(1, 0), md, 0, 3000).unwrap();
+    let s = Outstanding::new(a.isend(1, tag(1, 0), ms, 0, 3000).unwrap());
+    let r = Outstanding::new(b.irecv(0, tag(1, 0), md, 0, 3000).unwrap());
     run(&mut a, &mut b, vec![s], vec![r]);
     assert_eq!(dst, src);
     assert_eq!(a.peers[1].next_pull, 0, "no rendezvous frame was sent");
@@ -971,12 +957,12 @@ fn a_peer_that_pulled_and_closed_completed_our_send() {
     let mut dst = vec![0u8; 1000];
     let ms = reg(&mut a, &mut src);
     let md = reg(&mut b, &mut dst);
-    let s = a.isend(1, tag(1, 0), ms, 0, 1000).unwrap();
-    let r = b.irecv(0, tag(1, 0), md, 0, 1000).unwrap();
+    let mut s = Outstanding::new(a.isend(1, tag(1, 0), ms, 0, 1000).unwrap());
+    let mut r = Outstanding::new(b.irecv(0, tag(1, 0), md, 0, 1000).unwrap());
     // a posts the rendezvous frame; b pulls it and reports it.
     a.progress().unwrap();
     b.progress().unwrap();
-    assert!(b.test(r).unwrap());
+    assert!(r.poll(&mut b).unwrap());
     assert_eq!(dst, src);
     drop(b); // close notice
     // As if a's previous progress call had looked for reports just before b
@@ -986,5 +972,5 @@ fn a_peer_that_pulled_and_closed_completed_our_send() {
     assert!(a.peers[1].closed);
     assert_eq!(a.peers[1].pulls_out.len(), 1);
     a.progress().unwrap();
-    assert!(a.test(s).unwrap());
+    assert!(s.poll(&mut a).unwrap());
 }

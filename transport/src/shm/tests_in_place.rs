@@ -3,6 +3,7 @@
 
 use super::tests::{pair, pattern, reg, tag};
 use super::*;
+use crate::seam::Outstanding;
 use proptest::prelude::*;
 use std::time::{Duration, Instant};
 
@@ -14,14 +15,14 @@ fn held(at: *const u8, len: usize) -> Vec<u8> {
 }
 
 /// Progresses both sides until `req` (posted in place on `b`) completes.
-fn land(a: &mut ShmTransport, b: &mut ShmTransport, req: Request) -> Landed {
+fn land(a: &mut ShmTransport, b: &mut ShmTransport, mut req: Request) -> Landed {
     let deadline = Instant::now() + Duration::from_secs(2);
     loop {
         assert!(Instant::now() < deadline, "request {req:?} never completed");
         a.progress().unwrap();
         b.progress().unwrap();
         match b.test_in_place(req).unwrap() {
-            Landed::Pending => continue,
+            Landed::Pending(r) => req = r,
             l => return l,
         }
     }
@@ -33,11 +34,11 @@ fn a_one_frame_message_stays_in_its_slot_and_holds_the_stream_until_released() {
     let mut src = pattern(96, 3);
     let mut dst = vec![0u8; 96];
     let (ms, md) = (reg(&mut a, &mut src), reg(&mut b, &mut dst));
-    let s0 = a.isend(1, tag(1, 0), ms, 0, 48).unwrap();
-    let s1 = a.isend(1, tag(1, 1), ms, 48, 48).unwrap();
+    let mut s0 = Outstanding::new(a.isend(1, tag(1, 0), ms, 0, 48).unwrap());
+    let mut s1 = Outstanding::new(a.isend(1, tag(1, 1), ms, 48, 48).unwrap());
     let r0 = b.irecv_in_place(0, tag(1, 0), md, 0, 48).unwrap();
-    let r1 = b.irecv(0, tag(1, 1), md, 48, 48).unwrap();
-    let Landed::InPlace(at) = land(&mut a, &mut b, r0) else {
+    let mut r1 = Outstanding::new(b.irecv(0, tag(1, 1), md, 48, 48).unwrap());
+    let Landed::InPlace { at, held: r0 } = land(&mut a, &mut b, r0) else {
         panic!("a one-frame message was copied, not left in place");
     };
     assert_eq!(held(at, 48), src[..48]);
@@ -48,16 +49,18 @@ fn a_one_frame_message_stays_in_its_slot_and_holds_the_stream_until_released() {
         a.progress().unwrap();
         b.progress().unwrap();
     }
-    assert!(a.test(s0).unwrap() && a.test(s1).unwrap());
-    assert!(!b.test(r1).unwrap());
+    assert!(s0.poll(&mut a).unwrap() && s1.poll(&mut a).unwrap());
+    assert!(!r1.poll(&mut b).unwrap());
     assert!(!b.has_work(), "a held slot counts as work to do");
     b.release_in_place(r0).unwrap();
+    // A request that holds nothing (here: one never received in place).
+    let plain = b.irecv(0, tag(1, 2), md, 0, 1).unwrap();
     assert!(matches!(
-        b.release_in_place(r0),
+        b.release_in_place(plain),
         Err(Error::InvalidUsage(m)) if m.contains("holds no message")
     ));
     let deadline = Instant::now() + Duration::from_secs(2);
-    while !b.test(r1).unwrap() {
+    while !r1.poll(&mut b).unwrap() {
         assert!(
             Instant::now() < deadline,
             "the message behind a released slot never came"
@@ -74,18 +77,18 @@ fn messages_of_several_frames_or_already_buffered_are_written() {
     let mut dst = vec![0u8; 200];
     let (ms, md) = (reg(&mut a, &mut src), reg(&mut b, &mut dst));
     // 100 bytes take two 64-byte slots.
-    a.isend(1, tag(1, 0), ms, 0, 100).unwrap();
+    let _ = a.isend(1, tag(1, 0), ms, 0, 100).unwrap();
     let r0 = b.irecv_in_place(0, tag(1, 0), md, 0, 100).unwrap();
     assert_eq!(land(&mut a, &mut b, r0), Landed::Written);
     assert_eq!(dst[..100], src[..100]);
     // Step 1 arrives first and is buffered because a receive for step 2,
     // behind it in the ring, is posted: its in-place receive finds it
     // buffered and copies it.
-    a.isend(1, tag(1, 1), ms, 100, 50).unwrap();
-    a.isend(1, tag(1, 2), ms, 150, 50).unwrap();
-    let r2 = b.irecv(0, tag(1, 2), md, 150, 50).unwrap();
+    let _ = a.isend(1, tag(1, 1), ms, 100, 50).unwrap();
+    let _ = a.isend(1, tag(1, 2), ms, 150, 50).unwrap();
+    let mut r2 = Outstanding::new(b.irecv(0, tag(1, 2), md, 150, 50).unwrap());
     let deadline = Instant::now() + Duration::from_secs(2);
-    while !b.test(r2).unwrap() {
+    while !r2.poll(&mut b).unwrap() {
         assert!(Instant::now() < deadline);
         a.progress().unwrap();
         b.progress().unwrap();
@@ -101,23 +104,25 @@ fn plain_test_refuses_a_message_held_in_place() {
     let mut src = pattern(32, 9);
     let mut dst = vec![0u8; 32];
     let (ms, md) = (reg(&mut a, &mut src), reg(&mut b, &mut dst));
-    a.isend(1, tag(1, 0), ms, 0, 32).unwrap();
-    let r = b.irecv_in_place(0, tag(1, 0), md, 0, 32).unwrap();
+    let _ = a.isend(1, tag(1, 0), ms, 0, 32).unwrap();
+    let mut r = b.irecv_in_place(0, tag(1, 0), md, 0, 32).unwrap();
     let deadline = Instant::now() + Duration::from_secs(2);
     let err = loop {
         assert!(Instant::now() < deadline);
         a.progress().unwrap();
         b.progress().unwrap();
         match b.test(r) {
-            Ok(false) => continue,
-            Ok(true) => panic!("a held message was reported written"),
+            Ok(Tested::Pending(p)) => r = p,
+            Ok(Tested::Done) => panic!("a held message was reported written"),
             Err(e) => break e,
         }
     };
     assert!(matches!(err, Error::InvalidUsage(m) if m.contains("test_in_place")));
-    // The slot is still held and can be released.
-    b.release_in_place(r).unwrap();
-    assert!(b.release_in_place(Request(12345)).is_err());
+    // The slot stays held (the request that could release it was misused).
+    assert!(!b.has_work(), "a held slot counts as work to do");
+    // Releasing needs a request of this transport that holds the slot.
+    let foreign = a.irecv(1, tag(2, 0), ms, 0, 1).unwrap();
+    assert!(b.release_in_place(foreign).is_err());
 }
 
 proptest! {
@@ -144,7 +149,7 @@ proptest! {
         let mut recvs = vec![];
         for (i, (&n, m)) in sizes.iter().zip(&msgs).enumerate() {
             let t = tag(1, i as u32);
-            sends.push(a.isend(1, t, ms, off, n).unwrap());
+            sends.push(Outstanding::new(a.isend(1, t, ms, off, n).unwrap()));
             let r = if m.1 {
                 b.irecv_in_place(0, t, md, off, n).unwrap()
             } else {
@@ -160,28 +165,36 @@ proptest! {
             prop_assert!(Instant::now() < deadline, "stuck: {recvs:?}");
             a.progress().unwrap();
             b.progress().unwrap();
-            sends.retain(|r| !a.test(*r).unwrap());
-            if let Some((r, at, o, n, left)) = holding {
+            sends.retain_mut(|r| !r.poll(&mut a).unwrap());
+            if let Some((r, at, o, n, left)) = holding.take() {
                 if left == 0 {
                     dst[o..o + n].copy_from_slice(&held(at, n));
                     b.release_in_place(r).unwrap();
-                    holding = None;
                 } else {
                     holding = Some((r, at, o, n, left - 1));
                 }
             }
             let mut i = 0;
             while i < recvs.len() {
-                let (r, in_place, o, n, wait) = recvs[i];
-                let l = if in_place { b.test_in_place(r).unwrap() } else if b.test(r).unwrap() { Landed::Written } else { Landed::Pending };
+                let (r, in_place, o, n, wait) = recvs.remove(i);
+                let l = if in_place {
+                    b.test_in_place(r).unwrap()
+                } else {
+                    match b.test(r).unwrap() {
+                        Tested::Done => Landed::Written,
+                        Tested::Pending(r) => Landed::Pending(r),
+                    }
+                };
                 match l {
-                    Landed::Pending => i += 1,
-                    Landed::Written => { recvs.remove(i); }
-                    Landed::InPlace(at) => {
+                    Landed::Pending(r) => {
+                        recvs.insert(i, (r, in_place, o, n, wait));
+                        i += 1;
+                    }
+                    Landed::Written => {}
+                    Landed::InPlace { at, held } => {
                         prop_assert!(holding.is_none(), "two slots held at once");
                         prop_assert!(n > 0 && n <= slot_bytes);
-                        holding = Some((r, at, o, n, wait));
-                        recvs.remove(i);
+                        holding = Some((held, at, o, n, wait));
                     }
                 }
             }

@@ -1,8 +1,9 @@
 //! Small messages moved at once (`send_now` / `recv_now`), and their hand-over
 //! to the posted path whenever anything else is pending with the peer.
 
-use super::tests::{fp, pair, pattern, reg, run, tag};
+use super::tests::{pair, pattern, reg, run, tag};
 use super::*;
+use crate::seam::Outstanding;
 use proptest::prelude::*;
 
 #[test]
@@ -29,7 +30,7 @@ fn anything_else_pending_with_the_peer_hands_over_to_the_posted_path() {
     let (ms, md) = (reg(&mut a, &mut src), reg(&mut b, &mut dst));
     // Larger than a slot: several frames.
     assert_eq!(a.send_now(1, tag(1, 0), &src[..100]).unwrap(), Now::Later);
-    let big = a.isend(1, tag(1, 0), ms, 0, 300).unwrap();
+    let big = Outstanding::new(a.isend(1, tag(1, 0), ms, 0, 300).unwrap());
     // Four of its five frames fill the ring.
     a.progress().unwrap();
     let mut small = vec![0u8; 10];
@@ -40,7 +41,7 @@ fn anything_else_pending_with_the_peer_hands_over_to_the_posted_path() {
         b.recv_now(0, tag(1, 0), &mut dst[..300]).unwrap(),
         Now::Later
     );
-    let r0 = b.irecv(0, tag(1, 0), md, 0, 300).unwrap();
+    let r0 = Outstanding::new(b.irecv(0, tag(1, 0), md, 0, 300).unwrap());
     b.progress().unwrap();
     // The ring has room again, but the big message's last frame is still
     // queued: a small message may not overtake it.
@@ -65,16 +66,16 @@ fn a_full_ring_or_buffered_frames_send_the_caller_to_the_posted_path() {
     assert_eq!(a.send_now(1, tag(1, 0), &src[..8]).unwrap(), Now::Done);
     // One slot, taken: the next message waits for the posted path.
     assert_eq!(a.send_now(1, tag(1, 1), &src[8..]).unwrap(), Now::Later);
-    let s1 = a.isend(1, tag(1, 1), ms, 8, 8).unwrap();
+    let s1 = Outstanding::new(a.isend(1, tag(1, 1), ms, 8, 8).unwrap());
     // b posts step 1 first: step 0 is buffered as early to let it through.
-    let r1 = b.irecv(0, tag(1, 1), md, 8, 8).unwrap();
+    let r1 = Outstanding::new(b.irecv(0, tag(1, 1), md, 8, 8).unwrap());
     run(&mut a, &mut b, vec![s1], vec![r1]);
     assert!(!b.peers[0].early.is_empty(), "step 0 was not buffered");
     // Only the posted path looks at buffered frames.
     let mut got = vec![0u8; 8];
     assert_eq!(b.recv_now(0, tag(1, 0), &mut got).unwrap(), Now::Later);
-    let r0 = b.irecv(0, tag(1, 0), md, 0, 8).unwrap();
-    assert!(b.test(r0).unwrap());
+    let mut r0 = Outstanding::new(b.irecv(0, tag(1, 0), md, 0, 8).unwrap());
+    assert!(r0.poll(&mut b).unwrap());
     assert_eq!(dst, src);
     b.abort("test over");
     assert!(matches!(
@@ -88,13 +89,7 @@ fn disagreements_and_aborts_are_reported_as_on_the_posted_path() {
     let (mut a, mut b) = pair("now-errors", 4, 64);
     let m = pattern(8, 7);
     // Same operation slot, another call: a mismatch naming both.
-    let other = Tag {
-        fp: Fingerprint {
-            op: OpKind::Broadcast,
-            ..fp(1, 100)
-        },
-        step: 0,
-    };
+    let other = crate::test_tags::tag(0xc0, 1, 100, 5, 0);
     assert_eq!(a.send_now(1, other, &m).unwrap(), Now::Done);
     let mut got = vec![0u8; 8];
     assert!(matches!(

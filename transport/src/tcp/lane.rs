@@ -9,22 +9,16 @@
 //! Small reads (a header, a small payload) also pull whatever follows into
 //! the lane's [`Stage`], so a small frame costs one `read` rather than two.
 
+use crate::seam::MemPtr;
 use crate::wire::{FrameHeader, HEADER_LEN};
 use std::collections::VecDeque;
 use std::io::{self, IoSliceMut, Read};
-
-/// A raw pointer into registered memory, movable to the engine thread.
-#[derive(Clone, Copy, Debug)]
-pub(crate) struct RawPtr(pub *mut u8);
-// SAFETY: the pointer is only dereferenced by the single engine thread that owns
-// the transport, within a registration the caller promised stays valid.
-unsafe impl Send for RawPtr {}
 
 /// One segment waiting to be written.
 pub(crate) struct OutSeg {
     pub req: u64,
     pub hdr: [u8; HEADER_LEN],
-    pub ptr: RawPtr,
+    pub ptr: MemPtr,
     pub len: usize,
     /// Bytes of header plus payload already written.
     pub done: usize,
@@ -38,7 +32,7 @@ pub(crate) enum Rx {
     Payload {
         hdr: FrameHeader,
         req: u64,
-        dst: RawPtr,
+        dst: MemPtr,
         got: usize,
     },
     /// Reading the reason text of an abort frame.

@@ -14,12 +14,14 @@ pub use iface::{choose_bind_ip, interface_addrs};
 
 use crate::error::{Error, Result};
 use crate::reqmap::{self, ReqMap};
-use crate::seam::{MemHandle, Properties, Rank, Readiness, Request, Tag, Transport};
+use crate::seam::{
+    MemHandle, MemPtr, Properties, Rank, Readiness, Request, Tag, Tested, Transport, TransportId,
+};
 use crate::unexpected::Unexpected;
-use crate::wire::{Fingerprint, FrameHeader, FrameKind, HEADER_LEN, OpKind, RedOp};
+use crate::wire::{FrameHeader, FrameKind, HEADER_LEN};
 use gw_rendezvous::PeerInfo;
 use gw_rendezvous::nosignal;
-use lane::{HELLO_LEN, Hello, Lane, OutSeg, RawPtr, Rx, Stage};
+use lane::{HELLO_LEN, Hello, Lane, OutSeg, Rx, Stage};
 use mio::net::{TcpListener, TcpStream};
 use mio::{Interest, Registry, Token};
 use std::collections::HashMap;
@@ -88,7 +90,7 @@ enum ReqState {
 struct Posted {
     req: u64,
     tag: Tag,
-    ptr: RawPtr,
+    ptr: MemPtr,
     len: usize,
     got: usize,
 }
@@ -125,6 +127,8 @@ impl Conn {
 
 /// The TCP transport (see the module comment).
 pub struct TcpTransport {
+    /// Issues this transport's memory handles and requests.
+    id: TransportId,
     me: Rank,
     cfg: TcpConfig,
     listener: TcpListener,
@@ -132,7 +136,7 @@ pub struct TcpTransport {
     peers: Vec<PeerInfo>,
     conns: HashMap<Rank, Conn>,
     incoming: Vec<Incoming>,
-    mems: Vec<Option<(RawPtr, usize)>>,
+    mems: Vec<Option<(MemPtr, usize)>>,
     free_mems: Vec<u32>,
     reqs: ReqMap<ReqState>,
     next_req: u64,
@@ -177,6 +181,7 @@ impl TcpTransport {
             cfg.lanes
         );
         Ok(TcpTransport {
+            id: TransportId::next(),
             me,
             cfg,
             listener,
@@ -234,13 +239,14 @@ impl TcpTransport {
         id
     }
 
-    fn mem(&self, mem: MemHandle, offset: usize, len: usize) -> Result<RawPtr> {
+    fn mem(&self, mem: MemHandle, offset: usize, len: usize) -> Result<MemPtr> {
+        let index = mem.index_for(self.id, "tcp")?;
         let (ptr, size) = self
             .mems
-            .get(mem.0 as usize)
+            .get(index as usize)
             .and_then(|m| *m)
             .ok_or_else(|| {
-                Error::InvalidUsage(format!("memory handle {} is not registered", mem.0))
+                Error::InvalidUsage(format!("memory handle {index} is not registered"))
             })?;
         if offset.checked_add(len).is_none_or(|end| end > size) {
             return Err(Error::InvalidArgument(format!(
@@ -248,7 +254,7 @@ impl TcpTransport {
             )));
         }
         // SAFETY: offset + len lies within the registered region.
-        Ok(RawPtr(unsafe { ptr.0.add(offset) }))
+        Ok(MemPtr(unsafe { ptr.0.add(offset) }))
     }
 
     fn register_sock(&mut self, sock: &mut TcpStream, peer: Rank, lane: usize) -> Result<()> {
@@ -831,24 +837,7 @@ impl TcpTransport {
 
 /// A frame without an operation: abort reasons and clean-close notices.
 fn control_header(kind: FrameKind, me: Rank, len: usize) -> [u8; HEADER_LEN] {
-    FrameHeader {
-        kind,
-        src_rank: me,
-        fp: Fingerprint {
-            comm_id: 0,
-            seq: 0,
-            op: OpKind::SendRecv,
-            dtype: crate::wire::DType::Bytes,
-            redop: RedOp::None,
-            count: 0,
-            root: 0,
-        },
-        step: 0,
-        offset: 0,
-        len: len as u64,
-        total: len as u64,
-    }
-    .encode()
+    FrameHeader::control(kind, me, len).encode()
 }
 
 /// Sets a lane's send and receive buffers to `bytes` (0: left to the
@@ -871,7 +860,7 @@ fn size_buffers(sock: &TcpStream, bytes: usize, peer: Rank) {
 fn start_payload(hdr: FrameHeader, p: &Posted) -> Rx {
     // SAFETY: Tag::matches checked hdr.total == p.len and decode checked
     // offset + len <= total, so the destination lies within the posted range.
-    let dst = RawPtr(unsafe { p.ptr.0.add(hdr.offset as usize) });
+    let dst = MemPtr(unsafe { p.ptr.0.add(hdr.offset as usize) });
     Rx::Payload {
         hdr,
         req: p.req,
@@ -985,26 +974,26 @@ impl Transport for TcpTransport {
         if ptr.is_null() && len > 0 {
             return Err(Error::InvalidArgument("registering a null pointer".into()));
         }
-        let entry = Some((RawPtr(ptr), len));
+        let entry = Some((MemPtr(ptr), len));
         if let Some(i) = self.free_mems.pop() {
             self.mems[i as usize] = entry;
-            Ok(MemHandle(i))
+            Ok(MemHandle::new(self.id, i))
         } else {
             self.mems.push(entry);
-            Ok(MemHandle((self.mems.len() - 1) as u32))
+            Ok(MemHandle::new(self.id, (self.mems.len() - 1) as u32))
         }
     }
 
     fn deregister(&mut self, mem: MemHandle) -> Result<()> {
-        match self.mems.get_mut(mem.0 as usize) {
+        let index = mem.index_for(self.id, "tcp")?;
+        match self.mems.get_mut(index as usize) {
             Some(slot @ Some(_)) => {
                 *slot = None;
-                self.free_mems.push(mem.0);
+                self.free_mems.push(index);
                 Ok(())
             }
             _ => Err(Error::InvalidUsage(format!(
-                "memory handle {} is not registered",
-                mem.0
+                "memory handle {index} is not registered"
             ))),
         }
     }
@@ -1033,8 +1022,7 @@ impl Transport for TcpTransport {
             let hdr = FrameHeader {
                 kind: FrameKind::Data,
                 src_rank: me,
-                fp: tag.fp,
-                step: tag.step,
+                tag,
                 offset: off as u64,
                 len: this as u64,
                 total: len as u64,
@@ -1052,13 +1040,13 @@ impl Transport for TcpTransport {
                     req,
                     hdr: hdr.encode(),
                     // SAFETY: off + this <= len, within the checked range.
-                    ptr: RawPtr(unsafe { base.0.add(off) }),
+                    ptr: MemPtr(unsafe { base.0.add(off) }),
                     len: this,
                     done: 0,
                 });
             }
         }
-        Ok(Request(req))
+        Ok(Request::new(self.id, req))
     }
 
     fn irecv(
@@ -1095,17 +1083,20 @@ impl Transport for TcpTransport {
                 got,
             });
         }
-        Ok(Request(req))
+        Ok(Request::new(self.id, req))
     }
 
-    fn test(&mut self, req: Request) -> Result<bool> {
-        match self.reqs.get(&req.0) {
+    fn test(&mut self, req: Request) -> Result<Tested> {
+        let id = req.id_for(self.id, "tcp")?;
+        match self.reqs.get(&id) {
             Some(ReqState::Done) => {
-                self.reqs.remove(&req.0);
-                Ok(true)
+                self.reqs.remove(&id);
+                Ok(Tested::Done)
             }
-            Some(_) => Ok(false),
-            None => Err(Error::InvalidUsage(format!("unknown request {}", req.0))),
+            Some(_) => Ok(Tested::Pending(req)),
+            None => Err(Error::Internal(format!(
+                "tcp: request {id} is not in the request table"
+            ))),
         }
     }
 

@@ -2,25 +2,14 @@
 //! sockets: how a frame whose receive is not posted yet is handled.
 
 use super::*;
-use crate::wire::{DType, RedOp};
+use crate::seam::Outstanding;
 use std::net::Ipv4Addr;
 use std::time::{Duration, Instant};
 
 const LIMIT: Duration = Duration::from_secs(20);
 
 fn tag(step: u32) -> Tag {
-    Tag {
-        fp: Fingerprint {
-            comm_id: 7,
-            seq: 3,
-            op: OpKind::AllReduce,
-            dtype: DType::U8,
-            redop: RedOp::Sum,
-            count: 0,
-            root: 0,
-        },
-        step,
-    }
+    crate::test_tags::tag(7, 3, 0, 0, step)
 }
 
 /// Ranks 0 and 1 with `lanes` sockets between them, connected.
@@ -113,7 +102,7 @@ fn a_frame_waits_one_progress_call_for_its_receive() {
             b.register(dst.as_mut_ptr(), len).unwrap(),
         )
     };
-    let s = a.isend(1, tag(5), ms, 0, len).unwrap();
+    let mut s = Outstanding::new(a.isend(1, tag(5), ms, 0, len).unwrap());
     // Until rank 1 has taken in the header (it moves exactly then: nothing
     // else is posted or pending on its side). Every progress call of rank 1
     // is looked at: one more would let the frame go on to a buffer.
@@ -129,11 +118,11 @@ fn a_frame_waits_one_progress_call_for_its_receive() {
         .as_ref()
         .is_some_and(|l| matches!(l.rx, Rx::Parked { .. }));
     assert!(parked, "rank 1 did not hold the frame back");
-    let r = b.irecv(0, tag(5), md, 0, len).unwrap();
+    let mut r = Outstanding::new(b.irecv(0, tag(5), md, 0, len).unwrap());
     let mut sent = false;
     until(&mut a, &mut b, "the transfer", |a, b| {
-        sent = sent || a.test(s).unwrap();
-        sent && b.test(r).unwrap()
+        sent = sent || s.poll(a).unwrap();
+        sent && r.poll(b).unwrap()
     });
     assert_eq!(dst, src);
     assert_eq!(b.early_frames(), 0, "the frame went through a buffer");
@@ -159,20 +148,20 @@ fn a_parked_frame_never_holds_up_the_frames_behind_it() {
         )
     };
     // One lane: y queues behind x on the same socket.
-    let sx = a.isend(1, tag(1), mx, 0, len).unwrap();
-    let sy = a.isend(1, tag(2), my, 0, len).unwrap();
-    let ry = b.irecv(0, tag(2), mdy, 0, len).unwrap();
+    let mut sx = Outstanding::new(a.isend(1, tag(1), mx, 0, len).unwrap());
+    let mut sy = Outstanding::new(a.isend(1, tag(2), my, 0, len).unwrap());
+    let mut ry = Outstanding::new(b.irecv(0, tag(2), mdy, 0, len).unwrap());
     until(&mut a, &mut b, "y behind the unposted x", |_, b| {
-        b.test(ry).unwrap()
+        ry.poll(b).unwrap()
     });
     assert_eq!(dy, y);
     assert_eq!(b.early_frames(), 1, "x is buffered, y is not");
-    let rx = b.irecv(0, tag(1), mdx, 0, len).unwrap();
+    let mut rx = Outstanding::new(b.irecv(0, tag(1), mdx, 0, len).unwrap());
     let mut sent = [false; 2];
     until(&mut a, &mut b, "x from the buffer", |a, b| {
-        sent[0] = sent[0] || a.test(sx).unwrap();
-        sent[1] = sent[1] || a.test(sy).unwrap();
-        sent == [true; 2] && b.test(rx).unwrap()
+        sent[0] = sent[0] || sx.poll(a).unwrap();
+        sent[1] = sent[1] || sy.poll(a).unwrap();
+        sent == [true; 2] && rx.poll(b).unwrap()
     });
     assert_eq!(dx, x);
     drop((a, b));
@@ -219,18 +208,18 @@ fn a_readiness_event_is_not_lost_while_the_stage_drains() {
         )
     };
     let send = |a: &mut TcpTransport, k: usize| {
-        let s = a.isend(1, tag(k as u32), ms[k], 0, len).unwrap();
+        let mut s = Outstanding::new(a.isend(1, tag(k as u32), ms[k], 0, len).unwrap());
         let start = Instant::now();
-        while !a.test(s).unwrap() {
+        while !s.poll(a).unwrap() {
             a.progress().unwrap();
             assert!(start.elapsed() < LIMIT, "frame {k} was not sent");
         }
     };
     send(&mut a, 0);
     send(&mut a, 1);
-    let r0 = b.irecv(0, tag(0), md[0], 0, len).unwrap();
+    let mut r0 = Outstanding::new(b.irecv(0, tag(0), md[0], 0, len).unwrap());
     let start = Instant::now();
-    while !b.test(r0).unwrap() {
+    while !r0.poll(&mut b).unwrap() {
         dispatch(&mut b, &mut poll, Duration::from_millis(50));
         b.progress().unwrap();
         assert!(start.elapsed() < LIMIT, "frame 0 never arrived");
@@ -242,13 +231,13 @@ fn a_readiness_event_is_not_lost_while_the_stage_drains() {
     );
     send(&mut a, 2);
     dispatch(&mut b, &mut poll, LIMIT);
-    let r1 = b.irecv(0, tag(1), md[1], 0, len).unwrap();
-    let r2 = b.irecv(0, tag(2), md[2], 0, len).unwrap();
+    let mut r1 = Outstanding::new(b.irecv(0, tag(1), md[1], 0, len).unwrap());
+    let mut r2 = Outstanding::new(b.irecv(0, tag(2), md[2], 0, len).unwrap());
     let start = Instant::now();
     let mut done = [false; 2];
     loop {
-        for (d, r) in done.iter_mut().zip([r1, r2]) {
-            *d = *d || b.test(r).unwrap();
+        for (d, r) in done.iter_mut().zip([&mut r1, &mut r2]) {
+            *d = *d || r.poll(&mut b).unwrap();
         }
         if done == [true; 2] {
             break;
