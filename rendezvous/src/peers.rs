@@ -6,66 +6,73 @@
 //! same-host peer died without any socket telling it.
 
 use crate::error::{Error, Result};
+use serde::{Deserialize, Serialize};
 use std::net::SocketAddr;
 
 /// One rank's published bring-up information.
-#[derive(Clone, Debug, PartialEq, Eq)]
+///
+/// The field names are the record's JSON keys on the wire: renaming one breaks
+/// bring-up between ranks built before and after the change.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct PeerInfo {
     pub rank: u32,
     /// Equal for ranks that can share memory.
     pub host_id: String,
     /// Human-readable host name, for error messages.
+    #[serde(default)]
     pub hostname: String,
     pub pid: u32,
     /// Addresses the rank accepts data-plane TCP connections on.
+    #[serde(default)]
     pub tcp: Vec<SocketAddr>,
 }
 
+/// Longest part of a bad record (or of its parse error) quoted in an error:
+/// records come from the store, whose values may be megabytes long.
+const QUOTE_BYTES: usize = 256;
+
 impl PeerInfo {
-    /// Encodes as one line of `key=value` pairs.
+    /// Encodes as one JSON object.
     pub fn encode(&self) -> String {
-        let tcp: Vec<String> = self.tcp.iter().map(|a| a.to_string()).collect();
-        format!(
-            "rank={};host={};name={};pid={};tcp={}",
-            self.rank,
-            self.host_id,
-            self.hostname,
-            self.pid,
-            tcp.join(",")
-        )
+        serde_json::to_string(self)
+            .expect("a PeerInfo always serializes: no maps, no fallible impls")
     }
 
-    /// Decodes what [`PeerInfo::encode`] wrote; anything else is a protocol error.
+    /// Decodes what [`PeerInfo::encode`] wrote; anything else is a protocol
+    /// error naming the record. Fields this version does not know are
+    /// ignored, so that peers built later may add some.
     pub fn decode(s: &str) -> Result<PeerInfo> {
-        let bad = |why: &str| Error::Protocol(format!("malformed peer record {s:?}: {why}"));
-        let (mut rank, mut host, mut name, mut pid, mut tcp) = (None, None, None, None, None);
-        for part in s.split(';') {
-            let (k, v) = part
-                .split_once('=')
-                .ok_or_else(|| bad("field without '='"))?;
-            match k {
-                "rank" => rank = Some(v.parse::<u32>().map_err(|_| bad("rank is not a number"))?),
-                "host" => host = Some(v.to_string()),
-                "name" => name = Some(v.to_string()),
-                "pid" => pid = Some(v.parse::<u32>().map_err(|_| bad("pid is not a number"))?),
-                "tcp" => {
-                    let mut addrs = Vec::new();
-                    for a in v.split(',').filter(|a| !a.is_empty()) {
-                        addrs.push(a.parse().map_err(|_| bad("bad tcp address"))?);
-                    }
-                    tcp = Some(addrs)
-                }
-                _ => {} // newer peers may add fields
-            }
-        }
-        Ok(PeerInfo {
-            rank: rank.ok_or_else(|| bad("no rank"))?,
-            host_id: host.ok_or_else(|| bad("no host"))?,
-            hostname: name.unwrap_or_default(),
-            pid: pid.ok_or_else(|| bad("no pid"))?,
-            tcp: tcp.unwrap_or_default(),
+        serde_json::from_str(s).map_err(|e| {
+            // serde_json's message quotes the offending value, which can be
+            // as long as the record; its end says where and what was expected.
+            let rec = match clip(s) {
+                Some((h, t)) => format!("{h:?} ... {t:?} ({} bytes)", s.len()),
+                None => format!("{s:?}"),
+            };
+            let why = e.to_string();
+            let why = match clip(&why) {
+                Some((h, t)) => format!("{h} ... {t}"),
+                None => why,
+            };
+            Error::Protocol(format!("malformed peer record {rec}: {why}"))
         })
     }
+}
+
+/// The start and the end of `s` if it is longer than [`QUOTE_BYTES`].
+fn clip(s: &str) -> Option<(&str, &str)> {
+    if s.len() <= QUOTE_BYTES {
+        return None;
+    }
+    let mut head = QUOTE_BYTES * 3 / 4;
+    while !s.is_char_boundary(head) {
+        head -= 1;
+    }
+    let mut tail = s.len() - QUOTE_BYTES / 4;
+    while !s.is_char_boundary(tail) {
+        tail += 1;
+    }
+    Some((&s[..head], &s[tail..]))
 }
 
 /// This machine's host name.
@@ -87,7 +94,7 @@ pub fn host_id() -> String {
     if let Ok(v) = std::env::var("GW_HOST_ID")
         && !v.is_empty()
     {
-        return v.replace([';', '='], "_");
+        return v;
     }
     let boot = std::fs::read_to_string("/proc/sys/kernel/random/boot_id")
         .map(|s| s.trim().to_string())
@@ -104,9 +111,8 @@ mod tests {
     use super::*;
     use proptest::prelude::*;
 
-    #[test]
-    fn roundtrip() {
-        let p = PeerInfo {
+    fn sample() -> PeerInfo {
+        PeerInfo {
             rank: 3,
             host_id: "abc-123".into(),
             hostname: "node1".into(),
@@ -115,20 +121,122 @@ mod tests {
                 "127.0.0.1:5000".parse().unwrap(),
                 "[::1]:6000".parse().unwrap(),
             ],
-        };
+        }
+    }
+
+    #[test]
+    fn roundtrip() {
+        let p = sample();
         assert_eq!(PeerInfo::decode(&p.encode()).unwrap(), p);
     }
 
     #[test]
+    fn host_id_with_any_characters_roundtrips() {
+        // GW_HOST_ID is copied verbatim, and the old `k=v;` format had to
+        // mangle these (making "a;b" and "a_b" the same host).
+        for id in [
+            "a;b=c,d",
+            "rack=3;slot=7",
+            "quote\"back\\slash",
+            "{\"json\":[1]}",
+            "tab\tnew\nline\r\u{0}\u{1f}",
+            "h\u{e9}te-\u{4e2d}-\u{1f600}",
+            " ",
+        ] {
+            let p = PeerInfo {
+                host_id: id.into(),
+                hostname: id.into(),
+                ..sample()
+            };
+            let enc = p.encode();
+            assert!(!enc.contains('\n'), "one line: {enc}");
+            assert_eq!(PeerInfo::decode(&enc).unwrap(), p, "{enc}");
+        }
+    }
+
+    #[test]
     fn missing_fields_are_errors() {
-        let e = PeerInfo::decode("rank=1;host=x").unwrap_err();
-        assert!(e.to_string().contains("no pid"), "{e}");
+        let e = PeerInfo::decode(r#"{"rank":1,"host_id":"x"}"#).unwrap_err();
+        assert!(matches!(e, Error::Protocol(_)), "{e}");
+        assert!(e.to_string().contains("missing field `pid`"), "{e}");
+        assert!(e.to_string().contains("host_id"), "names the record: {e}");
+    }
+
+    #[test]
+    fn optional_fields_default() {
+        let p = PeerInfo::decode(r#"{"rank":1,"host_id":"x","pid":7}"#).unwrap();
+        assert_eq!(p.hostname, "");
+        assert!(p.tcp.is_empty());
+    }
+
+    #[test]
+    fn unknown_fields_from_newer_peers_are_ignored() {
+        let p = sample();
+        let mut enc = p.encode();
+        enc.pop();
+        enc.push_str(r#","rdma":{"gid":"fe80::1","port":1},"shm":true}"#);
+        assert_eq!(PeerInfo::decode(&enc).unwrap(), p);
+    }
+
+    #[test]
+    fn malformed_values_are_errors_that_name_the_field() {
+        for (rec, what) in [
+            (r#"{"rank":"one","host_id":"x","pid":7}"#, "invalid type"),
+            (r#"{"rank":-1,"host_id":"x","pid":7}"#, "invalid value"),
+            (
+                r#"{"rank":1,"host_id":"x","pid":7,"tcp":["nowhere"]}"#,
+                "address",
+            ),
+            ("rank=1;host=x;pid=7", "expected value"),
+            ("", "EOF"),
+        ] {
+            let e = PeerInfo::decode(rec).unwrap_err();
+            assert!(matches!(e, Error::Protocol(_)), "{e}");
+            let msg = e.to_string();
+            assert!(msg.contains(what), "{rec}: {msg}");
+            assert!(msg.contains(&format!("{rec:?}")), "{rec}: {msg}");
+        }
+    }
+
+    #[test]
+    fn a_huge_bad_record_is_quoted_in_part() {
+        let rec = format!("{{\"rank\":\"{}\u{e9}\"}}", "x".repeat(1 << 20));
+        let msg = PeerInfo::decode(&rec).unwrap_err().to_string();
+        assert!(msg.len() < 1024, "{} bytes", msg.len());
+        assert!(msg.contains(&format!("({} bytes)", rec.len())), "{msg}");
+        assert!(msg.contains("expected u32"), "keeps the reason: {msg}");
+    }
+
+    fn peer() -> impl Strategy<Value = PeerInfo> {
+        let addr =
+            (any::<[u8; 4]>(), any::<u16>()).prop_map(|(ip, port)| SocketAddr::from((ip, port)));
+        let addr6 =
+            (any::<[u16; 8]>(), any::<u16>()).prop_map(|(ip, port)| SocketAddr::from((ip, port)));
+        (
+            any::<u32>(),
+            any::<String>(),
+            any::<String>(),
+            any::<u32>(),
+            prop::collection::vec(prop_oneof![addr, addr6], 0..4),
+        )
+            .prop_map(|(rank, host_id, hostname, pid, tcp)| PeerInfo {
+                rank,
+                host_id,
+                hostname,
+                pid,
+                tcp,
+            })
     }
 
     proptest! {
         #[test]
         fn decode_never_panics(s in ".{0,200}") {
             let _ = PeerInfo::decode(&s);
+        }
+
+        #[test]
+        fn any_record_roundtrips(p in peer()) {
+            prop_assert_eq!(PeerInfo::decode(&p.encode())?, p);
         }
     }
 }
