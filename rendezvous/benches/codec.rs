@@ -294,76 +294,20 @@ fn any_cap<M: Message>(l: &Limits) -> usize {
         .unwrap_or(0)
 }
 
-/// The hand codec's `Decoder`, replicated through the public `Message` hooks
-/// with one change: the largest frame over all tags is computed once, where
-/// `Decoder` recomputes it on every `next_frame` by calling `frame_cap` for
-/// all 256 tags, and each unused tag formats an "unknown tag" error String.
-/// Measures what that costs and what the codec itself does.
-struct HandCached<M> {
-    buf: Vec<u8>,
-    limits: Limits,
-    any: usize,
-    _msg: PhantomData<fn() -> M>,
-}
-
-impl<M: Message> HandCached<M> {
-    fn new(limits: Limits) -> Self {
-        HandCached {
-            buf: Vec::new(),
-            limits,
-            any: any_cap::<M>(&limits),
-            _msg: PhantomData,
-        }
-    }
-
-    fn push(&mut self, b: &[u8]) {
-        self.buf.extend_from_slice(b);
-    }
-
-    fn next_frame(&mut self) -> gw_rendezvous::Result<Option<M>> {
-        let proto = |m: String| gw_rendezvous::Error::Protocol(m);
-        let Some(h) = self.buf.get(..4) else {
-            return Ok(None);
-        };
-        let len = u32::from_le_bytes([h[0], h[1], h[2], h[3]]) as usize;
-        if len == 0 || len > self.any {
-            return Err(proto(format!("frame of {len} bytes")));
-        }
-        let Some(&t) = self.buf.get(4) else {
-            return Ok(None);
-        };
-        let cap = M::frame_cap(t, &self.limits)?;
-        if len > cap {
-            return Err(proto(format!("frame of {len} bytes over {cap}")));
-        }
-        let total = 4 + len;
-        M::check_prefix(t, &self.buf[5..self.buf.len().min(total)], &self.limits)?;
-        if self.buf.len() < total {
-            return Ok(None);
-        }
-        let msg = M::decode_body(t, &self.buf[5..total], &self.limits)?;
-        self.buf.drain(..total);
-        if self.buf.is_empty() && self.buf.capacity() > (1 << 20) {
-            self.buf = Vec::new();
-        }
-        Ok(Some(msg))
-    }
-}
-
 // ---------------------------------------------------------------------------
 // Speed and size.
 
-/// Timed implementations; `hand*` is [`HandCached`].
-const TIMED: [&str; 4] = ["hand", "hand*", "postcard+serde_bytes", "postcard plain"];
-/// Implementations fed hostile input (`hand*` decides exactly as `hand`).
+/// Timed implementations.
+const TIMED: [&str; 3] = ["hand", "postcard+serde_bytes", "postcard plain"];
+/// Implementations fed hostile input.
 const FED: [&str; 3] = ["hand", "postcard+serde_bytes", "postcard (plain derive)"];
 
 struct Case {
     name: String,
     /// Encoded frame bytes per implementation.
-    bytes: [usize; 4],
+    bytes: [usize; 3],
     /// One encode, push and decode per call.
-    run: [Box<dyn FnMut()>; 4],
+    run: [Box<dyn FnMut()>; 3],
 }
 
 /// One encode, push and decode per call of the returned closure, with the
@@ -401,16 +345,6 @@ where
     })
 }
 
-fn hand_cached_case<M>(msg: M, l: Limits) -> (usize, Box<dyn FnMut()>)
-where
-    M: Message + PartialEq + std::fmt::Debug + 'static,
-{
-    case(msg, HandCached::<M>::new(l), hand_encode, |d, b| {
-        d.push(b);
-        d.next_frame().expect("decodes")
-    })
-}
-
 fn serde_case<M>(msg: M, max_body: usize, l: Limits) -> (usize, Box<dyn FnMut()>)
 where
     M: Serialize + DeserializeOwned + Capped + PartialEq + std::fmt::Debug + 'static,
@@ -424,26 +358,24 @@ where
 fn req_case(name: &str, r: Request, l: Limits) -> Case {
     let cap = any_cap::<Request>(&l);
     let (a, ra) = hand_case(r.clone(), l);
-    let (_, rh) = hand_cached_case(r.clone(), l);
     let (b, rb) = serde_case(sreq::<ByteBuf>(&r), cap, l);
     let (c, rc) = serde_case(sreq::<Vec<u8>>(&r), cap, l);
     Case {
         name: name.into(),
-        bytes: [a, a, b, c],
-        run: [ra, rh, rb, rc],
+        bytes: [a, b, c],
+        run: [ra, rb, rc],
     }
 }
 
 fn resp_case(name: &str, r: Response, l: Limits) -> Case {
     let cap = any_cap::<Response>(&l);
     let (a, ra) = hand_case(r.clone(), l);
-    let (_, rh) = hand_cached_case(r.clone(), l);
     let (b, rb) = serde_case(sresp::<ByteBuf>(&r), cap, l);
     let (c, rc) = serde_case(sresp::<Vec<u8>>(&r), cap, l);
     Case {
         name: name.into(),
-        bytes: [a, a, b, c],
-        run: [ra, rh, rb, rc],
+        bytes: [a, b, c],
+        run: [ra, rb, rc],
     }
 }
 
@@ -635,8 +567,8 @@ fn speed(mut cases: Vec<Case>, secs: f64, rounds: usize) {
             "  {:<36} {:>9} {:>9} {:>9.2}",
             c.name,
             c.bytes[0],
-            c.bytes[2],
-            c.bytes[2] as f64 / c.bytes[0] as f64
+            c.bytes[1],
+            c.bytes[1] as f64 / c.bytes[0] as f64
         );
     }
 
@@ -644,7 +576,6 @@ fn speed(mut cases: Vec<Case>, secs: f64, rounds: usize) {
         "\nEncode + decode of one frame through an incremental decoder: median of {rounds} \
          interleaved rounds of ~{secs} s each, ±spread = (max - min) / median over the rounds."
     );
-    println!("hand* = the hand codec with Decoder::any_cap computed once (see HandCached).");
     print!("  {:<36}", "case");
     for name in TIMED {
         print!(" {name:>22}");
@@ -666,7 +597,7 @@ fn speed(mut cases: Vec<Case>, secs: f64, rounds: usize) {
     println!(
         "\nTime ratios, median of the per-round ratios [min - max over rounds]; > 1: the hand codec is faster."
     );
-    let pairs = [(2, 0), (2, 1), (3, 1)];
+    let pairs = [(1, 0), (2, 0)];
     print!("  {:<36}", "case");
     for (a, b) in pairs {
         print!(" {:>24}", format!("{} / {}", TIMED[a], TIMED[b]));
