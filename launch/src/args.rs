@@ -1,16 +1,21 @@
-//! gwrun's command line, parsed by hand.
+//! gwrun's command line.
 //!
-//! The grammar is launcher-shaped and tiny: options come first, the first
-//! word that is not an option is PROGRAM, and everything after it belongs to
-//! the program, even words that look like gwrun options (`gwrun -n 2 prog -n 5`
-//! gives `-n 5` to `prog`). `--` ends gwrun's options explicitly. A general
-//! argument-parsing crate would have to be configured to do exactly this and
-//! would add a dependency to every build of the control plane, so we write the
-//! forty lines ourselves and test them here.
+//! The grammar is launcher-shaped: options come first, the first word that is
+//! not an option is PROGRAM, and everything after it belongs to the program,
+//! even words that look like gwrun options (`gwrun -n 2 prog -n 5` gives
+//! `-n 5` to `prog`); `--` ends gwrun's options explicitly. clap derives the
+//! parser from [`Cli`], where `trailing_var_arg` on PROGRAM gives that rule.
+//! [`parse`] adds what clap cannot express: mpirun's single-dash `-np`, the
+//! checks that span flags, and gwrun's own wording of every mistake, as one
+//! line completing `gwrun: error: ` (the binary prints it), because a
+//! launcher's complaint must stay readable beside the ranks' output.
 //!
-//! Parsing never panics on user input: every problem is a [`UsageError`] whose
-//! text completes the sentence `gwrun: error: ...`.
+//! Parsing never panics on user input: every problem is a [`UsageError`].
 
+use clap::error::{ContextKind, ContextValue, ErrorKind};
+use clap::{ArgAction, CommandFactory, FromArgMatches, Parser, ValueEnum};
+use clap_complete::Shell;
+use std::error::Error as _;
 use std::ffi::{OsStr, OsString};
 use std::fmt;
 use std::net::{IpAddr, SocketAddr};
@@ -20,7 +25,7 @@ use std::net::{IpAddr, SocketAddr};
 pub const MAX_RANKS: usize = 4096;
 
 /// Value of `--transport`, passed to ranks as `GW_TRANSPORT`.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
 pub enum TransportChoice {
     Auto,
     Tcp,
@@ -67,10 +72,12 @@ pub struct Options {
 /// What the command line asks for.
 #[derive(Clone, Debug, PartialEq)]
 pub enum Command {
-    /// `--help` / `-h`: print [`HELP`] and exit 0.
-    Help,
-    /// `--version`: print the version and exit 0.
-    Version,
+    /// `--help` / `-h`: the text to print on stdout (exit 0).
+    Help(String),
+    /// `--version`: the line to print on stdout (exit 0).
+    Version(String),
+    /// `--completions SHELL`: print a completion script (exit 0).
+    Completions(Shell),
     /// Launch a job.
     Run(Options),
 }
@@ -91,38 +98,21 @@ fn err<T>(msg: impl Into<String>) -> Result<T, UsageError> {
     Err(UsageError(msg.into()))
 }
 
-/// The text of `gwrun --help`.
-pub const HELP: &str = "\
-gwrun - launch a gradwire job on this host (in the style of mpirun/torchrun)
+/// clap would write `[OPTIONS] [PROGRAM]...`; gwrun's rule is that options
+/// come first and PROGRAM is required.
+const USAGE: &str = "gwrun -n N [OPTIONS] [--] PROGRAM [ARGS...]";
 
-usage: gwrun -n N [OPTIONS] [--] PROGRAM [ARGS...]
+const ABOUT: &str = "\
+gwrun - launch a gradwire job on this host (in the style of mpirun/torchrun)
 
 gwrun starts a rendezvous store, runs N copies of PROGRAM (the ranks) with the
 environment below, prefixes their output with the rank, forwards SIGINT and
 SIGTERM to them, and if one rank fails, stops the others and names it.
-Options must come before PROGRAM; everything after PROGRAM is passed to it.
+Options must come before PROGRAM; everything after PROGRAM is passed to it.";
 
-options:
-  -n N, -np N, --np N, --nproc N
-                         number of ranks to start (1..=4096; required)
-  --transport auto|tcp|shm
-                         data-plane transport for the ranks (sets GW_TRANSPORT)
-  --timeout SECS         deadline in seconds for each blocking collective call,
-                         init included (sets GW_TIMEOUT); not a wall clock for
-                         the job
-  --lanes K              sockets per peer for TCP (K >= 1; sets GW_LANES)
-  --tag-output           prefix every line a rank writes with \"[RANK] \" (default)
-  --no-tag-output        pass rank output through untouched
-  --store-bind ADDR      address the rendezvous store listens on: IP or IP:PORT
-                         (default 127.0.0.1:0, i.e. loopback and a free port;
-                         GW_STORE_BIND sets the default)
-  --store-addr HOST[:PORT]
-                         address given to ranks as GW_STORE when it differs from
-                         the bound one (e.g. with --store-bind 0.0.0.0); without
-                         a port, the bound port is used
-  -h, --help             print this help and exit
-  --version              print the version and exit
-  --                     end of gwrun's options; the next word is PROGRAM
+/// What the flags' one-line help cannot say: the contract with the ranks and
+/// the exit statuses scripts depend on.
+const AFTER_HELP: &str = "\
 Long options also accept --option=VALUE.
 
 PROGRAM without a '/' is looked up first in the directory that holds the gwrun
@@ -157,100 +147,153 @@ exit status:
 When a rank fails gwrun prints 'gwrun: rank R exited with status S' or
 'gwrun: rank R was killed by signal NAME (N)', sends SIGTERM to the other
 ranks and SIGKILL to those still running 3 s later.
+
+Shell completion: gwrun --completions bash|zsh|fish|elvish|powershell prints a
+script, e.g. gwrun --completions bash > ~/.local/share/bash-completion/completions/gwrun
 ";
+
+/// gwrun's command line, as clap sees it.
+///
+/// `-n` and PROGRAM are optional here and required by [`parse`], which names
+/// what is missing in gwrun's words, one thing at a time, and lets
+/// `--completions` go without them. Every option that takes a value takes the
+/// next word whatever it looks like (`allow_hyphen_values`), as mpirun does,
+/// so `-n -3` is reported as a bad count rather than as a missing one.
+#[derive(Debug, Parser)]
+#[command(
+    name = "gwrun",
+    version,
+    about = ABOUT,
+    // The doc comment above is for readers of the code, not for --help.
+    long_about = None,
+    override_usage = USAGE,
+    after_help = AFTER_HELP,
+    // The old parser let a repeated option's last value win; so does clap
+    // when told.
+    args_override_self = true,
+    // Only --version: -V was never gwrun's, and a PROGRAM's flags come after.
+    disable_version_flag = true
+)]
+struct Cli {
+    /// Number of ranks to start (1..=4096; required; also -np N)
+    // No primary long name: clap names an option by its long one in errors,
+    // and the launcher's option is `-n`.
+    #[arg(
+        short = 'n',
+        visible_aliases = ["np", "nproc"],
+        value_name = "N",
+        value_parser = parse_nprocs,
+        allow_hyphen_values = true
+    )]
+    nprocs: Option<usize>,
+
+    /// Data-plane transport for the ranks (sets GW_TRANSPORT)
+    // The value name lists the choices, as gwrun's help always has; clap's
+    // "[possible values: ...]" would say it twice.
+    #[arg(
+        long,
+        value_name = "auto|tcp|shm",
+        value_enum,
+        hide_possible_values = true,
+        allow_hyphen_values = true
+    )]
+    transport: Option<TransportChoice>,
+
+    /// Deadline in seconds for each blocking collective call, init included
+    /// (sets GW_TIMEOUT); not a wall clock for the job
+    #[arg(
+        long,
+        value_name = "SECS",
+        value_parser = parse_timeout,
+        allow_hyphen_values = true
+    )]
+    timeout: Option<String>,
+
+    /// Sockets per peer for TCP (K >= 1; sets GW_LANES)
+    #[arg(
+        long,
+        value_name = "K",
+        value_parser = parse_lanes,
+        allow_hyphen_values = true
+    )]
+    lanes: Option<u32>,
+
+    /// Prefix every line a rank writes with "[RANK] " (default)
+    #[arg(long = "tag-output", overrides_with = "no_tag_output")]
+    tag_output: bool,
+
+    /// Pass rank output through untouched
+    #[arg(long = "no-tag-output", overrides_with = "tag_output")]
+    no_tag_output: bool,
+
+    /// Address the rendezvous store listens on: IP or IP:PORT (default
+    /// 127.0.0.1:0, i.e. loopback and a free port; GW_STORE_BIND sets the
+    /// default)
+    #[arg(
+        long = "store-bind",
+        value_name = "ADDR",
+        value_parser = parse_store_bind,
+        allow_hyphen_values = true
+    )]
+    store_bind: Option<SocketAddr>,
+
+    /// Address given to ranks as GW_STORE when it differs from the bound one
+    /// (e.g. with --store-bind 0.0.0.0); without a port, the bound port is used
+    #[arg(
+        long = "store-addr",
+        value_name = "HOST[:PORT]",
+        value_parser = parse_store_addr,
+        allow_hyphen_values = true
+    )]
+    store_addr: Option<String>,
+
+    /// Print a completion script for SHELL on stdout and exit
+    #[arg(long, value_name = "SHELL", value_enum, exclusive = true)]
+    completions: Option<Shell>,
+
+    /// Print the version and exit
+    #[arg(long, action = ArgAction::Version)]
+    version: (),
+
+    /// The program every rank runs, then its arguments; everything from
+    /// PROGRAM on is passed to it untouched
+    #[arg(
+        value_name = "PROGRAM",
+        trailing_var_arg = true,
+        value_hint = clap::ValueHint::CommandWithArguments
+    )]
+    command: Vec<OsString>,
+}
 
 /// Parses gwrun's arguments (without `argv[0]`).
 pub fn parse<I>(args: I) -> Result<Command, UsageError>
 where
     I: IntoIterator<Item = OsString>,
 {
-    let mut it = args.into_iter();
-    let mut nprocs: Option<usize> = None;
-    let mut transport = None;
-    let mut timeout = None;
-    let mut lanes = None;
-    let mut tag_output = true;
-    let mut store_bind = None;
-    let mut store_addr = None;
-    let mut program: Option<OsString> = None;
-
-    while let Some(arg) = it.next() {
-        let Some(text) = arg.to_str() else {
-            if arg.as_encoded_bytes().starts_with(b"-") {
-                return err(format!("unknown option '{}'", arg.to_string_lossy()));
-            }
-            program = Some(arg);
-            break;
-        };
-        if text == "--" {
-            match it.next() {
-                Some(p) => program = Some(p),
-                None => return err("missing PROGRAM after '--'"),
-            }
-            break;
+    let args: Vec<OsString> = args.into_iter().collect();
+    let argv = std::iter::once(OsString::from("gwrun")).chain(spell_np(&args));
+    let m = match Cli::command().try_get_matches_from(argv) {
+        Ok(m) => m,
+        Err(e) => {
+            return match e.kind() {
+                ErrorKind::DisplayHelp => Ok(Command::Help(e.render().to_string())),
+                ErrorKind::DisplayVersion => Ok(Command::Version(e.render().to_string())),
+                _ => Err(UsageError(message(&e))),
+            };
         }
-        if !text.starts_with('-') || text == "-" {
-            program = Some(arg);
-            break;
-        }
-
-        // Split "--name=value"; short options take "-nVALUE" or a separate word.
-        let (name, inline): (&str, Option<&str>) = if text.starts_with("--") {
-            match text.split_once('=') {
-                Some((n, v)) => (n, Some(v)),
-                None => (text, None),
-            }
-        } else if text == "-np" {
-            ("-n", None)
-        } else if text.len() > 2 && text.is_char_boundary(2) {
-            (&text[..2], Some(&text[2..]))
-        } else {
-            (text, None)
-        };
-
-        let mut value = |opt: &str| -> Result<String, UsageError> {
-            if let Some(v) = inline {
-                return Ok(v.to_owned());
-            }
-            match it.next() {
-                Some(v) => v.into_string().or_else(|v| {
-                    err(format!(
-                        "{opt}: value '{}' is not valid UTF-8",
-                        v.to_string_lossy()
-                    ))
-                }),
-                None => err(format!("{opt} requires a value")),
-            }
-        };
-
-        match name {
-            "-h" | "--help" => return Ok(Command::Help),
-            "--version" => return Ok(Command::Version),
-            "-n" | "--np" | "--nproc" => nprocs = Some(parse_nprocs(&value(name)?)?),
-            "--transport" => transport = Some(parse_transport(&value(name)?)?),
-            "--timeout" => timeout = Some(parse_timeout(&value(name)?)?),
-            "--lanes" => lanes = Some(parse_lanes(&value(name)?)?),
-            "--store-bind" => {
-                store_bind = Some(
-                    parse_bind(&value(name)?)
-                        .map_err(|e| UsageError(format!("--store-bind: {e}")))?,
-                )
-            }
-            "--store-addr" => store_addr = Some(parse_store_addr(&value(name)?)?),
-            "--tag-output" | "--no-tag-output" => {
-                if inline.is_some() {
-                    return err(format!("{name} takes no value"));
-                }
-                tag_output = name == "--tag-output";
-            }
-            _ => return err(format!("unknown option '{text}' (see gwrun --help)")),
-        }
+    };
+    let cli = Cli::from_arg_matches(&m).map_err(|e| UsageError(message(&e)))?;
+    if let Some(shell) = cli.completions {
+        return Ok(Command::Completions(shell));
     }
-
-    let Some(nprocs) = nprocs else {
+    let Some(nprocs) = cli.nprocs else {
         return err("missing -n N (number of ranks); see gwrun --help");
     };
-    let Some(program) = program else {
+    let mut command = cli.command.into_iter();
+    let Some(program) = command.next() else {
+        if args.iter().any(|a| a == "--") {
+            return err("missing PROGRAM after '--'");
+        }
         return err("missing PROGRAM to run; see gwrun --help");
     };
     if program.is_empty() {
@@ -258,51 +301,180 @@ where
     }
     Ok(Command::Run(Options {
         nprocs,
-        transport,
-        timeout,
-        lanes,
-        tag_output,
-        store_bind,
-        store_addr,
+        transport: cli.transport,
+        timeout: cli.timeout,
+        lanes: cli.lanes,
+        tag_output: !cli.no_tag_output,
+        store_bind: cli.store_bind,
+        store_addr: cli.store_addr,
         program,
-        args: it.collect(),
+        args: command.collect(),
     }))
 }
 
-fn parse_nprocs(v: &str) -> Result<usize, UsageError> {
+/// The completion script for `shell`. It is built in memory because
+/// clap_complete panics when its writer fails (`gwrun --completions bash |
+/// head`); the binary writes it and handles the error.
+pub fn completion_script(shell: Shell) -> Vec<u8> {
+    let mut script = Vec::new();
+    clap_complete::generate(shell, &mut Cli::command(), "gwrun", &mut script);
+    script
+}
+
+/// Rewrites mpirun's `-np` to `--np` among gwrun's options.
+///
+/// clap has no single-dash long options: it would read `-np 4` as `-n` with
+/// the value `p` and then take `4` for PROGRAM. Only the words before PROGRAM
+/// are gwrun's, so this walks them as clap will (an option that takes a value
+/// consumes the next word, whatever it looks like) and stops at `--` or at
+/// the first word that is not an option.
+fn spell_np(args: &[OsString]) -> Vec<OsString> {
+    let cmd = Cli::command();
+    let takes_value = |word: &str| {
+        cmd.get_arguments()
+            .filter(|a| !a.is_positional() && a.get_action().takes_values())
+            .any(|a| match word.strip_prefix("--") {
+                Some(long) => {
+                    a.get_long() == Some(long)
+                        || a.get_all_aliases().is_some_and(|al| al.contains(&long))
+                }
+                None => {
+                    let mut c = word.chars();
+                    c.next() == Some('-') && c.next() == a.get_short() && c.next().is_none()
+                }
+            })
+    };
+    let mut out = Vec::with_capacity(args.len());
+    let mut words = args.iter();
+    while let Some(a) = words.next() {
+        // A word that is not text cannot be one of gwrun's options: clap
+        // refuses it, or it is PROGRAM.
+        let Some(w) = a.to_str() else {
+            out.push(a.clone());
+            break;
+        };
+        if w == "--" || w == "-" || !w.starts_with('-') {
+            out.push(a.clone());
+            break;
+        }
+        let value_follows = w == "-np" || takes_value(w);
+        out.push(if w == "-np" { "--np".into() } else { a.clone() });
+        if value_follows && let Some(v) = words.next() {
+            out.push(v.clone());
+        }
+    }
+    out.extend(words.cloned());
+    out
+}
+
+/// The option an error is about, as the user knows it: clap describes it as
+/// `--lanes <K>`; the message wants `--lanes`.
+fn flag_of(e: &clap::Error) -> String {
+    match e.get(ContextKind::InvalidArg) {
+        Some(ContextValue::String(s)) => s.split(' ').next().unwrap_or(s).to_owned(),
+        _ => "an option".to_owned(),
+    }
+}
+
+fn context_str(e: &clap::Error, kind: ContextKind) -> Option<&str> {
+    match e.get(kind) {
+        Some(ContextValue::String(s)) => Some(s),
+        _ => None,
+    }
+}
+
+/// gwrun's one-line message for a clap error: the wording of gwrun's own
+/// parser where it had one, else clap's message without its usage block.
+fn message(e: &clap::Error) -> String {
+    match e.kind() {
+        // The value parsers below write whole messages naming their option.
+        ErrorKind::ValueValidation if e.source().is_some() => {
+            e.source().map(ToString::to_string).unwrap_or_default()
+        }
+        ErrorKind::InvalidValue => {
+            let flag = flag_of(e);
+            let value = context_str(e, ContextKind::InvalidValue).unwrap_or_default();
+            if value.is_empty() {
+                return format!("{flag} requires a value");
+            }
+            let valid = match e.get(ContextKind::ValidValue) {
+                Some(ContextValue::Strings(v)) => v.join(", "),
+                _ => String::new(),
+            };
+            let mut m = format!("{flag}: '{value}' is not one of {valid}");
+            if let Some(s) = context_str(e, ContextKind::SuggestedValue) {
+                m.push_str(&format!(" (did you mean '{s}'?)"));
+            }
+            m
+        }
+        ErrorKind::UnknownArgument => {
+            let arg = context_str(e, ContextKind::InvalidArg).unwrap_or_default();
+            match context_str(e, ContextKind::SuggestedArg) {
+                Some(s) => {
+                    format!("unknown option '{arg}'; did you mean '{s}'? (see gwrun --help)")
+                }
+                None => format!("unknown option '{arg}' (see gwrun --help)"),
+            }
+        }
+        // `--tag-output=yes`
+        ErrorKind::TooManyValues => format!("{} takes no value", flag_of(e)),
+        _ => one_line(e),
+    }
+}
+
+/// clap's error as one line: its message, notes and tips, without the usage
+/// block (`--help` has it).
+fn one_line(e: &clap::Error) -> String {
+    let text = e.render().to_string();
+    let mut line = String::new();
+    for part in text.lines().map(str::trim) {
+        if part.starts_with("Usage:") || part.starts_with("For more information") {
+            break;
+        }
+        if part.is_empty() {
+            continue;
+        }
+        if !line.is_empty() {
+            // "...not provided:" and "[possible values: ...]" continue the
+            // line before them; notes and tips are sentences of their own.
+            let glue = line.ends_with(':') || part.starts_with('[');
+            line.push_str(if glue { " " } else { "; " });
+        }
+        line.push_str(part.strip_prefix("error: ").unwrap_or(part));
+    }
+    line.push_str(" (see gwrun --help)");
+    line
+}
+
+fn parse_nprocs(v: &str) -> Result<usize, String> {
     match v.trim().parse::<usize>() {
-        Ok(0) => err("-n must be at least 1"),
-        Ok(n) if n > MAX_RANKS => err(format!("-n {n} is more than {MAX_RANKS} ranks")),
+        Ok(0) => Err("-n must be at least 1".into()),
+        Ok(n) if n > MAX_RANKS => Err(format!("-n {n} is more than {MAX_RANKS} ranks")),
         Ok(n) => Ok(n),
-        Err(_) => err(format!("-n: '{v}' is not a positive whole number of ranks")),
+        Err(_) => Err(format!("-n: '{v}' is not a positive whole number of ranks")),
     }
 }
 
-fn parse_transport(v: &str) -> Result<TransportChoice, UsageError> {
-    match v {
-        "auto" => Ok(TransportChoice::Auto),
-        "tcp" => Ok(TransportChoice::Tcp),
-        "shm" => Ok(TransportChoice::Shm),
-        _ => err(format!("--transport: '{v}' is not one of auto, tcp, shm")),
-    }
-}
-
-fn parse_timeout(v: &str) -> Result<String, UsageError> {
+fn parse_timeout(v: &str) -> Result<String, String> {
     match v.trim().parse::<f64>() {
         Ok(s) if s.is_finite() && s > 0.0 => Ok(v.trim().to_owned()),
-        _ => err(format!(
+        _ => Err(format!(
             "--timeout: '{v}' is not a positive number of seconds"
         )),
     }
 }
 
-fn parse_lanes(v: &str) -> Result<u32, UsageError> {
+fn parse_lanes(v: &str) -> Result<u32, String> {
     match v.trim().parse::<u32>() {
         Ok(k) if k >= 1 => Ok(k),
-        _ => err(format!(
+        _ => Err(format!(
             "--lanes: '{v}' is not a whole number of at least 1"
         )),
     }
+}
+
+fn parse_store_bind(v: &str) -> Result<SocketAddr, String> {
+    parse_bind(v).map_err(|e| format!("--store-bind: {e}"))
 }
 
 /// Parses a store bind address: `IP:PORT`, `[IPv6]:PORT`, or a bare IP (port 0,
@@ -322,15 +494,15 @@ pub fn parse_bind(v: &str) -> Result<SocketAddr, String> {
     }
 }
 
-fn parse_store_addr(v: &str) -> Result<String, UsageError> {
+fn parse_store_addr(v: &str) -> Result<String, String> {
     let v = v.trim();
     if v.is_empty() || v.chars().any(char::is_whitespace) {
-        return err(format!("--store-addr: '{v}' is not HOST or HOST:PORT"));
+        return Err(format!("--store-addr: '{v}' is not HOST or HOST:PORT"));
     }
     if let Some((_, port)) = split_port(v)
         && port.parse::<u16>().is_err()
     {
-        return err(format!(
+        return Err(format!(
             "--store-addr: '{port}' in '{v}' is not a port number"
         ));
     }
@@ -396,6 +568,18 @@ mod tests {
         }
     }
 
+    fn help(args: &[&str]) -> String {
+        match p(args) {
+            Ok(Command::Help(text)) => text,
+            other => panic!("expected help for {args:?}, got {other:?}"),
+        }
+    }
+
+    #[test]
+    fn clap_definition_is_consistent() {
+        Cli::command().debug_assert();
+    }
+
     #[test]
     fn minimal() {
         let o = run(&["-n", "4", "prog"]);
@@ -423,6 +607,12 @@ mod tests {
         ] {
             assert_eq!(run(args).nprocs, 4, "{args:?}");
         }
+        // -np is gwrun's only before PROGRAM, also after an option's value.
+        let o = run(&["--store-addr", "-np", "-np", "2", "x", "-np", "3"]);
+        assert_eq!(o.store_addr.as_deref(), Some("-np"));
+        assert_eq!(o.nprocs, 2);
+        assert_eq!(o.args, ["-np", "3"]);
+        assert!(usage(&["-n", "-np", "x"]).contains("'-np' is not a positive whole number"));
     }
 
     #[test]
@@ -447,6 +637,10 @@ mod tests {
         assert!(!o.tag_output);
         assert_eq!(o.store_bind, Some("0.0.0.0:0".parse().unwrap()));
         assert_eq!(o.store_addr.as_deref(), Some("10.0.0.5:7000"));
+        for t in TransportChoice::value_variants() {
+            let o = run(&["-n", "1", "--transport", t.as_str(), "x"]);
+            assert_eq!(o.transport, Some(*t));
+        }
     }
 
     #[test]
@@ -454,6 +648,10 @@ mod tests {
         let o = run(&["-n", "2", "--no-tag-output", "--tag-output", "-n", "3", "x"]);
         assert_eq!(o.nprocs, 3);
         assert!(o.tag_output);
+        let o = run(&["-n", "2", "--tag-output", "--no-tag-output", "x"]);
+        assert!(!o.tag_output);
+        let o = run(&["-n", "2", "--lanes", "2", "--lanes=5", "x"]);
+        assert_eq!(o.lanes, Some(5));
     }
 
     #[test]
@@ -461,6 +659,8 @@ mod tests {
         let o = run(&["-n", "2", "prog", "-n", "5", "--help", "--", "x"]);
         assert_eq!(o.program, "prog");
         assert_eq!(o.args, ["-n", "5", "--help", "--", "x"]);
+        let o = run(&["-n", "2", "prog", "--version", "--bogus", "-np"]);
+        assert_eq!(o.args, ["--version", "--bogus", "-np"]);
     }
 
     #[test]
@@ -468,19 +668,31 @@ mod tests {
         let o = run(&["-n", "2", "--", "--weird-program", "-a"]);
         assert_eq!(o.program, "--weird-program");
         assert_eq!(o.args, ["-a"]);
-        assert!(usage(&["-n", "2", "--"]).contains("missing PROGRAM"));
+        assert!(usage(&["-n", "2", "--"]).contains("missing PROGRAM after '--'"));
+        let o = run(&["-n", "2", "-", "x"]);
+        assert_eq!((o.program.to_str(), o.args.len()), (Some("-"), 1));
     }
 
     #[test]
     fn help_and_version() {
-        assert_eq!(p(&["--help"]), Ok(Command::Help));
-        assert_eq!(p(&["-h"]), Ok(Command::Help));
-        assert_eq!(p(&["-n", "2", "--help", "prog"]), Ok(Command::Help));
-        assert_eq!(p(&["--version"]), Ok(Command::Version));
+        for args in [&["--help"][..], &["-h"], &["-n", "2", "--help", "prog"]] {
+            assert!(help(args).contains(USAGE), "{args:?}");
+        }
+        // -h is as complete as --help, as it has always been.
+        assert_eq!(help(&["-h"]), help(&["--help"]));
+        assert_eq!(
+            p(&["--version"]),
+            Ok(Command::Version(format!(
+                "gwrun {}\n",
+                env!("CARGO_PKG_VERSION")
+            )))
+        );
+        assert!(usage(&["-V"]).contains("unknown option '-V'"));
     }
 
     #[test]
     fn help_documents_every_flag_and_variable() {
+        let text = help(&["--help"]);
         for word in [
             "-n N",
             "-np",
@@ -495,6 +707,7 @@ mod tests {
             "--store-addr",
             "--help",
             "--version",
+            "--completions",
             "GW_RANK",
             "GW_WORLD_SIZE",
             "GW_LOCAL_RANK",
@@ -507,8 +720,10 @@ mod tests {
             "GW_LANES",
             "GW_STORE_BIND",
             "exit status",
+            "128+N",
+            "auto|tcp|shm",
         ] {
-            assert!(HELP.contains(word), "help lacks {word}");
+            assert!(text.contains(word), "help lacks {word}\n{text}");
         }
     }
 
@@ -518,24 +733,39 @@ mod tests {
         assert!(usage(&["-n", "-3", "x"]).contains("not a positive whole number"));
         assert!(usage(&["-n", "abc", "x"]).contains("'abc'"));
         assert!(usage(&["-n", "99999", "x"]).contains("more than"));
-        assert!(usage(&["-n"]).contains("requires a value"));
+        assert_eq!(usage(&["-n"]), "-n requires a value");
+        assert_eq!(usage(&["--nproc"]), "-n requires a value");
         assert!(usage(&["x"]).contains("missing -n"));
         assert!(usage(&[]).contains("missing -n"));
-        assert!(usage(&["-n", "2"]).contains("missing PROGRAM"));
+        assert!(usage(&["-n", "2"]).contains("missing PROGRAM to run"));
+        assert_eq!(usage(&["-n", "2", ""]), "PROGRAM is empty");
     }
 
     #[test]
     fn bad_values() {
-        assert!(usage(&["-n", "2", "--transport", "udp", "x"]).contains("auto, tcp, shm"));
+        assert_eq!(
+            usage(&["-n", "2", "--transport", "udp", "x"]),
+            "--transport: 'udp' is not one of auto, tcp, shm"
+        );
+        assert!(usage(&["-n", "2", "--transport", "shn", "x"]).contains("did you mean 'shm'"));
         assert!(usage(&["-n", "2", "--timeout", "-1", "x"]).contains("positive number"));
         assert!(usage(&["-n", "2", "--timeout", "inf", "x"]).contains("positive number"));
         assert!(usage(&["-n", "2", "--timeout=", "x"]).contains("positive number"));
         assert!(usage(&["-n", "2", "--lanes", "0", "x"]).contains("at least 1"));
         assert!(usage(&["-n", "2", "--store-bind", "nowhere", "x"]).contains("--store-bind"));
         assert!(usage(&["-n", "2", "--store-addr", "h:99999", "x"]).contains("port"));
-        assert!(usage(&["-n", "2", "--tag-output=yes", "x"]).contains("takes no value"));
-        assert!(usage(&["-n", "2", "--bogus", "x"]).contains("unknown option '--bogus'"));
+        assert!(usage(&["-n", "2", "--store-addr", "a b", "x"]).contains("HOST or HOST:PORT"));
+        assert_eq!(
+            usage(&["-n", "2", "--tag-output=yes", "x"]),
+            "--tag-output takes no value"
+        );
+        assert_eq!(
+            usage(&["-n", "2", "--bogus", "x"]),
+            "unknown option '--bogus' (see gwrun --help)"
+        );
         assert!(usage(&["-x", "x"]).contains("unknown option"));
+        assert!(usage(&["-n", "2", "--lane", "3", "x"]).contains("did you mean '--lanes'?"));
+        assert!(usage(&["--completions", "bash", "-n", "2"]).contains("cannot be used"));
     }
 
     #[test]
@@ -545,8 +775,13 @@ mod tests {
             &["--bogus"],
             &[],
             &["-n", "2", "--lanes", "q", "x"],
+            &["-n", "2", "--transport", "udp", "x"],
+            &["--completions", "tcsh"],
+            &["--completions", "bash", "-n", "2"],
         ] {
-            assert!(!usage(args).contains('\n'));
+            let m = usage(args);
+            assert!(!m.contains('\n'), "{args:?}: {m:?}");
+            assert!(!m.starts_with("error:"), "{args:?}: {m:?}");
         }
     }
 
@@ -564,9 +799,23 @@ mod tests {
             other => panic!("{other:?}"),
         };
         assert_eq!(o.program, weird);
-        assert_eq!(o.args, [weird]);
+        assert_eq!(o.args, std::slice::from_ref(&weird));
         let bad_opt = OsString::from_vec(vec![b'-', 0xff]);
         assert!(parse([bad_opt]).is_err());
+        let bad_value = parse([OsString::from("-n"), weird, OsString::from("x")]);
+        assert!(bad_value.is_err(), "{bad_value:?}");
+    }
+
+    #[test]
+    fn completion_scripts() {
+        assert_eq!(
+            p(&["--completions", "bash"]),
+            Ok(Command::Completions(Shell::Bash))
+        );
+        let script = String::from_utf8(completion_script(Shell::Bash)).expect("the script is text");
+        for want in ["gwrun", "--store-bind", "--no-tag-output", "shm"] {
+            assert!(script.contains(want), "completion lacks {want}");
+        }
     }
 
     #[test]

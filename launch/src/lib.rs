@@ -6,8 +6,9 @@
 //! command line, [`program`] finds the program, [`child`] starts a rank the
 //! way every launcher must, [`spawn`] gives gwrun's ranks their launch
 //! environment, [`output`] tags their output, [`signals`] and [`job`]
-//! supervise them. `src/bin/gwrun.rs` only calls [`main`]. Nothing here
-//! needs a database or an HTTP stack: building gwrun compiles neither.
+//! supervise them. `src/bin/gwrun.rs` parses with [`args::parse`], prints
+//! help and usage errors itself, and calls [`run`]. Nothing here needs a
+//! database or an HTTP stack: building gwrun compiles neither.
 //!
 //! The order of a run, and why:
 //! 1. parse arguments and resolve PROGRAM *before* anything is started, so a
@@ -22,8 +23,10 @@
 //!    shared-memory files `/dev/shm/gw-<job id>-*`, which a crashed rank
 //!    cannot unlink itself.
 //!
-//! Exit statuses are listed in [`args::HELP`]: 0 success; the failing rank's
-//! status, or 128 + signal; 1 when gwrun itself fails; 2 for usage errors.
+//! Exit statuses are listed in `gwrun --help`: 0 success; the failing rank's
+//! status, or 128 + signal; [`EXIT_INTERNAL`] when gwrun itself fails;
+//! [`EXIT_USAGE`] for usage errors, here (PROGRAM not found) and in the
+//! binary (a bad command line).
 
 #[macro_use]
 mod say;
@@ -35,7 +38,6 @@ pub mod program;
 pub mod signals;
 pub mod spawn;
 
-use std::ffi::OsString;
 use std::net::{Ipv4Addr, SocketAddr};
 use std::path::Path;
 use std::sync::mpsc;
@@ -45,7 +47,7 @@ use gw_rendezvous::launch_env::var;
 use gw_rendezvous::token::random_hex;
 use gw_rendezvous::{StoreConfig, StoreServer};
 
-use args::{Command, Options};
+use args::Options;
 use job::RankProc;
 use output::Stream;
 use signals::Signals;
@@ -58,22 +60,6 @@ pub const EXIT_INTERNAL: i32 = 1;
 /// How long to wait for rank output to drain after the last rank is gone.
 const DRAIN_GRACE: Duration = Duration::from_secs(2);
 
-/// Runs gwrun with `args` (without `argv[0]`) and returns its exit status.
-pub fn main(args: Vec<OsString>) -> i32 {
-    match args::parse(args) {
-        Ok(Command::Help) => {
-            print!("{}", args::HELP);
-            0
-        }
-        Ok(Command::Version) => {
-            println!("gwrun {}", env!("CARGO_PKG_VERSION"));
-            0
-        }
-        Ok(Command::Run(opts)) => run(opts),
-        Err(e) => usage_error(&e.to_string()),
-    }
-}
-
 fn usage_error(msg: &str) -> i32 {
     say!("error: {msg}");
     EXIT_USAGE
@@ -84,7 +70,8 @@ fn internal_error(msg: &str) -> i32 {
     EXIT_INTERNAL
 }
 
-/// Launches the job described by `opts` and waits for it.
+/// Launches the job described by `opts` and waits for it; returns gwrun's
+/// exit status. Problems found on the way are reported with `say!`.
 pub fn run(opts: Options) -> i32 {
     let program = match program::find_program(&opts.program) {
         Ok(p) => p,

@@ -32,14 +32,14 @@ use std::time::{Duration, Instant};
 use gw_jobapi::http::HttpError;
 use gw_jobapi::types::{HeartbeatReply, RegisterNode, StoreOpened};
 
-use args::Command;
 use gw_launch::remove_shm_files;
 use gw_launch::signals::{Signals, signal_name};
 use link::{Backoff, Link, Outbox};
 use stores::Stores;
 use workers::Workers;
 
-/// Exit status for usage errors.
+/// Exit status for usage errors (a bad command line, which `gwjob` reports
+/// before the agent starts).
 pub const EXIT_USAGE: i32 = 2;
 /// Exit status when the agent itself fails (signals, a refused registration).
 pub const EXIT_INTERNAL: i32 = 1;
@@ -49,23 +49,8 @@ const TICK: Duration = Duration::from_millis(500);
 const BACKOFF_FIRST: Duration = Duration::from_millis(100);
 const BACKOFF_MAX: Duration = Duration::from_secs(2);
 
-/// Runs `gwjob agent` with the arguments after `agent`; returns the exit status.
-pub fn main(args: Vec<String>) -> i32 {
-    let env_token = std::env::var(args::TOKEN_ENV).ok();
-    match args::parse(&args, env_token) {
-        Ok(Command::Help) => {
-            print!("{}", args::HELP);
-            0
-        }
-        Ok(Command::Run(o)) => run(o),
-        Err(e) => {
-            tracing::error!("{e}");
-            EXIT_USAGE
-        }
-    }
-}
-
-/// Runs the agent until SIGINT/SIGTERM (0) or a fatal error (1).
+/// `gwjob agent`'s entry, with options already checked: runs the agent
+/// until SIGINT/SIGTERM (0) or a fatal error (1, logged).
 pub fn run(o: args::Options) -> i32 {
     let mut signals = match Signals::install() {
         Ok(s) => s,

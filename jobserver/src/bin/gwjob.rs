@@ -1,46 +1,77 @@
 //! `gwjob`: the job server, node agent and client in one binary, so a
-//! cluster needs one executable. This file only picks the subcommand.
+//! cluster needs one executable; see `gwjob --help`.
+//!
+//! This file is the process boundary. It parses the whole command line with
+//! [`gw_jobserver::cli::command::parse`] before anything starts, prints what
+//! is printed (help, completion scripts, a usage error as one plain
+//! `gwjob CMD: error: ...` line, a client's reply or its failure), and maps
+//! outcomes to exit statuses: 0 success, 1 a failure at run time, 2 usage.
+//! The log subscriber is installed only for the long-running `serve` and
+//! `agent`, once their command line is known to be good, so that usage
+//! errors read as an answer to the person who typed them, not as log lines.
 
-const USAGE: &str = "\
-usage: gwjob COMMAND [ARGS...]
+use gw_jobserver::agent::args::TOKEN_ENV;
+use gw_jobserver::cli::command::{self, Gwjob};
+use std::io::{ErrorKind, Write};
+use std::process::ExitCode;
 
-commands:
-  serve    run the job server (gwjob serve --help)
-  agent    run a node's agent (gwjob agent --help)
-  submit   submit a job (gwjob submit --help)
-  status   show jobs, or one job's ranks and step times
-  cancel   cancel a job
-";
+const EXIT_FAILED: u8 = 1;
+const EXIT_USAGE: u8 = 2;
 
-fn main() {
-    let mut args: Vec<String> = std::env::args().skip(1).collect();
-    if args.is_empty() {
-        eprint!("{USAGE}");
-        std::process::exit(2);
-    }
-    let cmd = args.remove(0);
-    let code = match cmd.as_str() {
-        "serve" => {
-            gw_logging::init_service("gwjob");
-            gw_jobserver::server::main(args)
-        }
-        "agent" => {
-            gw_logging::init_service("gwjob agent");
-            gw_jobserver::agent::main(args)
-        }
-        "submit" | "status" | "cancel" => gw_jobserver::cli::main(&cmd, args),
-        "-h" | "--help" | "help" => {
-            print!("{USAGE}");
-            0
-        }
-        "--version" => {
-            println!("gwjob {}", env!("CARGO_PKG_VERSION"));
-            0
-        }
-        other => {
-            eprint!("gwjob: unknown command {other:?}\n{USAGE}");
-            2
+fn main() -> ExitCode {
+    let env_token = std::env::var(TOKEN_ENV).ok();
+    let what = match command::parse(std::env::args_os().skip(1), env_token) {
+        Ok(w) => w,
+        Err(e) => {
+            eprintln!("{e}");
+            return ExitCode::from(EXIT_USAGE);
         }
     };
-    std::process::exit(code);
+    match what {
+        Gwjob::Print(text) => {
+            print!("{text}");
+            ExitCode::SUCCESS
+        }
+        Gwjob::Completions(shell) => {
+            let script = command::completion_script(shell);
+            match std::io::stdout().write_all(&script) {
+                Ok(()) => ExitCode::SUCCESS,
+                // The reader had enough (`| head`): nothing to report.
+                Err(e) if e.kind() == ErrorKind::BrokenPipe => ExitCode::SUCCESS,
+                Err(e) => {
+                    eprintln!("gwjob completions: error: cannot write the script: {e}");
+                    ExitCode::from(EXIT_FAILED)
+                }
+            }
+        }
+        Gwjob::Serve(o) => {
+            gw_logging::init_service("gwjob");
+            match gw_jobserver::server::main(o) {
+                Ok(()) => ExitCode::SUCCESS,
+                Err(e) => {
+                    eprintln!("gwjob serve: error: {e}");
+                    ExitCode::from(EXIT_FAILED)
+                }
+            }
+        }
+        Gwjob::Agent(o) => {
+            gw_logging::init_service("gwjob agent");
+            // 0 after SIGINT/SIGTERM, 1 on a fatal error (already logged).
+            let code = gw_jobserver::agent::run(o);
+            ExitCode::from(u8::try_from(code).unwrap_or(EXIT_FAILED))
+        }
+        Gwjob::Client(client) => {
+            let name = client.name();
+            match gw_jobserver::cli::run(client) {
+                Ok(text) => {
+                    print!("{text}");
+                    ExitCode::SUCCESS
+                }
+                Err(e) => {
+                    eprintln!("gwjob {name}: {e}");
+                    ExitCode::from(EXIT_FAILED)
+                }
+            }
+        }
+    }
 }

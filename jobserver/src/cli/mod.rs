@@ -1,14 +1,20 @@
 //! `gwjob submit|status|cancel`: the operator's client of the job server.
 //! It only turns a command line into one or two API calls and the reply
 //! into text; all policy lives in the server.
+//!
+//! [`command`] is the whole of gwjob's command line (the server's and the
+//! agent's subcommands too), [`args`] the client commands' part of it and
+//! [`flags`] what the subcommands' definitions share. Nothing here prints:
+//! the binary prints what [`run`] returns, or its error.
 
 pub mod args;
+pub mod command;
 pub mod flags;
 pub mod table;
 
 use crate::server::auth::read_token;
 use crate::server::status::EventLine;
-use args::{Cli, Conn};
+use args::{Client, Conn};
 use gw_jobapi::http::call;
 use gw_jobapi::types::{JobStatus, SubmitReply};
 use std::time::Duration;
@@ -16,28 +22,6 @@ use std::time::Duration;
 /// Default server when neither `--server` nor `GW_JOB_SERVER_URL` is given.
 pub const DEFAULT_SERVER: &str = "http://127.0.0.1:7070";
 const TIMEOUT: Duration = Duration::from_secs(30);
-
-/// Runs `gwjob CMD ARGS` for CMD in submit, status, cancel; returns the exit
-/// status (0 ok, 1 the server refused or could not be reached, 2 usage).
-pub fn main(cmd: &str, args: Vec<String>) -> i32 {
-    let cli = match args::parse(cmd, args) {
-        Ok(c) => c,
-        Err(e) => {
-            eprintln!("gwjob {cmd}: error: {e}\n(see 'gwjob {cmd} --help')");
-            return 2;
-        }
-    };
-    match run(cli) {
-        Ok(text) => {
-            print!("{text}");
-            0
-        }
-        Err(e) => {
-            eprintln!("gwjob {cmd}: {e}");
-            1
-        }
-    }
-}
 
 /// The server URL and admin token for `conn`.
 fn connect(conn: &Conn) -> Result<(String, String), String> {
@@ -61,16 +45,18 @@ fn connect(conn: &Conn) -> Result<(String, String), String> {
     Ok((server, token))
 }
 
-fn run(cli: Cli) -> Result<String, String> {
-    match cli {
-        Cli::Help => Ok(args::HELP.to_owned()),
-        Cli::Submit(conn, req) => {
+/// Sends `client`'s request; returns the text to print on stdout (exit 0),
+/// or the one-line reason it failed (the server refused, or could not be
+/// reached: exit 1).
+pub fn run(client: Client) -> Result<String, String> {
+    match client {
+        Client::Submit(conn, req) => {
             let (server, token) = connect(&conn)?;
             let r: SubmitReply = call("POST", &server, "/v1/jobs", &token, Some(&req), TIMEOUT)
                 .map_err(|e| e.to_string())?;
             Ok(format!("{}\n", r.job_id))
         }
-        Cli::Status { conn, job, json } => {
+        Client::Status { conn, job, json } => {
             let (server, token) = connect(&conn)?;
             let get = |path: &str| {
                 call::<(), serde_json::Value>("GET", &server, path, &token, None, TIMEOUT)
@@ -101,7 +87,7 @@ fn run(cli: Cli) -> Result<String, String> {
                 }
             }
         }
-        Cli::Cancel(conn, id) => {
+        Client::Cancel(conn, id) => {
             let (server, token) = connect(&conn)?;
             let st: JobStatus = call::<(), _>(
                 "POST",

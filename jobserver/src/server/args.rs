@@ -1,34 +1,90 @@
-//! `gwjob serve`'s command line.
+//! `gwjob serve`'s command line: clap parses the flags ([`ServeArgs`], the
+//! `serve` subcommand of [`crate::cli::command::Gwjob`]); [`ServeArgs::options`]
+//! checks the ones that depend on each other (the heartbeat must be shorter
+//! than the node timeout) before the database is opened, so a mistake exits
+//! 2 having touched nothing.
 
-use crate::cli::flags::{Flags, Item};
+use crate::cli::flags::number;
+use clap::{Args, ValueHint};
 use std::path::PathBuf;
 use std::time::Duration;
 
-pub const HELP: &str = "\
-gwjob serve - the gradwire job server
+pub const ABOUT: &str = "Run the gradwire job server";
 
-usage: gwjob serve --db PATH [--listen ADDR] [OPTIONS]
+/// clap would write `[OPTIONS]`; `--db` is required.
+pub const USAGE: &str = "gwjob serve --db PATH [--listen ADDR] [OPTIONS]";
 
+pub const AFTER_HELP: &str = "\
 Keeps nodes, jobs, plans and step reports in the SQLite database PATH and
 serves the HTTP/JSON API documented in docs/jobserver.md. Restarting on the
 same database resumes every running job where it was.
 
-options:
-  --db PATH                database file (created if missing; required)
-  --listen ADDR            address to serve on (default 127.0.0.1:7070;
-                           port 0 picks a free one)
-  --admin-token-file PATH  file holding the admin token (else GW_ADMIN_TOKEN,
-                           else <db dir>/admin.token, created on first start)
-  --node-timeout SECS      a node silent this long is lost (default 10)
-  --heartbeat-ms MS        heartbeat interval agents are told (default: a
-                           quarter of the node timeout, at most 1000)
-  --advertise URL          URL given to workers as GW_JOB_SERVER (default:
-                           the URL the agent used to reach this server)
-  --threads N              HTTP worker threads (default 4)
-  -h, --help               print this help
-On start it prints 'gwjob: listening on http://HOST:PORT'.
-";
+On start it prints 'gwjob: listening on http://HOST:PORT'.";
 
+/// `gwjob serve`'s flags as typed; `--db` is checked by
+/// [`ServeArgs::options`] so that its absence is reported in gwjob's words.
+#[derive(Args, Clone, Debug)]
+pub struct ServeArgs {
+    /// Database file (created if missing; required)
+    #[arg(long, value_name = "PATH", allow_hyphen_values = true, value_hint = ValueHint::FilePath)]
+    db: Option<PathBuf>,
+
+    /// Address to serve on (port 0 picks a free one)
+    #[arg(
+        long,
+        value_name = "ADDR",
+        default_value = "127.0.0.1:7070",
+        allow_hyphen_values = true
+    )]
+    listen: String,
+
+    /// File holding the admin token (else GW_ADMIN_TOKEN, else <db
+    /// dir>/admin.token, created on first start)
+    #[arg(
+        long = "admin-token-file",
+        value_name = "PATH",
+        allow_hyphen_values = true,
+        value_hint = ValueHint::FilePath
+    )]
+    admin_token_file: Option<PathBuf>,
+
+    /// A node silent this long is lost
+    #[arg(
+        long = "node-timeout",
+        value_name = "SECS",
+        default_value = "10",
+        value_parser = number::<f64>(),
+        allow_hyphen_values = true
+    )]
+    node_timeout: f64,
+
+    /// Heartbeat interval agents are told (default: a quarter of the node
+    /// timeout, at most 1000)
+    #[arg(
+        long = "heartbeat-ms",
+        value_name = "MS",
+        value_parser = number::<u64>(),
+        allow_hyphen_values = true
+    )]
+    heartbeat_ms: Option<u64>,
+
+    /// URL given to workers as GW_JOB_SERVER (default: the URL the agent used
+    /// to reach this server)
+    #[arg(long, value_name = "URL", allow_hyphen_values = true, value_hint = ValueHint::Url)]
+    advertise: Option<String>,
+
+    /// HTTP worker threads
+    #[arg(
+        long,
+        value_name = "N",
+        default_value = "4",
+        value_parser = number::<usize>(),
+        allow_hyphen_values = true
+    )]
+    threads: usize,
+}
+
+/// What `gwjob serve` runs with.
 #[derive(Clone, Debug, PartialEq)]
 pub struct ServeOptions {
     pub db: PathBuf,
@@ -40,89 +96,72 @@ pub struct ServeOptions {
     pub threads: usize,
 }
 
-#[derive(Clone, Debug, PartialEq)]
-pub enum Serve {
-    Help,
-    Run(ServeOptions),
-}
-
-pub fn parse(args: Vec<String>) -> Result<Serve, String> {
-    let mut f = Flags::new(args);
-    let mut db = None;
-    let mut listen = String::from("127.0.0.1:7070");
-    let mut token_file = None;
-    let mut timeout: f64 = 10.0;
-    let mut heartbeat_ms = None;
-    let mut advertise = None;
-    let mut threads: usize = 4;
-    while let Some(item) = f.next_item() {
-        let (name, inline) = match item {
-            Item::Flag(n, v) => (n, v),
-            Item::Positional(p) => return Err(format!("unexpected argument {p:?}")),
-            Item::End => return Err("unexpected '--'".into()),
-        };
-        match name.as_str() {
-            "-h" | "--help" => return Ok(Serve::Help),
-            "--db" => db = Some(PathBuf::from(f.value(&name, inline)?)),
-            "--listen" => listen = f.value(&name, inline)?,
-            "--admin-token-file" => token_file = Some(PathBuf::from(f.value(&name, inline)?)),
-            "--node-timeout" => timeout = f.number(&name, inline)?,
-            "--heartbeat-ms" => heartbeat_ms = Some(f.number::<u64>(&name, inline)?),
-            "--advertise" => advertise = Some(f.value(&name, inline)?),
-            "--threads" => threads = f.number(&name, inline)?,
-            _ => return Err(format!("unknown option {name}")),
+impl ServeArgs {
+    /// The server's settings, or the first one that is missing or wrong.
+    pub fn options(self) -> Result<ServeOptions, String> {
+        let db = self.db.ok_or("--db PATH is required")?;
+        let timeout = self.node_timeout;
+        if !(timeout.is_finite() && timeout > 0.0 && timeout <= 86_400.0) {
+            return Err(format!(
+                "--node-timeout must be a positive number of seconds (got {timeout})"
+            ));
         }
+        let node_timeout = Duration::from_secs_f64(timeout);
+        let default_hb = (node_timeout.as_millis() / 4).clamp(1, 1000) as u64;
+        let heartbeat_ms = self.heartbeat_ms.unwrap_or(default_hb);
+        if heartbeat_ms == 0 || u128::from(heartbeat_ms) >= node_timeout.as_millis() {
+            return Err(format!(
+                "--heartbeat-ms {heartbeat_ms} must be positive and below the node timeout"
+            ));
+        }
+        if !(1..=64).contains(&self.threads) {
+            return Err(format!("--threads must be 1..=64 (got {})", self.threads));
+        }
+        if let Some(a) = &self.advertise
+            && !(a.starts_with("http://") || a.starts_with("https://"))
+        {
+            return Err(format!("--advertise {a:?} must be an http:// URL"));
+        }
+        Ok(ServeOptions {
+            db,
+            listen: self.listen,
+            token_file: self.admin_token_file,
+            node_timeout,
+            heartbeat_ms,
+            advertise: self.advertise,
+            threads: self.threads,
+        })
     }
-    let db = db.ok_or("--db PATH is required")?;
-    if !(timeout.is_finite() && timeout > 0.0 && timeout <= 86_400.0) {
-        return Err(format!(
-            "--node-timeout must be a positive number of seconds (got {timeout})"
-        ));
-    }
-    let node_timeout = Duration::from_secs_f64(timeout);
-    let default_hb = (node_timeout.as_millis() / 4).clamp(1, 1000) as u64;
-    let heartbeat_ms = heartbeat_ms.unwrap_or(default_hb);
-    if heartbeat_ms == 0 || u128::from(heartbeat_ms) >= node_timeout.as_millis() {
-        return Err(format!(
-            "--heartbeat-ms {heartbeat_ms} must be positive and below the node timeout"
-        ));
-    }
-    if !(1..=64).contains(&threads) {
-        return Err(format!("--threads must be 1..=64 (got {threads})"));
-    }
-    if let Some(a) = &advertise
-        && !(a.starts_with("http://") || a.starts_with("https://"))
-    {
-        return Err(format!("--advertise {a:?} must be an http:// URL"));
-    }
-    Ok(Serve::Run(ServeOptions {
-        db,
-        listen,
-        token_file,
-        node_timeout,
-        heartbeat_ms,
-        advertise,
-        threads,
-    }))
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::cli::command::{Gwjob, parse};
 
-    fn p(a: &[&str]) -> Result<Serve, String> {
-        parse(a.iter().map(|s| s.to_string()).collect())
+    fn p(a: &[&str]) -> Result<ServeOptions, String> {
+        let args = std::iter::once("serve")
+            .chain(a.iter().copied())
+            .map(Into::into);
+        match parse(args, None) {
+            Ok(Gwjob::Serve(o)) => Ok(o),
+            Ok(other) => panic!("{a:?}: {other:?}"),
+            Err(e) => {
+                assert_eq!(e.command, "gwjob serve");
+                Err(e.message)
+            }
+        }
     }
 
     #[test]
     fn defaults_and_options() {
-        let Ok(Serve::Run(o)) = p(&["--db", "x.db"]) else {
-            panic!()
-        };
+        let o = p(&["--db", "x.db"]).expect("minimal");
+        assert_eq!(o.db, PathBuf::from("x.db"));
         assert_eq!(o.listen, "127.0.0.1:7070");
         assert_eq!(o.node_timeout, Duration::from_secs(10));
         assert_eq!(o.heartbeat_ms, 1000);
-        let Ok(Serve::Run(o)) = p(&[
+        assert_eq!((o.token_file, o.advertise, o.threads), (None, None, 4));
+        let o = p(&[
             "--db=x.db",
             "--listen",
             "127.0.0.1:0",
@@ -130,12 +169,26 @@ mod tests {
             "0.4",
             "--advertise",
             "http://h:1",
-        ]) else {
-            panic!()
-        };
+            "--admin-token-file",
+            "t",
+            "--threads=8",
+        ])
+        .expect("every option");
+        assert_eq!(o.listen, "127.0.0.1:0");
         assert_eq!(o.heartbeat_ms, 100);
         assert_eq!(o.advertise.as_deref(), Some("http://h:1"));
-        assert_eq!(p(&["--help"]), Ok(Serve::Help));
+        assert_eq!(o.token_file, Some(PathBuf::from("t")));
+        assert_eq!(o.threads, 8);
+        let o = p(&["--db", "x", "--heartbeat-ms", "250"]).expect("heartbeat");
+        assert_eq!(o.heartbeat_ms, 250);
+        match parse(["serve", "--help"].map(Into::into), None) {
+            Ok(Gwjob::Print(text)) => {
+                for want in [USAGE, "--node-timeout <SECS>", "gwjob: listening on"] {
+                    assert!(text.contains(want), "lacks {want:?}: {text}");
+                }
+            }
+            other => panic!("{other:?}"),
+        }
     }
 
     #[test]
@@ -143,6 +196,10 @@ mod tests {
         for (a, want) in [
             (&["--listen", "x"][..], "--db PATH is required"),
             (&["--db", "x", "--node-timeout", "0"][..], "--node-timeout"),
+            (
+                &["--db", "x", "--node-timeout", "-1"][..],
+                "positive number",
+            ),
             (&["--db", "x", "--node-timeout", "s"][..], "needs a number"),
             (&["--db", "x", "--frob"][..], "unknown option --frob"),
             (&["--db", "x", "extra"][..], "unexpected argument"),
@@ -150,10 +207,11 @@ mod tests {
                 &["--db", "x", "--heartbeat-ms", "20000"][..],
                 "--heartbeat-ms",
             ),
+            (&["--db", "x", "--threads", "0"][..], "1..=64"),
             (&["--db", "x", "--advertise", "h:1"][..], "http://"),
             (&["--db"][..], "needs a value"),
         ] {
-            let e = p(a).unwrap_err();
+            let e = p(a).expect_err("a mistake");
             assert!(e.contains(want), "{a:?}: {e}");
         }
     }

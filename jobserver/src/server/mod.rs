@@ -26,7 +26,7 @@ pub mod store;
 pub mod validate;
 
 use app::App;
-use args::{Serve, ServeOptions};
+use args::ServeOptions;
 use auth::TokenSource;
 use db::Db;
 use nodes::Liveness;
@@ -34,26 +34,11 @@ use std::io::Write;
 use std::sync::Arc;
 use std::time::Duration;
 
-/// `gwjob serve ARGS`: returns the process exit status (it only returns on
-/// errors; the server runs until killed).
-pub fn main(args: Vec<String>) -> i32 {
-    match args::parse(args) {
-        Ok(Serve::Help) => {
-            print!("{}", args::HELP);
-            0
-        }
-        Ok(Serve::Run(o)) => match run(o) {
-            Ok(()) => 0,
-            Err(e) => {
-                eprintln!("gwjob serve: error: {e}");
-                1
-            }
-        },
-        Err(e) => {
-            eprintln!("gwjob serve: error: {e}\n(see 'gwjob serve --help')");
-            2
-        }
-    }
+/// `gwjob serve`, with options already checked: returns only on an error
+/// (the server runs until killed), which `gwjob` prints as
+/// `gwjob serve: error: ...` and exits 1 for.
+pub fn main(o: ServeOptions) -> Result<(), String> {
+    run(o)
 }
 
 fn run(o: ServeOptions) -> Result<(), String> {

@@ -1,7 +1,37 @@
-//! `gwrun -n N PROGRAM ARGS...`: the launcher. All logic lives in
-//! [`gw_launch`] so that it can be tested; see `gwrun --help`.
+//! `gwrun -n N PROGRAM ARGS...`: the launcher; see `gwrun --help`.
+//!
+//! The logic lives in [`gw_launch`] so that it can be tested; this file is
+//! the process boundary: it turns the command line into a [`Command`],
+//! prints what is printed before a job exists (help, version, completion
+//! scripts, a usage error as one `gwrun: error: ` line) and exits with the
+//! status [`gw_launch::run`] returns.
+
+use gw_launch::args::{self, Command};
+use gw_launch::{EXIT_INTERNAL, EXIT_USAGE};
+use std::io::{ErrorKind, Write};
 
 fn main() {
-    let args = std::env::args_os().skip(1).collect();
-    std::process::exit(gw_launch::main(args));
+    let code = match args::parse(std::env::args_os().skip(1)) {
+        Ok(Command::Help(text)) | Ok(Command::Version(text)) => {
+            print!("{text}");
+            0
+        }
+        Ok(Command::Completions(shell)) => {
+            match std::io::stdout().write_all(&args::completion_script(shell)) {
+                Ok(()) => 0,
+                // The reader had enough (`| head`): nothing to report.
+                Err(e) if e.kind() == ErrorKind::BrokenPipe => 0,
+                Err(e) => {
+                    eprintln!("gwrun: error: cannot write the completion script: {e}");
+                    EXIT_INTERNAL
+                }
+            }
+        }
+        Ok(Command::Run(opts)) => gw_launch::run(opts),
+        Err(e) => {
+            eprintln!("gwrun: error: {e}");
+            EXIT_USAGE
+        }
+    };
+    std::process::exit(code);
 }
