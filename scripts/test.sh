@@ -1,8 +1,15 @@
 #!/usr/bin/env bash
 # Runs every gradwire test: installs what the tests need (iproute2 for the
-# network-namespace test, gcc for the C ABI tests, numpy/scikit-learn/pytest
+# network-namespace tests, gcc for the C ABI tests, numpy/scikit-learn/pytest
 # for the Python ones), builds every binary the multi-process tests launch,
-# then runs the whole workspace's tests and the Python tests.
+# then runs the tests in tiers:
+#   1. unit and simulator tests (fast, no processes): a failure stops here;
+#   2. the C ABI's unit tests without the step protocol (the default build);
+#   3. integration tests (real rank processes, sockets, shared memory,
+#      namespaces) and doc tests;
+#   4. the Python tests.
+# The closing line counts every test and every failing target
+# (scripts/test-summary.awk), and the exit status follows it.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -14,33 +21,60 @@ if ((${#need[@]})); then
   apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${need[@]}"
 fi
 
+# Network namespaces: where this machine can make them, the tests that use
+# them must run (a failure to make them is then a test failure, not a skip).
+probe="gwprobe$$"
+if ip netns add "$probe" 2>/dev/null; then
+  ip netns del "$probe"
+  export GW_TEST_NETNS=required
+else
+  echo "test.sh: WARNING: cannot create network namespaces here; the multi-host tests will be SKIPPED" >&2
+fi
+
+# libgradwire with the job server's step protocol: the C and Python step
+# tests need it (the default build leaves the HTTP client out).
+features=(--features gw-capi/step)
+
 cargo fmt --all -- --check
 # --lib as well: the C ABI tests need libgradwire.so and .a, which --bins skips.
-cargo build --workspace --bins --lib
-cargo clippy --workspace --all-targets -- -D warnings
-# The multi-process tests start several rank processes each; two test threads
-# keep a 2-core machine busy without starving ranks of CPU for minutes.
+cargo build --workspace --bins --lib "${features[@]}"
+cargo clippy --workspace --all-targets "${features[@]}" -- -D warnings
+
 log=$(mktemp)
 trap 'rm -f "$log"' EXIT
+summary() { awk -v stages="${1:-}" -f scripts/test-summary.awk "$log"; }
+
 set +e
-cargo test --workspace --no-fail-fast -- --test-threads=2 2>&1 | tee "$log"
-rust_status=${PIPESTATUS[0]}
+echo "== tier 1: unit and simulator tests"
+cargo test --workspace --lib --bins "${features[@]}" 2>&1 | tee "$log"
+unit_status=${PIPESTATUS[0]}
+if [[ $unit_status -ne 0 ]]; then
+  summary "unit tests=$unit_status"
+  echo "test.sh: unit tests failed; integration tests not run" >&2
+  exit 1
+fi
+
+echo "== tier 2: the C ABI built without the step protocol"
+# Unit tests only: this builds no libgradwire.so over the one built above.
+cargo test -p gw-capi --lib 2>&1 | tee -a "$log"
+capi_status=${PIPESTATUS[0]}
+
+echo "== tier 3: integration and doc tests"
+# The multi-process tests start several rank processes each; two test threads
+# keep a 2-core machine busy without starving ranks of CPU for minutes.
+cargo test --workspace --test '*' "${features[@]}" --no-fail-fast -- --test-threads=2 2>&1 | tee -a "$log"
+int_status=${PIPESTATUS[0]}
+cargo test --workspace --doc "${features[@]}" 2>&1 | tee -a "$log"
+doc_status=${PIPESTATUS[0]}
 set -e
 
-# The Python binding and the data-parallel training example (issue 5): they
-# load target/debug/libgradwire.so, built above.
+echo "== tier 4: Python"
+# The binding and the data-parallel training example load
+# target/debug/libgradwire.so, built above.
 ./scripts/python-deps.sh
 set +e
 python3 -m pytest -q python/tests 2>&1 | tee -a "$log"
 py_status=${PIPESTATUS[0]}
-set -e
 
-# One closing line for everything (cargo prints one per test binary, pytest its own).
-awk '/^test result:/ { p += $4; f += $6; i += $8 }
-     /^(=+ )?[0-9]+ (passed|failed|errors?)[ ,]/ {
-       for (k = 1; k < NF; k++) {
-         if ($(k+1) ~ /^passed/) p += $k; if ($(k+1) ~ /^failed/) f += $k; if ($(k+1) ~ /^skipped/) i += $k
-       }
-     }
-     END { printf "tests: %d passed, %d failed", p, f; if (i) printf ", %d skipped", i; print "" }' "$log"
-if [[ $rust_status -ne 0 || $py_status -ne 0 ]]; then exit 1; fi
+summary "C ABI without step=$capi_status,integration tests=$int_status,doc tests=$doc_status,python tests=$py_status"
+exit $?

@@ -125,7 +125,7 @@ pub(crate) fn rendezvous(
     // there once every record is: all ranks choose algorithms from it.
     if me == 0 {
         let (model, source) = CostModel::load()?;
-        tracing::info!("cost model from {source}: {}", model.encode());
+        tracing::info!("cost model from {source}: {model}");
         store.set(&format!("{prefix}/model"), model.encode().as_bytes())?;
     }
     store.set(&format!("{prefix}/peer/{me}"), info.encode().as_bytes())?;

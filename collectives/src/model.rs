@@ -30,7 +30,8 @@ use gw_transport::{Error, Result};
 use std::path::PathBuf;
 
 /// Cost of one link type.
-#[derive(Clone, Copy, Debug, PartialEq)]
+#[derive(Clone, Copy, Debug, PartialEq, serde::Serialize, serde::Deserialize)]
+#[serde(deny_unknown_fields)]
 pub struct Link {
     /// Seconds per message.
     pub alpha: f64,
@@ -45,6 +46,30 @@ pub struct CostModel {
     pub shm: Link,
     /// Seconds per byte reduced (f32 sum, three operands).
     pub gamma: f64,
+}
+
+/// The version of [`CostModel::encode`]'s format.
+const MODEL_VERSION: u32 = 1;
+
+/// A calibration file (and rank 0's published model).
+#[derive(serde::Serialize, serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+struct ModelFile {
+    gradwire_model: u32,
+    tcp: Link,
+    shm: Link,
+    gamma: f64,
+}
+
+impl std::fmt::Display for CostModel {
+    /// The model for people: what log lines and benchmark headers show.
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "tcp_alpha={:e} tcp_beta={:e} shm_alpha={:e} shm_beta={:e} gamma={:e}",
+            self.tcp.alpha, self.tcp.beta, self.shm.alpha, self.shm.beta, self.gamma
+        )
+    }
 }
 
 /// Which link a communicator's collectives are bound by.
@@ -210,18 +235,54 @@ impl CostModel {
         best
     }
 
-    /// The text stored in calibration files and published at init.
+    /// What calibration files hold and rank 0 publishes at init: JSON,
+    /// `{"gradwire_model":1,"tcp":{"alpha":…,"beta":…},"shm":{…},"gamma":…}`,
+    /// with every number written so that it reads back bit for bit.
     pub fn encode(&self) -> String {
-        format!(
-            "gradwire-model v1 tcp_alpha={:e} tcp_beta={:e} shm_alpha={:e} shm_beta={:e} gamma={:e}",
-            self.tcp.alpha, self.tcp.beta, self.shm.alpha, self.shm.beta, self.gamma
-        )
+        let file = ModelFile {
+            gradwire_model: MODEL_VERSION,
+            tcp: self.tcp,
+            shm: self.shm,
+            gamma: self.gamma,
+        };
+        // Serialising plain numbers cannot fail; the fallback keeps the
+        // error visible to whoever reads the text.
+        serde_json::to_string(&file).unwrap_or_else(|e| format!("unencodable cost model: {e}"))
     }
 
-    /// Parses [`CostModel::encode`]'s text; every field must be present,
-    /// finite and non-negative.
+    /// Parses [`CostModel::encode`]'s JSON, or the one-line text that
+    /// calibration files of earlier versions hold (`gradwire-model v1
+    /// tcp_alpha=… …`); every field must be present, finite and
+    /// non-negative.
     pub fn decode(text: &str) -> Result<CostModel> {
         let bad = |why: String| Error::Config(format!("cost model {text:?}: {why}"));
+        if text.trim_start().starts_with('{') {
+            let f: ModelFile =
+                serde_json::from_str(text).map_err(|e| bad(format!("not a model file: {e}")))?;
+            if f.gradwire_model != MODEL_VERSION {
+                return Err(bad(format!(
+                    "format version {} (this gradwire reads {MODEL_VERSION})",
+                    f.gradwire_model
+                )));
+            }
+            let m = CostModel {
+                tcp: f.tcp,
+                shm: f.shm,
+                gamma: f.gamma,
+            };
+            for (k, x) in [
+                ("tcp.alpha", m.tcp.alpha),
+                ("tcp.beta", m.tcp.beta),
+                ("shm.alpha", m.shm.alpha),
+                ("shm.beta", m.shm.beta),
+                ("gamma", m.gamma),
+            ] {
+                if !x.is_finite() || x < 0.0 {
+                    return Err(bad(format!("{k}={x} is not a finite non-negative number")));
+                }
+            }
+            return Ok(m);
+        }
         let mut words = text.split_whitespace();
         if words.next() != Some("gradwire-model") || words.next() != Some("v1") {
             return Err(bad("does not start with \"gradwire-model v1\"".into()));
@@ -460,6 +521,38 @@ mod tests {
     fn encoding_round_trips_and_bad_text_is_named() {
         let m = CostModel::default();
         assert_eq!(CostModel::decode(&m.encode()).ok(), Some(m));
+        // Numbers survive exactly, and files of earlier versions still read.
+        let odd = CostModel {
+            tcp: Link {
+                alpha: 1.0 / 3.0,
+                beta: 7.1e-10,
+            },
+            ..m
+        };
+        assert_eq!(CostModel::decode(&odd.encode()).ok(), Some(odd));
+        let legacy = format!("gradwire-model v1 {odd}");
+        assert_eq!(CostModel::decode(&legacy).ok(), Some(odd));
+        for (text, needle) in [
+            (
+                r#"{"gradwire_model":2,"tcp":{"alpha":0,"beta":0},"shm":{"alpha":0,"beta":0},"gamma":0}"#,
+                "format version 2",
+            ),
+            (
+                r#"{"gradwire_model":1,"tcp":{"alpha":-1,"beta":0},"shm":{"alpha":0,"beta":0},"gamma":0}"#,
+                "tcp.alpha=-1",
+            ),
+            (
+                r#"{"gradwire_model":1,"tcp":{"alpha":0,"beta":0},"gamma":0}"#,
+                "missing field `shm`",
+            ),
+            (
+                r#"{"gradwire_model":1,"tcp":{"alpha":0,"beta":0,"x":1},"shm":{"alpha":0,"beta":0},"gamma":0}"#,
+                "unknown field",
+            ),
+        ] {
+            let e = CostModel::decode(text).expect_err(text).to_string();
+            assert!(e.contains(needle), "{text:?}: {e}");
+        }
         for (text, needle) in [
             ("", "does not start"),
             ("gradwire-model v1 tcp_alpha=1", "tcp_beta is missing"),

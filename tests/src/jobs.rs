@@ -43,7 +43,7 @@ impl TempDir {
 impl Drop for TempDir {
     fn drop(&mut self) {
         if std::thread::panicking() {
-            eprintln!("logs kept in {}", self.0.display());
+            println!("logs kept in {}", self.0.display());
         } else {
             let _ = std::fs::remove_dir_all(&self.0);
         }

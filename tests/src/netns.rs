@@ -53,6 +53,35 @@ impl Namespaces {
     }
 }
 
+/// Set to `required` by the test script when this machine can make network
+/// namespaces: then a test that cannot make them fails instead of skipping.
+pub const REQUIRE_VAR: &str = "GW_TEST_NETNS";
+
+impl Namespaces {
+    /// The namespaces, or `None` where this machine cannot make them (no
+    /// privileges, no `ip`) and the script did not say it can: then the
+    /// test is skipped with a line saying so. Where the script found that it
+    /// can ([`REQUIRE_VAR`]`=required`), failing to make them panics, so a
+    /// broken set-up is a failure rather than a quiet pass.
+    pub fn create_or_skip(test: &str, tag: &str, net: u8) -> Option<Namespaces> {
+        match Namespaces::create(tag, net) {
+            Ok(ns) => Some(ns),
+            Err(why) if std::env::var(REQUIRE_VAR).is_ok_and(|v| v == "required") => {
+                panic!(
+                    "{test}: {REQUIRE_VAR}=required, but the namespaces could not be made: {why}"
+                )
+            }
+            Err(why) => {
+                println!(
+                    "SKIPPED {test}: cannot create network namespaces here ({why}); \
+                     set {REQUIRE_VAR}=required to make this a failure"
+                );
+                None
+            }
+        }
+    }
+}
+
 impl Drop for Namespaces {
     fn drop(&mut self) {
         for n in &self.names {

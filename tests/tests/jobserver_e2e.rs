@@ -195,12 +195,12 @@ fn worker_killed_mid_step_fails_the_job_naming_rank_and_node() {
 
 #[test]
 fn one_job_runs_across_agents_in_two_network_namespaces() {
-    let ns = match Namespaces::create("j", 78) {
-        Ok(ns) => ns,
-        Err(why) => {
-            println!("SKIPPED: cannot create network namespaces here ({why})");
-            return;
-        }
+    let Some(ns) = Namespaces::create_or_skip(
+        "one_job_runs_across_agents_in_two_network_namespaces",
+        "j",
+        78,
+    ) else {
+        return;
     };
     let [a, b] = &ns.names;
     let in_a = ["ip", "netns", "exec", a.as_str()];

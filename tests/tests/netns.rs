@@ -13,12 +13,12 @@ use std::time::Duration;
 
 #[test]
 fn ranks_in_separate_network_namespaces_exchange_over_tcp() {
-    let ns = match Namespaces::create("", 77) {
-        Ok(ns) => ns,
-        Err(why) => {
-            println!("SKIPPED: cannot create network namespaces here ({why})");
-            return;
-        }
+    let Some(ns) = Namespaces::create_or_skip(
+        "ranks_in_separate_network_namespaces_exchange_over_tcp",
+        "",
+        77,
+    ) else {
+        return;
     };
     let [a, b] = &ns.names;
     let gwrun = bin("gwrun");
@@ -79,12 +79,9 @@ fn ranks_in_separate_network_namespaces_exchange_over_tcp() {
 /// one host and one on the other is refused by hier and costed flat.
 #[test]
 fn hier_all_reduce_on_two_hosts_of_two_ranks() {
-    let ns = match Namespaces::create("h", 79) {
-        Ok(ns) => ns,
-        Err(why) => {
-            println!("SKIPPED: cannot create network namespaces here ({why})");
-            return;
-        }
+    let Some(ns) = Namespaces::create_or_skip("hier_all_reduce_on_two_hosts_of_two_ranks", "h", 79)
+    else {
+        return;
     };
     let [a, b] = &ns.names;
     // A fixed cost model (rank 0's is everyone's), so that the automatic

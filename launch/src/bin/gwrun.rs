@@ -27,7 +27,12 @@ fn main() {
                 }
             }
         }
-        Ok(Command::Run(opts)) => gw_launch::run(opts),
+        Ok(Command::Run(opts)) => {
+            // The rendezvous store runs in this process; its warnings
+            // (refused clients) are worth seeing.
+            gw_logging::init();
+            gw_launch::run(opts)
+        }
         Err(e) => {
             eprintln!("gwrun: error: {e}");
             EXIT_USAGE

@@ -342,11 +342,7 @@ fn model_choices(comm: &Communicator) -> String {
         .iter()
         .map(|&b| format!("{b}:{}", comm.choose_algo(b).name()))
         .collect();
-    format!(
-        "model {} choices {}",
-        comm.cost_model().encode(),
-        choices.join(",")
-    )
+    format!("model {} choices {}", comm.cost_model(), choices.join(","))
 }
 
 fn main() -> ExitCode {
