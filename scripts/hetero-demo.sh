@@ -8,7 +8,7 @@
 # the weighted all-reduce, so their final parameters must agree to rounding.
 #
 # It prints each run's predicted and measured step times, the local batches
-# chosen, the parameters' largest relative difference and checks the issue's
+# chosen, the parameters' largest relative difference and checks the demo's
 # criteria (OptPerf <= 0.6x the even step time, measured within 15% of the
 # prediction after warm-up, parameters within 1e-5 relative; exit status 1 if
 # one is not met). The last line is 'optperf/even step time ratio: X.XX'.

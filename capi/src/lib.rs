@@ -1,6 +1,5 @@
-//! The C ABI over gw-collectives (issue 5): `libgradwire.so` / `libgradwire.a`
-//! and `include/gradwire.h` (generated from this file by cbindgen in
-//! `build.rs`).
+//! The C ABI over gw-collectives: `libgradwire.so` / `libgradwire.a` and
+//! `include/gradwire.h` (generated from `src/` by cbindgen in `build.rs`).
 //!
 //! Every entry point catches panics (returning `gwInternalError`), validates
 //! its pointers and enum values (taken as raw integers), and looks its
@@ -1209,7 +1208,7 @@ mod tests {
     }
 
     #[test]
-    fn error_codes_follow_the_issue() {
+    fn error_codes_follow_the_documented_mapping() {
         assert_eq!(
             code_of(&Error::InvalidArgument("x".into())),
             gwInvalidArgument

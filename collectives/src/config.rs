@@ -20,7 +20,7 @@ use std::time::Duration;
 /// segments (1 MiB segments in 128 KiB frames, or the reverse, gained
 /// little). Shared memory keeps 128 KiB: a segment that fits one ring slot
 /// is reduced where it arrived (`engine/in_place.rs`).
-pub const TCP_SEGMENT_BYTES: usize = 1 << 20;
+pub const TCP_SEGMENT_BYTES: usize = gw_transport::tcp::DEFAULT_SEGMENT_BYTES;
 
 /// Default pipeline depth where every rank of a host has a core of its own.
 /// A deeper pipeline keeps more segments (and their scratch slots) live at
@@ -127,7 +127,7 @@ pub struct Config {
     /// at its default it depends on whether ranks share cores (see
     /// [`Config::pipeline_depth_for`]).
     pub pipeline_depth: Setting<usize>,
-    /// `GW_ALGO`: force ring, tree or rhd for all-reduce.
+    /// `GW_ALGO`: force an all-reduce algorithm (ring, tree, rhd, rd or hier).
     pub algo: Setting<Option<Algo>>,
     /// `GW_TREE_THRESHOLD` (bytes): all-reduces up to this size use the tree.
     pub tree_threshold: Setting<usize>,

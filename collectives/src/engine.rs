@@ -76,6 +76,10 @@ struct Running {
     /// on the board and compared with what the other ranks are doing.
     stalled_at: Instant,
     posted: bool,
+    /// The operation's span (its sequence number and kind), entered while
+    /// the engine works on it. DEBUG level: disabled, and free, unless
+    /// `GW_DEBUG` asks for debug lines.
+    span: tracing::Span,
 }
 
 /// The vectors of a [`Running`] operation, kept between operations so that
@@ -505,7 +509,9 @@ impl Engine {
         spare.handles.resize(nt, None);
         spare.inflight.clear();
         spare.blocked.clear();
+        let span = tracing::debug_span!("op", seq = op.fp.seq, op = op.fp.op.name());
         self.current = Some(Running {
+            span,
             op,
             sched,
             key,
@@ -556,7 +562,8 @@ impl Engine {
         let Some(mut r) = self.current.take() else {
             return Ok(moved);
         };
-        let res = self.advance(&mut r);
+        let span = r.span.clone();
+        let res = span.in_scope(|| self.advance(&mut r));
         match res {
             Ok(m) => {
                 moved |= m;
@@ -841,7 +848,10 @@ impl Engine {
         if self.failed.is_some() {
             return;
         }
-        tracing::warn!("communicator failed: {e}");
+        match &self.current {
+            Some(r) => tracing::warn!(seq = r.op.fp.seq, "communicator failed: {e}"),
+            None => tracing::warn!("communicator failed: {e}"),
+        }
         let reason = format!("rank {} failed: {e}", self.cfg.me);
         for t in &mut self.transports {
             t.abort(&reason);

@@ -5,8 +5,8 @@
 //! training loop would allocate in every steady-state step sooner or later.
 //! Here the messages live in one `VecDeque` with capacity reserved at
 //! creation (it grows only if more operations are ever outstanding at once,
-//! and then keeps that size). Waking the engine stays with the caller, through
-//! the engine's `mio::Waker`, as before.
+//! and then keeps that size). Waking the engine is the caller's, through the
+//! engine's `mio::Waker`.
 //!
 //! The semantics the engine relies on are those of mpsc: `try_recv` reports
 //! `Disconnected` once the sender is gone and the queue is empty, and a send

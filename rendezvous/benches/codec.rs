@@ -774,8 +774,8 @@ fn hostile(full: bool) {
     ));
 
     // 4. Before authentication: a maximal Set trickled in. Both buffer what
-    // arrives; neither refuses until the frame is complete (the pending
-    // "only a small Hello before auth" issue).
+    // arrives; neither refuses until the frame is complete (the rule that
+    // only a small Hello is decoded before authentication is still to come).
     let sent = 1 << 20;
     let mut hb = le32(1).to_vec();
     hb.push(b'k');

@@ -1,6 +1,6 @@
 //! The job server end to end, with real processes: `gwjob serve`, `gwjob
 //! agent`s and a 2-rank `gwtrain` job (a real MLP trained data-parallel over
-//! the step protocol). What the issue asks of the control plane, checked for
+//! the step protocol). What the control plane promises, checked for
 //! correctness rather than speed:
 //! - a `kill -9` of the server mid-job and a restart on the same database
 //!   loses and repeats no step (every rank's step log is exactly 0..N), and

@@ -130,7 +130,7 @@ pub struct Criteria {
     pub max_param_diff: f64,
 }
 
-/// The "done when": OptPerf ≤ 0.6× the even split, measured within
+/// What the heterogeneity demo checks: OptPerf ≤ 0.6× the even split, measured within
 /// 15% of the prediction, parameters equal to 1e-5 relative.
 pub const DEMO_CRITERIA: Criteria = Criteria {
     max_ratio: 0.6,

@@ -9,7 +9,8 @@
 //! what the receive's completion made ready. The first reduction that reads
 //! exactly the received range reads it from the slot; anything else that
 //! touches the range first (a send of it, a copy, a reduction reading part
-//! of it) gets it copied into scratch as before. Either way the slot is
+//! of it) gets it copied into scratch, as a plain receive would. Either way
+//! the slot is
 //! released before this function returns, so a held slot never blocks the
 //! peer's stream while the engine waits for something else.
 //!

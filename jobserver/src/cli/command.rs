@@ -311,7 +311,7 @@ mod tests {
                 );
             }
         }
-        // Help wins over a mistake later on the line, as before.
+        // Help wins over a mistake later on the line.
         assert!(printed(&["cancel", "-h", "--bogus"]).contains("Usage: gwjob cancel"));
     }
 

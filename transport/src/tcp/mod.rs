@@ -58,6 +58,10 @@ pub struct TcpConfig {
     pub socket_buffer_bytes: usize,
 }
 
+/// Default of [`TcpConfig::segment_bytes`], and of collectives over TCP
+/// (`gw_collectives::config::TCP_SEGMENT_BYTES`, which says why 1 MiB).
+pub const DEFAULT_SEGMENT_BYTES: usize = 1 << 20;
+
 /// Default of [`TcpConfig::socket_buffer_bytes`]. The kernel's autotuning
 /// starts a socket at 16 KiB to send and 128 KiB to receive and grows them
 /// as a stream runs; a collective's bursts of a few hundred KiB to a few MiB
@@ -72,7 +76,7 @@ impl Default for TcpConfig {
     fn default() -> Self {
         TcpConfig {
             lanes: 2,
-            segment_bytes: 512 * 1024,
+            segment_bytes: DEFAULT_SEGMENT_BYTES,
             ifname: None,
             store_ip: None,
             job_key: 0,
