@@ -56,6 +56,7 @@ pub(crate) fn listen(env: &LaunchEnv, cfg: &Config) -> Result<Option<TcpTranspor
             store_ip,
             job_key: fnv1a(&[&env.token, &env.job_id]),
             socket_buffer_bytes: cfg.socket_buffer_bytes.value,
+            eager_frames: cfg.eager_frames.value,
         },
     )?))
 }
@@ -120,6 +121,7 @@ pub(crate) fn rendezvous(
         hostname: peers::hostname(),
         pid: std::process::id(),
         tcp: tcp.map(|t| vec![t.listen_addr()]).unwrap_or_default(),
+        tcp_eager: tcp.map(|t| t.eager()).unwrap_or_default(),
     };
     // Rank 0's cost model, published before its peer record, so it is
     // there once every record is: all ranks choose algorithms from it.
@@ -236,6 +238,7 @@ pub(crate) fn route(
                 slot_bytes: cfg.shm_slot_bytes.value,
                 slots: cfg.shm_slots.value,
                 pull_bytes: shm_pull_bytes(cfg, env.local_size),
+                eager_frames: cfg.eager_frames.value,
             },
         )?));
         Some(transports.len() - 1)

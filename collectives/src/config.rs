@@ -139,6 +139,11 @@ pub struct Config {
     /// `GW_SOCKET_BUFFER_BYTES`: send and receive buffer of every TCP
     /// socket; 0 leaves them to the kernel's autotuning.
     pub socket_buffer_bytes: Setting<usize>,
+    /// `GW_EAGER_FRAMES`: frames of each peer buffered ahead of their
+    /// receives (each up to the transport's frame size); the credits every
+    /// sender to this rank gets. Past them a message is announced and sent
+    /// once its receive is posted.
+    pub eager_frames: Setting<usize>,
     /// `GW_SPIN_US`: how long the engine polls before it sleeps.
     pub spin_us: Setting<u64>,
     /// `GW_INLINE`: a caller blocked on its operation turns the engine
@@ -172,6 +177,7 @@ impl Default for Config {
             fusion_bytes: Setting::default(64 << 20),
             socket_ifname: Setting::default(None),
             socket_buffer_bytes: Setting::default(gw_transport::tcp::DEFAULT_SOCKET_BUFFER_BYTES),
+            eager_frames: Setting::default(gw_transport::DEFAULT_EAGER_FRAMES),
             spin_us: Setting::default(100),
             inline: Setting::default(true),
             shm_slot_bytes: Setting::default(512 * 1024),
@@ -298,6 +304,13 @@ impl Config {
             "0 (the kernel's autotuning) or 4096..=1073741824 bytes",
         )?;
         env_override(
+            &mut self.eager_frames,
+            "GW_EAGER_FRAMES",
+            env,
+            |v| v.parse::<usize>().ok().filter(|n| *n <= 1024),
+            "0..=1024 frames",
+        )?;
+        env_override(
             &mut self.spin_us,
             "GW_SPIN_US",
             env,
@@ -389,6 +402,7 @@ impl Config {
             line("GW_FUSION_BYTES", &self.fusion_bytes),
             line("GW_SOCKET_IFNAME", &self.socket_ifname),
             line("GW_SOCKET_BUFFER_BYTES", &self.socket_buffer_bytes),
+            line("GW_EAGER_FRAMES", &self.eager_frames),
             line("GW_SPIN_US", &self.spin_us),
             line("GW_INLINE", &self.inline),
             line("GW_SHM_SLOT_BYTES", &self.shm_slot_bytes),

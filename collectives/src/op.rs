@@ -228,8 +228,12 @@ impl fmt::Display for Fingerprint {
 }
 
 /// Signature layout: kind, type, reduction (one byte each), root (4 bytes),
-/// element count (7 bytes: 2^56 elements is beyond any memory).
+/// element count (5 bytes: 2^40 elements, 4 TiB of f32, more than any one
+/// collective carries; a larger count is refused when the call is checked).
 const COUNT_BYTES: usize = Signature::LEN - 7;
+
+/// The largest element count a signature can carry.
+pub const MAX_COUNT: u64 = (1 << (8 * COUNT_BYTES)) - 1;
 
 impl Fingerprint {
     /// The tag of message `step` of this call.
@@ -297,7 +301,7 @@ mod tests {
             1u8..=7,
             prop::sample::select(vec![0u8, 1, 2, 3, 4, 5, 6, 255]),
             prop::sample::select(vec![0u8, 1, 2, 3, 4, 255]),
-            0u64..(1 << 56),
+            0u64..=MAX_COUNT,
             any::<u32>(),
         )
             .prop_map(|(comm_id, seq, op, dt, ro, count, root)| Fingerprint {

@@ -100,7 +100,8 @@ const MEASURED: usize = 50;
 /// Windows with stalls measured again at most this often.
 const STALL_RETRIES: usize = 3;
 /// Small enough that the medium size is cut into many pipelined segments and
-/// fills the shm rings (exercising the unexpected-frame pool).
+/// fills the shm rings (exercising the early-frame buffers and announced
+/// messages, which must not allocate either).
 const SEGMENT_BYTES: usize = 16 << 10;
 const SMALL: usize = 1000;
 const MEDIUM: usize = 40_000;
@@ -229,8 +230,6 @@ struct Window {
     bytes: u64,
     /// Engine stall checks in the window (see `stall_checks`).
     stalls: u64,
-    /// Of `allocs`, new buffers of the transports' early-frame pools.
-    early: u64,
 }
 
 /// Runs the warm-up and the measured window on `comms`; returns what the
@@ -241,7 +240,6 @@ fn measure(comms: &[Communicator], count: usize) -> Result<Window, String> {
     let before = AtomicU64::new(0);
     let before_bytes = AtomicU64::new(0);
     let before_stalls = AtomicU64::new(0);
-    let before_early = AtomicU64::new(0);
     let trace = match std::env::var("GW_ALLOC_TRACE") {
         Ok(v) => {
             if let Ok(n) = v.parse() {
@@ -255,8 +253,8 @@ fn measure(comms: &[Communicator], count: usize) -> Result<Window, String> {
         let hs: Vec<_> = comms
             .iter()
             .map(|c| {
-                let (gate, before, before_bytes, before_stalls, before_early) =
-                    (&gate, &before, &before_bytes, &before_stalls, &before_early);
+                let (gate, before, before_bytes, before_stalls) =
+                    (&gate, &before, &before_bytes, &before_stalls);
                 s.spawn(move || {
                     let mut b = Bufs::new(n, count);
                     let mut res = Ok(());
@@ -268,8 +266,6 @@ fn measure(comms: &[Communicator], count: usize) -> Result<Window, String> {
                         before.store(ALLOCS.load(Ordering::SeqCst), Ordering::SeqCst);
                         before_bytes.store(BYTES.load(Ordering::SeqCst), Ordering::SeqCst);
                         before_stalls.store(gw_collectives::stall_checks(), Ordering::SeqCst);
-                        before_early
-                            .store(gw_transport::early_buffers_allocated(), Ordering::SeqCst);
                         TRACED.store(0, Ordering::SeqCst);
                         TRACE.store(trace, Ordering::SeqCst);
                     }
@@ -285,8 +281,6 @@ fn measure(comms: &[Communicator], count: usize) -> Result<Window, String> {
                         bytes: BYTES.load(Ordering::SeqCst) - before_bytes.load(Ordering::SeqCst),
                         stalls: gw_collectives::stall_checks()
                             - before_stalls.load(Ordering::SeqCst),
-                        early: gw_transport::early_buffers_allocated()
-                            - before_early.load(Ordering::SeqCst),
                     };
                     TRACE.store(false, Ordering::SeqCst);
                     res.map(|_| counted)
@@ -306,14 +300,12 @@ fn measure(comms: &[Communicator], count: usize) -> Result<Window, String> {
         allocs: 0,
         bytes: 0,
         stalls: 0,
-        early: 0,
     };
     for r in results {
         let w = r?;
         out.allocs = out.allocs.max(w.allocs);
         out.bytes = out.bytes.max(w.bytes);
         out.stalls = out.stalls.max(w.stalls);
-        out.early = out.early.max(w.early);
     }
     Ok(out)
 }
@@ -322,13 +314,6 @@ fn main() {
     // `GW_ALLOC_ONLY=shm-4-ring` runs one configuration (transport, world
     // size, algorithm), for tracing.
     let only = std::env::var("GW_ALLOC_ONLY").ok();
-    // Known gap: the transports' early-frame pools grow to the most frames
-    // ever early at once, a timing-dependent high (see
-    // `gw_transport::early_buffers_allocated`). Each new buffer is exactly
-    // one allocation, counted by the transport, so the test excuses exactly
-    // those (and prints them) unless `GW_ALLOC_STRICT=1`.
-    let strict = std::env::var_os("GW_ALLOC_STRICT").is_some();
-    let mut early_total = 0;
     let mut failures = Vec::new();
     let mut key = 0;
     for transport in [TransportChoice::Shm, TransportChoice::Tcp] {
@@ -356,7 +341,7 @@ fn main() {
                     let mut res = measure(&comms, count);
                     for _ in 0..STALL_RETRIES {
                         match &res {
-                            Ok(w) if w.allocs > w.early && w.stalls > 0 => {
+                            Ok(w) if w.allocs > 0 && w.stalls > 0 => {
                                 println!(
                                     "{what}: {} allocations with {} stall checks (overloaded?); measuring again",
                                     w.allocs, w.stalls
@@ -366,21 +351,14 @@ fn main() {
                             _ => break,
                         }
                     }
-                    if let Ok(w) = &res {
-                        early_total += w.early;
-                    }
                     match res {
                         Ok(w) if w.allocs == 0 => {
                             println!("{what}: 0 allocations in {MEASURED} steps")
                         }
-                        Ok(w) if w.allocs == w.early && !strict => println!(
-                            "{what}: 0 allocations in {MEASURED} steps besides {} new early-frame buffers",
-                            w.early
-                        ),
                         Ok(w) => {
                             println!(
-                                "{what}: {} allocations ({} bytes, {} stall checks, {} early-frame buffers) in {MEASURED} steps",
-                                w.allocs, w.bytes, w.stalls, w.early
+                                "{what}: {} allocations ({} bytes, {} stall checks) in {MEASURED} steps",
+                                w.allocs, w.bytes, w.stalls
                             );
                             failures.push(format!(
                                 "{what}: {} allocations ({} bytes)",
@@ -404,8 +382,5 @@ fn main() {
         );
         std::process::exit(1);
     }
-    println!(
-        "no_alloc: every steady-state step allocated nothing (besides {early_total} early-frame buffers{})",
-        if strict { "" } else { ", excused" }
-    );
+    println!("no_alloc: every steady-state step allocated nothing");
 }

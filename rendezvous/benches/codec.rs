@@ -399,6 +399,10 @@ fn cases() -> Vec<Case> {
                         .parse()
                         .unwrap(),
                 ],
+                tcp_eager: gw_rendezvous::peers::Eager {
+                    frames: 4,
+                    frame_bytes: 1 << 20,
+                },
             }
             .encode()
             .into_bytes()

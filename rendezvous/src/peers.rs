@@ -25,6 +25,29 @@ pub struct PeerInfo {
     /// Addresses the rank accepts data-plane TCP connections on.
     #[serde(default)]
     pub tcp: Vec<SocketAddr>,
+    /// How much the rank buffers of a TCP peer's frames that come before
+    /// their receive: `frames` buffers of `frame_bytes` each, which is how
+    /// many credits, and how large an eager frame, a sender to it gets.
+    #[serde(default)]
+    pub tcp_eager: Eager,
+}
+
+/// A receiver's eager buffers (see [`PeerInfo::tcp_eager`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Eager {
+    pub frames: u32,
+    pub frame_bytes: u32,
+}
+
+impl Default for Eager {
+    /// None: a peer that published no buffers receives announced messages
+    /// only.
+    fn default() -> Eager {
+        Eager {
+            frames: 0,
+            frame_bytes: 0,
+        }
+    }
 }
 
 /// Longest part of a bad record (or of its parse error) quoted in an error:
@@ -121,6 +144,10 @@ mod tests {
                 "127.0.0.1:5000".parse().unwrap(),
                 "[::1]:6000".parse().unwrap(),
             ],
+            tcp_eager: Eager {
+                frames: 4,
+                frame_bytes: 1 << 20,
+            },
         }
     }
 
@@ -218,14 +245,21 @@ mod tests {
             any::<String>(),
             any::<u32>(),
             prop::collection::vec(prop_oneof![addr, addr6], 0..4),
+            (any::<u32>(), any::<u32>()),
         )
-            .prop_map(|(rank, host_id, hostname, pid, tcp)| PeerInfo {
-                rank,
-                host_id,
-                hostname,
-                pid,
-                tcp,
-            })
+            .prop_map(
+                |(rank, host_id, hostname, pid, tcp, (frames, frame_bytes))| PeerInfo {
+                    rank,
+                    host_id,
+                    hostname,
+                    pid,
+                    tcp,
+                    tcp_eager: Eager {
+                        frames,
+                        frame_bytes,
+                    },
+                },
+            )
     }
 
     proptest! {

@@ -13,17 +13,16 @@ pub mod seam;
 pub mod wire;
 
 pub use error::{Error, Result};
+pub use recv_core::DEFAULT_EAGER_FRAMES;
 pub use seam::{
     Landed, MemHandle, MemPtr, Now, Outstanding, Properties, Rank, Request, Scope, Signature, Tag,
     TagFmt, Tested, Transport, TransportId,
 };
-#[doc(hidden)]
-pub use unexpected::early_buffers_allocated;
 pub use wire::{FrameHeader, FrameKind};
 
+mod recv_core;
 mod reqmap;
 pub mod shm;
 pub mod tcp;
 #[cfg(test)]
 mod test_tags;
-mod unexpected;

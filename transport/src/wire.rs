@@ -17,11 +17,14 @@ use std::fmt;
 
 /// Size of an encoded [`FrameHeader`].
 pub const HEADER_LEN: usize = 64;
-/// "GWF2": the layout with an opaque signature (GWF1 spelled out the
-/// collective's fields).
-const MAGIC: u32 = u32::from_le_bytes(*b"GWF2");
+/// "GWF3": the layout with credits and announced messages (GWF2 had no
+/// flow control; GWF1 spelled out the collective's fields).
+const MAGIC: u32 = u32::from_le_bytes(*b"GWF3");
 /// Flag bit: the signature is compared per message, not per operation slot.
 const FLAG_PER_MESSAGE: u8 = 1;
+/// Flag bit: a data frame of an announced message, sent after the receiver
+/// said its receive is posted (see [`FrameKind::Cts`]); it used no credit.
+const FLAG_CLEARED: u8 = 2;
 
 /// What the layer above a transport says about one operation: opaque bytes
 /// that two ranks in the same operation slot must agree on. gradwire's
@@ -32,7 +35,7 @@ pub struct Signature(pub [u8; Signature::LEN]);
 
 impl Signature {
     /// Bytes in a signature (what the 64-byte frame header has room for).
-    pub const LEN: usize = 14;
+    pub const LEN: usize = 12;
 }
 
 /// How far a signature has to agree.
@@ -184,12 +187,29 @@ pub enum FrameKind {
     /// for the receiver to copy it out; the payload is its address and a
     /// completion number (see `shm/pull.rs`).
     Rendezvous = 4,
+    /// The sender has a message (`tag`, `total` bytes) but no credit to
+    /// send it eagerly: it sends it once told the receive is posted. No
+    /// payload; `offset` carries the announcement's id.
+    Rts = 5,
+    /// The receive for announcement `offset` is posted: send its data
+    /// (as cleared frames). No payload.
+    Cts = 6,
+    /// Returns `credits` without carrying anything else (every frame can
+    /// return credits; this one exists for when no other frame goes back).
+    Credit = 7,
 }
 
 /// The fixed header in front of every segment.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct FrameHeader {
     pub kind: FrameKind,
+    /// A data frame sent after a [`FrameKind::Cts`]: it used no credit and
+    /// must find its receive posted.
+    pub cleared: bool,
+    /// Eager frames of the opposite direction that the sender of this frame
+    /// has consumed since it last said so: credits handed back to the
+    /// receiver of this frame (see `recv_core`).
+    pub credits: u16,
     pub src_rank: u32,
     /// The message this segment belongs to.
     pub tag: Tag,
@@ -207,6 +227,8 @@ impl FrameHeader {
     pub fn control(kind: FrameKind, src_rank: u32, len: usize) -> FrameHeader {
         FrameHeader {
             kind,
+            cleared: false,
+            credits: 0,
             src_rank,
             tag: Tag::NONE,
             offset: 0,
@@ -216,9 +238,9 @@ impl FrameHeader {
     }
 
     /// Encodes into the 64-byte wire form (little endian):
-    /// magic 0..4, kind 4, flags 5, signature 6..20, source rank 20..24,
-    /// communicator 24..32, sequence 32..40, step 40..44, segment length
-    /// 44..48, offset 48..56, total 56..64.
+    /// magic 0..4, kind 4, flags 5, credits 6..8, signature 8..20, source
+    /// rank 20..24, communicator 24..32, sequence 32..40, step 40..44,
+    /// segment length 44..48, offset 48..56, total 56..64.
     pub fn encode(&self) -> [u8; HEADER_LEN] {
         let mut b = [0u8; HEADER_LEN];
         b[0..4].copy_from_slice(&MAGIC.to_le_bytes());
@@ -226,8 +248,9 @@ impl FrameHeader {
         b[5] = match self.tag.scope {
             Scope::Operation => 0,
             Scope::Message => FLAG_PER_MESSAGE,
-        };
-        b[6..20].copy_from_slice(&self.tag.sig.0);
+        } | if self.cleared { FLAG_CLEARED } else { 0 };
+        b[6..8].copy_from_slice(&self.credits.to_le_bytes());
+        b[8..20].copy_from_slice(&self.tag.sig.0);
         b[20..24].copy_from_slice(&self.src_rank.to_le_bytes());
         b[24..32].copy_from_slice(&self.tag.comm.to_le_bytes());
         b[32..40].copy_from_slice(&self.tag.seq.to_le_bytes());
@@ -268,25 +291,51 @@ impl FrameHeader {
             2 => FrameKind::Abort,
             3 => FrameKind::Close,
             4 => FrameKind::Rendezvous,
+            5 => FrameKind::Rts,
+            6 => FrameKind::Cts,
+            7 => FrameKind::Credit,
             k => return Err(Error::Protocol(format!("unknown frame kind {k}"))),
         };
-        let scope = match b[5] {
-            0 => Scope::Operation,
-            FLAG_PER_MESSAGE => Scope::Message,
-            f => return Err(Error::Protocol(format!("unknown frame flags {f:#04x}"))),
+        let flags = b[5];
+        if flags & !(FLAG_PER_MESSAGE | FLAG_CLEARED) != 0 {
+            return Err(Error::Protocol(format!("unknown frame flags {flags:#04x}")));
+        }
+        let scope = if flags & FLAG_PER_MESSAGE != 0 {
+            Scope::Message
+        } else {
+            Scope::Operation
         };
+        let cleared = flags & FLAG_CLEARED != 0;
+        if cleared && kind != FrameKind::Data {
+            return Err(Error::Protocol(format!(
+                "a {kind:?} frame marked as cleared data"
+            )));
+        }
         let mut sig = [0u8; Signature::LEN];
-        sig.copy_from_slice(&b[6..20]);
+        sig.copy_from_slice(&b[8..20]);
         let len = u32_at(44) as u64;
         let offset = u64_at(48);
         let total = u64_at(56);
-        if offset.checked_add(len).is_none_or(|end| end > total) {
-            return Err(Error::Protocol(format!(
-                "segment [{offset}, +{len}) lies outside its {total}-byte message"
-            )));
+        match kind {
+            // Control frames carry no payload; their `offset` is an id.
+            FrameKind::Rts | FrameKind::Cts | FrameKind::Credit if len != 0 => {
+                return Err(Error::Protocol(format!(
+                    "a {kind:?} frame with a {len}-byte payload"
+                )));
+            }
+            FrameKind::Data | FrameKind::Rendezvous
+                if offset.checked_add(len).is_none_or(|end| end > total) =>
+            {
+                return Err(Error::Protocol(format!(
+                    "segment [{offset}, +{len}) lies outside its {total}-byte message"
+                )));
+            }
+            _ => {}
         }
         Ok(FrameHeader {
             kind,
+            cleared,
+            credits: u16::from_le_bytes([b[6], b[7]]),
             src_rank: u32_at(20),
             tag: Tag::raw(u64_at(24), u64_at(32), u32_at(40), Signature(sig), scope),
             offset,
@@ -311,30 +360,41 @@ mod tests {
             any::<u32>(),
             any::<u64>(),
             any::<u32>(),
-            0usize..4,
+            0usize..7,
+            any::<u16>(),
         )
-            .prop_map(|(src, comm, seq, sig, per_msg, step, total, len, kind)| {
-                let len = (len as u64).min(total);
-                let offset = (total - len) / 2;
-                let scope = if per_msg {
-                    Scope::Message
-                } else {
-                    Scope::Operation
-                };
-                FrameHeader {
-                    kind: [
+            .prop_map(
+                |(src, comm, seq, sig, per_msg, step, total, len, kind, credits)| {
+                    let len = (len as u64).min(total);
+                    let offset = (total - len) / 2;
+                    let control = kind >= 4;
+                    let len = if control { 0 } else { len };
+                    let scope = if per_msg {
+                        Scope::Message
+                    } else {
+                        Scope::Operation
+                    };
+                    let kind = [
                         FrameKind::Data,
                         FrameKind::Abort,
                         FrameKind::Close,
                         FrameKind::Rendezvous,
-                    ][kind],
-                    src_rank: src,
-                    tag: Tag::raw(comm, seq, step, Signature(sig), scope),
-                    offset,
-                    len,
-                    total,
-                }
-            })
+                        FrameKind::Rts,
+                        FrameKind::Cts,
+                        FrameKind::Credit,
+                    ][kind];
+                    FrameHeader {
+                        kind,
+                        cleared: kind == FrameKind::Data && per_msg && total % 2 == 0,
+                        credits,
+                        src_rank: src,
+                        tag: Tag::raw(comm, seq, step, Signature(sig), scope),
+                        offset,
+                        len,
+                        total,
+                    }
+                },
+            )
     }
 
     proptest! {
@@ -353,7 +413,9 @@ mod tests {
         fn corrupted_headers_never_panic(h in arb_header(), i in 0usize..HEADER_LEN, v in any::<u8>()) {
             let mut enc = h.encode();
             enc[i] = v;
-            if let Ok(d) = FrameHeader::decode(&enc) {
+            if let Ok(d) = FrameHeader::decode(&enc)
+                && matches!(d.kind, FrameKind::Data | FrameKind::Rendezvous)
+            {
                 prop_assert!(d.offset + d.len <= d.total);
             }
         }
@@ -371,6 +433,10 @@ mod tests {
         enc[5] = 0x80;
         let e = FrameHeader::decode(&enc).unwrap_err();
         assert!(e.to_string().contains("unknown frame flags"), "{e}");
+        // Only data can be cleared.
+        enc[5] = FLAG_CLEARED;
+        let e = FrameHeader::decode(&enc).unwrap_err();
+        assert!(e.to_string().contains("cleared"), "{e}");
     }
 
     // ---- tags ----
@@ -398,6 +464,8 @@ mod tests {
         let raw = Tag::raw(tag.comm, tag.seq, tag.step, tag.sig, tag.scope);
         FrameHeader {
             kind: FrameKind::Data,
+            cleared: false,
+            credits: 0,
             src_rank: 1,
             tag: raw,
             offset: 0,
@@ -445,7 +513,7 @@ mod tests {
         );
         assert_eq!(
             t.to_string(),
-            format!("operation(comm=0x10, seq=2, signature={})", "ab".repeat(14))
+            format!("operation(comm=0x10, seq=2, signature={})", "ab".repeat(12))
         );
     }
 }

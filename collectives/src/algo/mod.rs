@@ -319,6 +319,14 @@ pub fn check(spec: &OpSpec, algo: Algo) -> Result<()> {
             n
         ));
     }
+    if spec.count as u64 > crate::op::MAX_COUNT {
+        return invalid(format!(
+            "{}: count {} is more than the {} elements one call can carry",
+            spec.op.name(),
+            spec.count,
+            crate::op::MAX_COUNT
+        ));
+    }
     if spec.op == OpKind::Barrier && spec.count != 0 {
         return invalid(format!("barrier takes count 0, got {}", spec.count));
     }

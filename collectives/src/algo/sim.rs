@@ -1806,13 +1806,23 @@ fn invalid_arguments() {
     assert!(
         msg(
             OpSpec {
-                count: 1 << 40,
+                count: crate::op::MAX_COUNT as usize,
                 segment_elems: 1,
                 ..spec
             },
             Algo::Tree
         )
         .contains("segments")
+    );
+    assert!(
+        msg(
+            OpSpec {
+                count: crate::op::MAX_COUNT as usize + 1,
+                ..spec
+            },
+            Algo::Ring
+        )
+        .contains("elements one call can carry")
     );
     for algo in [Algo::Ring, Algo::Tree, Algo::Rhd, Algo::Rd] {
         let one = OpSpec { nranks: 1, ..spec };

@@ -12,19 +12,26 @@
 //! last segment is in the ring. Messages to one peer enter its ring in posting
 //! order. The receiver looks at the oldest frame of each inbound ring and
 //! delivers it to the first posted receive whose [`Tag`] matches; if none does,
-//! the ring waits (natural backpressure) until a matching receive is posted. A
+//! the frame stays in its slot, where the receive posted next reads it. A
 //! fingerprint disagreement is an [`Error::Mismatch`]; anything malformed is an
 //! [`Error::Protocol`] naming the peer.
 //!
+//! Flow control is the receive core's (`recv_core`), with its credits in the
+//! ring's counters rather than in frames: a sender may have a ring's worth
+//! plus `eager_frames` eager frames unconsumed at the receiver, which keeps
+//! that many buffers (made when the pair connects); a message beyond its
+//! credits is announced (`Rts`) and sent once its receive is posted (`Cts`).
+//! So when a posted receive waits behind frames nobody asked for yet, or one
+//! of this rank's sends is stuck on a full ring, the receiver can always take
+//! every frame out of the ring: into a buffer, or as an announcement.
+//!
 //! Large messages skip the slots: a send of at least
 //! [`ShmConfig::pull_bytes`] is one rendezvous frame, and the receiver copies
-//! the bytes straight out of the sender's process (see `pull.rs`); the send
-//! completes when the receiver reports it pulled. Rendezvous sends complete
-//! only once the peer posts its receive, so a cycle of ranks each waiting
-//! for its own sends before posting receives could stall; when the engine
-//! finds nothing to do while such a send is outstanding, this rank pulls
-//! early rendezvous messages into its unexpected-message buffers, as it does
-//! for ring frames when a ring is full.
+//! the bytes straight out of the sender's process (see `pull.rs`) when its
+//! receive is posted; the send completes when the receiver reports it
+//! pulled. A rendezvous frame taken out of the ring early is kept as an
+//! announcement, so its message is copied once, to its receive, never into
+//! a buffer.
 //!
 //! Sleeping: a peer's store into shared memory raises no poller event, so each
 //! rank has a datagram "doorbell" in the abstract socket namespace. Before the
@@ -51,12 +58,12 @@ use self::pull::RENDEZVOUS_LEN;
 use self::ring::{CanPull, Consumer, Corrupt, MAX_PULLS, Producer, next_segment};
 use self::segment::{Layout, Opened, Segment, pid_alive, segment_path};
 use crate::error::{Error, Result};
+use crate::recv_core::{DEFAULT_EAGER_FRAMES, Posted, Posting, RecvCore};
 use crate::reqmap::{self, ReqMap};
 use crate::seam::{
     Landed, MemHandle, MemPtr, Now, Properties, Rank, Readiness, Request, Tag, Tested, Transport,
     TransportId,
 };
-use crate::unexpected::Unexpected;
 use crate::wire::{FrameHeader, FrameKind, HEADER_LEN};
 use gw_rendezvous::PeerInfo;
 use std::collections::VecDeque;
@@ -88,6 +95,11 @@ pub struct ShmConfig {
     /// receiver, out of the sender's process, where the kernel allows it
     /// (default 256 KiB; 0 never does).
     pub pull_bytes: usize,
+    /// Frames of each peer buffered ahead of their receives beyond a ring's
+    /// worth (`GW_EAGER_FRAMES`): a sender gets `slots + eager_frames`
+    /// credits, so a full ring of frames nobody asked for yet can always be
+    /// taken out of the ring.
+    pub eager_frames: usize,
 }
 
 impl ShmConfig {
@@ -98,7 +110,13 @@ impl ShmConfig {
             slot_bytes: DEFAULT_SLOT_BYTES,
             slots: DEFAULT_SLOTS,
             pull_bytes: DEFAULT_PULL_BYTES,
+            eager_frames: DEFAULT_EAGER_FRAMES,
         }
+    }
+
+    /// The credits a sender to this rank gets: eager frames buffered.
+    fn credits(&self) -> usize {
+        self.slots + self.eager_frames
     }
 
     fn validate(&self) -> Result<()> {
@@ -145,6 +163,26 @@ struct SendOp {
     len: usize,
     /// Bytes already in the ring.
     sent: u64,
+    /// Announced, and cleared by the receiver: its frames use no credit.
+    cleared: bool,
+    /// Credits for all its frames are spent: it goes eagerly.
+    reserved: bool,
+}
+
+/// A message announced to its receiver (an `Rts`), waiting for its `Cts`.
+#[derive(Debug)]
+struct AnnouncedOut {
+    id: u64,
+    op: SendOp,
+}
+
+/// Where an announced message waits to be pulled from (the payload of its
+/// rendezvous frame), and the frame, for messages about it.
+#[derive(Clone, Copy, Debug)]
+struct PullRef {
+    hdr: FrameHeader,
+    addr: u64,
+    k: u64,
 }
 
 /// A send waiting for the receiver to pull it (see `pull.rs`).
@@ -156,14 +194,10 @@ struct PullOut {
     mem: MemHandle,
 }
 
+/// What a posted receive keeps besides what matching needs.
 #[derive(Debug)]
-struct RecvOp {
-    req: u64,
-    tag: Tag,
+struct RecvExtra {
     mem: MemHandle,
-    ptr: MemPtr,
-    len: usize,
-    received: u64,
     /// Lands in a region too large to stay cached: copy around the cache
     /// (see `stream.rs`).
     stream: bool,
@@ -192,13 +226,23 @@ struct Peer {
     /// `connect` was called: keep trying in `progress`, watch its pid.
     wanted: bool,
     sends: VecDeque<SendOp>,
-    recvs: Vec<RecvOp>,
+    /// Our messages announced to the peer, waiting for its `Cts`.
+    announced: VecDeque<AnnouncedOut>,
+    next_announce: u64,
+    /// Eager frames sent to the peer so far (its ring's `consumed` counts
+    /// those it has consumed; the difference is what our credits cover).
+    sent_eager: u64,
+    /// Control frames (`Cts`) waiting for room in the peer's ring.
+    ctl: VecDeque<[u8; HEADER_LEN]>,
+    /// What arrives from the peer: posted receives, early frames,
+    /// announcements (`Rts`, and rendezvous frames taken out of the ring).
+    core: RecvCore<RecvExtra, Option<PullRef>>,
+    /// Eager frames of the peer consumed so far, as published in its ring.
+    consumed: u64,
     /// The receive whose message is partly delivered: its next segment must come next.
     active: Option<u64>,
     /// The peer sent a Close frame: it shut its side down cleanly.
     closed: bool,
-    /// Frames that arrived before their receive was posted.
-    early: Unexpected,
     /// Our rendezvous sends not yet pulled, oldest first.
     pulls_out: VecDeque<PullOut>,
     /// Completion number of our next rendezvous send.
@@ -220,7 +264,32 @@ impl Peer {
     }
 
     fn has_ops(&self) -> bool {
-        !self.sends.is_empty() || !self.recvs.is_empty() || !self.pulls_out.is_empty()
+        !self.sends.is_empty()
+            || !self.core.posted().is_empty()
+            || !self.pulls_out.is_empty()
+            || !self.announced.is_empty()
+    }
+
+    /// Eager frames we may still send the peer: its credits less those sent
+    /// and not yet consumed.
+    fn credits(&self) -> usize {
+        let Some(conn) = &self.conn else {
+            return 0;
+        };
+        let cap = conn.tx.credits();
+        let out = self.sent_eager.wrapping_sub(conn.tx.consumed());
+        (cap as u64).saturating_sub(out) as usize
+    }
+
+    /// Credits the eager frames consumed since last said, through the ring.
+    fn publish_consumed(&mut self) {
+        let n = self.core.take_owed(1);
+        if n > 0 {
+            self.consumed = self.consumed.wrapping_add(u64::from(n));
+            if let Some(conn) = &self.conn {
+                conn.rx.set_consumed(self.consumed);
+            }
+        }
     }
 
     fn closed_error(&self, what: &str) -> Error {
@@ -237,8 +306,12 @@ enum Head {
     /// Copy it (or, for a rendezvous frame, the message it names) into
     /// posted receive number `.0`.
     Deliver(usize, FrameHeader),
-    /// No posted receive wants it yet: buffer it (see `unexpected`).
+    /// No posted receive wants it yet: buffer it (see `recv_core`).
     Early(FrameHeader),
+    /// A message announced (`Rts`): its sender waits to be told to send it.
+    Announce(FrameHeader),
+    /// One of our announced messages may go now (`Cts`).
+    Cleared(FrameHeader),
     /// The peer shut down cleanly; nothing follows.
     Close,
 }
@@ -260,9 +333,6 @@ pub struct ShmTransport {
     token: Option<mio::Token>,
     /// Set by `abort`: registered memory is never touched again.
     aborted: bool,
-    /// The engine found nothing to do while a rendezvous send of ours waits:
-    /// pull early messages instead of leaving them (see the module comment).
-    stalled: bool,
     /// The sleep flags in the rings are raised (`prepare_sleep`): clearing
     /// them is a store to a line the peer reads, so only done when needed.
     armed: bool,
@@ -286,6 +356,7 @@ impl ShmTransport {
                     info.rank
                 )));
             }
+            let rank = info.rank;
             ps.push(Peer {
                 bell: doorbell_addr(&cfg.job_id, info.rank)?,
                 info,
@@ -294,10 +365,15 @@ impl ShmTransport {
                 // Reserved like the request table (a few KiB per peer), so a
                 // new high of posted operations does not allocate mid-run.
                 sends: VecDeque::with_capacity(crate::seam::POSTED_RESERVED),
-                recvs: Vec::with_capacity(crate::seam::POSTED_RESERVED),
+                announced: VecDeque::with_capacity(crate::seam::POSTED_RESERVED),
+                next_announce: 0,
+                sent_eager: 0,
+                ctl: VecDeque::with_capacity(crate::seam::POSTED_RESERVED),
+                // Its buffers are made when the connection is.
+                core: RecvCore::unconnected(me, rank, cfg.slot_bytes),
+                consumed: 0,
                 active: None,
                 closed: false,
-                early: Unexpected::new(cfg.slot_bytes),
                 pulls_out: VecDeque::with_capacity(MAX_PULLS as usize),
                 next_pull: 0,
                 held: None,
@@ -331,8 +407,15 @@ impl ShmTransport {
             bell: Doorbell::new()?,
             token: None,
             aborted: false,
-            stalled: false,
             armed: false,
+        })
+    }
+
+    /// Frames of peers held in early buffers now, and the buffers there are
+    /// (a ring's worth plus `eager_frames` per connected peer).
+    pub fn early_buffered(&self) -> (usize, usize) {
+        self.peers.iter().fold((0, 0), |(n, cap), p| {
+            (n + p.core.buffered(), cap + p.core.buffers())
         })
     }
 
@@ -447,33 +530,57 @@ impl ShmTransport {
         let req = self.new_req();
         let me = self.me;
         let p = &mut self.peers[peer as usize];
-        // SAFETY: ptr is valid for len bytes (checked against the registration).
-        let (got, frames) = unsafe { p.early.take(me, &tag, len, ptr.0)? };
-        if got >= len && frames > 0 {
-            self.reqs.insert(req, true);
-            return Ok(Request::new(self.id, req));
+        let extra = RecvExtra {
+            mem,
+            stream,
+            in_place,
+        };
+        let posted = Posted::new(req, tag, ptr, len, extra);
+        // SAFETY: ptr is valid for len bytes (checked against the
+        // registration, which stays while the receive is posted).
+        let posting = unsafe { p.core.post(posted)? };
+        p.publish_consumed();
+        match posting {
+            Posting::Done => {
+                self.reqs.insert(req, true);
+                return Ok(Request::new(self.id, req));
+            }
+            Posting::Pending => {}
+            Posting::Clear { a: Some(pull), .. } => {
+                // A message left in the sender's memory: copy it now.
+                // SAFETY: as above.
+                unsafe { pull_bytes(p, &pull.hdr, pull.addr, ptr.0, len)? };
+                if let Some(conn) = p.conn.as_ref() {
+                    conn.rx.mark_pulled(pull.k);
+                }
+                if let Some(i) = p.core.index_of(req) {
+                    p.core.take(i);
+                }
+                self.reqs.insert(req, true);
+                return Ok(Request::new(self.id, req));
+            }
+            Posting::Clear { id, a: None } => {
+                let cts = FrameHeader {
+                    offset: id,
+                    ..FrameHeader::control(FrameKind::Cts, me, 0)
+                };
+                p.ctl.push_back(cts.encode());
+            }
         }
         if p.closed {
             // Frames sent before the close were buffered; nothing more comes.
+            if let Some(i) = p.core.index_of(req) {
+                p.core.take(i);
+            }
             self.reqs.remove(&req);
             return Err(p.closed_error(
                 "has shut its communicator down; nothing more can be exchanged with it",
             ));
         }
-        if got > 0 {
+        if p.core.posted().iter().any(|r| r.req == req && r.got > 0) {
             // The rest of this message is next in the ring.
             p.active = Some(req);
         }
-        p.recvs.push(RecvOp {
-            req,
-            tag,
-            mem,
-            ptr,
-            len,
-            received: got as u64,
-            stream,
-            in_place,
-        });
         Ok(Request::new(self.id, req))
     }
 
@@ -504,15 +611,11 @@ impl ShmTransport {
     }
 
     /// Whether early frames must be taken out of the rings now (see
-    /// `pump_recvs`): a send of ours waits for ring space, or the engine
-    /// stalled while a rendezvous send of ours waits to be pulled.
+    /// `pump_recvs`): a send of ours waits for ring space.
     fn any_send_stuck(&self) -> bool {
-        self.stalled || self.peers.iter().any(|p| !p.sends.is_empty())
-    }
-
-    /// Whether a rendezvous send of ours waits to be pulled.
-    fn any_pull_out(&self) -> bool {
-        self.peers.iter().any(|p| !p.pulls_out.is_empty())
+        self.peers
+            .iter()
+            .any(|p| !p.sends.is_empty() || !p.ctl.is_empty())
     }
 
     fn peer_has_work(&self, i: usize, eager: bool) -> bool {
@@ -529,7 +632,7 @@ impl ShmTransport {
             // Nothing follows a close; queued sends are an error progress reports.
             return !p.sends.is_empty();
         }
-        if !p.sends.is_empty() && !matches!(conn.tx.free(), Ok(0)) {
+        if (!p.sends.is_empty() || !p.ctl.is_empty()) && !matches!(conn.tx.free(), Ok(0)) {
             return true;
         }
         if p.pulls_out.iter().any(|o| conn.tx.pulled(o.k)) {
@@ -544,12 +647,13 @@ impl ShmTransport {
         }
         // An inbound frame is work when it is delivered or buffered now: a
         // receive is posted, a send of ours is stuck, or it is neither data
-        // nor rendezvous (close, abort, or garbage to report).
+        // nor rendezvous (an announcement, a clearance, close, abort, or
+        // garbage to report).
         match conn.rx.peek() {
             Ok(None) => false,
             Ok(Some(raw)) => {
                 eager
-                    || !p.recvs.is_empty()
+                    || !p.core.posted().is_empty()
                     || !matches!(FrameHeader::decode(&raw),
                         Ok(h) if matches!(h.kind, FrameKind::Data | FrameKind::Rendezvous))
             }
@@ -561,24 +665,12 @@ impl ShmTransport {
         for p in &self.peers {
             if let Some(conn) = &p.conn {
                 conn.rx.set_reader_sleeping(on);
-                let blocked = (!p.sends.is_empty() && matches!(conn.tx.free(), Ok(0)))
+                let blocked = ((!p.sends.is_empty() || !p.ctl.is_empty())
+                    && matches!(conn.tx.free(), Ok(0)))
                     || !p.pulls_out.is_empty();
                 conn.tx.set_writer_sleeping(on && blocked);
             }
         }
-    }
-
-    /// Whether some inbound ring holds a data or rendezvous frame nobody has
-    /// asked for (the engine idles with it there).
-    fn any_early_head(&self) -> bool {
-        self.peers.iter().any(|p| {
-            p.held.is_none()
-                && p.conn.as_ref().is_some_and(|c| {
-                    matches!(c.rx.peek(), Ok(Some(raw))
-                    if matches!(FrameHeader::decode(&raw),
-                        Ok(h) if matches!(h.kind, FrameKind::Data | FrameKind::Rendezvous)))
-                })
-        })
     }
 }
 
@@ -612,7 +704,7 @@ fn probe_peer(p: &mut Peer) {
 }
 
 /// Decides what to do with the oldest frame `raw` of peer `p`'s inbound ring.
-fn examine(me: Rank, p: &Peer, rx: &Consumer, raw: &[u8; HEADER_LEN]) -> Result<Head> {
+fn examine(p: &Peer, rx: &Consumer, raw: &[u8; HEADER_LEN]) -> Result<Head> {
     let h = FrameHeader::decode(raw).map_err(|e| match e {
         Error::Protocol(m) => Error::Protocol(format!("shared memory from {}: {m}", p.who())),
         other => other,
@@ -656,14 +748,24 @@ fn examine(me: Rank, p: &Peer, rx: &Consumer, raw: &[u8; HEADER_LEN]) -> Result<
             h.src_rank
         )));
     }
+    match h.kind {
+        FrameKind::Rts => return Ok(Head::Announce(h)),
+        FrameKind::Cts => return Ok(Head::Cleared(h)),
+        FrameKind::Credit => {
+            return Err(Error::Protocol(format!(
+                "shared memory from {}: a credit frame (credits travel in the ring's counters)",
+                p.who()
+            )));
+        }
+        _ => {}
+    }
     if let Some(active) = p.active {
         let i = p
-            .recvs
-            .iter()
-            .position(|r| r.req == active)
+            .core
+            .index_of(active)
             .ok_or_else(|| Error::Internal(format!("active receive {active} is not posted")))?;
-        let r = &p.recvs[i];
-        if h.tag != r.tag || h.total != r.len as u64 || h.offset != r.received {
+        let r = &p.core.posted()[i];
+        if h.tag != r.tag || h.total != r.len as u64 || h.offset != r.got as u64 {
             return Err(Error::Protocol(format!(
                 "{} sent bytes [{}, +{}) of {} step {} ({} bytes) while bytes from {} of {} step {} ({} bytes) were due",
                 p.who(),
@@ -672,7 +774,7 @@ fn examine(me: Rank, p: &Peer, rx: &Consumer, raw: &[u8; HEADER_LEN]) -> Result<
                 h.tag.described_like(&r.tag),
                 h.tag.step,
                 h.total,
-                r.received,
+                r.got,
                 r.tag,
                 r.tag.step,
                 r.len
@@ -680,26 +782,27 @@ fn examine(me: Rank, p: &Peer, rx: &Consumer, raw: &[u8; HEADER_LEN]) -> Result<
         }
         return Ok(Head::Deliver(i, h));
     }
-    for (i, r) in p.recvs.iter().enumerate() {
-        if r.tag.matches(me, &h, r.len as u64)? {
-            if h.offset != 0 {
-                return Err(Error::Protocol(format!(
-                    "{} started {} step {} at byte {} instead of 0",
-                    p.who(),
-                    h.tag.described_like(&r.tag),
-                    h.tag.step,
-                    h.offset
-                )));
-            }
-            return Ok(Head::Deliver(i, h));
+    if let Some(i) = p.core.find(&h)? {
+        let r = &p.core.posted()[i];
+        if h.offset != 0 {
+            return Err(Error::Protocol(format!(
+                "{} started {} step {} at byte {} instead of 0",
+                p.who(),
+                h.tag.described_like(&r.tag),
+                h.tag.step,
+                h.offset
+            )));
         }
+        return Ok(Head::Deliver(i, h));
     }
     Ok(Head::Early(h))
 }
 
 /// Copies as many queued segments to `p` as its ring has free slots; a
 /// message of at least `pull_bytes` goes as one rendezvous frame instead
-/// when the peer can pull from us.
+/// when the peer can pull from us. Control frames go first. A message goes
+/// eagerly only if the peer has a credit for each of its frames; otherwise
+/// it is announced and waits for the peer's `Cts` (see `recv_core`).
 fn pump_sends(
     me: Rank,
     pull_bytes: usize,
@@ -707,13 +810,23 @@ fn pump_sends(
     bell: &mut Doorbell,
     reqs: &mut ReqMap<bool>,
 ) -> Result<bool> {
+    let credits = p.credits();
     let Some(conn) = p.conn.as_mut() else {
         return Ok(false);
     };
     let slot_bytes = conn.tx.slot_bytes();
     let mut pushed = false;
+    while let Some(h) = p.ctl.front() {
+        if !push_frame(&mut conn.tx, p.info.rank, h, &[])? {
+            break;
+        }
+        p.ctl.pop_front();
+        pushed = true;
+    }
+    let mut credits = credits;
     while let Some(op) = p.sends.front_mut() {
         if op.sent == 0
+            && !op.cleared
             && pull_bytes > 0
             // A rendezvous frame's payload must fit its slot, and a frame's
             // payload never exceeds its message.
@@ -727,6 +840,8 @@ fn pump_sends(
             let k = p.next_pull;
             let header = FrameHeader {
                 kind: FrameKind::Rendezvous,
+                cleared: false,
+                credits: 0,
                 src_rank: me,
                 tag: op.tag,
                 offset: 0,
@@ -748,9 +863,39 @@ fn pump_sends(
             p.sends.pop_front();
             continue;
         }
+        if !op.reserved && !op.cleared {
+            let frames = (op.len.div_ceil(slot_bytes)).max(1);
+            if frames <= credits {
+                // Spent now for the whole message: its frames may take
+                // several calls to fit the ring.
+                credits -= frames;
+                p.sent_eager = p.sent_eager.wrapping_add(frames as u64);
+                op.reserved = true;
+            } else {
+                let id = p.next_announce;
+                let rts = FrameHeader {
+                    tag: op.tag,
+                    offset: id,
+                    total: op.len as u64,
+                    ..FrameHeader::control(FrameKind::Rts, me, 0)
+                }
+                .encode();
+                if !push_frame(&mut conn.tx, p.info.rank, &rts, &[])? {
+                    break;
+                }
+                pushed = true;
+                p.next_announce += 1;
+                if let Some(op) = p.sends.pop_front() {
+                    p.announced.push_back(AnnouncedOut { id, op });
+                }
+                continue;
+            }
+        }
         let (offset, len) = next_segment(op.sent, op.len as u64, slot_bytes);
         let header = FrameHeader {
             kind: FrameKind::Data,
+            cleared: op.cleared,
+            credits: 0,
             src_rank: me,
             tag: op.tag,
             offset,
@@ -886,38 +1031,15 @@ unsafe fn pull_message(p: &mut Peer, h: &FrameHeader, dst: *mut u8, len: usize) 
     retire_rendezvous(p, k)
 }
 
-/// Pulls the message of an early rendezvous frame into unexpected-message
-/// buffers, cut like slot frames (so that no pooled buffer grows past a
-/// slot, whatever the message size), and reports it pulled.
-fn pull_early(p: &mut Peer, h: &FrameHeader) -> Result<()> {
-    let (addr, k) = rendezvous_at_head(p)?;
-    let slot_bytes = p.conn.as_ref().map_or(1, |c| c.rx.slot_bytes()).max(1);
-    let mut off = 0u64;
-    loop {
-        let (o, n) = next_segment(off, h.total, slot_bytes);
-        let mut buf = p.early.buffer(n as usize);
-        // SAFETY: buf holds n bytes and is ours alone.
-        unsafe { pull_bytes(p, h, addr.wrapping_add(o), buf.as_mut_ptr(), n as usize)? };
-        let piece = FrameHeader {
-            kind: FrameKind::Data,
-            offset: o,
-            len: n,
-            ..*h
-        };
-        p.early.push(piece, buf);
-        off += n;
-        if off >= h.total {
-            break;
-        }
-    }
-    retire_rendezvous(p, k)
-}
-
 /// Delivers the frames at the head of `p`'s inbound ring to matching receives.
 ///
-/// Frames nobody has asked for yet are buffered only when `eager` (one of
-/// this rank's sends is stuck on a full ring, so a cycle of full rings could
-/// form through other ranks) or when a posted receive waits behind them.
+/// Frames nobody has asked for yet are taken out of the ring only when
+/// `eager` (one of this rank's sends is stuck on a full ring, so a cycle of
+/// full rings could form through other ranks) or when a posted receive
+/// waits behind them: eager data into the receive core's buffers (the
+/// sender's credits guarantee room), rendezvous frames as announcements
+/// (their message stays in the sender's memory until its receive is
+/// posted). Announcements and clearances are always taken at once.
 fn pump_recvs(
     me: Rank,
     eager: bool,
@@ -936,8 +1058,8 @@ fn pump_recvs(
         let Some(raw) = conn.rx.peek().map_err(|c| p.corrupt(c))? else {
             break;
         };
-        let (i, h) = match examine(me, p, &conn.rx, &raw)? {
-            Head::Early(_) if !eager && p.recvs.is_empty() => {
+        let (i, h) = match examine(p, &conn.rx, &raw)? {
+            Head::Early(_) if !eager && p.core.posted().is_empty() => {
                 // Nothing here waits for a frame behind this one and none of
                 // our sends is stuck, so no rank can be waiting on us to make
                 // room: leave it in the ring, and the receive that is posted
@@ -945,26 +1067,72 @@ fn pump_recvs(
                 break;
             }
             Head::Early(h) if h.kind == FrameKind::Rendezvous => {
-                pull_early(p, &h)?;
+                let (addr, k) = rendezvous_at_head(p)?;
+                if let Some(conn) = p.conn.as_mut() {
+                    conn.rx.pop();
+                }
                 popped = true;
+                // Not posted (examine looked), so it waits in the core.
+                if let Some((i, _, _)) = p.core.announce(h, Some(PullRef { hdr: h, addr, k }))? {
+                    return Err(Error::Internal(format!(
+                        "rendezvous frame of {} matched receive {i} only after examine",
+                        h.tag
+                    )));
+                }
                 continue;
             }
             Head::Early(h) => {
-                let mut buf = p.early.buffer(h.len as usize);
                 let conn = p
                     .conn
-                    .as_mut()
+                    .as_ref()
                     .ok_or_else(|| Error::Internal("connection vanished".into()))?;
-                conn.rx.read_payload(&mut buf).map_err(|c| {
+                let (b, buf) = p.core.early_buffer(&h)?;
+                conn.rx.read_payload(buf).map_err(|c| {
                     Error::Protocol(format!("shared memory from rank {}: {}", p.info.rank, c.0))
                 })?;
-                conn.rx.pop();
-                p.early.push(h, buf);
+                if let Some(conn) = p.conn.as_mut() {
+                    conn.rx.pop();
+                }
+                if let Some(r) = p.core.file(h, b)? {
+                    reqs.insert(r.req, true);
+                }
                 popped = true;
                 continue;
             }
+            Head::Announce(h) => {
+                if let Some(conn) = p.conn.as_mut() {
+                    conn.rx.pop();
+                }
+                popped = true;
+                if let Some((_, id, _)) = p.core.announce(h, None)? {
+                    let cts = FrameHeader {
+                        offset: id,
+                        ..FrameHeader::control(FrameKind::Cts, me, 0)
+                    };
+                    p.ctl.push_back(cts.encode());
+                }
+                continue;
+            }
+            Head::Cleared(h) => {
+                if let Some(conn) = p.conn.as_mut() {
+                    conn.rx.pop();
+                }
+                popped = true;
+                let Some(k) = p.announced.iter().position(|a| a.id == h.offset) else {
+                    return Err(Error::Protocol(format!(
+                        "shared memory from {}: clearance of announcement {} that this rank never made",
+                        p.who(),
+                        h.offset
+                    )));
+                };
+                if let Some(mut a) = p.announced.remove(k) {
+                    a.op.cleared = true;
+                    p.sends.push_back(a.op);
+                }
+                continue;
+            }
             Head::Close => {
-                if !p.recvs.is_empty() {
+                if !p.core.posted().is_empty() {
                     return Err(p.closed_error(
                         "shut its communicator down while this rank still expected data from it",
                     ));
@@ -977,26 +1145,28 @@ fn pump_recvs(
                 break;
             }
             Head::Deliver(i, h) if h.kind == FrameKind::Rendezvous => {
-                let (ptr, len) = (p.recvs[i].ptr.0, p.recvs[i].len);
+                let r = &p.core.posted()[i];
+                let (ptr, len) = (r.dst.0, r.len);
                 // SAFETY: matching checked h.total == len, the receive's
                 // registered range, bounds-checked at irecv time and kept
                 // registered while the receive is posted; the caller promised
                 // no concurrent access.
                 unsafe { pull_message(p, &h, ptr, len)? };
                 popped = true;
-                let r = p.recvs.remove(i);
+                let r = p.core.take(i);
                 reqs.insert(r.req, true);
                 continue;
             }
             Head::Deliver(i, h) => (i, h),
         };
-        let r = &mut p.recvs[i];
+        let r = &p.core.posted()[i];
         let n = h.len as usize;
-        if r.in_place && r.received == 0 && n == r.len && n > 0 {
+        if r.extra.in_place && r.got == 0 && n == r.len && n > 0 {
             // The whole message is this one frame: leave it in the slot.
-            let r = p.recvs.remove(i);
-            reqs.insert(r.req, true);
-            p.held = Some((r.req, n));
+            if let Some(r) = p.core.delivered(i, &h, n) {
+                reqs.insert(r.req, true);
+                p.held = Some((r.req, n));
+            }
             held = true;
             break;
         }
@@ -1007,26 +1177,28 @@ fn pump_recvs(
             // r.len (checked by matching), so the range lies within the receive's
             // registered bytes, bounds-checked at irecv time and kept registered
             // while the receive is posted; the caller promised no concurrent access.
-            unsafe { std::slice::from_raw_parts_mut(r.ptr.0.add(h.offset as usize), n) }
+            unsafe { std::slice::from_raw_parts_mut(r.dst.0.add(h.offset as usize), n) }
         };
+        let stream = r.extra.stream;
         let conn = p
             .conn
             .as_mut()
             .ok_or_else(|| Error::Internal("connection vanished".into()))?;
-        conn.rx.read_payload_with(dst, r.stream).map_err(|c| {
+        conn.rx.read_payload_with(dst, stream).map_err(|c| {
             Error::Protocol(format!("shared memory from rank {}: {}", p.info.rank, c.0))
         })?;
         conn.rx.pop();
         popped = true;
-        r.received += h.len;
-        if r.received == r.len as u64 {
-            reqs.insert(r.req, true);
-            p.recvs.remove(i);
-            p.active = None;
-        } else {
-            p.active = Some(r.req);
+        let req = p.core.posted()[i].req;
+        match p.core.delivered(i, &h, n) {
+            Some(r) => {
+                reqs.insert(r.req, true);
+                p.active = None;
+            }
+            None => p.active = Some(req),
         }
     }
+    p.publish_consumed();
     if popped
         && let Some(conn) = &p.conn
         && conn.rx.take_writer_sleeping()
@@ -1081,9 +1253,14 @@ impl Transport for ShmTransport {
         let (out, inb) = if me == lo { (0, 1) } else { (1, 0) };
         let tx = Producer::new(seg.ring(out));
         tx.publish_probe();
+        let rx = Consumer::new(seg.ring(inb));
+        // The early buffers are made now, for peers this rank talks to only,
+        // and the peer is told how many frames they hold.
+        p.core.make_buffers(self.cfg.credits());
+        rx.publish_credits(p.core.credits());
         p.conn = Some(Conn {
             tx,
-            rx: Consumer::new(seg.ring(inb)),
+            rx,
             probed: false,
             _seg: seg,
         });
@@ -1135,7 +1312,8 @@ impl Transport for ShmTransport {
         }
         let busy = self.peers.iter().any(|p| {
             p.sends.iter().any(|s| s.mem == mem)
-                || p.recvs.iter().any(|r| r.mem == mem)
+                || p.core.posted().iter().any(|r| r.extra.mem == mem)
+                || p.announced.iter().any(|a| a.op.mem == mem)
                 || p.pulls_out.iter().any(|o| o.mem == mem)
         });
         if busy {
@@ -1165,6 +1343,8 @@ impl Transport for ShmTransport {
             ptr,
             len,
             sent: 0,
+            cleared: false,
+            reserved: false,
         });
         Ok(Request::new(self.id, req))
     }
@@ -1199,13 +1379,21 @@ impl Transport for ShmTransport {
             return Ok(Now::Later);
         };
         // Behind queued sends it would overtake them; larger than a slot it
-        // is several frames.
-        if !p.sends.is_empty() || bytes.len() > conn.tx.slot_bytes() {
+        // is several frames; without a credit it must be announced.
+        if !p.sends.is_empty() || !p.ctl.is_empty() || bytes.len() > conn.tx.slot_bytes() {
             return Ok(Now::Later);
         }
+        if p.credits() == 0 {
+            return Ok(Now::Later);
+        }
+        let Some(conn) = p.conn.as_mut() else {
+            return Ok(Now::Later);
+        };
         let n = bytes.len() as u64;
         let header = FrameHeader {
             kind: FrameKind::Data,
+            cleared: false,
+            credits: 0,
             src_rank: me,
             tag,
             offset: 0,
@@ -1216,6 +1404,7 @@ impl Transport for ShmTransport {
         if !push_frame(&mut conn.tx, p.info.rank, &header, bytes)? {
             return Ok(Now::Later);
         }
+        p.sent_eager = p.sent_eager.wrapping_add(1);
         if conn.tx.take_reader_sleeping() {
             self.bell.ring(&p.bell);
         }
@@ -1228,12 +1417,7 @@ impl Transport for ShmTransport {
         let p = &mut self.peers[peer as usize];
         // Anything pending with the peer has its order and its checks on the
         // general path.
-        if p.closed
-            || !p.recvs.is_empty()
-            || p.active.is_some()
-            || p.held.is_some()
-            || !p.early.is_empty()
-        {
+        if p.closed || !p.core.is_idle() || p.active.is_some() || p.held.is_some() {
             return Ok(Now::Later);
         }
         let Some(conn) = p.conn.as_ref() else {
@@ -1242,7 +1426,7 @@ impl Transport for ShmTransport {
         let Some(raw) = conn.rx.peek().map_err(|c| p.corrupt(c))? else {
             return Ok(Now::Empty);
         };
-        let Head::Early(h) = examine(me, p, &conn.rx, &raw)? else {
+        let Head::Early(h) = examine(p, &conn.rx, &raw)? else {
             return Ok(Now::Later);
         };
         if h.kind != FrameKind::Data || !tag.matches(me, &h, dst.len() as u64)? || h.len != h.total
@@ -1253,6 +1437,8 @@ impl Transport for ShmTransport {
         if let Some(conn) = p.conn.as_mut() {
             free_head(conn, &mut self.bell, &p.bell);
         }
+        p.core.consumed(&h);
+        p.publish_consumed();
         Ok(Now::Done)
     }
 
@@ -1349,9 +1535,6 @@ impl Transport for ShmTransport {
             }
             did |= pump_recvs(self.me, eager, p, &mut self.bell, &mut self.reqs)?;
         }
-        if eager {
-            self.stalled = false;
-        }
         Ok(did)
     }
 
@@ -1363,14 +1546,6 @@ impl Transport for ShmTransport {
     }
 
     fn prepare_sleep(&mut self) -> bool {
-        if !self.has_work() && self.any_pull_out() && self.any_early_head() {
-            // Idle with a send of ours waiting to be pulled and a message
-            // nobody asked for in a ring: possibly a cycle of ranks each
-            // waiting for its sends before posting receives. Take the early
-            // messages out so that every peer's send can complete.
-            self.stalled = true;
-            return false;
-        }
         if !self.bell.is_attached() {
             // Nobody can wake us: sleep only if there is nothing to do (the
             // engine's timeout brings us back to poll).
@@ -1421,8 +1596,9 @@ impl Transport for ShmTransport {
         // pointer into them.
         for p in &mut self.peers {
             p.sends.clear();
-            p.recvs.clear();
-            p.early.clear();
+            p.core.clear();
+            p.announced.clear();
+            p.ctl.clear();
             p.pulls_out.clear();
             p.active = None;
             p.held = None;

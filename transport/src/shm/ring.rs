@@ -11,6 +11,8 @@
 //! 192  writer_sleeping  u32  set by the producer, cleared by either side
 //! 256  probe_addr       u64  producer: this field's own address in its process
 //! 264  can_pull         u32  consumer: 1 if it can read the producer's memory, 2 if not
+//! 272  credits          u32  consumer: 1 + the eager frames it buffers (0: not yet said)
+//! 280  consumed         u64  consumer: eager frames it has consumed so far
 //! 320  done[64]         u64  consumer: rendezvous message `k` pulled => done[k % 64] = k + 1
 //! 832  slot 0: header[64] payload[stride - 64]
 //!      slot 1 ...
@@ -23,6 +25,11 @@
 //! `head + 1`. Each side keeps its own counter privately and only reads the
 //! other's, so a buggy peer can corrupt what we read but never what we own;
 //! counters that make no sense are reported as [`Corrupt`], never trusted.
+//!
+//! `credits` and `consumed` are the receive core's credits (see
+//! `recv_core`) without messages: the producer may have `credits` eager
+//! frames sent and not yet consumed, and learns of each consumption from the
+//! counter, not from a frame that would need a slot.
 //!
 //! The fields from 256 on serve single-copy transfers (see `pull.rs`): a
 //! large message travels as one small rendezvous frame naming its address in
@@ -45,6 +52,8 @@ const READER_SLEEPING_OFF: usize = 128;
 const WRITER_SLEEPING_OFF: usize = 192;
 const PROBE_ADDR_OFF: usize = 256;
 const CAN_PULL_OFF: usize = 264;
+const CREDITS_OFF: usize = 272;
+const CONSUMED_OFF: usize = 280;
 const DONE_OFF: usize = 320;
 /// Rendezvous messages a producer may have outstanding on one ring.
 pub(crate) const MAX_PULLS: u64 = 64;
@@ -117,6 +126,8 @@ impl RingRef {
         self.u32_at(WRITER_SLEEPING_OFF).store(0, Ordering::Relaxed);
         self.u64_at(PROBE_ADDR_OFF).store(0, Ordering::Relaxed);
         self.u32_at(CAN_PULL_OFF).store(0, Ordering::Relaxed);
+        self.u32_at(CREDITS_OFF).store(0, Ordering::Relaxed);
+        self.u64_at(CONSUMED_OFF).store(0, Ordering::Relaxed);
         for k in 0..MAX_PULLS as usize {
             self.u64_at(DONE_OFF + 8 * k).store(0, Ordering::Relaxed);
         }
@@ -269,6 +280,21 @@ impl Producer {
         }
     }
 
+    /// The eager frames the consumer buffers: what it said, or before it
+    /// has, a ring's worth, which it always keeps at least (see
+    /// `ShmConfig::credits`).
+    pub(crate) fn credits(&self) -> usize {
+        match self.ring.u32_at(CREDITS_OFF).load(Ordering::Acquire) {
+            0 => self.ring.slots,
+            n => n as usize - 1,
+        }
+    }
+
+    /// Eager frames the consumer has consumed so far.
+    pub(crate) fn consumed(&self) -> u64 {
+        self.ring.u64_at(CONSUMED_OFF).load(Ordering::Acquire)
+    }
+
     /// Whether rendezvous message `k` has been pulled by the consumer.
     pub(crate) fn pulled(&self, k: u64) -> bool {
         self.ring.done(k).load(Ordering::Acquire) == k.wrapping_add(1)
@@ -292,6 +318,21 @@ impl Consumer {
     /// Payload bytes per slot.
     pub(crate) fn slot_bytes(&self) -> usize {
         self.ring.slot_bytes
+    }
+
+    /// Tells the producer how many eager frames we buffer.
+    pub(crate) fn publish_credits(&self, n: usize) {
+        let n = u32::try_from(n).unwrap_or(u32::MAX - 1);
+        self.ring
+            .u32_at(CREDITS_OFF)
+            .store(n + 1, Ordering::Release);
+    }
+
+    /// Tells the producer how many of its eager frames we have consumed.
+    pub(crate) fn set_consumed(&self, total: u64) {
+        self.ring
+            .u64_at(CONSUMED_OFF)
+            .store(total, Ordering::Release);
     }
 
     /// Frames waiting to be read.
@@ -418,6 +459,8 @@ mod tests {
     fn header(offset: u64, len: u64, total: u64) -> [u8; HEADER_LEN] {
         FrameHeader {
             kind: FrameKind::Data,
+            cleared: false,
+            credits: 0,
             src_rank: 0,
             tag: crate::test_tags::tag(1, 2, total, 0, 0),
             offset,

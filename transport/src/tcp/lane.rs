@@ -5,7 +5,7 @@
 //! The receive side reads a header, then reads the payload straight into the
 //! matching posted receive (zero-copy); a frame that arrives before its
 //! receive is posted waits one progress call ([`Rx::Parked`]), then is read
-//! into a pooled buffer (see `unexpected`).
+//! into one of the receive core's early buffers (see `recv_core`).
 //! Small reads (a header, a small payload) also pull whatever follows into
 //! the lane's [`Stage`], so a small frame costs one `read` rather than two.
 
@@ -22,6 +22,8 @@ pub(crate) struct OutSeg {
     pub len: usize,
     /// Bytes of header plus payload already written.
     pub done: usize,
+    /// The credits owed to the peer were written into the header.
+    pub stamped: bool,
 }
 
 /// Where the receive side of a lane is in the frame stream.
@@ -45,10 +47,11 @@ pub(crate) enum Rx {
     /// then, the frame is read as [`Rx::Early`]; waiting longer could
     /// deadlock a schedule that needs a frame queued behind this one.
     Parked { hdr: FrameHeader },
-    /// Reading a frame whose receive is not posted yet into a buffer.
+    /// Reading a frame whose receive is not posted yet into early buffer
+    /// `buf` of the receive core.
     Early {
         hdr: FrameHeader,
-        buf: Vec<u8>,
+        buf: usize,
         got: usize,
     },
 }

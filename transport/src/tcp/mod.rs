@@ -6,6 +6,16 @@
 //! naming the dialer's rank and carrying a key derived from the job token.
 //! Messages are cut into segments of `segment_bytes`; segments are spread
 //! over the lanes so that several sockets fill a link one socket cannot.
+//!
+//! Flow control is the receive core's (`recv_core`): a message goes eagerly
+//! while the sender holds a credit per frame (one of the receiver's
+//! `eager_frames` buffers, allocated when the connection is made), and is
+//! announced (`Rts`) and sent once its receive is posted (`Cts`) otherwise.
+//! Credits come back on any frame going the other way, or in a `Credit`
+//! frame. Every frame that arrives therefore has somewhere to go, so a lane
+//! is always read to the end: no frame waits behind one nobody asked for.
+//! Control frames (`Rts`, `Cts`, `Credit`) go on lane 0, ahead of data not
+//! yet started.
 
 mod iface;
 mod lane;
@@ -13,18 +23,19 @@ mod lane;
 pub use iface::{choose_bind_ip, interface_addrs};
 
 use crate::error::{Error, Result};
+use crate::recv_core::{Credits, DEFAULT_EAGER_FRAMES, Posted, Posting, RecvCore};
 use crate::reqmap::{self, ReqMap};
 use crate::seam::{
     MemHandle, MemPtr, Properties, Rank, Readiness, Request, Tag, Tested, Transport, TransportId,
 };
-use crate::unexpected::Unexpected;
 use crate::wire::{FrameHeader, FrameKind, HEADER_LEN};
 use gw_rendezvous::PeerInfo;
 use gw_rendezvous::nosignal;
+use gw_rendezvous::peers::Eager;
 use lane::{HELLO_LEN, Hello, Lane, OutSeg, Rx, Stage};
 use mio::net::{TcpListener, TcpStream};
 use mio::{Interest, Registry, Token};
-use std::collections::HashMap;
+use std::collections::{HashMap, VecDeque};
 use std::io::{self, IoSlice, Read};
 use std::net::{IpAddr, SocketAddr};
 
@@ -56,6 +67,10 @@ pub struct TcpConfig {
     /// the kernel doubles it and caps it at `net.core.wmem_max` and
     /// `rmem_max`); 0 leaves both to the kernel's autotuning.
     pub socket_buffer_bytes: usize,
+    /// Frames of each peer buffered ahead of their receives, each up to
+    /// `segment_bytes` (`GW_EAGER_FRAMES`): the credits a peer's sender
+    /// gets. 0 announces every message.
+    pub eager_frames: usize,
 }
 
 /// Default of [`TcpConfig::segment_bytes`], and of collectives over TCP
@@ -81,6 +96,7 @@ impl Default for TcpConfig {
             store_ip: None,
             job_key: 0,
             socket_buffer_bytes: DEFAULT_SOCKET_BUFFER_BYTES,
+            eager_frames: DEFAULT_EAGER_FRAMES,
         }
     }
 }
@@ -91,12 +107,16 @@ enum ReqState {
     Done,
 }
 
-struct Posted {
+/// The request number of frames that belong to no request (control frames).
+const CONTROL: u64 = 0;
+
+/// A message of ours announced to its receiver, waiting for its `Cts`.
+struct Announced {
+    id: u64,
     req: u64,
     tag: Tag,
-    ptr: MemPtr,
+    base: MemPtr,
     len: usize,
-    got: usize,
 }
 
 /// A dialing socket that has not finished its hello yet.
@@ -118,8 +138,16 @@ struct Conn {
     addr: String,
     lanes: Vec<Option<Lane>>,
     dials: Vec<Option<Dial>>,
-    posted: Vec<Posted>,
-    early: Unexpected,
+    /// What arrives from the peer: posted receives, early frames,
+    /// announcements, credits owed back.
+    core: RecvCore<()>,
+    /// Eager frames we may still send the peer ahead of their receives.
+    credits: Credits,
+    /// The largest eager frame the peer buffers.
+    peer_frame_bytes: usize,
+    /// Our announced messages waiting for their `Cts`.
+    announced: VecDeque<Announced>,
+    next_announce: u64,
     next_lane: usize,
 }
 
@@ -221,6 +249,15 @@ impl TcpTransport {
         self.early_frames
     }
 
+    /// Frames of peers held in early buffers now, and the buffers there are
+    /// (`eager_frames` per connected peer): the first never exceeds the
+    /// second.
+    pub fn early_buffered(&self) -> (usize, usize) {
+        self.conns.values().fold((0, 0), |(n, cap), c| {
+            (n + c.core.buffered(), cap + c.core.buffers())
+        })
+    }
+
     /// Every rank's bring-up record, indexed by rank.
     pub fn set_peers(&mut self, peers: Vec<PeerInfo>) {
         self.peers = peers;
@@ -292,17 +329,33 @@ impl TcpTransport {
         Ok(())
     }
 
+    /// What this rank buffers of each TCP peer's early frames, for its
+    /// published record ([`PeerInfo::tcp_eager`]).
+    pub fn eager(&self) -> Eager {
+        Eager {
+            frames: self.cfg.eager_frames as u32,
+            frame_bytes: self.cfg.segment_bytes as u32,
+        }
+    }
+
     fn conn_entry(&mut self, peer: Rank) -> &mut Conn {
         let lanes = self.cfg.lanes;
-        let seg = self.cfg.segment_bytes;
+        let (me, seg, eager_frames) = (self.me, self.cfg.segment_bytes, self.cfg.eager_frames);
         let addr = self.peer_addr(peer);
+        let theirs = self
+            .peers
+            .get(peer as usize)
+            .map(|p| p.tcp_eager)
+            .unwrap_or_default();
         self.conns.entry(peer).or_insert_with(|| Conn {
             addr,
             lanes: (0..lanes).map(|_| None).collect(),
             dials: (0..lanes).map(|_| None).collect(),
-            // Reserved (see `seam::POSTED_RESERVED`).
-            posted: Vec::with_capacity(crate::seam::POSTED_RESERVED),
-            early: Unexpected::new(seg),
+            core: RecvCore::new(me, peer, eager_frames, seg),
+            credits: Credits::new(theirs.frames as usize),
+            peer_frame_bytes: theirs.frame_bytes as usize,
+            announced: VecDeque::with_capacity(crate::seam::POSTED_RESERVED),
+            next_announce: 0,
             next_lane: 0,
         })
     }
@@ -515,6 +568,82 @@ impl TcpTransport {
         Ok(())
     }
 
+    /// Queues the frames of a message (`len` bytes at `base`) to the peer
+    /// of `conn`, in segments of `seg` bytes spread over its lanes.
+    #[allow(clippy::too_many_arguments)]
+    fn queue_message(
+        conn: &mut Conn,
+        me: Rank,
+        seg: usize,
+        tag: Tag,
+        base: MemPtr,
+        len: usize,
+        req: u64,
+        cleared: bool,
+    ) {
+        let nseg = len.div_ceil(seg).max(1);
+        let nl = conn.lanes.len();
+        for s in 0..nseg {
+            let off = s * seg;
+            let this = (len - off).min(seg);
+            let hdr = FrameHeader {
+                kind: FrameKind::Data,
+                cleared,
+                credits: 0,
+                src_rank: me,
+                tag,
+                offset: off as u64,
+                len: this as u64,
+                total: len as u64,
+            };
+            // Small messages all take lane 0, where a caller spinning on a
+            // small operation looks first (see `poke`); larger ones spread.
+            let li = if len <= SMALL {
+                0
+            } else {
+                conn.next_lane = conn.next_lane.wrapping_add(1);
+                conn.next_lane % nl
+            };
+            if let Some(lane) = conn.lanes[li].as_mut() {
+                lane.sendq.push_back(OutSeg {
+                    req,
+                    hdr: hdr.encode(),
+                    // SAFETY: off + this <= len, within the caller's range.
+                    ptr: MemPtr(unsafe { base.0.add(off) }),
+                    len: this,
+                    done: 0,
+                    stamped: false,
+                });
+            }
+        }
+    }
+
+    /// Queues a header-only control frame on lane 0, ahead of every frame
+    /// not yet started: an announcement, a clearance or credits should not
+    /// wait behind megabytes of data.
+    fn queue_control(conn: &mut Conn, hdr: FrameHeader) {
+        let Some(lane) = conn.lanes[0].as_mut() else {
+            return;
+        };
+        let at = usize::from(lane.sendq.front().is_some_and(|s| s.done > 0));
+        lane.sendq.insert(
+            at,
+            OutSeg {
+                req: CONTROL,
+                hdr: hdr.encode(),
+                ptr: MemPtr(std::ptr::null_mut()),
+                len: 0,
+                done: 0,
+                stamped: false,
+            },
+        );
+    }
+
+    /// A control frame of `kind` from this rank.
+    fn control(&self, kind: FrameKind) -> FrameHeader {
+        FrameHeader::control(kind, self.me, 0)
+    }
+
     fn complete_send_segment(reqs: &mut ReqMap<ReqState>, req: u64) {
         if let Some(st) = reqs.get_mut(&req)
             && let ReqState::Send { segments_left } = st
@@ -526,16 +655,37 @@ impl TcpTransport {
         }
     }
 
-    /// Writes queued segments on every writable lane.
+    /// Writes queued segments on every writable lane. Credits owed to a
+    /// peer ride on the next frame that starts to it; when nothing is going
+    /// its way and half its credits are owed, a `Credit` frame takes them.
     fn progress_sends(&mut self) -> Result<bool> {
         let mut moved = false;
         let always = self.registry.is_none();
+        let credit = self.control(FrameKind::Credit);
         for (&peer, conn) in self.conns.iter_mut() {
-            for lane in conn.lanes.iter_mut().flatten() {
+            let half = (conn.core.credits() as u32).div_ceil(2).max(1);
+            if conn.core.owed() >= half
+                && conn.lanes[0].as_ref().is_some_and(|l| l.sendq.is_empty())
+            {
+                Self::queue_control(conn, credit);
+            }
+            let Conn {
+                lanes, core, addr, ..
+            } = conn;
+            for lane in lanes.iter_mut().flatten() {
                 while lane.writable || always {
                     let Some(seg) = lane.sendq.front_mut() else {
                         break;
                     };
+                    if !seg.stamped {
+                        // Once: a write that took nothing leaves the frame
+                        // (and the credits it carries) queued.
+                        seg.stamped = true;
+                        let n = core.take_owed(1);
+                        if n > 0 {
+                            seg.hdr[6..8].copy_from_slice(&n.to_le_bytes());
+                        }
+                    }
                     let total = HEADER_LEN + seg.len;
                     let res = if seg.done < HEADER_LEN {
                         let payload: &[u8] = if seg.len == 0 {
@@ -561,7 +711,7 @@ impl TcpTransport {
                         Ok(0) => {
                             return Err(Error::Remote {
                                 rank: peer,
-                                addr: conn.addr.clone(),
+                                addr: addr.clone(),
                                 what: "connection closed while sending".into(),
                             });
                         }
@@ -579,7 +729,7 @@ impl TcpTransport {
                             break;
                         }
                         Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
-                        Err(e) => return Err(peer_io_error(peer, &conn.addr, "sending", e)),
+                        Err(e) => return Err(peer_io_error(peer, addr, "sending", e)),
                     }
                 }
             }
@@ -587,51 +737,41 @@ impl TcpTransport {
         Ok(moved)
     }
 
-    /// Finds the posted receive a header belongs to.
-    fn find_posted(me: Rank, posted: &[Posted], hdr: &FrameHeader) -> Result<Option<usize>> {
-        for (i, p) in posted.iter().enumerate() {
-            if p.tag.matches(me, hdr, p.len as u64)? {
-                return Ok(Some(i));
-            }
-        }
-        Ok(None)
-    }
-
     /// Reads frames on every readable (or newly unstalled) lane.
     fn progress_recvs(&mut self) -> Result<bool> {
         let mut moved = false;
-        let me = self.me;
         let always = self.registry.is_none();
+        let me = self.me;
+        let cts = self.control(FrameKind::Cts);
         for (&peer, conn) in self.conns.iter_mut() {
-            let Conn {
-                lanes,
-                posted,
-                addr,
-                early,
-                ..
-            } = conn;
-            let nlanes = lanes.len();
-            let mut closed_lanes = lanes.iter().flatten().filter(|l| l.closed).count();
-            for lane in lanes.iter_mut().flatten() {
+            let seg = self.cfg.segment_bytes;
+            let nlanes = conn.lanes.len();
+            let mut closed_lanes = conn.lanes.iter().flatten().filter(|l| l.closed).count();
+            for li in 0..nlanes {
                 loop {
+                    let Conn {
+                        lanes, core, addr, ..
+                    } = &mut *conn;
+                    let Some(lane) = lanes[li].as_mut() else {
+                        break;
+                    };
                     match &mut lane.rx {
                         Rx::Parked { hdr } => {
                             let hdr = *hdr;
-                            lane.rx = match Self::find_posted(me, posted, &hdr)? {
-                                Some(i) => start_payload(hdr, &posted[i]),
+                            lane.rx = match core.find(&hdr)? {
+                                Some(i) => start_payload(hdr, &core.posted()[i]),
                                 None => {
                                     self.early_frames += 1;
-                                    Rx::Early {
-                                        hdr,
-                                        buf: early.buffer(hdr.len as usize),
-                                        got: 0,
-                                    }
+                                    let (buf, _) = core.early_buffer(&hdr)?;
+                                    Rx::Early { hdr, buf, got: 0 }
                                 }
                             };
                             moved = true;
                         }
                         Rx::Early { hdr, buf, got } => {
-                            if *got < buf.len() {
+                            let (hdr, b) = (*hdr, *buf);
+                            let n = hdr.len as usize;
+                            if *got < n {
                                 if !(lane.readable || always || lane.stage.pending()) {
                                     break;
                                 }
@@ -639,44 +779,24 @@ impl TcpTransport {
                                     &mut lane.sock,
                                     &mut lane.stage,
                                     &mut lane.readable,
-                                    &mut buf[*got..],
+                                    &mut core.early_bytes(b, n)[*got..],
                                     peer,
                                     addr,
                                 )? {
-                                    Some(n) => {
+                                    Some(k) => {
                                         moved = true;
-                                        *got += n;
+                                        *got += k;
                                     }
                                     None => break,
                                 }
                                 continue;
                             }
-                            let hdr = *hdr;
-                            let buf = std::mem::take(buf);
                             lane.rx = Rx::new();
                             moved = true;
-                            // The receive may have been posted while the payload was read.
-                            match Self::find_posted(me, posted, &hdr)? {
-                                Some(i) => {
-                                    let p = &mut posted[i];
-                                    // SAFETY: as in start_payload, the segment lies within
-                                    // the posted registered range.
-                                    unsafe {
-                                        std::ptr::copy_nonoverlapping(
-                                            buf.as_ptr(),
-                                            p.ptr.0.add(hdr.offset as usize),
-                                            buf.len(),
-                                        )
-                                    };
-                                    p.got += buf.len();
-                                    if p.got >= p.len {
-                                        let req = p.req;
-                                        posted.swap_remove(i);
-                                        self.reqs.insert(req, ReqState::Done);
-                                    }
-                                    early.recycle(buf);
-                                }
-                                None => early.push(hdr, buf),
+                            // The receive may have been posted while the
+                            // payload was read: then it is delivered now.
+                            if let Some(p) = core.file(hdr, b)? {
+                                self.reqs.insert(p.req, ReqState::Done);
                             }
                         }
                         Rx::Header { buf, got } => {
@@ -701,43 +821,48 @@ impl TcpTransport {
                                     // this one's kind: pull ahead only after
                                     // small ones.
                                     lane.stage.ahead = hdr.len as usize <= SMALL;
-                                    if hdr.kind == FrameKind::Close {
-                                        closed_lanes += 1;
-                                        let all_closed = closed_lanes == nlanes;
-                                        lane.closed = true;
-                                        lane.rx = Rx::new();
-                                        // Close is the last frame of every lane: once all
-                                        // lanes carried it, everything the peer sent is in.
-                                        if !posted.is_empty() && all_closed {
+                                    match hdr.kind {
+                                        FrameKind::Close => {
+                                            closed_lanes += 1;
+                                            lane.closed = true;
+                                            lane.rx = Rx::new();
+                                            // Close is the last frame of every lane: once
+                                            // all lanes carried it, everything the peer
+                                            // sent is in.
+                                            if closed_lanes == nlanes && !core.posted().is_empty() {
+                                                return Err(Error::Remote {
+                                                    rank: peer,
+                                                    addr: addr.clone(),
+                                                    what: "shut its communicator down while this rank still expected data from it".into(),
+                                                });
+                                            }
+                                            break;
+                                        }
+                                        FrameKind::Abort => {
+                                            if hdr.len > MAX_ABORT_TEXT {
+                                                return Err(Error::Remote {
+                                                    rank: peer,
+                                                    addr: addr.clone(),
+                                                    what: "aborted (reason too long to read)"
+                                                        .into(),
+                                                });
+                                            }
+                                            lane.rx = Rx::Abort {
+                                                hdr,
+                                                buf: Vec::with_capacity(hdr.len as usize),
+                                            };
+                                            continue;
+                                        }
+                                        FrameKind::Rendezvous => {
                                             return Err(Error::Remote {
                                                 rank: peer,
                                                 addr: addr.clone(),
-                                                what: "shut its communicator down while this rank still expected data from it".into(),
+                                                what:
+                                                    "sent a shared-memory rendezvous frame over TCP"
+                                                        .into(),
                                             });
                                         }
-                                        break;
-                                    }
-                                    if hdr.kind == FrameKind::Abort {
-                                        if hdr.len > MAX_ABORT_TEXT {
-                                            return Err(Error::Remote {
-                                                rank: peer,
-                                                addr: addr.clone(),
-                                                what: "aborted (reason too long to read)".into(),
-                                            });
-                                        }
-                                        lane.rx = Rx::Abort {
-                                            hdr,
-                                            buf: Vec::with_capacity(hdr.len as usize),
-                                        };
-                                        continue;
-                                    }
-                                    if hdr.kind == FrameKind::Rendezvous {
-                                        return Err(Error::Remote {
-                                            rank: peer,
-                                            addr: addr.clone(),
-                                            what: "sent a shared-memory rendezvous frame over TCP"
-                                                .into(),
-                                        });
+                                        _ => {}
                                     }
                                     if hdr.src_rank != peer {
                                         return Err(Error::Remote {
@@ -749,12 +874,57 @@ impl TcpTransport {
                                             ),
                                         });
                                     }
-                                    match Self::find_posted(me, posted, &hdr)? {
-                                        Some(i) => lane.rx = start_payload(hdr, &posted[i]),
-                                        None => {
-                                            lane.rx = Rx::Parked { hdr };
-                                            break;
+                                    if hdr.credits > 0 {
+                                        conn.credits.give_back(hdr.credits, peer)?;
+                                    }
+                                    let Conn {
+                                        lanes,
+                                        core,
+                                        announced,
+                                        ..
+                                    } = &mut *conn;
+                                    let Some(lane) = lanes[li].as_mut() else {
+                                        break;
+                                    };
+                                    match hdr.kind {
+                                        FrameKind::Credit => {
+                                            lane.rx = Rx::new();
                                         }
+                                        FrameKind::Rts => {
+                                            lane.rx = Rx::new();
+                                            if let Some((_, id, ())) = core.announce(hdr, ())? {
+                                                Self::queue_control(
+                                                    conn,
+                                                    FrameHeader { offset: id, ..cts },
+                                                );
+                                            }
+                                        }
+                                        FrameKind::Cts => {
+                                            lane.rx = Rx::new();
+                                            let Some(k) =
+                                                announced.iter().position(|a| a.id == hdr.offset)
+                                            else {
+                                                return Err(Error::Protocol(format!(
+                                                    "rank {peer} cleared announcement {} that this rank never made",
+                                                    hdr.offset
+                                                )));
+                                            };
+                                            if let Some(a) = announced.remove(k) {
+                                                Self::queue_message(
+                                                    conn, me, seg, a.tag, a.base, a.len, a.req,
+                                                    true,
+                                                );
+                                            }
+                                        }
+                                        _ => match core.find(&hdr)? {
+                                            Some(i) => {
+                                                lane.rx = start_payload(hdr, &core.posted()[i]);
+                                            }
+                                            None => {
+                                                lane.rx = Rx::Parked { hdr };
+                                                break;
+                                            }
+                                        },
                                     }
                                 }
                                 Err(e) if would_block(&e) => {
@@ -792,13 +962,11 @@ impl TcpTransport {
                                 }
                                 continue;
                             }
-                            let (req, seg) = (*req, len);
-                            if let Some(i) = posted.iter().position(|p| p.req == req) {
-                                posted[i].got += seg;
-                                if posted[i].got >= posted[i].len {
-                                    posted.swap_remove(i);
-                                    self.reqs.insert(req, ReqState::Done);
-                                }
+                            let (hdr, req) = (*hdr, *req);
+                            if let Some(i) = core.index_of(req)
+                                && let Some(p) = core.delivered(i, &hdr, len)
+                            {
+                                self.reqs.insert(p.req, ReqState::Done);
                             }
                             lane.rx = Rx::new();
                             moved = true;
@@ -861,10 +1029,10 @@ fn size_buffers(sock: &TcpStream, bytes: usize, peer: Rank) {
     }
 }
 
-fn start_payload(hdr: FrameHeader, p: &Posted) -> Rx {
+fn start_payload(hdr: FrameHeader, p: &Posted<()>) -> Rx {
     // SAFETY: Tag::matches checked hdr.total == p.len and decode checked
     // offset + len <= total, so the destination lies within the posted range.
-    let dst = MemPtr(unsafe { p.ptr.0.add(hdr.offset as usize) });
+    let dst = MemPtr(unsafe { p.dst.0.add(hdr.offset as usize) });
     Rx::Payload {
         hdr,
         req: p.req,
@@ -1019,36 +1187,27 @@ impl Transport for TcpTransport {
             segments_left: nseg,
         });
         let conn = self.conns.get_mut(&peer).ok_or_else(|| vanished(peer))?;
-        let nl = conn.lanes.len();
-        for s in 0..nseg {
-            let off = s * seg;
-            let this = (len - off).min(seg);
-            let hdr = FrameHeader {
-                kind: FrameKind::Data,
-                src_rank: me,
+        if seg <= conn.peer_frame_bytes && conn.credits.take(nseg) {
+            Self::queue_message(conn, me, seg, tag, base, len, req, false);
+        } else {
+            // No credit for it: announce it, and send it once its receive
+            // is posted (the Cts), so that it never waits at the receiver.
+            let id = conn.next_announce;
+            conn.next_announce += 1;
+            conn.announced.push_back(Announced {
+                id,
+                req,
                 tag,
-                offset: off as u64,
-                len: this as u64,
+                base,
+                len,
+            });
+            let hdr = FrameHeader {
+                tag,
+                offset: id,
                 total: len as u64,
+                ..FrameHeader::control(FrameKind::Rts, me, 0)
             };
-            // Small messages all take lane 0, where a caller spinning on a
-            // small operation looks first (see `poke`); larger ones spread.
-            let li = if len <= SMALL {
-                0
-            } else {
-                conn.next_lane = conn.next_lane.wrapping_add(1);
-                conn.next_lane % nl
-            };
-            if let Some(lane) = conn.lanes[li].as_mut() {
-                lane.sendq.push_back(OutSeg {
-                    req,
-                    hdr: hdr.encode(),
-                    // SAFETY: off + this <= len, within the checked range.
-                    ptr: MemPtr(unsafe { base.0.add(off) }),
-                    len: this,
-                    done: 0,
-                });
-            }
+            Self::queue_control(conn, hdr);
         }
         Ok(Request::new(self.id, req))
     }
@@ -1064,27 +1223,32 @@ impl Transport for TcpTransport {
         self.check_post(peer, "irecv from")?;
         let ptr = self.mem(mem, offset, len)?;
         let req = self.new_req(ReqState::Recv);
-        let me = self.me;
+        let cts = self.control(FrameKind::Cts);
         let conn = self.conns.get_mut(&peer).ok_or_else(|| vanished(peer))?;
-        // SAFETY: ptr is valid for len bytes (checked against the registration).
-        let (got, frames) = unsafe { conn.early.take(me, &tag, len, ptr.0)? };
-        if got >= len && frames > 0 {
-            self.reqs.insert(req, ReqState::Done);
-        } else if conn.lanes.iter().flatten().all(|l| l.closed) {
+        let posted = Posted::new(req, tag, ptr, len, ());
+        // SAFETY: ptr is valid for len bytes (checked against the
+        // registration), which stays so until the request completes or the
+        // transport is aborted (register's contract).
+        match unsafe { conn.core.post(posted) }? {
+            Posting::Done => {
+                self.reqs.insert(req, ReqState::Done);
+                return Ok(Request::new(self.id, req));
+            }
+            Posting::Pending => {}
+            Posting::Clear { id, a: () } => {
+                Self::queue_control(conn, FrameHeader { offset: id, ..cts })
+            }
+        }
+        if conn.lanes.iter().flatten().all(|l| l.closed) {
             // Everything the peer sent before closing has been read already.
+            if let Some(i) = conn.core.index_of(req) {
+                conn.core.take(i);
+            }
             self.reqs.remove(&req);
             return Err(Error::Remote {
                 rank: peer,
                 addr: conn.addr.clone(),
                 what: "has shut its communicator down; nothing more can be received from it".into(),
-            });
-        } else {
-            conn.posted.push(Posted {
-                req,
-                tag,
-                ptr,
-                len,
-                got,
             });
         }
         Ok(Request::new(self.id, req))
@@ -1134,7 +1298,7 @@ impl Transport for TcpTransport {
         self.pokes = self.pokes.wrapping_add(1);
         let sweep = self.pokes.is_multiple_of(SWEEP_EVERY);
         for conn in self.conns.values_mut() {
-            let all = sweep || conn.posted.iter().any(|p| p.len > SMALL);
+            let all = sweep || conn.core.posted().iter().any(|p| p.len > SMALL);
             for (i, lane) in conn.lanes.iter_mut().enumerate() {
                 let Some(lane) = lane else { continue };
                 lane.writable = true;
@@ -1180,8 +1344,8 @@ impl Transport for TcpTransport {
             }
             // The caller's buffers are handed back after an abort: forget every
             // pointer into them.
-            conn.posted.clear();
-            conn.early.clear();
+            conn.core.clear();
+            conn.announced.clear();
             for lane in conn.lanes.iter_mut().flatten() {
                 lane.sendq.clear();
                 lane.rx = Rx::new();

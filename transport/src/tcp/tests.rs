@@ -44,6 +44,7 @@ fn pair_polled(cfg: TcpConfig, poll: Option<&mio::Poll>) -> (TcpTransport, TcpTr
             hostname: format!("host{r}"),
             pid: std::process::id(),
             tcp: vec![t[r as usize].listen_addr()],
+            tcp_eager: t[r as usize].eager(),
         })
         .collect();
     for x in &mut t {
