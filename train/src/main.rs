@@ -27,7 +27,7 @@ const USAGE: &str = "\
 gwtrain [--steps N] [--lr X] [--seed S] [--dims 32,128,128,10]
                [--global-batch B] [--slow-rank R] [--slowdown K] [--out DIR]
                [--print-every N]
-       gwtrain report [--warmup W] [--check] NAME=DIR [NAME=DIR...]
+       gwtrain report [--warmup W] [--slowdown K] [--check] NAME=DIR [NAME=DIR...]
        gwtrain completions SHELL";
 
 const ABOUT: &str = "\
@@ -41,11 +41,14 @@ DIR/steps-rank<R>.log and rank 0 DIR/steps.jsonl and DIR/params.bin.";
 const REPORT_ABOUT: &str = "\
 `report` prints mean step times after W warm-up steps (default 5), predicted
 beside measured step times, the local batches chosen, and the largest relative
-difference of the runs' final parameters; its last line is the ratio of the
-last run's mean step time to the first's. --check also checks the demo's
-criteria (last/first ratio <= 0.6, the last run's measured step time within
-15% of the predicted, parameters equal within 1e-5 relative) and exits 1 if
-one is not met.";
+difference of the runs' final parameters. From the first run's per-rank
+compute speeds it prints how much slower the slowest rank computed (beside
+--slowdown K, what the runs asked for) and the optimum step: the global batch
+split in proportion to those speeds, plus the rest of the step no split
+removes. Its last line is the ratio of the last run's mean step time to the
+first's. --check also checks the demo's criteria (the last run's mean step
+time within 10% of that optimum and within 15% of the predicted, parameters
+equal within 1e-5 relative) and exits 1 if one is not met.";
 
 const EXIT_STATUS: &str = "\
 Exit status: 0 success; 1 training failed, or report --check found a
@@ -136,7 +139,7 @@ enum Sub {
     /// how far the runs' final parameters differ
     #[command(
         long_about = None,
-        override_usage = "gwtrain report [--warmup W] [--check] NAME=DIR [NAME=DIR...]",
+        override_usage = "gwtrain report [--warmup W] [--slowdown K] [--check] NAME=DIR [NAME=DIR...]",
         after_help = REPORT_ABOUT,
         args_override_self = true
     )]
@@ -154,6 +157,11 @@ struct ReportArgs {
     #[arg(long, value_name = "W", default_value_t = 5,
           value_parser = number::<usize>(), allow_hyphen_values = true)]
     warmup: usize,
+
+    /// The slowdown the runs were started with (gwtrain --slowdown),
+    /// printed beside the one measured
+    #[arg(long, value_name = "K", value_parser = number::<u32>(), allow_hyphen_values = true)]
+    slowdown: Option<u32>,
 
     /// Also check the demo's criteria; exit 1 if one is not met
     #[arg(long)]
@@ -184,6 +192,7 @@ enum Command {
     Train(TrainConfig),
     Report {
         warmup: usize,
+        slowdown: Option<u32>,
         check: bool,
         runs: Vec<(String, PathBuf)>,
     },
@@ -359,8 +368,12 @@ fn parse(args: Vec<OsString>) -> Result<Command, UsageError> {
             if r.runs.is_empty() {
                 return Err(usage("report needs at least one NAME=DIR".into()));
             }
+            if r.slowdown == Some(0) {
+                return Err(usage("--slowdown must be at least 1".into()));
+            }
             Ok(Command::Report {
                 warmup: r.warmup,
+                slowdown: r.slowdown,
                 check: r.check,
                 runs: r.runs,
             })
@@ -431,10 +444,12 @@ fn main() -> ExitCode {
         }
         Command::Report {
             warmup,
+            slowdown,
             check,
             runs,
         } => {
-            return match report::report(&runs, warmup, check.then_some(report::DEMO_CRITERIA)) {
+            let criteria = check.then_some(report::DEMO_CRITERIA);
+            return match report::report(&runs, warmup, slowdown, criteria) {
                 Ok(rep) => {
                     println!("{}", rep.text);
                     if rep.failed.is_empty() {
@@ -541,13 +556,14 @@ mod tests {
 
     #[test]
     fn report_arguments() {
-        match p("report --warmup 2 --check a=/x b=y=z") {
+        match p("report --warmup 2 --slowdown 3 --check a=/x b=y=z") {
             Ok(Command::Report {
                 warmup,
+                slowdown,
                 check,
                 runs,
             }) => {
-                assert_eq!((warmup, check), (2, true));
+                assert_eq!((warmup, slowdown, check), (2, Some(3), true));
                 assert_eq!(
                     runs,
                     [
@@ -559,7 +575,12 @@ mod tests {
             other => panic!("{other:?}"),
         }
         match p("report a=b") {
-            Ok(Command::Report { warmup, check, .. }) => assert_eq!((warmup, check), (5, false)),
+            Ok(Command::Report {
+                warmup,
+                slowdown,
+                check,
+                ..
+            }) => assert_eq!((warmup, slowdown, check), (5, None, false)),
             other => panic!("{other:?}"),
         }
     }
@@ -582,10 +603,10 @@ mod tests {
             "--print-every <N>",
             "[default: 100]",
             "[default: 512]",
-            "gwtrain report [--warmup W] [--check] NAME=DIR [NAME=DIR...]",
+            "gwtrain report [--warmup W] [--slowdown K] [--check] NAME=DIR [NAME=DIR...]",
             "GW_JOB_SERVER",
             "DIR/steps-rank<R>.log",
-            "last/first ratio <= 0.6",
+            "within 10% of that optimum",
             "Exit status",
         ] {
             assert!(top.contains(want), "--help lacks {want:?}\n{top}");
@@ -595,6 +616,7 @@ mod tests {
         for want in [
             "Usage: gwtrain report",
             "--warmup <W>",
+            "--slowdown <K>",
             "--check",
             "NAME=DIR",
         ] {
@@ -646,6 +668,11 @@ mod tests {
                 "report --warmup x a=b",
                 "gwtrain report",
                 r#"--warmup "x" is not"#,
+            ),
+            (
+                "report --slowdown 0 a=b",
+                "gwtrain report",
+                "--slowdown must be at least 1",
             ),
             (
                 "report --check=1 a=b",
