@@ -12,10 +12,9 @@ use clap::builder::{PossibleValue, PossibleValuesParser, StyledStr, TypedValuePa
 use clap::error::{ContextKind, ContextValue, ErrorKind};
 use clap::parser::ValueSource;
 use clap::{Args, CommandFactory, FromArgMatches, Parser, Subcommand, ValueEnum};
-use clap_complete::Shell;
+use gw_cli::{Shell, err};
 use gw_collectives::{Algo, DType, OpKind, RedOp};
 use std::ffi::OsString;
-use std::fmt;
 use std::path::PathBuf;
 
 /// clap would put `[OPTIONS]` before the collective, but [`parse`] wants the
@@ -415,18 +414,7 @@ pub enum Command {
 }
 
 /// A command-line mistake; the text completes `gwbench: error: `.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct UsageError(pub String);
-
-impl fmt::Display for UsageError {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(&self.0)
-    }
-}
-
-fn err<T>(msg: impl Into<String>) -> Result<T, UsageError> {
-    Err(UsageError(msg.into()))
-}
+pub use gw_cli::UsageError;
 
 /// Parses a size: digits with an optional K, M or G (either case), powers of 1024.
 pub fn parse_size(s: &str) -> Result<usize, String> {
@@ -526,8 +514,7 @@ fn algo_parser() -> impl TypedValueParser<Value = Option<Algo>> {
     })
 }
 
-/// clap's error as one line: the message and its notes and tips, without the
-/// usage block (the help has it).
+/// clap's error as one line ([`gw_cli::one_line`]) pointing at the help.
 fn one_line(mut e: clap::Error) -> String {
     // clap tips "to pass '-x' as a value, use '-- -x'" for programs whose
     // positionals take free text; gwbench's only one is the collective, so
@@ -542,26 +529,7 @@ fn one_line(mut e: clap::Error) -> String {
             .collect();
         e.insert(ContextKind::Suggested, ContextValue::StyledStrs(kept));
     }
-    let text = e.render().to_string();
-    let mut line = String::new();
-    for part in text.lines().map(str::trim) {
-        if part.starts_with("Usage:") || part.starts_with("For more information") {
-            break;
-        }
-        if part.is_empty() {
-            continue;
-        }
-        let part = part.strip_prefix("error: ").unwrap_or(part);
-        if !line.is_empty() {
-            // "...provided:" and "[possible values: ...]" continue the line
-            // before them; notes and tips are sentences of their own.
-            let glue = line.ends_with(':') || part.starts_with('[');
-            line.push_str(if glue { " " } else { "; " });
-        }
-        line.push_str(part);
-    }
-    line.push_str("; see gwbench --help");
-    line
+    format!("{}; see gwbench --help", gw_cli::one_line(&e))
 }
 
 /// Parses gwbench's arguments (without `argv[0]`).
@@ -581,20 +549,10 @@ pub fn parse<S: Into<OsString>>(args: impl IntoIterator<Item = S>) -> Result<Com
         ));
     }
     // gwbench has always answered -h and --help wherever they appear, even
-    // after a mistake (`gwbench alltoall --help`, `-J --help`); clap would
-    // stop at the mistake. The help is still clap's: the top level's, or a
-    // command's when the first word names one.
-    if let Some(flag) = args.iter().find(|a| *a == "-h" || *a == "--help") {
-        let mut argv = vec![OsString::from("gwbench")];
-        if Cli::command().find_subcommand(&args[0]).is_some() {
-            argv.push(args[0].clone());
-        }
-        argv.push(flag.clone());
-        if let Err(e) = Cli::command().try_get_matches_from(argv)
-            && !e.use_stderr()
-        {
-            return Ok(Command::Help(e.render().to_string()));
-        }
+    // after a mistake (`gwbench alltoall --help`, `-J --help`): a command's
+    // help when the first word names one.
+    if let Some(text) = gw_cli::help_anywhere(Cli::command(), &args) {
+        return Ok(Command::Help(text));
     }
     let argv = std::iter::once(OsString::from("gwbench")).chain(args.iter().cloned());
     let m = match Cli::command().try_get_matches_from(argv) {
@@ -687,9 +645,10 @@ pub fn parse<S: Into<OsString>>(args: impl IntoIterator<Item = S>) -> Result<Com
     }))
 }
 
-/// Writes the completion script for `shell` to `out`.
-pub fn completions(shell: Shell, out: &mut dyn std::io::Write) {
-    clap_complete::generate(shell, &mut Cli::command(), "gwbench", out);
+/// The completion script for `shell`, in memory: see
+/// [`gw_cli::completion_script`]; the binary writes it.
+pub fn completion_script(shell: Shell) -> Vec<u8> {
+    gw_cli::completion_script(shell, Cli::command())
 }
 
 #[cfg(test)]
@@ -966,9 +925,7 @@ mod tests {
         assert_eq!(p("completions fish"), Ok(Command::Completions(Shell::Fish)));
         assert!(usage("completions tcsh").contains("invalid value 'tcsh'"));
         assert!(usage("completions").contains("<SHELL>"));
-        let mut script = Vec::new();
-        completions(Shell::Bash, &mut script);
-        let script = String::from_utf8(script).expect("the script is text");
+        let script = String::from_utf8(completion_script(Shell::Bash)).expect("the script is text");
         for want in ["gwbench", "--maxbytes", "reduce_scatter", "bfloat16"] {
             assert!(script.contains(want), "completion lacks {want}");
         }

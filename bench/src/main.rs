@@ -86,8 +86,11 @@ fn main() -> ExitCode {
             return ExitCode::SUCCESS;
         }
         args::Command::Completions(shell) => {
-            if rank == 0 {
-                args::completions(shell, &mut std::io::stdout());
+            if rank == 0
+                && let Err(e) = gw_cli::print_script(&args::completion_script(shell))
+            {
+                let msg = format!("cannot write the completion script: {e}");
+                return die(rank, false, EXIT_WRONG, &msg);
             }
             return ExitCode::SUCCESS;
         }

@@ -12,12 +12,10 @@
 //!
 //! Parsing never panics on user input: every problem is a [`UsageError`].
 
-use clap::error::{ContextKind, ContextValue, ErrorKind};
+use clap::error::{ContextKind, ErrorKind};
 use clap::{ArgAction, CommandFactory, FromArgMatches, Parser, ValueEnum};
-use clap_complete::Shell;
-use std::error::Error as _;
+use gw_cli::{Shell, context_str, context_strs, err, flag_of, parser_message};
 use std::ffi::{OsStr, OsString};
-use std::fmt;
 use std::net::{IpAddr, SocketAddr};
 
 /// The largest `-n` accepted: a guard against a typo spawning a million
@@ -83,20 +81,7 @@ pub enum Command {
 }
 
 /// A command-line mistake; the message completes `gwrun: error: `.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct UsageError(pub String);
-
-impl fmt::Display for UsageError {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(&self.0)
-    }
-}
-
-impl std::error::Error for UsageError {}
-
-fn err<T>(msg: impl Into<String>) -> Result<T, UsageError> {
-    Err(UsageError(msg.into()))
-}
+pub use gw_cli::UsageError;
 
 /// clap would write `[OPTIONS] [PROGRAM]...`; gwrun's rule is that options
 /// come first and PROGRAM is required.
@@ -312,13 +297,10 @@ where
     }))
 }
 
-/// The completion script for `shell`. It is built in memory because
-/// clap_complete panics when its writer fails (`gwrun --completions bash |
-/// head`); the binary writes it and handles the error.
+/// The completion script for `shell`, in memory: see
+/// [`gw_cli::completion_script`]; the binary writes it.
 pub fn completion_script(shell: Shell) -> Vec<u8> {
-    let mut script = Vec::new();
-    clap_complete::generate(shell, &mut Cli::command(), "gwrun", &mut script);
-    script
+    gw_cli::completion_script(shell, Cli::command())
 }
 
 /// Rewrites mpirun's `-np` to `--np` among gwrun's options.
@@ -367,40 +349,21 @@ fn spell_np(args: &[OsString]) -> Vec<OsString> {
     out
 }
 
-/// The option an error is about, as the user knows it: clap describes it as
-/// `--lanes <K>`; the message wants `--lanes`.
-fn flag_of(e: &clap::Error) -> String {
-    match e.get(ContextKind::InvalidArg) {
-        Some(ContextValue::String(s)) => s.split(' ').next().unwrap_or(s).to_owned(),
-        _ => "an option".to_owned(),
-    }
-}
-
-fn context_str(e: &clap::Error, kind: ContextKind) -> Option<&str> {
-    match e.get(kind) {
-        Some(ContextValue::String(s)) => Some(s),
-        _ => None,
-    }
-}
-
 /// gwrun's one-line message for a clap error: the wording of gwrun's own
 /// parser where it had one, else clap's message without its usage block.
 fn message(e: &clap::Error) -> String {
+    // The value parsers below write whole messages naming their option.
+    if let Some(m) = parser_message(e) {
+        return m;
+    }
     match e.kind() {
-        // The value parsers below write whole messages naming their option.
-        ErrorKind::ValueValidation if e.source().is_some() => {
-            e.source().map(ToString::to_string).unwrap_or_default()
-        }
         ErrorKind::InvalidValue => {
-            let flag = flag_of(e);
+            let flag = flag_of(e, "an option");
             let value = context_str(e, ContextKind::InvalidValue).unwrap_or_default();
             if value.is_empty() {
                 return format!("{flag} requires a value");
             }
-            let valid = match e.get(ContextKind::ValidValue) {
-                Some(ContextValue::Strings(v)) => v.join(", "),
-                _ => String::new(),
-            };
+            let valid = context_strs(e, ContextKind::ValidValue).join(", ");
             let mut m = format!("{flag}: '{value}' is not one of {valid}");
             if let Some(s) = context_str(e, ContextKind::SuggestedValue) {
                 m.push_str(&format!(" (did you mean '{s}'?)"));
@@ -417,33 +380,9 @@ fn message(e: &clap::Error) -> String {
             }
         }
         // `--tag-output=yes`
-        ErrorKind::TooManyValues => format!("{} takes no value", flag_of(e)),
-        _ => one_line(e),
+        ErrorKind::TooManyValues => format!("{} takes no value", flag_of(e, "an option")),
+        _ => format!("{} (see gwrun --help)", gw_cli::one_line(e)),
     }
-}
-
-/// clap's error as one line: its message, notes and tips, without the usage
-/// block (`--help` has it).
-fn one_line(e: &clap::Error) -> String {
-    let text = e.render().to_string();
-    let mut line = String::new();
-    for part in text.lines().map(str::trim) {
-        if part.starts_with("Usage:") || part.starts_with("For more information") {
-            break;
-        }
-        if part.is_empty() {
-            continue;
-        }
-        if !line.is_empty() {
-            // "...not provided:" and "[possible values: ...]" continue the
-            // line before them; notes and tips are sentences of their own.
-            let glue = line.ends_with(':') || part.starts_with('[');
-            line.push_str(if glue { " " } else { "; " });
-        }
-        line.push_str(part.strip_prefix("error: ").unwrap_or(part));
-    }
-    line.push_str(" (see gwrun --help)");
-    line
 }
 
 fn parse_nprocs(v: &str) -> Result<usize, String> {

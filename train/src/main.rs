@@ -6,21 +6,16 @@
 //! words every mistake as one line, and [`main`] prints and picks the exit
 //! status. The training itself is [`gw_train::worker`].
 
-use clap::builder::TypedValueParser;
-use clap::error::{ContextKind, ContextValue, ErrorKind};
+use clap::error::{ContextKind, ErrorKind};
 use clap::{Args, CommandFactory, FromArgMatches, Parser, Subcommand};
-use clap_complete::Shell;
+use gw_cli::{Number, Shell, context_str, flag_of, parser_message};
 use gw_collectives::launch_env::var;
 use gw_train::report;
 use gw_train::worker::{self, Stop, TrainConfig};
-use std::error::Error as _;
-use std::ffi::{OsStr, OsString};
+use std::ffi::OsString;
 use std::fmt;
-use std::io::Write;
-use std::marker::PhantomData;
 use std::path::PathBuf;
 use std::process::ExitCode;
-use std::str::FromStr;
 
 /// clap would write `[OPTIONS] [COMMAND]`; this says which is which.
 const USAGE: &str = "\
@@ -215,50 +210,13 @@ impl fmt::Display for UsageError {
 
 /// A number whose error names the flag as the old parser did: `--steps "x"
 /// is not a valid number`. Surrounding blanks are allowed.
-struct Number<T>(PhantomData<fn() -> T>);
-
 fn number<T>() -> Number<T> {
-    Number(PhantomData)
-}
-
-// Derived Clone would require `T: Clone`, which the parser does not need.
-impl<T> Clone for Number<T> {
-    fn clone(&self) -> Self {
-        Number(PhantomData)
-    }
-}
-
-impl<T> TypedValueParser for Number<T>
-where
-    T: FromStr + Clone + Send + Sync + 'static,
-{
-    type Value = T;
-
-    fn parse_ref(
-        &self,
-        cmd: &clap::Command,
-        arg: Option<&clap::Arg>,
-        value: &OsStr,
-    ) -> Result<T, clap::Error> {
-        let flag = arg
-            .and_then(clap::Arg::get_long)
-            .map_or_else(|| "the value".to_owned(), |l| format!("--{l}"));
-        // Delegating to a closure keeps clap's error shape: a validation
-        // error whose source is this message.
-        let parse = move |v: &str| num(v, &flag);
-        parse.parse_ref(cmd, arg, value)
-    }
-}
-
-fn num<T: FromStr>(s: &str, flag: &str) -> Result<T, String> {
-    s.trim()
-        .parse()
-        .map_err(|_| format!("{flag} {s:?} is not a valid number"))
+    gw_cli::number(|flag, v| format!("{flag} {v:?} is not a valid number")).allow_blanks()
 }
 
 fn parse_dims(s: &str) -> Result<Dims, String> {
     s.split(',')
-        .map(|d| num(d, "--dims"))
+        .map(|d| number().parse_str("--dims", d))
         .collect::<Result<_, _>>()
         .map(Dims)
 }
@@ -270,24 +228,14 @@ fn parse_run(a: &str) -> Result<(String, PathBuf), String> {
     }
 }
 
-fn context_str(e: &clap::Error, kind: ContextKind) -> Option<&str> {
-    match e.get(kind) {
-        Some(ContextValue::String(s)) => Some(s),
-        _ => None,
-    }
-}
-
 /// gwtrain's one-line message for a clap error.
 fn message(e: &clap::Error) -> String {
+    if let Some(m) = parser_message(e) {
+        return m;
+    }
     // clap describes a flag as `--steps <N>`; the message wants `--steps`.
-    let flag = || {
-        let a = context_str(e, ContextKind::InvalidArg).unwrap_or("a flag");
-        a.split(' ').next().unwrap_or(a).to_owned()
-    };
+    let flag = || flag_of(e, "a flag");
     match e.kind() {
-        ErrorKind::ValueValidation if e.source().is_some() => {
-            e.source().map(ToString::to_string).unwrap_or_default()
-        }
         ErrorKind::InvalidValue
             if context_str(e, ContextKind::InvalidValue).is_some_and(str::is_empty) =>
         {
@@ -306,30 +254,8 @@ fn message(e: &clap::Error) -> String {
             format!("unknown argument {word:?}")
         }
         ErrorKind::TooManyValues => format!("{} takes no value", flag()),
-        _ => one_line(e),
+        _ => gw_cli::one_line(e),
     }
-}
-
-/// clap's error as one line, without the usage block.
-fn one_line(e: &clap::Error) -> String {
-    let text = e.render().to_string();
-    let mut line = String::new();
-    for part in text.lines().map(str::trim) {
-        if part.starts_with("Usage:") || part.starts_with("For more information") {
-            break;
-        }
-        if part.is_empty() {
-            continue;
-        }
-        if !line.is_empty() {
-            // "...not provided:" and "[possible values: ...]" continue the
-            // line before them; notes and tips are sentences of their own.
-            let glue = line.ends_with(':') || part.starts_with('[');
-            line.push_str(if glue { " " } else { "; " });
-        }
-        line.push_str(part.strip_prefix("error: ").unwrap_or(part));
-    }
-    line
 }
 
 /// Parses gwtrain's arguments (without `argv[0]`).
@@ -342,21 +268,9 @@ fn parse(args: Vec<OsString>) -> Result<Command, UsageError> {
     };
     let usage = |message: String| UsageError { command, message };
     // gwtrain has always answered -h and --help wherever they appear, even
-    // after a mistake; clap would stop at the mistake. The help is still
-    // clap's: report's when the first word is `report`.
-    if let Some(flag) = args.iter().find(|a| *a == "-h" || *a == "--help") {
-        let mut argv = vec![OsString::from("gwtrain")];
-        if let Some(first) = args.first()
-            && Cli::command().find_subcommand(first).is_some()
-        {
-            argv.push(first.clone());
-        }
-        argv.push(flag.clone());
-        if let Err(e) = Cli::command().try_get_matches_from(argv)
-            && e.kind() == ErrorKind::DisplayHelp
-        {
-            return Ok(Command::Help(e.render().to_string()));
-        }
+    // after a mistake: report's help when the first word is `report`.
+    if let Some(text) = gw_cli::help_anywhere(Cli::command(), &args) {
+        return Ok(Command::Help(text));
     }
     let argv = std::iter::once(OsString::from("gwtrain")).chain(args);
     let m = Cli::command()
@@ -405,12 +319,10 @@ fn parse(args: Vec<OsString>) -> Result<Command, UsageError> {
     }
 }
 
-/// The completion script for `shell`, built in memory because clap_complete
-/// panics when its writer fails (`gwtrain completions bash | head`).
+/// The completion script for `shell`, in memory: see
+/// [`gw_cli::completion_script`].
 fn completion_script(shell: Shell) -> Vec<u8> {
-    let mut script = Vec::new();
-    clap_complete::generate(shell, &mut Cli::command(), "gwtrain", &mut script);
-    script
+    gw_cli::completion_script(shell, Cli::command())
 }
 
 const EXIT_FAILED: u8 = 1;
@@ -432,10 +344,8 @@ fn main() -> ExitCode {
             return ExitCode::SUCCESS;
         }
         Command::Completions(shell) => {
-            return match std::io::stdout().write_all(&completion_script(shell)) {
+            return match gw_cli::print_script(&completion_script(shell)) {
                 Ok(()) => ExitCode::SUCCESS,
-                // The reader had enough (`| head`): nothing to report.
-                Err(e) if e.kind() == std::io::ErrorKind::BrokenPipe => ExitCode::SUCCESS,
                 Err(e) => {
                     eprintln!("gwtrain: error: cannot write the completion script: {e}");
                     ExitCode::from(EXIT_FAILED)

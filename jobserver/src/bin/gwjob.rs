@@ -12,7 +12,6 @@
 
 use gw_jobserver::agent::args::TOKEN_ENV;
 use gw_jobserver::cli::command::{self, Gwjob};
-use std::io::{ErrorKind, Write};
 use std::process::ExitCode;
 
 const EXIT_FAILED: u8 = 1;
@@ -33,11 +32,8 @@ fn main() -> ExitCode {
             ExitCode::SUCCESS
         }
         Gwjob::Completions(shell) => {
-            let script = command::completion_script(shell);
-            match std::io::stdout().write_all(&script) {
+            match gw_cli::print_script(&command::completion_script(shell)) {
                 Ok(()) => ExitCode::SUCCESS,
-                // The reader had enough (`| head`): nothing to report.
-                Err(e) if e.kind() == ErrorKind::BrokenPipe => ExitCode::SUCCESS,
                 Err(e) => {
                     eprintln!("gwjob completions: error: cannot write the script: {e}");
                     ExitCode::from(EXIT_FAILED)

@@ -16,7 +16,7 @@ use crate::cli::flags;
 use crate::server::args::{self as serve_args, ServeArgs, ServeOptions};
 use clap::error::{ContextKind, ContextValue, ErrorKind};
 use clap::{ArgAction, CommandFactory, FromArgMatches, Parser, Subcommand};
-use clap_complete::Shell;
+use gw_cli::Shell;
 use std::ffi::OsString;
 use std::fmt;
 
@@ -175,13 +175,10 @@ pub fn parse(
     }
 }
 
-/// The completion script for `shell`. It is built in memory because
-/// clap_complete panics when its writer fails (`gwjob completions bash |
-/// head`); the binary writes it and handles the error.
+/// The completion script for `shell`, in memory: see
+/// [`gw_cli::completion_script`]; the binary writes it.
 pub fn completion_script(shell: Shell) -> Vec<u8> {
-    let mut script = Vec::new();
-    clap_complete::generate(shell, &mut Cli::command(), "gwjob", &mut script);
-    script
+    gw_cli::completion_script(shell, Cli::command())
 }
 
 fn subcommand_names() -> Vec<String> {

@@ -1,6 +1,6 @@
 //! What every `gwjob` subcommand's clap definition shares: the parser of
 //! numeric values, and the translation of clap's errors into gwjob's one-line
-//! messages.
+//! messages. The mechanics are [`gw_cli`]'s; the wording is gwjob's.
 //!
 //! The messages keep the wording gwjob's hand-written parser had ("--workers
 //! needs a number, not \"x\"", "unknown option --frob for gwjob serve"),
@@ -8,68 +8,13 @@
 //! own messages span several lines with a usage block, which is noise in the
 //! log of a daemon that failed to start.
 
-use clap::builder::TypedValueParser;
-use clap::error::{ContextKind, ContextValue, ErrorKind};
-use std::error::Error as _;
-use std::ffi::OsStr;
-use std::marker::PhantomData;
-use std::str::FromStr;
+use clap::error::{ContextKind, ErrorKind};
+use gw_cli::{Number, context_str, context_strs, flag_of, parser_message};
 
 /// A value parser for numbers whose error names the option: `--threads needs
-/// a number, not "many"`. A plain `value_parser!(u32)` would say "invalid
-/// digit found in string", and a closure cannot know which option it parses.
-pub struct Number<T>(PhantomData<fn() -> T>);
-
-/// The [`Number`] parser for type `T`.
+/// a number, not "many"` (see [`gw_cli::Number`]).
 pub fn number<T>() -> Number<T> {
-    Number(PhantomData)
-}
-
-// Derived Clone would require `T: Clone`, which the parser does not need.
-impl<T> Clone for Number<T> {
-    fn clone(&self) -> Self {
-        Number(PhantomData)
-    }
-}
-
-impl<T> TypedValueParser for Number<T>
-where
-    T: FromStr + Clone + Send + Sync + 'static,
-{
-    type Value = T;
-
-    fn parse_ref(
-        &self,
-        cmd: &clap::Command,
-        arg: Option<&clap::Arg>,
-        value: &OsStr,
-    ) -> Result<T, clap::Error> {
-        let flag = arg
-            .and_then(clap::Arg::get_long)
-            .map_or_else(|| "the value".to_owned(), |l| format!("--{l}"));
-        // Delegating to a closure parser keeps clap's own error shape (a
-        // value-validation error whose source is our message).
-        let parse = move |v: &str| {
-            v.parse::<T>()
-                .map_err(|_| format!("{flag} needs a number, not {v:?}"))
-        };
-        parse.parse_ref(cmd, arg, value)
-    }
-}
-
-fn context_str(e: &clap::Error, kind: ContextKind) -> Option<&str> {
-    match e.get(kind) {
-        Some(ContextValue::String(s)) => Some(s),
-        _ => None,
-    }
-}
-
-/// The option an error is about: clap describes it as `--db <PATH>`.
-fn flag_of(e: &clap::Error) -> String {
-    match context_str(e, ContextKind::InvalidArg) {
-        Some(s) => s.split(' ').next().unwrap_or(s).to_owned(),
-        None => "an option".to_owned(),
-    }
+    gw_cli::number(|flag, v| format!("{flag} needs a number, not {v:?}"))
 }
 
 /// `a`, `a or b`, `a, b or c`.
@@ -85,21 +30,18 @@ fn or_list(items: &[String]) -> String {
 /// (`gwjob serve`, ...); the caller adds the prefix and the pointer to
 /// `--help`.
 pub fn message(command: &str, e: &clap::Error) -> String {
+    // Our value parsers write whole messages naming their option.
+    if let Some(m) = parser_message(e) {
+        return m;
+    }
     match e.kind() {
-        // Our value parsers write whole messages naming their option.
-        ErrorKind::ValueValidation if e.source().is_some() => {
-            e.source().map(ToString::to_string).unwrap_or_default()
-        }
         ErrorKind::InvalidValue => {
-            let flag = flag_of(e);
+            let flag = flag_of(e, "an option");
             let value = context_str(e, ContextKind::InvalidValue).unwrap_or_default();
             if value.is_empty() {
                 return format!("{flag} needs a value");
             }
-            let valid = match e.get(ContextKind::ValidValue) {
-                Some(ContextValue::Strings(v)) => or_list(v),
-                _ => String::new(),
-            };
+            let valid = or_list(context_strs(e, ContextKind::ValidValue));
             format!("{flag} must be {valid}, not {value:?}")
         }
         ErrorKind::UnknownArgument => {
@@ -113,32 +55,9 @@ pub fn message(command: &str, e: &clap::Error) -> String {
             }
         }
         // `--json=yes`
-        ErrorKind::TooManyValues => format!("{} takes no value", flag_of(e)),
-        _ => one_line(e),
+        ErrorKind::TooManyValues => format!("{} takes no value", flag_of(e, "an option")),
+        _ => gw_cli::one_line(e),
     }
-}
-
-/// clap's error as one line: its message, notes and tips, without the usage
-/// block.
-pub fn one_line(e: &clap::Error) -> String {
-    let text = e.render().to_string();
-    let mut line = String::new();
-    for part in text.lines().map(str::trim) {
-        if part.starts_with("Usage:") || part.starts_with("For more information") {
-            break;
-        }
-        if part.is_empty() {
-            continue;
-        }
-        if !line.is_empty() {
-            // "...not provided:" and "[possible values: ...]" continue the
-            // line before them; notes and tips are sentences of their own.
-            let glue = line.ends_with(':') || part.starts_with('[');
-            line.push_str(if glue { " " } else { "; " });
-        }
-        line.push_str(part.strip_prefix("error: ").unwrap_or(part));
-    }
-    line
 }
 
 #[cfg(test)]

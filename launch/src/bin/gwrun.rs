@@ -8,7 +8,6 @@
 
 use gw_launch::args::{self, Command};
 use gw_launch::{EXIT_INTERNAL, EXIT_USAGE};
-use std::io::{ErrorKind, Write};
 
 fn main() {
     let code = match args::parse(std::env::args_os().skip(1)) {
@@ -17,10 +16,8 @@ fn main() {
             0
         }
         Ok(Command::Completions(shell)) => {
-            match std::io::stdout().write_all(&args::completion_script(shell)) {
+            match gw_cli::print_script(&args::completion_script(shell)) {
                 Ok(()) => 0,
-                // The reader had enough (`| head`): nothing to report.
-                Err(e) if e.kind() == ErrorKind::BrokenPipe => 0,
                 Err(e) => {
                     eprintln!("gwrun: error: cannot write the completion script: {e}");
                     EXIT_INTERNAL
