@@ -5,13 +5,18 @@
 
 use std::io::Write;
 use std::process::{Command, Stdio};
+use std::sync::atomic::{AtomicUsize, Ordering};
 
 /// The summary line and exit status for `log` (and the stages' statuses).
 fn summarize(log: &str, stages: &str) -> (String, i32) {
     let script = concat!(env!("CARGO_MANIFEST_DIR"), "/../scripts/test-summary.awk");
-    let dir = std::env::temp_dir().join(format!("gw-summary-{}", std::process::id()));
+    // One directory per call: the tests run in parallel threads of one
+    // process, and each removes its directory when done.
+    static CALLS: AtomicUsize = AtomicUsize::new(0);
+    let call = CALLS.fetch_add(1, Ordering::Relaxed);
+    let dir = std::env::temp_dir().join(format!("gw-summary-{}-{call}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
-    let path = dir.join(format!("log-{}", log.len()));
+    let path = dir.join("log");
     std::fs::File::create(&path)
         .unwrap()
         .write_all(log.as_bytes())
