@@ -83,12 +83,31 @@ struct Running {
 }
 
 /// The vectors of a [`Running`] operation, kept between operations so that
-/// starting one does not allocate them again.
+/// starting one does not allocate them again. `Default` is the empty,
+/// non-allocating value left behind while an operation holds them.
 #[derive(Default)]
 struct Spare {
     handles: Vec<Option<(MemHandle, MemHandle)>>,
     inflight: Vec<Inflight>,
     blocked: VecDeque<Action>,
+}
+
+/// Room made up front for posted sends and receives. Kept vectors grow to
+/// the most ever outstanding at once, and under flow control that high
+/// mark can first be reached late in a job (a send waiting for its
+/// receiver's go-ahead stays outstanding longer), which would allocate in
+/// the steady state. A pipeline of the deepest depth to four peers, both
+/// directions, fits; a few KiB per communicator.
+const INFLIGHT_ROOM: usize = 2 * crate::algo::MAX_DEPTH * 4;
+
+impl Spare {
+    fn with_room() -> Self {
+        Spare {
+            handles: Vec::new(),
+            inflight: Vec::with_capacity(INFLIGHT_ROOM),
+            blocked: VecDeque::with_capacity(INFLIGHT_ROOM),
+        }
+    }
 }
 
 /// A posted send or receive.
@@ -210,7 +229,7 @@ impl Engine {
                 scratch_handles: vec![None; nt],
                 shutting_down: false,
                 schedules: ScheduleCache::new(sched_cache::MAX_ENTRIES, sched_cache::MAX_BYTES),
-                spare: Spare::default(),
+                spare: Spare::with_room(),
             },
             poll,
             waker,
