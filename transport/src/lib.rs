@@ -22,6 +22,7 @@ pub use wire::{FrameHeader, FrameKind};
 
 mod recv_core;
 mod reqmap;
+pub mod rma;
 pub mod shm;
 pub mod tcp;
 #[cfg(test)]

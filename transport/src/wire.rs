@@ -274,12 +274,8 @@ impl FrameHeader {
                 b.len()
             )));
         }
-        let u32_at = |i: usize| u32::from_le_bytes([b[i], b[i + 1], b[i + 2], b[i + 3]]);
-        let u64_at = |i: usize| {
-            let mut a = [0u8; 8];
-            a.copy_from_slice(&b[i..i + 8]);
-            u64::from_le_bytes(a)
-        };
+        let u32_at = |i: usize| le_u32(b, i);
+        let u64_at = |i: usize| le_u64(b, i);
         let magic = u32_at(0);
         if magic != MAGIC {
             return Err(Error::Protocol(format!(
@@ -343,6 +339,18 @@ impl FrameHeader {
             total,
         })
     }
+}
+
+/// The little-endian `u32` at `b[i..i + 4]`; the caller checked the length.
+pub(crate) fn le_u32(b: &[u8], i: usize) -> u32 {
+    u32::from_le_bytes([b[i], b[i + 1], b[i + 2], b[i + 3]])
+}
+
+/// The little-endian `u64` at `b[i..i + 8]`; the caller checked the length.
+pub(crate) fn le_u64(b: &[u8], i: usize) -> u64 {
+    let mut a = [0u8; 8];
+    a.copy_from_slice(&b[i..i + 8]);
+    u64::from_le_bytes(a)
 }
 
 #[cfg(test)]
