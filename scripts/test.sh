@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Runs every gradwire test: installs what the tests need (iproute2 for the
-# network-namespace tests, gcc for the C ABI tests, numpy/scikit-learn/pytest
-# for the Python ones), builds every binary the multi-process tests launch,
+# network-namespace tests, gcc for the C ABI tests, libfabric and rdma-core's
+# headers for the RDMA transports, numpy/scikit-learn/pytest for the Python
+# ones), builds every binary the multi-process tests launch,
 # then runs the tests in tiers:
 #   1. unit and simulator tests (fast, no processes): a failure stops here;
 #   2. the C ABI's unit tests without the step protocol (the default build);
@@ -16,6 +17,13 @@ cd "$(dirname "$0")/.."
 need=()
 command -v ip >/dev/null 2>&1 || need+=(iproute2)
 command -v cc >/dev/null 2>&1 || need+=(gcc)
+# libfabric (the ofi transport and its tests over the tcp and shm providers)
+# and rdma-core's headers (the verbs transport's build).
+[[ -e /usr/include/rdma/fabric.h ]] || need+=(libfabric-dev)
+command -v fi_info >/dev/null 2>&1 || need+=(libfabric-bin)
+[[ -e /usr/include/infiniband/verbs.h ]] || need+=(libibverbs-dev)
+[[ -e /usr/include/rdma/rdma_cma.h ]] || need+=(librdmacm-dev)
+compgen -G '/usr/lib/llvm-*/lib/libclang.so*' >/dev/null || need+=(libclang-dev)
 if ((${#need[@]})); then
   echo "installing: ${need[*]}"
   apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${need[@]}"
