@@ -400,9 +400,24 @@ pub trait Transport: Send {
         Ok(None)
     }
 
-    /// Carries out a one-sided write (see [`WriteImm`]).
+    /// Carries out a one-sided write (see [`WriteImm`]). The request
+    /// completes once the local bytes may be reused; the peer learns of the
+    /// write only through its immediate ([`Transport::next_imm`]), which
+    /// reaches it after the bytes are in its memory.
     fn write_imm(&mut self, peer: Rank, w: &WriteImm) -> Result<Request> {
         let _ = (peer, w);
+        Err(Error::InvalidUsage(format!(
+            "transport {} has no one-sided writes",
+            self.properties().name
+        )))
+    }
+
+    /// The oldest immediate of a one-sided write by `peer` into this rank's
+    /// published regions that has not been taken yet; its bytes are in
+    /// place. Immediates of different writes may arrive in another order
+    /// than they were written (as on an unordered RDMA provider).
+    fn next_imm(&mut self, peer: Rank) -> Result<Option<u32>> {
+        let _ = peer;
         Err(Error::InvalidUsage(format!(
             "transport {} has no one-sided writes",
             self.properties().name

@@ -197,6 +197,10 @@ pub enum FrameKind {
     /// Returns `credits` without carrying anything else (every frame can
     /// return credits; this one exists for when no other frame goes back).
     Credit = 7,
+    /// Shared memory only: the sender stored bytes straight into a region
+    /// this rank published (a one-sided write, see `Transport::write_imm`);
+    /// `offset` carries the write's 32-bit immediate. No payload.
+    Imm = 8,
 }
 
 /// The fixed header in front of every segment.
@@ -290,6 +294,7 @@ impl FrameHeader {
             5 => FrameKind::Rts,
             6 => FrameKind::Cts,
             7 => FrameKind::Credit,
+            8 => FrameKind::Imm,
             k => return Err(Error::Protocol(format!("unknown frame kind {k}"))),
         };
         let flags = b[5];
@@ -314,7 +319,7 @@ impl FrameHeader {
         let total = u64_at(56);
         match kind {
             // Control frames carry no payload; their `offset` is an id.
-            FrameKind::Rts | FrameKind::Cts | FrameKind::Credit if len != 0 => {
+            FrameKind::Rts | FrameKind::Cts | FrameKind::Credit | FrameKind::Imm if len != 0 => {
                 return Err(Error::Protocol(format!(
                     "a {kind:?} frame with a {len}-byte payload"
                 )));
@@ -368,7 +373,7 @@ mod tests {
             any::<u32>(),
             any::<u64>(),
             any::<u32>(),
-            0usize..7,
+            0usize..8,
             any::<u16>(),
         )
             .prop_map(
@@ -390,6 +395,7 @@ mod tests {
                         FrameKind::Rts,
                         FrameKind::Cts,
                         FrameKind::Credit,
+                        FrameKind::Imm,
                     ][kind];
                     FrameHeader {
                         kind,

@@ -42,6 +42,7 @@
 //! transport works by polling alone.
 
 mod doorbell;
+mod one_sided;
 mod pull;
 mod ring;
 mod segment;
@@ -52,6 +53,8 @@ mod tests;
 mod tests_in_place;
 #[cfg(test)]
 mod tests_now;
+#[cfg(test)]
+mod tests_one_sided;
 
 use self::doorbell::{Doorbell, doorbell_addr};
 use self::pull::RENDEZVOUS_LEN;
@@ -61,8 +64,8 @@ use crate::error::{Error, Result};
 use crate::recv_core::{DEFAULT_EAGER_FRAMES, Posted, Posting, RecvCore};
 use crate::reqmap::{self, ReqMap};
 use crate::seam::{
-    Landed, MemHandle, MemPtr, Now, Properties, Rank, Readiness, Request, Tag, Tested, Transport,
-    TransportId,
+    Landed, MemHandle, MemPtr, Now, Properties, Rank, Readiness, RemoteRegion, Request, Tag,
+    Tested, Transport, TransportId, WriteImm,
 };
 use crate::wire::{FrameHeader, FrameKind, HEADER_LEN};
 use gw_rendezvous::PeerInfo;
@@ -252,6 +255,12 @@ struct Peer {
     /// it is delivered until `release_in_place` frees the slot.
     /// (request, message length)
     held: Option<(u64, usize)>,
+    /// Immediates of the peer's one-sided writes into our regions, not yet
+    /// taken (see `one_sided.rs`).
+    imms: VecDeque<u32>,
+    /// `next_imm` found none: take frames out of the ring until one comes,
+    /// even when no receive is posted (an immediate may wait behind data).
+    wants_imm: bool,
 }
 
 impl Peer {
@@ -314,6 +323,8 @@ enum Head {
     Cleared(FrameHeader),
     /// The peer shut down cleanly; nothing follows.
     Close,
+    /// A one-sided write of the peer's landed; its immediate.
+    Imm(u64),
 }
 
 /// The same-host shared-memory transport (see the module documentation).
@@ -377,6 +388,8 @@ impl ShmTransport {
                 pulls_out: VecDeque::with_capacity(MAX_PULLS as usize),
                 next_pull: 0,
                 held: None,
+                imms: VecDeque::with_capacity(crate::seam::POSTED_RESERVED),
+                wants_imm: false,
             });
         }
         if cfg.pull_bytes > 0 {
@@ -653,6 +666,7 @@ impl ShmTransport {
             Ok(None) => false,
             Ok(Some(raw)) => {
                 eager
+                    || p.wants_imm
                     || !p.core.posted().is_empty()
                     || !matches!(FrameHeader::decode(&raw),
                         Ok(h) if matches!(h.kind, FrameKind::Data | FrameKind::Rendezvous))
@@ -751,6 +765,7 @@ fn examine(p: &Peer, rx: &Consumer, raw: &[u8; HEADER_LEN]) -> Result<Head> {
     match h.kind {
         FrameKind::Rts => return Ok(Head::Announce(h)),
         FrameKind::Cts => return Ok(Head::Cleared(h)),
+        FrameKind::Imm => return Ok(Head::Imm(h.offset)),
         FrameKind::Credit => {
             return Err(Error::Protocol(format!(
                 "shared memory from {}: a credit frame (credits travel in the ring's counters)",
@@ -1059,7 +1074,7 @@ fn pump_recvs(
             break;
         };
         let (i, h) = match examine(p, &conn.rx, &raw)? {
-            Head::Early(_) if !eager && p.core.posted().is_empty() => {
+            Head::Early(_) if !eager && !p.wants_imm && p.core.posted().is_empty() => {
                 // Nothing here waits for a frame behind this one and none of
                 // our sends is stuck, so no rank can be waiting on us to make
                 // room: leave it in the ring, and the receive that is posted
@@ -1129,6 +1144,21 @@ fn pump_recvs(
                     a.op.cleared = true;
                     p.sends.push_back(a.op);
                 }
+                continue;
+            }
+            Head::Imm(v) => {
+                let imm = u32::try_from(v).map_err(|_| {
+                    Error::Protocol(format!(
+                        "shared memory from {}: an immediate of {v:#x}, wider than 32 bits",
+                        p.who()
+                    ))
+                })?;
+                if let Some(conn) = p.conn.as_mut() {
+                    conn.rx.pop();
+                }
+                popped = true;
+                p.imms.push_back(imm);
+                p.wants_imm = false;
                 continue;
             }
             Head::Close => {
@@ -1214,7 +1244,7 @@ impl Transport for ShmTransport {
             name: "shm",
             bandwidth_gbps: 5.0,
             latency_us: 1.0,
-            one_sided_write: false,
+            one_sided_write: true,
             gpu_memory: false,
             max_segment: self.cfg.slot_bytes,
         }
@@ -1602,8 +1632,58 @@ impl Transport for ShmTransport {
             p.pulls_out.clear();
             p.active = None;
             p.held = None;
+            p.imms.clear();
         }
         self.aborted = true;
+    }
+
+    fn remote_region(&mut self, mem: MemHandle) -> Result<Option<RemoteRegion>> {
+        let index = mem.index_for(self.id, "shm")?;
+        let Some(Some(r)) = self.regions.get(index as usize) else {
+            return Err(Error::InvalidArgument(format!(
+                "remote_region: memory handle {index} is not registered"
+            )));
+        };
+        Ok(Some(RemoteRegion {
+            rank: self.me,
+            key: one_sided::key(self.peers[self.me as usize].info.pid, index),
+            addr: r.ptr.0 as u64,
+            len: r.len as u64,
+        }))
+    }
+
+    fn write_imm(&mut self, peer: Rank, w: &WriteImm) -> Result<Request> {
+        self.check_post(peer)?;
+        let (src, _) = self.range(w.mem, w.offset, w.len, "write_imm")?;
+        let me = self.me;
+        let p = &self.peers[peer as usize];
+        if p.conn.is_none() {
+            return Err(Error::InvalidUsage(format!(
+                "write_imm to {} before it is connected",
+                p.who()
+            )));
+        }
+        let addr = one_sided::target(&w.remote, peer, p.info.pid, w.remote_offset, w.len)?;
+        // SAFETY: `range` checked that the bytes lie in memory registered
+        // with this transport, which its owner keeps valid while registered.
+        unsafe { one_sided::write(src.0, w.len, p.info.pid, addr, &p.who())? };
+        // After the bytes: the peer reads the immediate only once they are in.
+        let h = FrameHeader {
+            offset: u64::from(w.imm),
+            ..FrameHeader::control(FrameKind::Imm, me, 0)
+        };
+        self.peers[peer as usize].ctl.push_back(h.encode());
+        let req = self.new_req();
+        self.reqs.insert(req, true);
+        Ok(Request::new(self.id, req))
+    }
+
+    fn next_imm(&mut self, peer: Rank) -> Result<Option<u32>> {
+        self.check_live(peer)?;
+        let p = &mut self.peers[peer as usize];
+        let imm = p.imms.pop_front();
+        p.wants_imm = imm.is_none();
+        Ok(imm)
     }
 }
 

@@ -31,7 +31,7 @@ pub(super) fn infos(n: u32) -> Vec<PeerInfo> {
 }
 
 /// Slot geometry without single-copy pulls: every byte goes through slots.
-fn cfg(job_id: &str, slots: usize, slot_bytes: usize) -> ShmConfig {
+pub(super) fn cfg(job_id: &str, slots: usize, slot_bytes: usize) -> ShmConfig {
     cfg_pull(job_id, slots, slot_bytes, 0)
 }
 
@@ -430,7 +430,7 @@ fn usage_errors() {
     let p = a.properties();
     assert_eq!(
         (p.name, p.max_segment, p.one_sided_write, p.gpu_memory),
-        ("shm", 8, false, false)
+        ("shm", 8, true, false)
     );
 }
 
@@ -690,7 +690,11 @@ fn close_while_data_is_expected_is_an_error() {
 }
 
 /// Progresses `t` until `reqs` complete, sleeping in a poller when idle.
-fn drive_sleeping(t: &mut ShmTransport, poll: &mut mio::Poll, mut reqs: Vec<Outstanding>) {
+pub(super) fn drive_sleeping(
+    t: &mut ShmTransport,
+    poll: &mut mio::Poll,
+    mut reqs: Vec<Outstanding>,
+) {
     let mut events = mio::Events::with_capacity(8);
     let deadline = Instant::now() + Duration::from_secs(3);
     while !reqs.is_empty() {
@@ -740,13 +744,17 @@ fn child_rank() {
     if mode == "crash" {
         std::process::exit(0); // no destructors: no close notice
     }
+    if mode == "write" {
+        super::tests_one_sided::child_writes(&mut t, &mut poll, len);
+        return;
+    }
     let r = Outstanding::new(t.irecv(0, tag(1, 0), m, 0, len).unwrap());
     drive_sleeping(&mut t, &mut poll, vec![r]);
     let s = Outstanding::new(t.isend(0, tag(1, 1), m, 0, len).unwrap());
     drive_sleeping(&mut t, &mut poll, vec![s]);
 }
 
-fn spawn_child(job_id: &str, mode: &str, len: usize) -> std::process::Child {
+pub(super) fn spawn_child(job_id: &str, mode: &str, len: usize) -> std::process::Child {
     std::process::Command::new(std::env::current_exe().unwrap())
         .args([
             "--exact",

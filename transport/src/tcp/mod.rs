@@ -853,13 +853,14 @@ impl TcpTransport {
                                             };
                                             continue;
                                         }
-                                        FrameKind::Rendezvous => {
+                                        FrameKind::Rendezvous | FrameKind::Imm => {
                                             return Err(Error::Remote {
                                                 rank: peer,
                                                 addr: addr.clone(),
-                                                what:
-                                                    "sent a shared-memory rendezvous frame over TCP"
-                                                        .into(),
+                                                what: format!(
+                                                    "sent a shared-memory {:?} frame over TCP",
+                                                    hdr.kind
+                                                ),
                                             });
                                         }
                                         _ => {}

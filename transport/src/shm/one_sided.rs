@@ -1,0 +1,173 @@
+//! One-sided writes between processes on one host: the writer stores bytes
+//! straight into a region its peer published, with Linux cross-memory
+//! attach (`process_vm_writev`), then tells the peer with an `Imm` frame.
+//!
+//! This is the shared-memory form of RDMA WRITE WITH IMM, so the persistent
+//! operations and the one-sided protocol (`crate::rma`) run here exactly as
+//! they will over a NIC: the region is registered and published once, a
+//! write is one copy done by the kernel, and the immediate reaches the peer
+//! through its ring after the bytes are in place (the ring's release store
+//! orders them). A region's key is its owner's pid beside its index, so a
+//! descriptor handed to the wrong rank is refused rather than written.
+//!
+//! The same rights as single-copy pulls are needed (see `pull.rs`): the
+//! kernel refuses without ptrace rights over the peer, and the error then
+//! says so.
+
+use crate::error::{Error, Result};
+use crate::seam::RemoteRegion;
+
+/// The key of region `index` of the process `pid`.
+pub(super) fn key(pid: u32, index: u32) -> u64 {
+    (u64::from(pid) << 32) | u64::from(index)
+}
+
+/// The pid whose region `key` names.
+pub(super) fn key_pid(key: u64) -> u32 {
+    (key >> 32) as u32
+}
+
+/// Checks that `len` bytes at `offset` of `remote` lie inside it and that it
+/// belongs to `peer`, the process `pid`; returns the address to write at.
+pub(super) fn target(
+    remote: &RemoteRegion,
+    peer: u32,
+    pid: u32,
+    offset: u64,
+    len: usize,
+) -> Result<u64> {
+    if remote.rank != peer {
+        return Err(Error::InvalidArgument(format!(
+            "write_imm to rank {peer} into a region rank {} published",
+            remote.rank
+        )));
+    }
+    if key_pid(remote.key) != pid {
+        return Err(Error::InvalidArgument(format!(
+            "write_imm to rank {peer}: the region's key {:#x} is of process {}, but rank {peer} is process {pid} (a stale or foreign descriptor)",
+            remote.key,
+            key_pid(remote.key)
+        )));
+    }
+    if offset
+        .checked_add(len as u64)
+        .is_none_or(|end| end > remote.len)
+    {
+        return Err(Error::InvalidArgument(format!(
+            "write_imm to rank {peer}: [{offset}, {offset}+{len}) lies outside its published region of {} bytes",
+            remote.len
+        )));
+    }
+    remote.addr.checked_add(offset).ok_or_else(|| {
+        Error::InvalidArgument(format!(
+            "write_imm to rank {peer}: address {:#x} + {offset} overflows",
+            remote.addr
+        ))
+    })
+}
+
+/// Copies `len` bytes from `src` in this process to `addr` in process `pid`.
+///
+/// # Safety
+/// `src..src + len` must be readable memory of this process for the call.
+pub(super) unsafe fn write(
+    src: *const u8,
+    len: usize,
+    pid: u32,
+    addr: u64,
+    who: &str,
+) -> Result<()> {
+    let mut done = 0usize;
+    while done < len {
+        let local = libc::iovec {
+            iov_base: src.wrapping_add(done) as *mut libc::c_void,
+            iov_len: len - done,
+        };
+        let remote = libc::iovec {
+            iov_base: (addr as usize).wrapping_add(done) as *mut libc::c_void,
+            iov_len: len - done,
+        };
+        // SAFETY: the local range is readable (the caller's promise); the
+        // remote range is checked by the kernel, which fails rather than
+        // touching memory the peer has not mapped.
+        let n = unsafe { libc::process_vm_writev(pid as libc::pid_t, &local, 1, &remote, 1, 0) };
+        if n < 0 {
+            let source = std::io::Error::last_os_error();
+            let hint = match source.raw_os_error() {
+                Some(libc::EPERM) => {
+                    ": this process may not write into the peer's (ptrace rights are needed: same user, Yama ptrace_scope <= 1, no seccomp filter)"
+                }
+                Some(libc::ESRCH) => ": the peer's process is gone",
+                Some(libc::EFAULT) => {
+                    ": the peer's region is not mapped (freed after it was published?)"
+                }
+                _ => "",
+            };
+            return Err(Error::Sys {
+                syscall: "process_vm_writev",
+                context: format!(
+                    "one-sided write of {} bytes at {:#x} into {who}{hint}",
+                    len - done,
+                    addr + done as u64
+                ),
+                source,
+            });
+        }
+        if n == 0 {
+            return Err(Error::Protocol(format!(
+                "process_vm_writev into {who} wrote nothing at {:#x}",
+                addr + done as u64
+            )));
+        }
+        done += n as usize;
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn region(rank: u32, pid: u32, len: u64) -> RemoteRegion {
+        RemoteRegion {
+            rank,
+            key: key(pid, 3),
+            addr: 0x1000,
+            len,
+        }
+    }
+
+    #[test]
+    fn targets_are_checked_against_rank_pid_and_bounds() {
+        assert_eq!(target(&region(1, 50, 100), 1, 50, 10, 90).unwrap(), 0x100a);
+        let e = target(&region(2, 50, 100), 1, 50, 0, 1)
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("rank 2 published"), "{e}");
+        let e = target(&region(1, 51, 100), 1, 50, 0, 1)
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("process 51") && e.contains("process 50"), "{e}");
+        let e = target(&region(1, 50, 100), 1, 50, 10, 91)
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("outside"), "{e}");
+        assert!(target(&region(1, 50, 100), 1, 50, u64::MAX, 1).is_err());
+    }
+
+    #[test]
+    fn a_write_into_a_gone_process_names_the_cause() {
+        let mut child = std::process::Command::new("true").spawn().unwrap();
+        let pid = child.id();
+        child.wait().unwrap();
+        let b = [1u8; 8];
+        // SAFETY: `b` is readable for the call.
+        let e = unsafe { write(b.as_ptr(), 8, pid, 0x1000, "rank 9") }
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("process_vm_writev") && e.contains("rank 9"),
+            "{e}"
+        );
+    }
+}
