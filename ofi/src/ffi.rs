@@ -140,6 +140,7 @@ macro_rules! shim {
             /// Stub of the shim function of the same name, never called:
             /// `library()` fails before anything else runs.
             #[cfg(gw_ofi_none)]
+            #[allow(clippy::too_many_arguments)]
             pub unsafe fn $name($($arg: $ty),*) -> $ret {
                 $(let _ = $arg;)*
                 <$ret as Stub>::stub()
