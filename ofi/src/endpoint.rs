@@ -281,7 +281,10 @@ impl Endpoint {
             }
             buf.resize(len, 0);
         }
-        Err(Error::GetName(fi_call("fi_getname", -257)))
+        Err(Error::GetName(fi_call(
+            "fi_getname",
+            -(ffi::FI_ETOOSMALL as isize),
+        )))
     }
 
     /// Adds a peer's [`Self::name`] to the address vector.
