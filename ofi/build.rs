@@ -14,7 +14,18 @@ fn main() {
     println!("cargo:rustc-check-cfg=cfg(gw_ofi_none)");
     println!("cargo:rerun-if-changed=build.rs");
     println!("cargo:rerun-if-changed=shim/gw_ofi_shim.c");
-    println!("cargo:rerun-if-changed=/usr/include/rdma/fabric.h");
+    // A path that does not exist would make cargo rerun this every build,
+    // so watch the header where it is, else the directory that would hold it.
+    for watch in [
+        "/usr/include/rdma/fabric.h",
+        "/usr/include/rdma",
+        "/usr/include",
+    ] {
+        if Path::new(watch).exists() {
+            println!("cargo:rerun-if-changed={watch}");
+            break;
+        }
+    }
     println!("cargo:rerun-if-env-changed=GW_OFI_NO_HEADERS");
     println!("cargo:rerun-if-env-changed=PKG_CONFIG_PATH");
 
@@ -65,7 +76,10 @@ fn find_headers() -> Option<Vec<String>> {
         .filter_map(|f| f.strip_prefix("-I").map(str::to_owned))
         .collect();
     for dir in &dirs {
-        println!("cargo:rerun-if-changed={dir}/rdma/fabric.h");
+        let header = format!("{dir}/rdma/fabric.h");
+        if Path::new(&header).exists() {
+            println!("cargo:rerun-if-changed={header}");
+        }
     }
     Some(dirs)
 }

@@ -69,6 +69,10 @@ _Static_assert(FI_EACCES == 13, "FI_EACCES");
 _Static_assert(FI_ENOSYS == 38, "FI_ENOSYS");
 _Static_assert(FI_ENODATA == 61, "FI_ENODATA");
 _Static_assert(FI_EAVAIL == 259, "FI_EAVAIL");
+_Static_assert(FI_ETOOSMALL == 257, "FI_ETOOSMALL");
+_Static_assert(FI_ETRUNC == 265, "FI_ETRUNC");
+_Static_assert(FI_ECANCELED == 125, "FI_ECANCELED");
+_Static_assert(FI_EP_RDM == 3, "FI_EP_RDM");
 _Static_assert(FI_PROGRESS_UNSPEC == 0 && FI_PROGRESS_AUTO == 1 &&
 		       FI_PROGRESS_MANUAL == 2,
 	       "fi_progress");

@@ -281,7 +281,10 @@ impl Endpoint {
             }
             buf.resize(len, 0);
         }
-        Err(Error::GetName(fi_call("fi_getname", -257)))
+        Err(Error::GetName(fi_call(
+            "fi_getname",
+            -(ffi::FI_ETOOSMALL as isize),
+        )))
     }
 
     /// Adds a peer's [`Self::name`] to the address vector.
@@ -572,17 +575,14 @@ impl Endpoint {
         if ret < 0 {
             return Err(Error::CqRead(fi_call("fi_cq_readerr", ret)));
         }
-        let text = c_text(&e.text);
+        let errno = e.err.saturating_abs();
         Err(Error::Completion {
             ctx: self.finish(e.ctx),
             flags: e.flags,
-            errno: e.err,
+            errno,
+            text: crate::strerror(errno),
             prov_errno: e.prov_errno,
-            text: if text.is_empty() {
-                crate::strerror(e.err)
-            } else {
-                text
-            },
+            prov_text: c_text(&e.text),
         })
     }
 }

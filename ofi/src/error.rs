@@ -115,7 +115,7 @@ pub enum Error {
     CqRead(FiCall),
     /// An operation completed with an error (fi_cq_readerr).
     #[error(
-        "operation {} failed: error {errno} ({text}), provider error {prov_errno}",
+        "operation {} failed: error {errno} ({text}), provider error {prov_errno} ({prov_text})",
         ctx.map_or_else(|| "without context".to_owned(), |c| format!("with context {c:#x}"))
     )]
     Completion {
@@ -123,12 +123,15 @@ pub enum Error {
         ctx: Option<u64>,
         /// The completion's flags.
         flags: u64,
-        /// The error: a positive `FI_E*` value, as libfabric reports it.
+        /// The error: a positive `FI_E*` value (shm in libfabric 1.17
+        /// reports it negated; it is made positive here).
         errno: i32,
+        /// `fi_strerror(errno)`.
+        text: String,
         /// The provider's own error number.
         prov_errno: i32,
-        /// `fi_cq_strerror`'s text for it.
-        text: String,
+        /// `fi_cq_strerror`'s text for the provider's error.
+        prov_text: String,
     },
     /// The binding was used in a way libfabric would refuse.
     #[error("{0}")]

@@ -121,6 +121,7 @@ pub const FI_EFAULT: i32 = 14;
 pub const FI_ENOSYS: i32 = 38;
 pub const FI_ENODATA: i32 = 61;
 pub const FI_EAVAIL: i32 = 259;
+pub const FI_ETOOSMALL: i32 = 257;
 
 /// `FI_EP_RDM` (enum fi_ep_type).
 pub const FI_EP_RDM: i32 = 3;
@@ -140,6 +141,7 @@ macro_rules! shim {
             /// Stub of the shim function of the same name, never called:
             /// `library()` fails before anything else runs.
             #[cfg(gw_ofi_none)]
+            #[allow(clippy::too_many_arguments)]
             pub unsafe fn $name($($arg: $ty),*) -> $ret {
                 $(let _ = $arg;)*
                 <$ret as Stub>::stub()

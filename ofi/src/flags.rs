@@ -64,6 +64,13 @@ pub const FI_MR_ENDPOINT: u64 = 1 << 9;
 /// mr_mode: device memory must be registered (not accepted yet).
 pub const FI_MR_HMEM: u64 = 1 << 10;
 
+/// [`crate::Error::Completion`] errno: the message was longer than the
+/// receive buffer.
+pub const FI_ETRUNC: i32 = 265;
+/// [`crate::Error::Completion`] errno: the operation was cancelled (the
+/// endpoint closed with it in flight).
+pub const FI_ECANCELED: i32 = 125;
+
 /// The capabilities gradwire asks for.
 pub const WANTED_CAPS: u64 =
     FI_MSG | FI_RMA | FI_WRITE | FI_REMOTE_WRITE | FI_READ | FI_REMOTE_READ;

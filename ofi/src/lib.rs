@@ -114,6 +114,18 @@ mod tests {
     use super::*;
 
     #[test]
+    fn handles_may_move_to_the_engine_thread() {
+        fn send<T: Send>() {}
+        send::<Fabric>();
+        send::<Domain>();
+        send::<Endpoint>();
+        send::<Mr>();
+        send::<std::sync::Arc<Mr>>();
+        send::<RegCache<Mr>>();
+        send::<Error>();
+    }
+
+    #[test]
     #[cfg_attr(gw_ofi_none, ignore = "built without libfabric headers")]
     fn a_missing_library_names_dlopen_and_its_error() {
         let err = load("libgw-ofi-nosuch.so.1").unwrap_err();

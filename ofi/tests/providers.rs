@@ -36,6 +36,10 @@ macro_rules! provider_tests {
             fn registration_cache() {
                 super::registration_cache($prov);
             }
+            #[test]
+            fn failed_operations_come_back_with_their_context() {
+                super::failed_operations($prov);
+            }
         }
     };
 }
@@ -377,6 +381,103 @@ fn registration_cache(prov: &str) {
     let again = unsafe { cache.register(&side.ep, buf.ptr(), 4096, FI_SEND) }.expect("register");
     assert!(!std::sync::Arc::ptr_eq(&whole, &again));
     assert_eq!(cache.misses(), 3);
+}
+
+/// Waits for an error completion on `side`, progressing `other` too.
+fn await_error(
+    side: &mut Side,
+    other: &mut Side,
+    what: &str,
+    limit: std::time::Duration,
+) -> Option<Error> {
+    let start = std::time::Instant::now();
+    let mut out = [Completion::default(); 16];
+    while start.elapsed() < limit {
+        match side.ep.poll_cq(&mut out) {
+            Ok(n) => side.seen.extend_from_slice(&out[..n]),
+            Err(e) => return Some(e),
+        }
+        poll(other, what);
+    }
+    None
+}
+
+fn failed_operations(prov: &str) {
+    let Some((mut a, mut b, a_to_b, _)) = pair(prov) else {
+        return;
+    };
+    // A message longer than the receive posted for it: the receive fails
+    // with FI_ETRUNC and its context comes back in the error.
+    let small = Buf::new(16);
+    // SAFETY: small outlives the receive, which is waited for.
+    unsafe { b.ep.recv(small.ptr(), 16, None, 31) }.expect("recv");
+    post_retry(&mut [&mut a, &mut b], "fi_inject", |s| {
+        s[0].ep.inject(&[7u8; 48], a_to_b)
+    });
+    let err = await_error(&mut b, &mut a, "a truncated receive", DEADLINE)
+        .unwrap_or_else(|| panic!("{prov}: no error for a truncated receive: {:x?}", b.seen));
+    println!("{prov}: truncated receive: {err}");
+    match err {
+        Error::Completion {
+            ctx,
+            flags,
+            errno,
+            ref text,
+            ..
+        } => {
+            assert_eq!(ctx, Some(31), "{prov}: {err}");
+            assert_eq!(errno, FI_ETRUNC, "{prov}: FI_ETRUNC expected: {err}");
+            assert!(flags & FI_RECV != 0, "{prov}: flags {flags:#x}");
+            assert!(!text.is_empty());
+        }
+        e => panic!("{prov}: {e}"),
+    }
+    assert_eq!(
+        b.ep.in_flight(),
+        0,
+        "{prov}: the failed receive's context is freed"
+    );
+
+    // A write with a key nobody registered: providers that check keys at
+    // the target report it to the writer.
+    let dst = Buf::new(4096);
+    let mut src = Buf::new(4096);
+    src.bytes_mut().fill(0xee);
+    // SAFETY: both outlive their registrations; the write is waited for.
+    let dmr = unsafe { b.ep.register(dst.ptr(), 4096, FI_REMOTE_WRITE) }.expect("register");
+    // SAFETY: as above.
+    let smr = unsafe { a.ep.register(src.ptr(), 4096, FI_WRITE) }.expect("register");
+    let remote = Remote {
+        dest: a_to_b,
+        addr: dmr.remote_addr(dst.ptr()).expect("start"),
+        key: dmr.key().wrapping_add(0x5151),
+    };
+    post_retry(&mut [&mut a, &mut b], "fi_write", |s| {
+        // SAFETY: src is not modified until the write completes or fails.
+        unsafe { s[0].ep.write(src.ptr(), 4096, smr.desc(), remote, 41) }
+    });
+    match await_error(
+        &mut a,
+        &mut b,
+        "a write with a bad key",
+        std::time::Duration::from_secs(3),
+    ) {
+        Some(e @ Error::Completion { .. }) => {
+            println!("{prov}: bad key: {e}");
+            assert!(matches!(e, Error::Completion { ctx: Some(41), .. }), "{e}");
+        }
+        Some(e) => panic!("{prov}: {e}"),
+        None => println!(
+            "{prov}: a write with a bad key reported no error (completions {:x?}); the target \
+             region {} written",
+            a.seen,
+            if dst.bytes().iter().any(|&x| x != 0) {
+                "was"
+            } else {
+                "was not"
+            }
+        ),
+    }
 }
 
 #[test]
