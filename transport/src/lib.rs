@@ -20,6 +20,7 @@ pub use seam::{
 };
 pub use wire::{FrameHeader, FrameKind};
 
+pub mod ofi;
 mod recv_core;
 mod reqmap;
 pub mod rma;

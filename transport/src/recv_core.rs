@@ -387,6 +387,12 @@ impl<X, A> RecvCore<X, A> {
         n as u16
     }
 
+    /// Credits taken with [`RecvCore::take_owed`] that did not go out
+    /// after all (the frame that was to carry them was not sent).
+    pub fn give_owed(&mut self, n: u16) {
+        self.owed += u32::from(n);
+    }
+
     /// Credits owed now, not taken.
     pub fn owed(&self) -> u32 {
         self.owed

@@ -201,6 +201,9 @@ pub enum FrameKind {
     /// this rank published (a one-sided write, see `Transport::write_imm`);
     /// `offset` carries the write's 32-bit immediate. No payload.
     Imm = 8,
+    /// RDMA only: the receive for announcement `offset` is posted, and the
+    /// payload (a `crate::rma::Grant`) says where to write it.
+    Grant = 9,
 }
 
 /// The fixed header in front of every segment.
@@ -295,6 +298,7 @@ impl FrameHeader {
             6 => FrameKind::Cts,
             7 => FrameKind::Credit,
             8 => FrameKind::Imm,
+            9 => FrameKind::Grant,
             k => return Err(Error::Protocol(format!("unknown frame kind {k}"))),
         };
         let flags = b[5];
@@ -322,6 +326,12 @@ impl FrameHeader {
             FrameKind::Rts | FrameKind::Cts | FrameKind::Credit | FrameKind::Imm if len != 0 => {
                 return Err(Error::Protocol(format!(
                     "a {kind:?} frame with a {len}-byte payload"
+                )));
+            }
+            FrameKind::Grant if len != crate::rma::GRANT_LEN as u64 => {
+                return Err(Error::Protocol(format!(
+                    "a grant frame with a {len}-byte payload (a grant is {} bytes)",
+                    crate::rma::GRANT_LEN
                 )));
             }
             FrameKind::Data | FrameKind::Rendezvous

@@ -44,21 +44,50 @@ struct Slot {
     busy: Option<Busy>,
 }
 
+/// Who wrote, in an error.
+#[derive(Clone, Copy)]
+enum PeerName {
+    Rank(Rank),
+    Any,
+}
+
+impl std::fmt::Display for PeerName {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            PeerName::Rank(r) => write!(f, "rank {r}"),
+            PeerName::Any => f.write_str("a peer"),
+        }
+    }
+}
+
 /// See the module comment.
 #[derive(Debug)]
 pub struct Receiver {
-    peer: Rank,
+    /// The one peer whose writes land here, or `None` when shared by all.
+    peer: Option<Rank>,
     seg: usize,
     slots: Vec<Slot>,
     free: Vec<u16>,
     waiting: VecDeque<ToGrant>,
-    grants: VecDeque<Grant>,
+    /// Grants to send, with the request each is for.
+    grants: VecDeque<(Grant, u64)>,
 }
 
 impl Receiver {
     /// A receive side for writes from `peer` in segments of `seg` bytes,
     /// with `slots` receives granted at once at most.
     pub fn new(peer: Rank, slots: usize, seg: usize) -> Result<Receiver> {
+        Receiver::make(Some(peer), slots, seg)
+    }
+
+    /// One receive side for the writes of every peer, with `slots` grants
+    /// at once among them (a backend whose immediates arrive without their
+    /// source tells peers apart by the slot: see `ToGrant::req`).
+    pub fn shared(slots: usize, seg: usize) -> Result<Receiver> {
+        Receiver::make(None, slots, seg)
+    }
+
+    fn make(peer: Option<Rank>, slots: usize, seg: usize) -> Result<Receiver> {
         if slots == 0 || slots > MAX_SLOTS {
             return Err(Error::InvalidArgument(format!(
                 "{slots} receive slots per peer: must be 1 to {MAX_SLOTS}"
@@ -106,39 +135,42 @@ impl Receiver {
             want: u32::try_from(want).unwrap_or(u32::MAX),
             got: 0,
         });
-        self.grants.push_back(Grant {
+        let g = Grant {
             id: t.id,
             slot,
             generation: s.generation,
             addr: t.addr,
             key: t.key,
             len: t.len,
-        });
+        };
+        self.grants.push_back((g, t.req));
     }
 
-    /// The next grant to send to the peer.
-    pub fn next_grant(&mut self) -> Option<Grant> {
+    /// The next grant to send, and the request it is for (a receiver
+    /// shared by several peers tells from it where the grant goes).
+    pub fn next_grant(&mut self) -> Option<(Grant, u64)> {
         self.grants.pop_front()
     }
 
     /// One write of the peer's landed (its immediate named `slot` and
     /// `generation`): the receive's request once all its segments have.
     pub fn landed(&mut self, slot: u16, generation: u32) -> Result<Option<u64>> {
-        let peer = self.peer;
+        // Built only for an error: landing allocates nothing.
+        let peer = self.peer.map_or(PeerName::Any, PeerName::Rank);
         let n = self.slots.len();
         let Some(s) = self.slots.get_mut(slot as usize) else {
             return Err(Error::Protocol(format!(
-                "rank {peer} wrote into receive slot {slot}, past the {n} this rank grants"
+                "{peer} wrote into receive slot {slot}, past the {n} this rank grants"
             )));
         };
         let Some(b) = s.busy.as_mut() else {
             return Err(Error::Protocol(format!(
-                "rank {peer} wrote into receive slot {slot}, which holds no grant"
+                "{peer} wrote into receive slot {slot}, which holds no grant"
             )));
         };
         if s.generation != generation {
             return Err(Error::Protocol(format!(
-                "rank {peer} wrote into receive slot {slot} for use {generation}, but the slot is in use {} (a write for a message already complete)",
+                "{peer} wrote into receive slot {slot} for use {generation}, but the slot is in use {} (a write for a message already complete)",
                 s.generation
             )));
         }
@@ -203,8 +235,8 @@ mod tests {
         for id in 0..4 {
             r.clear_to_send(t(id, 25)).unwrap();
         }
-        let g0 = r.next_grant().unwrap();
-        let g1 = r.next_grant().unwrap();
+        let g0 = r.next_grant().unwrap().0;
+        let g1 = r.next_grant().unwrap().0;
         assert_eq!((g0.id, g1.id), (0, 1));
         assert!(r.next_grant().is_none());
         assert_eq!((r.granted(), r.waiting()), (2, 2));
@@ -212,7 +244,7 @@ mod tests {
         assert_eq!(r.landed(g1.slot, g1.generation).unwrap(), None);
         assert_eq!(r.landed(g1.slot, g1.generation).unwrap(), None);
         assert_eq!(r.landed(g1.slot, g1.generation).unwrap(), Some(101));
-        let g2 = r.next_grant().unwrap();
+        let g2 = r.next_grant().unwrap().0;
         assert_eq!((g2.id, g2.slot), (2, g1.slot));
         assert_ne!(g2.generation, g1.generation);
     }
@@ -221,12 +253,12 @@ mod tests {
     fn writes_for_old_or_unknown_grants_are_refused_naming_the_peer() {
         let mut r = Receiver::new(4, 1, 10).unwrap();
         r.clear_to_send(t(0, 0)).unwrap();
-        let g = r.next_grant().unwrap();
+        let g = r.next_grant().unwrap().0;
         assert_eq!(r.landed(g.slot, g.generation).unwrap(), Some(100));
         let e = r.landed(g.slot, g.generation).unwrap_err().to_string();
         assert!(e.contains("rank 4") && e.contains("holds no grant"), "{e}");
         r.clear_to_send(t(1, 5)).unwrap();
-        let g = r.next_grant().unwrap();
+        let g = r.next_grant().unwrap().0;
         let e = r.landed(g.slot, g.generation - 1).unwrap_err().to_string();
         assert!(e.contains("already complete"), "{e}");
         let e = r.landed(7, 0).unwrap_err().to_string();
@@ -248,11 +280,11 @@ mod tests {
     fn clear_frees_every_slot_and_keeps_generations() {
         let mut r = Receiver::new(0, 2, 4).unwrap();
         r.clear_to_send(t(0, 8)).unwrap();
-        let old = r.next_grant().unwrap();
+        let old = r.next_grant().unwrap().0;
         r.clear();
         assert!(r.is_idle());
         r.clear_to_send(t(1, 8)).unwrap();
-        let new = r.next_grant().unwrap();
+        let new = r.next_grant().unwrap().0;
         assert_eq!(new.slot, old.slot);
         assert!(r.landed(old.slot, old.generation).is_err());
     }

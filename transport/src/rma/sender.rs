@@ -156,6 +156,27 @@ impl Sender {
         })
     }
 
+    /// The backend could not post `w`, the last write [`Sender::next_write`]
+    /// gave (the provider's queue was full): it is given again later.
+    pub fn unwrite(&mut self, w: &Write) -> Result<()> {
+        let seg = self.seg;
+        let Some(j) = self.jobs.iter_mut().find(|j| j.req == w.req) else {
+            return Err(Error::Internal(format!(
+                "unwrite of request {}, which has no writes",
+                w.req
+            )));
+        };
+        if j.issued == 0 || (j.issued - 1) * seg != w.offset {
+            return Err(Error::Internal(format!(
+                "unwrite of bytes at {} of request {}, not its last write",
+                w.offset, w.req
+            )));
+        }
+        j.issued -= 1;
+        self.in_flight -= 1;
+        Ok(())
+    }
+
     /// A write of request `req` completed locally: the request, once all
     /// of its writes have.
     pub fn written(&mut self, req: u64) -> Result<Option<u64>> {
@@ -265,6 +286,10 @@ mod tests {
         assert_eq!((w0.imm, w0.key), (imm, 42));
         assert_eq!(s.written(5).unwrap(), None);
         let w2 = s.next_write().unwrap();
+        // A full provider queue: the same write comes again.
+        assert!(s.unwrite(&w0).is_err(), "not the last write");
+        s.unwrite(&w2).unwrap();
+        assert_eq!(s.next_write().unwrap(), w2);
         assert_eq!((w2.offset, w2.len), (20, 5));
         assert_eq!(s.written(5).unwrap(), None);
         assert_eq!(s.written(5).unwrap(), Some(5));

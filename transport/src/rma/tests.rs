@@ -171,7 +171,7 @@ fn run_messages(
                     });
                     local.push(w.req);
                 }
-                while let Some(g) = rx.next_grant() {
+                while let Some((g, _)) = rx.next_grant() {
                     net.push(Net::Grant(g.encode()));
                 }
             }

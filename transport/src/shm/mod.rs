@@ -772,6 +772,12 @@ fn examine(p: &Peer, rx: &Consumer, raw: &[u8; HEADER_LEN]) -> Result<Head> {
                 p.who()
             )));
         }
+        FrameKind::Grant => {
+            return Err(Error::Protocol(format!(
+                "shared memory from {}: a grant frame, which only RDMA transports send",
+                p.who()
+            )));
+        }
         _ => {}
     }
     if let Some(active) = p.active {

@@ -853,12 +853,14 @@ impl TcpTransport {
                                             };
                                             continue;
                                         }
-                                        FrameKind::Rendezvous | FrameKind::Imm => {
+                                        FrameKind::Rendezvous
+                                        | FrameKind::Imm
+                                        | FrameKind::Grant => {
                                             return Err(Error::Remote {
                                                 rank: peer,
                                                 addr: addr.clone(),
                                                 what: format!(
-                                                    "sent a shared-memory {:?} frame over TCP",
+                                                    "sent a {:?} frame, which TCP does not carry",
                                                     hdr.kind
                                                 ),
                                             });

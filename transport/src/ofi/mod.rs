@@ -1,0 +1,1160 @@
+//! The libfabric backend (`GW_TRANSPORT=ofi`): one RDM endpoint per rank,
+//! small messages sent eagerly into posted bounce buffers, larger ones
+//! written one-sidedly into the receive with immediate data.
+//!
+//! The same code runs on every provider libfabric has: `verbs;ofi_rxm`
+//! (InfiniBand, RoCE), `efa` (AWS), and, with no hardware, `tcp;ofi_rxm`
+//! and `shm`, which is how CI exercises it. What differs between providers
+//! (memory-registration modes, context modes, whether an immediate
+//! consumes a posted receive) is handled by `gw-ofi` and here, not by
+//! callers.
+//!
+//! The protocol is the one-sided one of [`crate::rma`]:
+//!
+//! - every frame (a header, and for eager data its payload) is copied into
+//!   one of a fixed set of registered staging buffers and sent with
+//!   `fi_send`; the receiving rank keeps a fixed set of registered bounce
+//!   buffers posted with `fi_recv`, and matches what lands in them with the
+//!   receive core ([`crate::recv_core`]), credits and mismatch errors
+//!   included;
+//! - a message larger than `eager_bytes`, or one without a credit, is
+//!   announced (`Rts`); the receiver answers, once the receive is posted
+//!   and a slot is free, with a `Grant` frame (address, key, slot); the
+//!   sender writes the message straight into the receive with
+//!   `fi_writedata`, each segment's immediate naming the slot, and the
+//!   receive completes when all segments have landed.
+//!
+//! Immediates arrive without their source, so one grant table is shared by
+//! all peers and a slot's request says which peer and receive it is.
+//! Endpoint names travel in the rendezvous records (hex); a peer's address
+//! is inserted into the address vector when it is first connected.
+
+#[cfg(test)]
+mod tests;
+
+use crate::error::{Error, Result};
+use crate::recv_core::{Credits, Posted, Posting, RecvCore};
+use crate::reqmap::{self, ReqMap};
+use crate::rma::{GRANT_LEN, Grant, Imm, Receiver, Sender, ToGrant};
+use crate::seam::{
+    MemHandle, MemPtr, POSTED_RESERVED, Properties, Rank, Readiness, Request, Tag, Tested,
+    Transport, TransportId,
+};
+use crate::wire::{FrameHeader, FrameKind, HEADER_LEN};
+use gw_ofi::{Completion, Domain, Endpoint, EpConfig, Fabric, FiAddr, Mr, Remote};
+use std::collections::VecDeque;
+use std::time::{Duration, Instant};
+
+/// Completions read per `fi_cq_read`.
+const CQ_BATCH: usize = 64;
+/// Bits of a context word below the kind (see [`Ctx`]).
+const CTX_KIND_SHIFT: u32 = 62;
+/// Bits of a write context holding the request.
+const REQ_BITS: u32 = 40;
+const REQ_MASK: u64 = (1 << REQ_BITS) - 1;
+/// Staging buffers for outgoing frames.
+const STAGE_BUFFERS: usize = 64;
+/// Bytes of an abort frame's reason that are sent.
+const MAX_ABORT_TEXT: usize = 512;
+
+/// How the libfabric transport is set up.
+#[derive(Clone, Debug)]
+pub struct OfiConfig {
+    /// A provider name (`"tcp;ofi_rxm"`, `"shm"`, `"verbs;ofi_rxm"`,
+    /// `"efa"`), or `None` for the best available.
+    pub provider: Option<String>,
+    /// Largest message sent eagerly (copied into a bounce buffer); larger
+    /// ones are written into their receive.
+    pub eager_bytes: usize,
+    /// Eager messages a peer may send ahead of their receives (credits).
+    pub eager_frames: usize,
+    /// Receives granted to writers at once, among all peers.
+    pub slots: usize,
+    /// Largest single write.
+    pub segment_bytes: usize,
+    /// Writes in flight per peer.
+    pub window: usize,
+    /// How long an announced send waits for its grant before it is an error.
+    pub grant_timeout: Duration,
+}
+
+impl Default for OfiConfig {
+    fn default() -> OfiConfig {
+        OfiConfig {
+            provider: None,
+            eager_bytes: 8 << 10,
+            eager_frames: crate::recv_core::DEFAULT_EAGER_FRAMES,
+            slots: 256,
+            segment_bytes: 1 << 20,
+            window: 16,
+            grant_timeout: Duration::from_secs(300),
+        }
+    }
+}
+
+/// What a completion's context word names.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Ctx {
+    /// A bounce buffer's receive.
+    Bounce(usize),
+    /// A staging buffer's send.
+    Stage(usize),
+    /// A write of request `req` to `peer`.
+    Write { peer: Rank, req: u64 },
+}
+
+impl Ctx {
+    fn encode(self) -> u64 {
+        match self {
+            Ctx::Bounce(i) => i as u64,
+            Ctx::Stage(i) => (1 << CTX_KIND_SHIFT) | i as u64,
+            Ctx::Write { peer, req } => {
+                (2 << CTX_KIND_SHIFT) | (u64::from(peer) << REQ_BITS) | (req & REQ_MASK)
+            }
+        }
+    }
+
+    fn decode(v: u64) -> Option<Ctx> {
+        let low = v & ((1 << CTX_KIND_SHIFT) - 1);
+        match v >> CTX_KIND_SHIFT {
+            0 => Some(Ctx::Bounce(low as usize)),
+            1 => Some(Ctx::Stage(low as usize)),
+            2 => Some(Ctx::Write {
+                peer: (low >> REQ_BITS) as Rank,
+                req: low & REQ_MASK,
+            }),
+            _ => None,
+        }
+    }
+}
+
+/// The grant-table key of receive `req` from `peer`.
+fn slot_key(peer: Rank, req: u64) -> u64 {
+    (u64::from(peer) << REQ_BITS) | (req & REQ_MASK)
+}
+
+/// A frame waiting for a staging buffer.
+#[derive(Debug)]
+enum Out {
+    /// A whole message sent eagerly; its request completes once copied.
+    Eager {
+        req: u64,
+        tag: Tag,
+        src: MemPtr,
+        len: usize,
+    },
+    Rts {
+        tag: Tag,
+        id: u64,
+        len: usize,
+    },
+    Grant(Grant),
+    /// Credits owed and no other frame going that way.
+    Credit,
+}
+
+/// A large send of ours: where its bytes are, for the writes.
+#[derive(Debug)]
+struct Big {
+    req: u64,
+    mem: MemHandle,
+    src: MemPtr,
+}
+
+#[derive(Debug)]
+struct RecvExtra {
+    mem: MemHandle,
+}
+
+#[derive(Debug)]
+struct Peer {
+    rank: Rank,
+    /// Its endpoint name, from the rendezvous record.
+    name: Vec<u8>,
+    addr: Option<FiAddr>,
+    core: RecvCore<RecvExtra>,
+    credits: Credits,
+    tx: Sender,
+    out: VecDeque<Out>,
+    big: Vec<Big>,
+    closed: bool,
+}
+
+#[derive(Debug)]
+struct Region {
+    ptr: MemPtr,
+    len: usize,
+    /// None for an empty region (providers refuse to register those).
+    mr: Option<Mr>,
+}
+
+/// A fixed set of equal registered buffers.
+#[derive(Debug)]
+struct Pool {
+    bytes: Box<[u8]>,
+    each: usize,
+    mr: Mr,
+    free: Vec<usize>,
+}
+
+impl Pool {
+    fn new(ep: &Endpoint, n: usize, each: usize) -> Result<Pool> {
+        let bytes = vec![0u8; n * each].into_boxed_slice();
+        // SAFETY: the pool owns the bytes and drops them after the
+        // registration (field order), and no transfer outlives the
+        // endpoint, which the transport drops first.
+        let mr = unsafe { ep.register(bytes.as_ptr(), bytes.len(), access()) }
+            .map_err(|e| setup("registering bounce and staging buffers", e))?;
+        Ok(Pool {
+            bytes,
+            each,
+            mr,
+            free: (0..n).rev().collect(),
+        })
+    }
+
+    fn ptr(&mut self, i: usize) -> *mut u8 {
+        self.bytes[i * self.each..].as_mut_ptr()
+    }
+
+    fn slice(&self, i: usize, n: usize) -> &[u8] {
+        &self.bytes[i * self.each..i * self.each + n]
+    }
+}
+
+fn access() -> u64 {
+    gw_ofi::FI_SEND
+        | gw_ofi::FI_RECV
+        | gw_ofi::FI_READ
+        | gw_ofi::FI_WRITE
+        | gw_ofi::FI_REMOTE_READ
+        | gw_ofi::FI_REMOTE_WRITE
+}
+
+/// A peer, as errors name it.
+fn who(peer: Rank, provider: &str) -> String {
+    format!("rank {peer} (ofi {provider})")
+}
+
+fn remote_err(peer: Rank, provider: &str, what: String) -> Error {
+    Error::Remote {
+        rank: peer,
+        addr: format!("ofi {provider}"),
+        what,
+    }
+}
+
+fn setup(what: &str, e: gw_ofi::Error) -> Error {
+    Error::Config(format!("ofi: {what}: {e}"))
+}
+
+/// The hex form of an endpoint name, as published.
+pub fn name_to_hex(name: &[u8]) -> String {
+    name.iter().map(|b| format!("{b:02x}")).collect()
+}
+
+/// Reads a published endpoint name.
+pub fn name_from_hex(rank: Rank, s: &str) -> Result<Vec<u8>> {
+    let bad = || {
+        Error::Config(format!(
+            "rank {rank} published a malformed ofi endpoint name {s:?}"
+        ))
+    };
+    if s.is_empty() || !s.len().is_multiple_of(2) {
+        return Err(bad());
+    }
+    (0..s.len() / 2)
+        .map(|i| {
+            s.get(2 * i..2 * i + 2)
+                .and_then(|h| u8::from_str_radix(h, 16).ok())
+                .ok_or_else(bad)
+        })
+        .collect()
+}
+
+/// The libfabric transport (see the module comment).
+pub struct OfiTransport {
+    id: TransportId,
+    me: Rank,
+    cfg: OfiConfig,
+    // Dropped first: no transfer outlives the endpoint, then the buffers.
+    ep: Endpoint,
+    provider: String,
+    peers: Vec<Peer>,
+    regions: Vec<Option<Region>>,
+    reqs: ReqMap<bool>,
+    next_req: u64,
+    grants: Receiver,
+    bounce: Pool,
+    stage: Pool,
+    comps: Vec<Completion>,
+    epoch: Instant,
+    aborted: bool,
+    token: Option<mio::Token>,
+    _domain: Domain,
+    _fabric: Fabric,
+}
+
+impl std::fmt::Debug for OfiTransport {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("OfiTransport")
+            .field("me", &self.me)
+            .field("provider", &self.provider)
+            .finish()
+    }
+}
+
+impl OfiTransport {
+    /// Opens the fabric, the endpoint and its buffers for rank `me` of
+    /// `world`; peers are named later ([`OfiTransport::set_peer_names`]).
+    pub fn new(me: Rank, world: usize, cfg: OfiConfig) -> Result<OfiTransport> {
+        if me as usize >= world {
+            return Err(Error::InvalidArgument(format!(
+                "rank {me} is outside a world of {world} ranks"
+            )));
+        }
+        if cfg.eager_bytes == 0 || cfg.segment_bytes == 0 || cfg.window == 0 || cfg.slots == 0 {
+            return Err(Error::InvalidArgument(format!(
+                "ofi: eager bytes, segment bytes, window and slots must be at least 1 ({cfg:?})"
+            )));
+        }
+        let fabric =
+            Fabric::open(cfg.provider.as_deref()).map_err(|e| setup("choosing a provider", e))?;
+        let info = fabric.info().clone();
+        tracing::info!(
+            "ofi: rank {me}: provider {} on {} ({}); mr_mode {}, mode {}, {} B of immediate data, {}",
+            info.provider,
+            info.domain,
+            info.fabric,
+            info.mr_mode_names(),
+            info.mode_names(),
+            info.cq_data_size,
+            fabric.choice()
+        );
+        let domain = Domain::open(&fabric).map_err(|e| setup("opening the domain", e))?;
+        let ep = Endpoint::open(
+            &domain,
+            &EpConfig {
+                av_count: world.max(1),
+                ..EpConfig::default()
+            },
+        )
+        .map_err(|e| setup("opening the endpoint", e))?;
+        if let Some(why) = ep.wait_refused() {
+            tracing::info!("ofi: no wait object ({why}): the engine polls the completion queue");
+        }
+        let segment = cfg.segment_bytes.min(info.max_msg_size.max(1));
+        let each = HEADER_LEN + cfg.eager_bytes.max(GRANT_LEN).max(MAX_ABORT_TEXT);
+        let nbounce = (world.saturating_sub(1) * (cfg.eager_frames + 4)).clamp(16, 4096);
+        let mut bounce = Pool::new(&ep, nbounce, each)?;
+        let stage = Pool::new(&ep, STAGE_BUFFERS, each)?;
+        let peers = (0..world as Rank)
+            .map(|rank| -> Result<Peer> {
+                Ok(Peer {
+                    rank,
+                    name: Vec::new(),
+                    addr: None,
+                    core: RecvCore::new(me, rank, cfg.eager_frames, cfg.eager_bytes),
+                    credits: Credits::new(cfg.eager_frames),
+                    tx: Sender::new(rank, segment, cfg.window)?,
+                    out: VecDeque::with_capacity(POSTED_RESERVED),
+                    big: Vec::with_capacity(POSTED_RESERVED),
+                    closed: false,
+                })
+            })
+            .collect::<Result<Vec<_>>>()?;
+        let mut ep = ep;
+        bounce.free.clear();
+        for i in 0..nbounce {
+            post_bounce(&mut ep, &mut bounce, i)?;
+        }
+        Ok(OfiTransport {
+            id: TransportId::next(),
+            me,
+            grants: Receiver::shared(cfg.slots.min(crate::rma::MAX_SLOTS), segment)?,
+            cfg,
+            provider: info.provider.clone(),
+            ep,
+            peers,
+            regions: Vec::new(),
+            reqs: reqmap::with_capacity(crate::seam::REQS_RESERVED),
+            next_req: 1,
+            bounce,
+            stage,
+            comps: vec![Completion::default(); CQ_BATCH],
+            epoch: Instant::now(),
+            aborted: false,
+            token: None,
+            _domain: domain,
+            _fabric: fabric,
+        })
+    }
+
+    /// This rank's endpoint name, to publish (hex).
+    pub fn name_hex(&self) -> Result<String> {
+        let n = self
+            .ep
+            .name()
+            .map_err(|e| setup("reading the endpoint name", e))?;
+        Ok(name_to_hex(&n))
+    }
+
+    /// The provider in use.
+    pub fn provider(&self) -> &str {
+        &self.provider
+    }
+
+    /// Every rank's published endpoint name (hex), indexed by rank.
+    pub fn set_peer_names(&mut self, names: &[String]) -> Result<()> {
+        if names.len() != self.peers.len() {
+            return Err(Error::InvalidArgument(format!(
+                "{} endpoint names for a world of {}",
+                names.len(),
+                self.peers.len()
+            )));
+        }
+        for (p, n) in self.peers.iter_mut().zip(names) {
+            if p.rank != self.me {
+                p.name = name_from_hex(p.rank, n)?;
+            }
+        }
+        Ok(())
+    }
+
+    fn who(&self, peer: Rank) -> String {
+        who(peer, &self.provider)
+    }
+
+    fn remote_err(&self, peer: Rank, what: String) -> Error {
+        remote_err(peer, &self.provider, what)
+    }
+
+    fn check_post(&self, peer: Rank) -> Result<()> {
+        if self.aborted {
+            return Err(Error::Aborted("the ofi transport was aborted".into()));
+        }
+        if peer as usize >= self.peers.len() || peer == self.me {
+            return Err(Error::InvalidArgument(format!(
+                "rank {peer} is not a peer of rank {} in a world of {}",
+                self.me,
+                self.peers.len()
+            )));
+        }
+        let p = &self.peers[peer as usize];
+        if p.addr.is_none() {
+            return Err(Error::InvalidUsage(format!(
+                "{} is not connected",
+                self.who(peer)
+            )));
+        }
+        if p.closed {
+            return Err(self.remote_err(
+                peer,
+                "has shut its communicator down; nothing more can be exchanged with it".into(),
+            ));
+        }
+        Ok(())
+    }
+
+    fn range(
+        &self,
+        mem: MemHandle,
+        offset: usize,
+        len: usize,
+        what: &str,
+    ) -> Result<(MemPtr, usize)> {
+        let index = mem.index_for(self.id, "ofi")? as usize;
+        let r = self
+            .regions
+            .get(index)
+            .and_then(|r| r.as_ref())
+            .ok_or_else(|| {
+                Error::InvalidArgument(format!("{what}: memory handle {index} is not registered"))
+            })?;
+        if offset.checked_add(len).is_none_or(|end| end > r.len) {
+            return Err(Error::InvalidArgument(format!(
+                "{what}: range [{offset}, {offset}+{len}) lies outside registered region {index} of {} bytes",
+                r.len
+            )));
+        }
+        Ok((MemPtr(r.ptr.0.wrapping_add(offset)), index))
+    }
+
+    fn new_req(&mut self) -> u64 {
+        let id = self.next_req;
+        self.next_req += 1;
+        self.reqs.insert(id, false);
+        id
+    }
+
+    fn now_ns(&self) -> u64 {
+        u64::try_from(self.epoch.elapsed().as_nanos()).unwrap_or(u64::MAX)
+    }
+
+    /// Grants receive `i` of `peer` (announced as `id`) to its writer.
+    fn grant(&mut self, peer: Rank, i: usize, id: u64) -> Result<()> {
+        let r = &self.peers[peer as usize].core.posted()[i];
+        let (req, dst, len, mem) = (r.req, r.dst, r.len, r.extra.mem);
+        let index = mem.index_for(self.id, "ofi")? as usize;
+        let Some(Some(region)) = self.regions.get(index) else {
+            return Err(Error::Internal(format!("receive {req} lost its region")));
+        };
+        // An empty message is one empty write, aimed at a registration
+        // that exists (the staging buffers') since its own has none.
+        let (mr, at) = match &region.mr {
+            Some(mr) if len > 0 => (mr, dst.0.cast_const()),
+            _ => (&self.stage.mr, self.stage.bytes.as_ptr()),
+        };
+        let addr = mr.remote_addr(at).ok_or_else(|| {
+            Error::Internal(format!("receive {req} lies outside its registration"))
+        })?;
+        self.grants.clear_to_send(ToGrant {
+            id,
+            req: slot_key(peer, req),
+            addr,
+            key: mr.key(),
+            len: len as u64,
+        })?;
+        self.queue_grants();
+        Ok(())
+    }
+
+    fn queue_grants(&mut self) {
+        while let Some((g, key)) = self.grants.next_grant() {
+            let peer = (key >> REQ_BITS) as usize;
+            if let Some(p) = self.peers.get_mut(peer) {
+                p.out.push_back(Out::Grant(g));
+            }
+        }
+    }
+
+    /// An immediate landed.
+    fn on_imm(&mut self, data: u64) -> Result<()> {
+        let Ok(v) = u32::try_from(data) else {
+            return Err(Error::Protocol(format!(
+                "a peer wrote with immediate data {data:#x}, wider than gradwire's 32 bits"
+            )));
+        };
+        match Imm::decode(v) {
+            Imm::Message { slot, generation } => {
+                if let Some(key) = self.grants.landed(slot, generation)? {
+                    let (peer, req) = ((key >> REQ_BITS) as Rank, key & REQ_MASK);
+                    let p = self
+                        .peers
+                        .get_mut(peer as usize)
+                        .ok_or_else(|| Error::Internal(format!("grant for rank {peer}")))?;
+                    let i = p.core.index_of(req).ok_or_else(|| {
+                        Error::Internal(format!("granted receive {req} vanished"))
+                    })?;
+                    let r = p.core.take(i);
+                    self.reqs.insert(r.req, true);
+                }
+                self.queue_grants();
+                Ok(())
+            }
+            Imm::Window { window, .. } => Err(Error::Protocol(format!(
+                "a peer wrote into persistent window {window}, which this rank has not opened"
+            ))),
+        }
+    }
+
+    /// A frame landed in bounce buffer `b` (`n` bytes).
+    fn on_frame(&mut self, b: usize, n: usize) -> Result<()> {
+        let me = self.me;
+        let raw = self.bounce.slice(b, n);
+        let h = FrameHeader::decode(raw)
+            .map_err(|e| Error::Protocol(format!("ofi frame from a peer: {e}")))?;
+        let peer = h.src_rank;
+        if peer as usize >= self.peers.len() || peer == me {
+            return Err(Error::Protocol(format!(
+                "an ofi frame claims to come from rank {peer}"
+            )));
+        }
+        if n < HEADER_LEN + h.len as usize {
+            return Err(Error::Protocol(format!(
+                "{}: a frame of {n} bytes announcing a {}-byte payload",
+                self.who(peer),
+                h.len
+            )));
+        }
+        let p = &mut self.peers[peer as usize];
+        p.credits.give_back(h.credits, peer)?;
+        let payload_at = b * self.bounce.each + HEADER_LEN;
+        let payload = &self.bounce.bytes[payload_at..payload_at + h.len as usize];
+        match h.kind {
+            FrameKind::Data => {
+                if h.offset != 0 || h.len != h.total {
+                    return Err(Error::Protocol(format!(
+                        "{}: an eager frame with bytes [{}, +{}) of {} (ofi sends whole messages)",
+                        who(peer, &self.provider),
+                        h.offset,
+                        h.len,
+                        h.total
+                    )));
+                }
+                if let Some(i) = p.core.find(&h)? {
+                    let r = &p.core.posted()[i];
+                    // SAFETY: matching checked total == r.len, and the
+                    // receive's range was bounds-checked at irecv and stays
+                    // registered while it is posted.
+                    unsafe {
+                        std::ptr::copy_nonoverlapping(payload.as_ptr(), r.dst.0, payload.len())
+                    };
+                    if let Some(r) = p.core.delivered(i, &h, payload.len()) {
+                        self.reqs.insert(r.req, true);
+                    }
+                } else {
+                    let (eb, buf) = p.core.early_buffer(&h)?;
+                    buf.copy_from_slice(payload);
+                    if let Some(r) = p.core.file(h, eb)? {
+                        self.reqs.insert(r.req, true);
+                    }
+                }
+            }
+            FrameKind::Rts => {
+                if let Some((i, id, ())) = p.core.announce(h, ())? {
+                    self.grant(peer, i, id)?;
+                }
+            }
+            FrameKind::Grant => {
+                let g = Grant::decode(peer, payload)?;
+                p.tx.granted(g)?;
+            }
+            FrameKind::Credit => {}
+            FrameKind::Close => {
+                if !p.core.posted().is_empty() {
+                    return Err(remote_err(
+                        peer,
+                        &self.provider,
+                        "shut its communicator down while this rank still expected data from it"
+                            .into(),
+                    ));
+                }
+                p.closed = true;
+            }
+            FrameKind::Abort => {
+                let text = String::from_utf8_lossy(payload).into_owned();
+                return Err(remote_err(peer, &self.provider, format!("aborted: {text}")));
+            }
+            FrameKind::Cts | FrameKind::Rendezvous | FrameKind::Imm => {
+                return Err(Error::Protocol(format!(
+                    "{} sent a {:?} frame, which the ofi transport does not use",
+                    who(peer, &self.provider),
+                    h.kind
+                )));
+            }
+        }
+        let p = &mut self.peers[peer as usize];
+        if p.core.owed() >= (self.cfg.eager_frames as u32).div_ceil(2)
+            && !p.out.iter().any(|o| matches!(o, Out::Credit))
+        {
+            p.out.push_back(Out::Credit);
+        }
+        Ok(())
+    }
+
+    fn on_completion(&mut self, c: Completion) -> Result<()> {
+        let ctx = c.ctx.and_then(Ctx::decode);
+        if c.flags & gw_ofi::FI_REMOTE_CQ_DATA != 0 {
+            self.on_imm(c.data)?;
+            // Under FI_RX_CQ_DATA the immediate used up a bounce buffer.
+            if let Some(Ctx::Bounce(b)) = ctx {
+                post_bounce(&mut self.ep, &mut self.bounce, b)?;
+            }
+            return Ok(());
+        }
+        match ctx {
+            Some(Ctx::Bounce(b)) => {
+                let r = self.on_frame(b, c.len);
+                post_bounce(&mut self.ep, &mut self.bounce, b)?;
+                r
+            }
+            Some(Ctx::Stage(s)) => {
+                self.stage.free.push(s);
+                Ok(())
+            }
+            Some(Ctx::Write { peer, req }) => {
+                let p = self
+                    .peers
+                    .get_mut(peer as usize)
+                    .ok_or_else(|| Error::Internal(format!("a write to rank {peer}")))?;
+                if let Some(req) = p.tx.written(req)? {
+                    p.big.retain(|b| b.req != req);
+                    self.reqs.insert(req, true);
+                }
+                Ok(())
+            }
+            None => Err(Error::Internal(format!(
+                "ofi: a completion with an unknown context (flags {:#x})",
+                c.flags
+            ))),
+        }
+    }
+
+    /// Reads every completion there is.
+    fn reap(&mut self) -> Result<bool> {
+        let mut did = false;
+        loop {
+            let mut comps = std::mem::take(&mut self.comps);
+            let got = self.ep.poll_cq(&mut comps);
+            let n = match got {
+                Ok(n) => n,
+                Err(e) => {
+                    self.comps = comps;
+                    return Err(self.completion_error(e));
+                }
+            };
+            let mut res = Ok(());
+            for &c in &comps[..n] {
+                if res.is_ok() {
+                    res = self.on_completion(c);
+                }
+            }
+            self.comps = comps;
+            res?;
+            if n == 0 {
+                return Ok(did);
+            }
+            did = true;
+        }
+    }
+
+    fn completion_error(&self, e: gw_ofi::Error) -> Error {
+        if let gw_ofi::Error::Completion { ctx, .. } = &e
+            && let Some(Ctx::Write { peer, .. }) = ctx.and_then(Ctx::decode)
+        {
+            return self.remote_err(
+                peer,
+                format!("a one-sided write failed: {e} (check that the peer is alive and its region still registered)"),
+            );
+        }
+        Error::Internal(format!("ofi ({}): {e}", self.provider))
+    }
+
+    /// Sends what each peer has queued, as staging buffers and the
+    /// provider's queue allow; then its writes.
+    fn pump(&mut self) -> Result<bool> {
+        let mut did = false;
+        let me = self.me;
+        for i in 0..self.peers.len() {
+            let Some(addr) = self.peers[i].addr else {
+                continue;
+            };
+            while let Some(s) = self.stage.free.pop() {
+                let p = &mut self.peers[i];
+                let Some(o) = p.out.front() else {
+                    self.stage.free.push(s);
+                    break;
+                };
+                let credits = p.core.take_owed(1);
+                let (h, body): (FrameHeader, &[u8]) = match o {
+                    Out::Eager { tag, src, len, .. } => (
+                        FrameHeader {
+                            kind: FrameKind::Data,
+                            cleared: false,
+                            credits,
+                            src_rank: me,
+                            tag: *tag,
+                            offset: 0,
+                            len: *len as u64,
+                            total: *len as u64,
+                        },
+                        // SAFETY: the send's range was bounds-checked at
+                        // isend and its memory stays registered and
+                        // unchanged until the request completes, which is
+                        // after this copy.
+                        unsafe { std::slice::from_raw_parts(src.0, *len) },
+                    ),
+                    Out::Rts { tag, id, len } => (
+                        FrameHeader {
+                            kind: FrameKind::Rts,
+                            cleared: false,
+                            credits,
+                            src_rank: me,
+                            tag: *tag,
+                            offset: *id,
+                            len: 0,
+                            total: *len as u64,
+                        },
+                        &[],
+                    ),
+                    Out::Grant(_) => (
+                        FrameHeader {
+                            credits,
+                            ..FrameHeader::control(FrameKind::Grant, me, GRANT_LEN)
+                        },
+                        &[],
+                    ),
+                    Out::Credit => (
+                        FrameHeader {
+                            credits,
+                            ..FrameHeader::control(FrameKind::Credit, me, 0)
+                        },
+                        &[],
+                    ),
+                };
+                let at = s * self.stage.each;
+                self.stage.bytes[at..at + HEADER_LEN].copy_from_slice(&h.encode());
+                let mut n = HEADER_LEN + body.len();
+                self.stage.bytes[at + HEADER_LEN..at + n].copy_from_slice(body);
+                if let Out::Grant(g) = o {
+                    self.stage.bytes[at + HEADER_LEN..at + HEADER_LEN + GRANT_LEN]
+                        .copy_from_slice(&g.encode());
+                    n = HEADER_LEN + GRANT_LEN;
+                }
+                let desc = self.stage.mr.desc();
+                let ptr = self.stage.ptr(s);
+                // SAFETY: the staging buffer is ours until its send
+                // completes (it returns to `free` only then).
+                let sent = unsafe { self.ep.send(ptr, n, desc, addr, Ctx::Stage(s).encode()) };
+                match sent {
+                    Ok(()) => {}
+                    Err(gw_ofi::Error::Again) => {
+                        // Nothing was sent: the credits go back to owed.
+                        p.core.give_owed(credits);
+                        self.stage.free.push(s);
+                        break;
+                    }
+                    Err(e) => {
+                        return Err(remote_err(
+                            p.rank,
+                            &self.provider,
+                            format!("sending a frame failed: {e}"),
+                        ));
+                    }
+                }
+                did = true;
+                if let Some(Out::Eager { req, .. }) = p.out.pop_front() {
+                    self.reqs.insert(req, true);
+                }
+            }
+            did |= self.pump_writes(i, addr)?;
+        }
+        Ok(did)
+    }
+
+    fn pump_writes(&mut self, i: usize, dest: FiAddr) -> Result<bool> {
+        let mut did = false;
+        let peer = i as Rank;
+        while let Some(w) = self.peers[i].tx.next_write() {
+            let p = &self.peers[i];
+            let Some(b) = p.big.iter().find(|b| b.req == w.req) else {
+                return Err(Error::Internal(format!("write of unknown send {}", w.req)));
+            };
+            let index = b.mem.index_for(self.id, "ofi")? as usize;
+            let Some(Some(region)) = self.regions.get(index) else {
+                return Err(Error::Internal(format!("send {} lost its region", w.req)));
+            };
+            let (desc, src) = match &region.mr {
+                Some(mr) if w.len > 0 => (mr.desc(), b.src.0.wrapping_add(w.offset).cast_const()),
+                _ => (self.stage.mr.desc(), self.stage.bytes.as_ptr()),
+            };
+            let remote = Remote {
+                dest,
+                addr: w.remote_addr,
+                key: w.key,
+            };
+            // SAFETY: the send's bytes stay registered and unchanged until
+            // its request completes, after every write's completion.
+            let r = unsafe {
+                self.ep.writedata(
+                    src,
+                    w.len,
+                    desc,
+                    u64::from(w.imm),
+                    remote,
+                    Ctx::Write { peer, req: w.req }.encode(),
+                )
+            };
+            match r {
+                Ok(()) => did = true,
+                Err(gw_ofi::Error::Again) => {
+                    self.peers[i].tx.unwrite(&w)?;
+                    break;
+                }
+                Err(e) => {
+                    return Err(
+                        self.remote_err(peer, format!("posting a one-sided write failed: {e}"))
+                    );
+                }
+            }
+        }
+        Ok(did)
+    }
+}
+
+/// Posts bounce buffer `i` for an incoming frame.
+fn post_bounce(ep: &mut Endpoint, pool: &mut Pool, i: usize) -> Result<()> {
+    let desc = pool.mr.desc();
+    let each = pool.each;
+    let ptr = pool.ptr(i);
+    // SAFETY: the buffer is the pool's and is read only after this
+    // receive completes; the pool outlives the endpoint.
+    match unsafe { ep.recv(ptr, each, desc, Ctx::Bounce(i).encode()) } {
+        Ok(()) => Ok(()),
+        Err(e) => Err(Error::Internal(format!(
+            "ofi: posting a receive buffer failed: {e}"
+        ))),
+    }
+}
+
+impl Transport for OfiTransport {
+    fn properties(&self) -> Properties {
+        Properties {
+            name: "ofi",
+            bandwidth_gbps: 10.0,
+            latency_us: 5.0,
+            one_sided_write: false,
+            gpu_memory: false,
+            max_segment: self.cfg.segment_bytes,
+        }
+    }
+
+    fn attach(&mut self, registry: &mio::Registry, token_base: usize) -> Result<()> {
+        if let Some(fd) = self.ep.wait_fd() {
+            let token = mio::Token(token_base);
+            registry
+                .register(
+                    &mut mio::unix::SourceFd(&fd),
+                    token,
+                    mio::Interest::READABLE,
+                )
+                .map_err(|source| Error::Sys {
+                    syscall: "epoll_ctl",
+                    context: "watching the ofi completion queue".into(),
+                    source,
+                })?;
+            self.token = Some(token);
+        }
+        Ok(())
+    }
+
+    fn connect(&mut self, peer: Rank) -> Result<Readiness> {
+        if peer as usize >= self.peers.len() || peer == self.me {
+            return Err(Error::InvalidArgument(format!(
+                "rank {peer} is not a peer of rank {} in a world of {}",
+                self.me,
+                self.peers.len()
+            )));
+        }
+        let p = &mut self.peers[peer as usize];
+        if p.addr.is_some() {
+            return Ok(Readiness::Ready);
+        }
+        if p.name.is_empty() {
+            return Err(Error::InvalidUsage(format!(
+                "rank {peer} published no ofi endpoint name"
+            )));
+        }
+        let addr = self
+            .ep
+            .insert_peer(&p.name)
+            .map_err(|e| setup(&format!("adding rank {peer}'s address"), e))?;
+        p.addr = Some(addr);
+        Ok(Readiness::Ready)
+    }
+
+    unsafe fn register(&mut self, ptr: *mut u8, len: usize) -> Result<MemHandle> {
+        if ptr.is_null() && len > 0 {
+            return Err(Error::InvalidArgument(format!(
+                "register: null pointer with {len} bytes"
+            )));
+        }
+        // Providers refuse empty registrations; transfers of an empty
+        // region move no bytes and use the staging buffers' registration.
+        let mr = if len == 0 {
+            None
+        } else {
+            // SAFETY: the caller keeps the memory valid while registered.
+            Some(
+                unsafe { self.ep.register(ptr, len, access()) }.map_err(|e| {
+                    Error::Config(format!("ofi: registering {len} bytes at {ptr:p}: {e}"))
+                })?,
+            )
+        };
+        let region = Some(Region {
+            ptr: MemPtr(ptr),
+            len,
+            mr,
+        });
+        let idx = match self.regions.iter().position(|r| r.is_none()) {
+            Some(i) => {
+                self.regions[i] = region;
+                i
+            }
+            None => {
+                self.regions.push(region);
+                self.regions.len() - 1
+            }
+        };
+        let idx = u32::try_from(idx)
+            .map_err(|_| Error::InvalidUsage("too many registered regions".into()))?;
+        Ok(MemHandle::new(self.id, idx))
+    }
+
+    fn deregister(&mut self, mem: MemHandle) -> Result<()> {
+        let index = mem.index_for(self.id, "ofi")?;
+        if !self
+            .regions
+            .get(index as usize)
+            .is_some_and(|r| r.is_some())
+        {
+            return Err(Error::InvalidArgument(format!(
+                "deregister: memory handle {index} is not registered"
+            )));
+        }
+        let busy = self.peers.iter().any(|p| {
+            p.big.iter().any(|b| b.mem == mem) || p.core.posted().iter().any(|r| r.extra.mem == mem)
+        });
+        if busy {
+            return Err(Error::InvalidUsage(format!(
+                "deregister: memory handle {index} is still used by a posted transfer"
+            )));
+        }
+        self.regions[index as usize] = None;
+        Ok(())
+    }
+
+    fn isend(
+        &mut self,
+        peer: Rank,
+        tag: Tag,
+        mem: MemHandle,
+        offset: usize,
+        len: usize,
+    ) -> Result<Request> {
+        self.check_post(peer)?;
+        let (src, _) = self.range(mem, offset, len, "isend")?;
+        let req = self.new_req();
+        let now = self.now_ns();
+        let eager = self.cfg.eager_bytes;
+        let p = &mut self.peers[peer as usize];
+        if len <= eager && p.credits.take(1) {
+            p.out.push_back(Out::Eager { req, tag, src, len });
+        } else {
+            let id = p.tx.announce(req, tag, len, now);
+            p.big.push(Big { req, mem, src });
+            p.out.push_back(Out::Rts { tag, id, len });
+        }
+        Ok(Request::new(self.id, req))
+    }
+
+    fn irecv(
+        &mut self,
+        peer: Rank,
+        tag: Tag,
+        mem: MemHandle,
+        offset: usize,
+        len: usize,
+    ) -> Result<Request> {
+        self.check_post(peer)?;
+        let (dst, _) = self.range(mem, offset, len, "irecv")?;
+        let req = self.new_req();
+        let p = &mut self.peers[peer as usize];
+        let posted = Posted::new(req, tag, dst, len, RecvExtra { mem });
+        // SAFETY: `range` checked the bytes lie in registered memory, which
+        // stays valid while the receive is posted.
+        match unsafe { p.core.post(posted)? } {
+            Posting::Done => {
+                self.reqs.insert(req, true);
+            }
+            Posting::Pending => {}
+            Posting::Clear { id, a: () } => {
+                let i = p
+                    .core
+                    .index_of(req)
+                    .ok_or_else(|| Error::Internal("cleared receive not posted".into()))?;
+                self.grant(peer, i, id)?;
+            }
+        }
+        let p = &mut self.peers[peer as usize];
+        if p.core.owed() >= (self.cfg.eager_frames as u32).div_ceil(2)
+            && !p.out.iter().any(|o| matches!(o, Out::Credit))
+        {
+            p.out.push_back(Out::Credit);
+        }
+        Ok(Request::new(self.id, req))
+    }
+
+    fn test(&mut self, req: Request) -> Result<Tested> {
+        let id = req.id_for(self.id, "ofi")?;
+        match self.reqs.get(&id) {
+            None => Err(Error::InvalidArgument(format!(
+                "test: request {id} is unknown (already completed?)"
+            ))),
+            Some(false) => Ok(Tested::Pending(req)),
+            Some(true) => {
+                self.reqs.remove(&id);
+                Ok(Tested::Done)
+            }
+        }
+    }
+
+    fn progress(&mut self) -> Result<bool> {
+        if self.aborted {
+            return Ok(false);
+        }
+        let mut did = self.reap()?;
+        did |= self.pump()?;
+        // Sends posted just now may complete at once on fast providers.
+        did |= self.reap()?;
+        Ok(did)
+    }
+
+    fn on_event(&mut self, _event: &mio::event::Event) -> Result<()> {
+        Ok(())
+    }
+
+    fn prepare_sleep(&mut self) -> bool {
+        if self.ep.wait_fd().is_none() {
+            return false;
+        }
+        if self.peers.iter().any(|p| !p.out.is_empty()) {
+            return false;
+        }
+        self.ep.trywait().unwrap_or(false)
+    }
+
+    fn check_peers(&mut self) -> Result<()> {
+        let now = self.now_ns();
+        let timeout = u64::try_from(self.cfg.grant_timeout.as_nanos()).unwrap_or(u64::MAX);
+        for p in &self.peers {
+            p.tx.check(now, timeout)?;
+        }
+        Ok(())
+    }
+
+    /// Tells connected peers why, with one injected frame each (never
+    /// retried: libfabric 1.17's rxm crashes on a send to a peer whose
+    /// endpoint is gone, so nothing is sent at a clean shutdown either).
+    fn abort(&mut self, reason: &str) {
+        if self.aborted {
+            return;
+        }
+        let me = self.me;
+        let text = &reason.as_bytes()[..reason.len().min(MAX_ABORT_TEXT)];
+        for i in 0..self.peers.len() {
+            let Some(addr) = self.peers[i].addr else {
+                continue;
+            };
+            if self.peers[i].closed {
+                continue;
+            }
+            let h = FrameHeader::control(FrameKind::Abort, me, text.len()).encode();
+            let mut frame = Vec::with_capacity(HEADER_LEN + text.len());
+            frame.extend_from_slice(&h);
+            frame.extend_from_slice(text);
+            if frame.len() <= self.ep.info().inject_size {
+                let _ = self.ep.inject(&frame, addr);
+            }
+        }
+        for p in &mut self.peers {
+            p.out.clear();
+            p.big.clear();
+            p.core.clear();
+            p.tx.clear();
+        }
+        self.grants.clear();
+        self.aborted = true;
+    }
+}
