@@ -23,6 +23,7 @@ use crate::mailbox;
 use crate::model::{CostModel, LinkKind, Shape};
 use gw_rendezvous::launch_env::fnv1a;
 use gw_rendezvous::{LaunchEnv, PeerInfo, StoreClient, StoreConfig, StoreServer, peers};
+use gw_transport::ofi::{OfiConfig, OfiTransport};
 use gw_transport::shm::{ShmConfig, ShmTransport};
 use gw_transport::tcp::{TcpConfig, TcpTransport};
 use gw_transport::{Error, Rank, Result, Transport};
@@ -36,10 +37,34 @@ use std::time::{Duration, Instant};
 /// Operations the engine's queue holds before it grows.
 const QUEUE_CAPACITY: usize = 64;
 
-/// Step 1: the TCP transport, listening, unless only shared memory is used.
-pub(crate) fn listen(env: &LaunchEnv, cfg: &Config) -> Result<Option<TcpTransport>> {
-    if cfg.transport.value == TransportChoice::Shm && env.world > 1 {
-        return Ok(None);
+/// The transports opened before rendezvous: their addresses go into this
+/// rank's record.
+pub(crate) struct Opened {
+    pub tcp: Option<TcpTransport>,
+    pub ofi: Option<OfiTransport>,
+}
+
+/// Step 1: the TCP transport, listening, unless only shared memory or
+/// libfabric is used; the libfabric endpoint under `GW_TRANSPORT=ofi`.
+pub(crate) fn listen(env: &LaunchEnv, cfg: &Config) -> Result<Opened> {
+    let choice = cfg.transport.value;
+    let ofi = if choice == TransportChoice::Ofi && env.world > 1 {
+        let t = OfiTransport::new(
+            env.rank,
+            env.world as usize,
+            OfiConfig {
+                provider: cfg.ofi_provider.value.clone(),
+                eager_frames: cfg.eager_frames.value,
+                ..OfiConfig::default()
+            },
+        )?;
+        tracing::info!("ofi: provider {}", t.provider());
+        Some(t)
+    } else {
+        None
+    };
+    if matches!(choice, TransportChoice::Shm | TransportChoice::Ofi) && env.world > 1 {
+        return Ok(Opened { tcp: None, ofi });
     }
     let store_ip = env
         .store
@@ -47,7 +72,7 @@ pub(crate) fn listen(env: &LaunchEnv, cfg: &Config) -> Result<Option<TcpTranspor
         .ok()
         .and_then(|mut a| a.next())
         .map(|a| a.ip());
-    Ok(Some(TcpTransport::new(
+    let tcp = Some(TcpTransport::new(
         env.rank,
         TcpConfig {
             lanes: cfg.lanes.value,
@@ -58,7 +83,8 @@ pub(crate) fn listen(env: &LaunchEnv, cfg: &Config) -> Result<Option<TcpTranspor
             socket_buffer_bytes: cfg.socket_buffer_bytes.value,
             eager_frames: cfg.eager_frames.value,
         },
-    )?))
+    )?);
+    Ok(Opened { tcp, ofi })
 }
 
 /// What the ranks learnt about each other through the store.
@@ -85,7 +111,7 @@ fn initing_key(rank: Rank) -> String {
 pub(crate) fn rendezvous(
     env: &LaunchEnv,
     key: &CommKey,
-    tcp: Option<&TcpTransport>,
+    opened: &Opened,
     timeout: Duration,
     deadline: Instant,
 ) -> Result<Met> {
@@ -120,8 +146,16 @@ pub(crate) fn rendezvous(
         host_id: peers::host_id(),
         hostname: peers::hostname(),
         pid: std::process::id(),
-        tcp: tcp.map(|t| vec![t.listen_addr()]).unwrap_or_default(),
-        tcp_eager: tcp.map(|t| t.eager()).unwrap_or_default(),
+        tcp: opened
+            .tcp
+            .as_ref()
+            .map(|t| vec![t.listen_addr()])
+            .unwrap_or_default(),
+        tcp_eager: opened.tcp.as_ref().map(|t| t.eager()).unwrap_or_default(),
+        ofi: match &opened.ofi {
+            Some(t) => t.name_hex()?,
+            None => String::new(),
+        },
     };
     // Rank 0's cost model, published before its peer record, so it is
     // there once every record is: all ranks choose algorithms from it.
@@ -214,17 +248,20 @@ pub(crate) fn route(
     env: &LaunchEnv,
     key: &CommKey,
     cfg: &Config,
-    tcp: Option<TcpTransport>,
+    opened: Opened,
     peers: &[PeerInfo],
 ) -> Result<Routes> {
+    let Opened { tcp, ofi } = opened;
     let me = env.rank;
     let choice = cfg.transport.value;
     let host_id = &peers[me as usize].host_id;
     let mut transports: Vec<Box<dyn Transport>> = Vec::new();
     let tcp_idx = tcp.is_some().then_some(0usize);
-    let needs_shm = peers
-        .iter()
-        .any(|p| p.rank != me && choice != TransportChoice::Tcp && &p.host_id == host_id);
+    let needs_shm = peers.iter().any(|p| {
+        p.rank != me
+            && !matches!(choice, TransportChoice::Tcp | TransportChoice::Ofi)
+            && &p.host_id == host_id
+    });
     if let Some(mut t) = tcp {
         t.set_peers(peers.to_vec());
         transports.push(Box::new(t));
@@ -245,6 +282,15 @@ pub(crate) fn route(
     } else {
         None
     };
+    let ofi_idx = match ofi {
+        Some(mut t) => {
+            let names: Vec<String> = peers.iter().map(|p| p.ofi.clone()).collect();
+            t.set_peer_names(&names)?;
+            transports.push(Box::new(t));
+            Some(transports.len() - 1)
+        }
+        None => None,
+    };
     let mut route = vec![0usize; env.world as usize];
     let mut names = vec!["self"; env.world as usize];
     for p in peers.iter().filter(|p| p.rank != me) {
@@ -256,6 +302,7 @@ pub(crate) fn route(
                     p.rank, p.hostname
                 )));
             }
+            (TransportChoice::Ofi, _) => (ofi_idx, "ofi"),
             (TransportChoice::Tcp, _) | (TransportChoice::Auto, false) => (tcp_idx, "tcp"),
             (_, true) => (shm_idx, "shm"),
         };
@@ -275,7 +322,7 @@ pub(crate) fn route(
         );
     }
 
-    let link = if names.contains(&"tcp") {
+    let link = if names.contains(&"tcp") || names.contains(&"ofi") {
         LinkKind::Tcp
     } else {
         LinkKind::Shm

@@ -219,9 +219,9 @@ impl Communicator {
         let timeout = cfg.timeout.value;
         let deadline = start + timeout;
 
-        let tcp = bringup::listen(&env, &cfg)?;
-        let met = bringup::rendezvous(&env, &key, tcp.as_ref(), timeout, deadline)?;
-        let mut routes = bringup::route(&env, &key, &cfg, tcp, &met.peers)?;
+        let opened = bringup::listen(&env, &cfg)?;
+        let met = bringup::rendezvous(&env, &key, &opened, timeout, deadline)?;
+        let mut routes = bringup::route(&env, &key, &cfg, opened, &met.peers)?;
         let board = Board::new(
             StoreClient::connect(&env.store, &env.token, deadline)?,
             met.prefix.clone(),

@@ -89,6 +89,8 @@ pub enum TransportChoice {
     Tcp,
     /// Shared memory to every peer; an error if a peer is on another host.
     Shm,
+    /// libfabric to every peer (`GW_OFI_PROVIDER` picks the provider).
+    Ofi,
 }
 
 impl TransportChoice {
@@ -97,6 +99,7 @@ impl TransportChoice {
             "auto" => Some(TransportChoice::Auto),
             "tcp" => Some(TransportChoice::Tcp),
             "shm" => Some(TransportChoice::Shm),
+            "ofi" => Some(TransportChoice::Ofi),
             _ => None,
         }
     }
@@ -106,6 +109,7 @@ impl TransportChoice {
             TransportChoice::Auto => "auto",
             TransportChoice::Tcp => "tcp",
             TransportChoice::Shm => "shm",
+            TransportChoice::Ofi => "ofi",
         }
     }
 }
@@ -113,7 +117,7 @@ impl TransportChoice {
 /// Every setting of a communicator (see the module comment).
 #[derive(Clone, Debug, PartialEq)]
 pub struct Config {
-    /// `GW_TRANSPORT`: auto, tcp or shm.
+    /// `GW_TRANSPORT`: auto, tcp, shm or ofi.
     pub transport: Setting<TransportChoice>,
     /// `GW_TIMEOUT` (seconds): deadline of init and of every operation.
     pub timeout: Setting<Duration>,
@@ -136,6 +140,9 @@ pub struct Config {
     pub fusion_bytes: Setting<usize>,
     /// `GW_SOCKET_IFNAME`: interface the TCP data plane listens on.
     pub socket_ifname: Setting<Option<String>>,
+    /// `GW_OFI_PROVIDER`: the libfabric provider of `GW_TRANSPORT=ofi`
+    /// (unset: the best available).
+    pub ofi_provider: Setting<Option<String>>,
     /// `GW_SOCKET_BUFFER_BYTES`: send and receive buffer of every TCP
     /// socket; 0 leaves them to the kernel's autotuning.
     pub socket_buffer_bytes: Setting<usize>,
@@ -176,6 +183,7 @@ impl Default for Config {
             tree_threshold: Setting::default(64 * 1024),
             fusion_bytes: Setting::default(64 << 20),
             socket_ifname: Setting::default(None),
+            ofi_provider: Setting::default(None),
             socket_buffer_bytes: Setting::default(gw_transport::tcp::DEFAULT_SOCKET_BUFFER_BYTES),
             eager_frames: Setting::default(gw_transport::DEFAULT_EAGER_FRAMES),
             spin_us: Setting::default(100),
@@ -223,7 +231,7 @@ impl Config {
             "GW_TRANSPORT",
             env,
             TransportChoice::parse,
-            "auto, tcp or shm",
+            "auto, tcp, shm or ofi",
         )?;
         env_override(
             &mut self.timeout,
@@ -291,6 +299,13 @@ impl Config {
             env,
             |v| Some(Some(v.to_string())),
             "an interface name",
+        )?;
+        env_override(
+            &mut self.ofi_provider,
+            "GW_OFI_PROVIDER",
+            env,
+            |v| (!v.is_empty()).then(|| Some(v.to_string())),
+            "a libfabric provider name such as tcp;ofi_rxm",
         )?;
         env_override(
             &mut self.socket_buffer_bytes,
@@ -401,6 +416,7 @@ impl Config {
             line("GW_TREE_THRESHOLD", &self.tree_threshold),
             line("GW_FUSION_BYTES", &self.fusion_bytes),
             line("GW_SOCKET_IFNAME", &self.socket_ifname),
+            line("GW_OFI_PROVIDER", &self.ofi_provider),
             line("GW_SOCKET_BUFFER_BYTES", &self.socket_buffer_bytes),
             line("GW_EAGER_FRAMES", &self.eager_frames),
             line("GW_SPIN_US", &self.spin_us),

@@ -28,6 +28,7 @@ pub enum TransportChoice {
     Auto,
     Tcp,
     Shm,
+    Ofi,
 }
 
 impl TransportChoice {
@@ -37,6 +38,7 @@ impl TransportChoice {
             TransportChoice::Auto => "auto",
             TransportChoice::Tcp => "tcp",
             TransportChoice::Shm => "shm",
+            TransportChoice::Ofi => "ofi",
         }
     }
 }

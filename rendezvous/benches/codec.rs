@@ -403,6 +403,7 @@ fn cases() -> Vec<Case> {
                     frames: 4,
                     frame_bytes: 1 << 20,
                 },
+                ofi: String::new(),
             }
             .encode()
             .into_bytes()

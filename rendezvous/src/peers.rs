@@ -30,6 +30,9 @@ pub struct PeerInfo {
     /// many credits, and how large an eager frame, a sender to it gets.
     #[serde(default)]
     pub tcp_eager: Eager,
+    /// The rank's libfabric endpoint name (hex), under `GW_TRANSPORT=ofi`.
+    #[serde(default)]
+    pub ofi: String,
 }
 
 /// A receiver's eager buffers (see [`PeerInfo::tcp_eager`]).
@@ -148,6 +151,7 @@ mod tests {
                 frames: 4,
                 frame_bytes: 1 << 20,
             },
+            ofi: "0a0b".into(),
         }
     }
 
@@ -258,6 +262,7 @@ mod tests {
                         frames,
                         frame_bytes,
                     },
+                    ofi: String::new(),
                 },
             )
     }

@@ -29,6 +29,10 @@ fn run_ok(n: u32, env: &[(&str, &str)], args: &[&str], want: &str) -> String {
 }
 
 fn matrix(transport: &str, n: u32) {
+    matrix_with(transport, n, &[]);
+}
+
+fn matrix_with(transport: &str, n: u32, more_env: &[(&str, &str)]) {
     let mut args = vec!["collectives"];
     // On 5 and 8 ranks (oversubscribed 2.5-4x on CI's 2 cores) the 1 Mi-element
     // cases run for two representative dtypes; smaller counts cover all seven.
@@ -36,7 +40,9 @@ fn matrix(transport: &str, n: u32) {
         args.extend(["--big-only", "float,bfloat16"]);
     }
     args.extend(COUNTS);
-    let out = run_ok(n, &[("GW_TRANSPORT", transport)], &args, "collectives ok");
+    let mut env = vec![("GW_TRANSPORT", transport)];
+    env.extend_from_slice(more_env);
+    let out = run_ok(n, &env, &args, "collectives ok");
     if n > 1 {
         assert!(out.contains(&format!("transports {transport}")), "{out}");
     }
@@ -67,6 +73,38 @@ fn matrix_shm_1_2_3() {
 fn matrix_shm_4_5_8() {
     for n in [4, 5, 8] {
         matrix("shm", n);
+    }
+}
+
+/// The libfabric transport over its two providers that need no hardware
+/// (scripts/test.sh installs libfabric).
+#[test]
+fn matrix_ofi_tcp_provider_1_2_3_4_8() {
+    for n in [1, 2, 3, 4, 8] {
+        matrix_with("ofi", n, &[("GW_OFI_PROVIDER", "tcp;ofi_rxm")]);
+    }
+}
+
+#[test]
+fn matrix_ofi_shm_provider_2_3_4() {
+    for n in [2, 3, 4] {
+        matrix_with("ofi", n, &[("GW_OFI_PROVIDER", "shm")]);
+    }
+}
+
+#[test]
+fn every_forced_all_reduce_algorithm_over_ofi() {
+    for (algo, n) in [("ring", 3), ("tree", 5), ("rhd", 4), ("rd", 3), ("hier", 4)] {
+        run_ok(
+            n,
+            &[
+                ("GW_TRANSPORT", "ofi"),
+                ("GW_OFI_PROVIDER", "tcp;ofi_rxm"),
+                ("GW_ALGO", algo),
+            ],
+            &["collectives", "0", "1", "7", "1000", "70000"],
+            "collectives ok",
+        );
     }
 }
 

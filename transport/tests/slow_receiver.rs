@@ -182,6 +182,7 @@ fn tcp_pair() -> (TcpTransport, TcpTransport) {
             pid: std::process::id(),
             tcp: vec![t[r as usize].listen_addr()],
             tcp_eager: t[r as usize].eager(),
+            ofi: String::new(),
         })
         .collect();
     for x in &mut t {
@@ -224,6 +225,7 @@ fn a_slow_receiver_holds_no_more_than_its_buffers_over_shared_memory() {
             pid: std::process::id(),
             tcp: vec![],
             tcp_eager: Default::default(),
+            ofi: String::new(),
         })
         .collect();
     let mut a = ShmTransport::new(0, peers.clone(), cfg.clone()).expect("shm 0");

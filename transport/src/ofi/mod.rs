@@ -287,6 +287,9 @@ pub struct OfiTransport {
     grants: Receiver,
     bounce: Pool,
     stage: Pool,
+    /// Per staging buffer in flight: the peer, the frame's kind and the
+    /// eager send it carries.
+    stage_meta: Vec<(Rank, FrameKind, Option<u64>)>,
     comps: Vec<Completion>,
     epoch: Instant,
     aborted: bool,
@@ -381,6 +384,7 @@ impl OfiTransport {
             next_req: 1,
             bounce,
             stage,
+            stage_meta: vec![(0, FrameKind::Credit, None); STAGE_BUFFERS],
             comps: vec![Completion::default(); CQ_BATCH],
             epoch: Instant::now(),
             aborted: false,
@@ -597,9 +601,11 @@ impl OfiTransport {
                     // SAFETY: matching checked total == r.len, and the
                     // receive's range was bounds-checked at irecv and stays
                     // registered while it is posted.
-                    unsafe {
-                        std::ptr::copy_nonoverlapping(payload.as_ptr(), r.dst.0, payload.len())
-                    };
+                    if !payload.is_empty() {
+                        unsafe {
+                            std::ptr::copy_nonoverlapping(payload.as_ptr(), r.dst.0, payload.len())
+                        };
+                    }
                     if let Some(r) = p.core.delivered(i, &h, payload.len()) {
                         self.reqs.insert(r.req, true);
                     }
@@ -671,6 +677,11 @@ impl OfiTransport {
             }
             Some(Ctx::Stage(s)) => {
                 self.stage.free.push(s);
+                // An eager message is sent once its frame is: only then may
+                // a failure no longer be reported against it.
+                if let (_, _, Some(req)) = self.stage_meta[s] {
+                    self.reqs.insert(req, true);
+                }
                 Ok(())
             }
             Some(Ctx::Write { peer, req }) => {
@@ -701,6 +712,10 @@ impl OfiTransport {
                 Ok(n) => n,
                 Err(e) => {
                     self.comps = comps;
+                    if self.failed_send_is_harmless(&e) {
+                        did = true;
+                        continue;
+                    }
                     return Err(self.completion_error(e));
                 }
             };
@@ -719,6 +734,25 @@ impl OfiTransport {
         }
     }
 
+    /// A staging buffer's send failed: frees the buffer and says whether
+    /// losing the frame harms nothing (credits for a peer that has left,
+    /// whose last receive is done, are owed to nobody).
+    fn failed_send_is_harmless(&mut self, e: &gw_ofi::Error) -> bool {
+        let gw_ofi::Error::Completion { ctx, .. } = e else {
+            return false;
+        };
+        let Some(Ctx::Stage(s)) = ctx.and_then(Ctx::decode) else {
+            return false;
+        };
+        self.stage.free.push(s);
+        let (peer, kind, _) = self.stage_meta[s];
+        if kind == FrameKind::Credit {
+            tracing::debug!("ofi: credits for rank {peer} were not delivered: {e}");
+            return true;
+        }
+        false
+    }
+
     fn completion_error(&self, e: gw_ofi::Error) -> Error {
         if let gw_ofi::Error::Completion { ctx, .. } = &e
             && let Some(Ctx::Write { peer, .. }) = ctx.and_then(Ctx::decode)
@@ -726,6 +760,15 @@ impl OfiTransport {
             return self.remote_err(
                 peer,
                 format!("a one-sided write failed: {e} (check that the peer is alive and its region still registered)"),
+            );
+        }
+        if let gw_ofi::Error::Completion { ctx, .. } = &e
+            && let Some(Ctx::Stage(s)) = ctx.and_then(Ctx::decode)
+        {
+            let (peer, kind, _) = self.stage_meta[s];
+            return self.remote_err(
+                peer,
+                format!("sending a {kind:?} frame failed: {e} (has the peer exited or lost its connection?)"),
             );
         }
         Error::Internal(format!("ofi ({}): {e}", self.provider))
@@ -759,11 +802,15 @@ impl OfiTransport {
                             len: *len as u64,
                             total: *len as u64,
                         },
-                        // SAFETY: the send's range was bounds-checked at
-                        // isend and its memory stays registered and
-                        // unchanged until the request completes, which is
-                        // after this copy.
-                        unsafe { std::slice::from_raw_parts(src.0, *len) },
+                        if *len == 0 {
+                            &[]
+                        } else {
+                            // SAFETY: the send's range was bounds-checked at
+                            // isend and its memory stays registered and
+                            // unchanged until the request completes, which
+                            // is after this copy.
+                            unsafe { std::slice::from_raw_parts(src.0, *len) }
+                        },
                     ),
                     Out::Rts { tag, id, len } => (
                         FrameHeader {
@@ -824,9 +871,11 @@ impl OfiTransport {
                     }
                 }
                 did = true;
-                if let Some(Out::Eager { req, .. }) = p.out.pop_front() {
-                    self.reqs.insert(req, true);
-                }
+                let req = match p.out.pop_front() {
+                    Some(Out::Eager { req, .. }) => Some(req),
+                    _ => None,
+                };
+                self.stage_meta[s] = (p.rank, h.kind, req);
             }
             did |= self.pump_writes(i, addr)?;
         }

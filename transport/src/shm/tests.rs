@@ -26,6 +26,7 @@ pub(super) fn infos(n: u32) -> Vec<PeerInfo> {
             pid: std::process::id(),
             tcp: vec![],
             tcp_eager: Default::default(),
+            ofi: String::new(),
         })
         .collect()
 }

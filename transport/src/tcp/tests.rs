@@ -45,6 +45,7 @@ fn pair_polled(cfg: TcpConfig, poll: Option<&mio::Poll>) -> (TcpTransport, TcpTr
             pid: std::process::id(),
             tcp: vec![t[r as usize].listen_addr()],
             tcp_eager: t[r as usize].eager(),
+            ofi: String::new(),
         })
         .collect();
     for x in &mut t {
