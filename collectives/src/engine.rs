@@ -20,6 +20,7 @@
 
 mod direct;
 mod in_place;
+mod prepared;
 
 pub(crate) use direct::DirectOp;
 #[doc(hidden)]
@@ -67,6 +68,9 @@ struct Running {
     sched: Box<dyn Schedule>,
     /// Under which key the schedule goes back to the cache (collectives).
     key: Option<sched_cache::Key>,
+    /// The persistent operation this is a round of (`prepared.rs`): its
+    /// schedule goes back to it, and its registrations stay.
+    prepared: Option<u64>,
     /// Per transport: (send handle, recv handle), registered when first used.
     handles: Vec<Option<(MemHandle, MemHandle)>>,
     inflight: Vec<Inflight>,
@@ -192,6 +196,8 @@ pub(crate) struct Engine {
     shutting_down: bool,
     schedules: ScheduleCache,
     spare: Spare,
+    /// Persistent operations' plans (`prepared.rs`).
+    prepared: Vec<prepared::Prepared>,
 }
 
 impl Engine {
@@ -230,6 +236,7 @@ impl Engine {
                 shutting_down: false,
                 schedules: ScheduleCache::new(sched_cache::MAX_ENTRIES, sched_cache::MAX_BYTES),
                 spare: Spare::with_room(),
+                prepared: Vec::new(),
             },
             poll,
             waker,
@@ -378,7 +385,13 @@ impl Engine {
         loop {
             match self.rx.try_recv() {
                 Ok(Msg::Op(op)) => {
-                    if let Some(e) = &self.failed {
+                    if let Plan::Unprepare(id) = op.plan
+                        && self.failed.is_some()
+                    {
+                        // Nothing runs any more, but the buffers may go away:
+                        // forget them now.
+                        op.done.finish(self.unprepare(id));
+                    } else if let Some(e) = &self.failed {
                         op.done.finish(Err(failed_earlier(e)));
                     } else {
                         self.queue.push_back(op);
@@ -499,19 +512,47 @@ impl Engine {
         // A schedule that cannot be built (the arguments were checked, so only
         // limits such as 32-bit step numbers remain) fails its operation the
         // same way on every rank, as a scratch allocation failure does.
-        let (sched, key) = match std::mem::replace(&mut op.plan, Plan::Started) {
+        let nt = self.transports.len();
+        let mut spare = std::mem::take(&mut self.spare);
+        spare.handles.clear();
+        spare.handles.resize(nt, None);
+        spare.inflight.clear();
+        spare.blocked.clear();
+        let (sched, key, prepared) = match std::mem::replace(&mut op.plan, Plan::Started) {
             Plan::Collective(spec, algo) => {
                 let key = (spec, algo);
                 match self.schedules.take(&key) {
-                    Ok(s) => (s, Some(key)),
+                    Ok(s) => (s, Some(key), None),
                     Err(e) => {
+                        self.spare = spare;
                         op.done.finish(Err(e));
                         return;
                     }
                 }
             }
-            Plan::Built(s) => (s, None),
+            Plan::Built(s) => (s, None, None),
+            Plan::Prepared(id) => match self.take_prepared(id, &op, &mut spare.handles) {
+                Ok(s) => (s, None, Some(id)),
+                Err(e) => {
+                    self.spare = spare;
+                    op.done.finish(Err(e));
+                    return;
+                }
+            },
+            Plan::Prepare { id, sched } => {
+                self.spare = spare;
+                let res = self.prepare(&op, id, sched);
+                op.done.finish(res);
+                return;
+            }
+            Plan::Unprepare(id) => {
+                self.spare = spare;
+                let res = self.unprepare(id);
+                op.done.finish(res);
+                return;
+            }
             Plan::Started => {
+                self.spare = spare;
                 op.done
                     .finish(Err(Error::Internal("operation started twice".into())));
                 return;
@@ -519,21 +560,20 @@ impl Engine {
         };
         let need = sched.scratch_elems() * op.kernel.dtype.size();
         if let Err(e) = self.ensure_scratch(need) {
+            if let Some(id) = prepared {
+                self.put_prepared(id, sched);
+            }
+            self.spare = spare;
             op.done.finish(Err(e));
             return;
         }
-        let nt = self.transports.len();
-        let mut spare = std::mem::take(&mut self.spare);
-        spare.handles.clear();
-        spare.handles.resize(nt, None);
-        spare.inflight.clear();
-        spare.blocked.clear();
         let span = tracing::debug_span!("op", seq = op.fp.seq, op = op.fp.op.name());
         self.current = Some(Running {
             span,
             op,
             sched,
             key,
+            prepared,
             handles: spare.handles,
             inflight: spare.inflight,
             blocked: spare.blocked,
@@ -843,7 +883,9 @@ impl Engine {
     /// (its schedule, in the cache; its vectors) and returns its completion,
     /// for the caller to finish.
     fn retire(&mut self, r: Running) -> Arc<Completion> {
-        if let Some(key) = r.key {
+        if let Some(id) = r.prepared {
+            self.put_prepared(id, r.sched);
+        } else if let Some(key) = r.key {
             self.schedules.put(key, r.sched);
         }
         self.spare = Spare {
@@ -855,6 +897,13 @@ impl Engine {
     }
 
     fn release(&mut self, r: &mut Running) {
+        if r.prepared.is_some() {
+            // Lent by the persistent operation, which keeps them.
+            for h in r.handles.iter_mut() {
+                h.take();
+            }
+            return;
+        }
         for (t, h) in r.handles.iter_mut().enumerate() {
             if let Some((hs, hr)) = h.take() {
                 let _ = self.transports[t].deregister(hs);
@@ -884,6 +933,9 @@ impl Engine {
         }
         if let Some(mut r) = self.current.take() {
             self.release(&mut r);
+            if let Some(id) = r.prepared {
+                self.put_prepared(id, r.sched);
+            }
             r.op.done.finish(Err(e.clone()));
         }
         for op in self.queue.drain(..) {

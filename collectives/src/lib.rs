@@ -21,6 +21,7 @@ mod mailbox;
 pub mod model;
 pub mod op;
 mod operation;
+pub mod persistent;
 pub mod reduce;
 mod sched_cache;
 
@@ -35,3 +36,4 @@ pub use gw_rendezvous::LaunchEnv;
 pub use gw_rendezvous::launch_env;
 pub use gw_transport::{Error, Result};
 pub use op::{DType, Fingerprint, OpKind, RedOp};
+pub use persistent::{PersistentAllReduce, RawPersistent};
