@@ -55,6 +55,17 @@ const STALL: Duration = Duration::from_secs(1);
 /// (see [`stall_checks`]).
 static STALL_CHECKS: AtomicU64 = AtomicU64::new(0);
 
+/// How many memory registrations any engine of this process made (see
+/// [`registrations`]).
+static REGISTRATIONS: AtomicU64 = AtomicU64::new(0);
+
+/// Buffers registered with a transport so far, process-wide: the
+/// persistent tests use it to show that rounds register nothing.
+#[doc(hidden)]
+pub fn registrations() -> u64 {
+    REGISTRATIONS.load(Ordering::Relaxed)
+}
+
 /// Stall checks so far, process-wide. They consult the store and so
 /// allocate; the no-allocation test uses this to tell a stall (an overloaded
 /// machine) from a steady-state step that allocates.
@@ -608,6 +619,7 @@ impl Engine {
         {
             // SAFETY: the scratch vector lives until it is deregistered here or the engine drops.
             *h = Some(unsafe { t.register(ptr, len)? });
+            REGISTRATIONS.fetch_add(1, Ordering::Relaxed);
         }
         Ok(())
     }
@@ -868,6 +880,7 @@ impl Engine {
                     // completes; they are deregistered in release() before that.
                     let hs = unsafe { tr.register(r.op.send.0, r.op.send_bytes)? };
                     let hr = unsafe { tr.register(r.op.recv.0, r.op.recv_bytes)? };
+                    REGISTRATIONS.fetch_add(2, Ordering::Relaxed);
                     r.handles[t] = Some((hs, hr));
                 }
                 let Some((hs, hr)) = r.handles[t] else {

@@ -19,10 +19,11 @@
 //! growing scratch while an operation reads it would pull memory from
 //! under its transfers. They complete at once and move no bytes.
 
-use super::{Engine, Ptr};
+use super::{Engine, Ptr, REGISTRATIONS};
 use crate::algo::Schedule;
 use crate::operation::OpDesc;
 use gw_transport::{Error, MemHandle, Result};
+use std::sync::atomic::Ordering;
 
 /// One persistent operation's plan.
 pub(super) struct Prepared {
@@ -60,7 +61,10 @@ impl Engine {
             };
             // SAFETY: as above.
             match unsafe { t.register(op.recv.0, op.recv_bytes) } {
-                Ok(hr) => handles.push((hs, hr)),
+                Ok(hr) => {
+                    handles.push((hs, hr));
+                    REGISTRATIONS.fetch_add(2, Ordering::Relaxed);
+                }
                 Err(e) => {
                     let _ = t.deregister(hs);
                     registered = Err(e);
