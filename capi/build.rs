@@ -24,7 +24,7 @@ const HEADER: &str = "\
 const AFTER_INCLUDES: &str = "
 /** A communicator handle (opaque). */
 typedef struct gwComm* gwComm_t;
-/** A request handle of an ...Async call (opaque). */
+/** A request handle of an ...Async call or of gwAllReduceInit (opaque). */
 typedef struct gwRequest* gwRequest_t;
 /** Initial value of a gwConfig_t: every option at its default. */
 #define GW_CONFIG_INITIALIZER { sizeof(gwConfig_t), GW_CONFIG_MAGIC, GW_CONFIG_VERSION, -1, gwTransportDefault }";

@@ -22,7 +22,7 @@
 
 /** A communicator handle (opaque). */
 typedef struct gwComm* gwComm_t;
-/** A request handle of an ...Async call (opaque). */
+/** A request handle of an ...Async call or of gwAllReduceInit (opaque). */
 typedef struct gwRequest* gwRequest_t;
 /** Initial value of a gwConfig_t: every option at its default. */
 #define GW_CONFIG_INITIALIZER { sizeof(gwConfig_t), GW_CONFIG_MAGIC, GW_CONFIG_VERSION, -1, gwTransportDefault }
@@ -65,7 +65,8 @@ typedef enum {
    */
   gwInvalidArgument = 1,
   /**
-   * The call is not allowed now: destroyed or unknown communicator or request, wrong state.
+   * The call is not allowed now: destroyed or unknown communicator or request, freed
+   * request, wrong state (`gwStart` on a running request).
    */
   gwInvalidUsage = 2,
   /**
@@ -464,7 +465,10 @@ gwResult_t gwBarrierAsync(gwComm_t comm, gwRequest_t *request);
  * Sets `*done` to 1 if the request's operation finished, else 0, without
  * blocking. When it finished with an error, that error is returned (and
  * `*done` is 1). Does not free the request: call `gwWait` for that (it then
- * returns at once). Thread-safe.
+ * returns at once). On a persistent request (`gwAllReduceInit`) it tests
+ * the round begun by the last `gwStart`; with no round running (none
+ * started, or its end already reported), `*done` is 1 and it returns
+ * `gwSuccess`. Thread-safe.
  */
 gwResult_t gwTest(gwRequest_t request, int *done);
 
@@ -473,10 +477,62 @@ gwResult_t gwTest(gwRequest_t request, int *done);
  * (a negative value waits without limit; the operation's own deadline,
  * `GW_TIMEOUT`, still applies). Returns `gwTimeout` if it is still running
  * (the request stays valid), else the operation's result; in that case the
- * request is freed (on success and on failure) and must not be used again.
- * Thread-safe, but only one thread may wait on a request.
+ * request of an `...Async` call is freed (on success and on failure) and
+ * must not be used again. A persistent request (`gwAllReduceInit`) is not
+ * freed: it waits for the round begun by the last `gwStart` (at once, with
+ * `gwSuccess`, when none is running) and stays valid for the next
+ * `gwStart`; free it with `gwRequestFree`. Thread-safe, but only one thread
+ * may wait on a request.
  */
 gwResult_t gwWait(gwRequest_t request, int timeout_ms);
+
+/**
+ * Plans a persistent `gwAllReduce` (MPI's `MPI_Allreduce_init`) of `count`
+ * elements of `sendbuff` into `recvbuff` (in place when they are equal) and
+ * stores its request in `*request` (NULL on failure). Everything that can be
+ * done once is done now: the arguments are checked, the algorithm chosen,
+ * the schedule built and kept, both buffers registered with every
+ * transport, scratch grown, and the connections to every peer the
+ * schedule needs made. Each `gwStart` then runs one round on the same
+ * buffers without allocating, registering, connecting or building
+ * anything. Collective: every rank calls it, in the same order as its other
+ * calls on `comm` (ordering as `gwAllReduce`), and rounds must be started
+ * in the same order on every rank too. The buffers must stay valid until
+ * `gwRequestFree` returns, and must not be touched while a round runs.
+ * Arguments are checked as by `gwAllReduce` (NULL buffers with `count` >
+ * 0, unknown `datatype` or `op`, overflowing counts are
+ * `gwInvalidArgument`; `count` 0 is allowed). Thread-safe.
+ */
+gwResult_t gwAllReduceInit(const void *sendbuff,
+                           void *recvbuff,
+                           size_t count,
+                           gwDataType_t datatype,
+                           gwRedOp_t op,
+                           gwComm_t comm,
+                           gwRequest_t *request);
+
+/**
+ * Begins one round of a persistent request (`gwAllReduceInit`) and returns
+ * at once: `sendbuff` is read from now on, and `recvbuff` holds the result
+ * once `gwTest` reports the round done or `gwWait` returns. A round still
+ * running is `gwInvalidUsage` (it keeps running); so is a request of an
+ * `...Async` call, and a freed or unknown one (requests are numbered, never
+ * reused, and looked up in a table, so a freed request is recognised
+ * without touching freed memory). Thread-safe.
+ */
+gwResult_t gwStart(gwRequest_t request);
+
+/**
+ * Frees a persistent request (`gwAllReduceInit`): if a round is running,
+ * waits for it first (as `gwWait` without a limit), then deregisters the
+ * buffers and forgets the plan. The request is freed in every case, and
+ * later calls with it return `gwInvalidUsage`; the result is the running
+ * round's error if it failed, else `gwSuccess`. The buffers may be freed
+ * once it returns. On the request of an `...Async` call it likewise waits
+ * for the operation and frees the request. Thread-safe, but no other call
+ * may use the request meanwhile.
+ */
+gwResult_t gwRequestFree(gwRequest_t request);
 
 /**
  * A static description of a result code (never NULL). Thread-safe.

@@ -14,7 +14,7 @@
 )]
 
 use gw_collectives::{
-    CommKey, Communicator, Config, Handle, LaunchEnv, OpKind, RawOp, TransportChoice,
+    CommKey, Communicator, Config, Handle, LaunchEnv, OpKind, RawOp, RawPersistent, TransportChoice,
 };
 use gw_collectives::{DType, RedOp};
 use gw_rendezvous::launch_env::Launcher;
@@ -47,7 +47,8 @@ pub enum gwResult_t {
     gwSuccess = 0,
     /// An argument is unusable: null pointer, unknown enum value, count overflow, root out of range.
     gwInvalidArgument = 1,
-    /// The call is not allowed now: destroyed or unknown communicator or request, wrong state.
+    /// The call is not allowed now: destroyed or unknown communicator or request, freed
+    /// request, wrong state (`gwStart` on a running request).
     gwInvalidUsage = 2,
     /// A system call failed (the message names it).
     gwSystemError = 3,
@@ -121,7 +122,7 @@ pub enum gwComm {}
 pub enum gwRequest {}
 /// A communicator handle.
 pub type gwComm_t = *mut gwComm;
-/// A request handle of an `...Async` call.
+/// A request handle of an `...Async` call or of `gwAllReduceInit`.
 pub type gwRequest_t = *mut gwRequest;
 
 /// Names a rendezvous for `gwCommInitRank`: made by one process with
@@ -161,8 +162,16 @@ struct CommState {
 }
 
 struct Request {
-    handle: Handle,
+    kind: RequestKind,
     comm: Arc<CommState>,
+}
+
+enum RequestKind {
+    /// An `...Async` call: freed by the `gwWait` that sees it finish.
+    Once(Handle),
+    /// `gwAllReduceInit`: started by `gwStart` any number of times, freed
+    /// only by `gwRequestFree`.
+    Persistent(RawPersistent),
 }
 
 static NEXT_HANDLE: AtomicUsize = AtomicUsize::new(1);
@@ -385,7 +394,7 @@ fn run(
                 requests().lock().unwrap_or_else(|p| p.into_inner()).insert(
                     id,
                     Arc::new(Request {
-                        handle: h,
+                        kind: RequestKind::Once(h),
                         comm: st.clone(),
                     }),
                 );
@@ -1068,7 +1077,8 @@ fn lookup_request(request: gwRequest_t) -> CResult<Arc<Request>> {
         None => fail(
             gwInvalidUsage,
             format!(
-                "invalid usage: request {request:p} was already freed by gwWait or never created"
+                "invalid usage: request {request:p} was already freed (by gwWait or \
+                 gwRequestFree) or never created"
             ),
         ),
     }
@@ -1093,13 +1103,23 @@ fn free_request(request: gwRequest_t) {
 /// Sets `*done` to 1 if the request's operation finished, else 0, without
 /// blocking. When it finished with an error, that error is returned (and
 /// `*done` is 1). Does not free the request: call `gwWait` for that (it then
-/// returns at once). Thread-safe.
+/// returns at once). On a persistent request (`gwAllReduceInit`) it tests
+/// the round begun by the last `gwStart`; with no round running (none
+/// started, or its end already reported), `*done` is 1 and it returns
+/// `gwSuccess`. Thread-safe.
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn gwTest(request: gwRequest_t, done: *mut c_int) -> gwResult_t {
     guard(std::ptr::null_mut(), || {
         let r = lookup_request(request)?;
         out(done, "done")?;
-        let res = r.handle.test();
+        let res = match &r.kind {
+            RequestKind::Once(h) => h.test(),
+            RequestKind::Persistent(p) => match p.test(&r.comm.comm) {
+                Ok(false) => None,
+                Ok(true) => Some(Ok(())),
+                Err(e) => Some(Err(e)),
+            },
+        };
         // SAFETY: checked non-null.
         unsafe { *done = res.is_some() as c_int };
         match res {
@@ -1113,17 +1133,26 @@ pub unsafe extern "C" fn gwTest(request: gwRequest_t, done: *mut c_int) -> gwRes
 /// (a negative value waits without limit; the operation's own deadline,
 /// `GW_TIMEOUT`, still applies). Returns `gwTimeout` if it is still running
 /// (the request stays valid), else the operation's result; in that case the
-/// request is freed (on success and on failure) and must not be used again.
-/// Thread-safe, but only one thread may wait on a request.
+/// request of an `...Async` call is freed (on success and on failure) and
+/// must not be used again. A persistent request (`gwAllReduceInit`) is not
+/// freed: it waits for the round begun by the last `gwStart` (at once, with
+/// `gwSuccess`, when none is running) and stays valid for the next
+/// `gwStart`; free it with `gwRequestFree`. Thread-safe, but only one thread
+/// may wait on a request.
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn gwWait(request: gwRequest_t, timeout_ms: c_int) -> gwResult_t {
     guard(std::ptr::null_mut(), || {
         let r = lookup_request(request)?;
-        let res = if timeout_ms < 0 {
-            Some(r.handle.wait())
-        } else {
-            r.handle
-                .wait_timeout(Duration::from_millis(timeout_ms as u64))
+        let limit = (timeout_ms >= 0).then(|| Duration::from_millis(timeout_ms as u64));
+        let res = match (&r.kind, limit) {
+            (RequestKind::Once(h), None) => Some(h.wait()),
+            (RequestKind::Once(h), Some(t)) => h.wait_timeout(t),
+            (RequestKind::Persistent(p), None) => Some(p.wait(&r.comm.comm)),
+            (RequestKind::Persistent(p), Some(t)) => match p.wait_timeout(&r.comm.comm, t) {
+                Ok(false) => None,
+                Ok(true) => Some(Ok(())),
+                Err(e) => Some(Err(e)),
+            },
         };
         match res {
             None => {
@@ -1132,10 +1161,120 @@ pub unsafe extern "C" fn gwWait(request: gwRequest_t, timeout_ms: c_int) -> gwRe
                 fail(gwTimeout, msg)
             }
             Some(res) => {
-                free_request(request);
+                if matches!(r.kind, RequestKind::Once(_)) {
+                    free_request(request);
+                }
                 finish(&r, res)
             }
         }
+    })
+}
+
+/// Plans a persistent `gwAllReduce` (MPI's `MPI_Allreduce_init`) of `count`
+/// elements of `sendbuff` into `recvbuff` (in place when they are equal) and
+/// stores its request in `*request` (NULL on failure). Everything that can be
+/// done once is done now: the arguments are checked, the algorithm chosen,
+/// the schedule built and kept, both buffers registered with every
+/// transport, scratch grown, and the connections to every peer the
+/// schedule needs made. Each `gwStart` then runs one round on the same
+/// buffers without allocating, registering, connecting or building
+/// anything. Collective: every rank calls it, in the same order as its other
+/// calls on `comm` (ordering as `gwAllReduce`), and rounds must be started
+/// in the same order on every rank too. The buffers must stay valid until
+/// `gwRequestFree` returns, and must not be touched while a round runs.
+/// Arguments are checked as by `gwAllReduce` (NULL buffers with `count` >
+/// 0, unknown `datatype` or `op`, overflowing counts are
+/// `gwInvalidArgument`; `count` 0 is allowed). Thread-safe.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn gwAllReduceInit(
+    sendbuff: *const std::ffi::c_void,
+    recvbuff: *mut std::ffi::c_void,
+    count: usize,
+    datatype: DataTypeArg,
+    op: RedOpArg,
+    comm: gwComm_t,
+    request: *mut gwRequest_t,
+) -> gwResult_t {
+    guard(comm, || {
+        let st = lookup(comm)?;
+        out(request, "request")?;
+        // SAFETY: checked non-null.
+        unsafe { *request = std::ptr::null_mut() };
+        let op = raw(
+            OpKind::AllReduce,
+            dtype(datatype)?,
+            redop(op)?,
+            count,
+            sendbuff.cast(),
+            recvbuff.cast(),
+        );
+        check_count(&op)?;
+        // SAFETY: the C caller promises the buffers per the contract above,
+        // until gwRequestFree returns.
+        let p = unsafe { st.comm.prepare_raw(op, None)? };
+        let id = new_handle();
+        requests().lock().unwrap_or_else(|p| p.into_inner()).insert(
+            id,
+            Arc::new(Request {
+                kind: RequestKind::Persistent(p),
+                comm: st.clone(),
+            }),
+        );
+        // SAFETY: checked non-null above.
+        unsafe { *request = id as gwRequest_t };
+        Ok(())
+    })
+}
+
+/// Begins one round of a persistent request (`gwAllReduceInit`) and returns
+/// at once: `sendbuff` is read from now on, and `recvbuff` holds the result
+/// once `gwTest` reports the round done or `gwWait` returns. A round still
+/// running is `gwInvalidUsage` (it keeps running); so is a request of an
+/// `...Async` call, and a freed or unknown one (requests are numbered, never
+/// reused, and looked up in a table, so a freed request is recognised
+/// without touching freed memory). Thread-safe.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn gwStart(request: gwRequest_t) -> gwResult_t {
+    guard(std::ptr::null_mut(), || {
+        let r = lookup_request(request)?;
+        let res = match &r.kind {
+            RequestKind::Once(_) => Err(Error::InvalidUsage(format!(
+                "request {request:p} is not persistent: it was made by an ...Async call \
+                 (only gwAllReduceInit's requests can be started)"
+            ))),
+            // SAFETY: the caller promised the buffers at gwAllReduceInit,
+            // until gwRequestFree.
+            RequestKind::Persistent(p) => unsafe { p.start(&r.comm.comm) },
+        };
+        finish(
+            &r,
+            res.map_err(|e| match e {
+                Error::InvalidUsage(m) => Error::InvalidUsage(format!("gwStart: {m}")),
+                e => e,
+            }),
+        )
+    })
+}
+
+/// Frees a persistent request (`gwAllReduceInit`): if a round is running,
+/// waits for it first (as `gwWait` without a limit), then deregisters the
+/// buffers and forgets the plan. The request is freed in every case, and
+/// later calls with it return `gwInvalidUsage`; the result is the running
+/// round's error if it failed, else `gwSuccess`. The buffers may be freed
+/// once it returns. On the request of an `...Async` call it likewise waits
+/// for the operation and frees the request. Thread-safe, but no other call
+/// may use the request meanwhile.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn gwRequestFree(request: gwRequest_t) -> gwResult_t {
+    guard(std::ptr::null_mut(), || {
+        let r = lookup_request(request)?;
+        // Out of the table first: a later call with it is gwInvalidUsage.
+        free_request(request);
+        let res = match &r.kind {
+            RequestKind::Once(h) => h.wait(),
+            RequestKind::Persistent(p) => p.free(&r.comm.comm),
+        };
+        finish(&r, res)
     })
 }
 

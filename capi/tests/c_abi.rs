@@ -132,6 +132,9 @@ fn shared_library_exports_only_gw_symbols() {
         "gwAllReduceAsync",
         "gwTest",
         "gwWait",
+        "gwAllReduceInit",
+        "gwStart",
+        "gwRequestFree",
         "gwCommAbort",
         "gwCommDestroy",
         "gwGetErrorString",
@@ -206,4 +209,21 @@ fn c_unique_id_init_and_killed_peer_is_a_remote_error() {
     assert!(out.status.success(), "{text}");
     assert!(text.contains("errors.c: kill rank 0 ok"), "{text}");
     assert!(text.contains("killed peer reported as: rank 1"), "{text}");
+}
+
+#[test]
+fn c_persistent_all_reduce_at_2_and_3_ranks() {
+    let exe = compile(&manifest().join("tests/c/persistent.c"), "persistent_c");
+    for n in [2, 3] {
+        let (out, text) = run(Command::new(gwrun())
+            .args(["-n", &n.to_string(), "--timeout", "60"])
+            .arg(&exe));
+        assert!(out.status.success(), "{n} ranks: {text}");
+        for r in 0..n {
+            assert!(
+                text.contains(&format!("persistent.c: rank {r} ok")),
+                "{n} ranks: rank {r} did not report ok:\n{text}"
+            );
+        }
+    }
 }

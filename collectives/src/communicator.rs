@@ -43,8 +43,8 @@ const COMPLETION_POOL: usize = 16;
 
 /// A handle to a submitted operation.
 pub struct Handle {
-    done: Arc<Completion>,
-    driver: Arc<Driver>,
+    pub(crate) done: Arc<Completion>,
+    pub(crate) driver: Arc<Driver>,
 }
 
 impl Handle {
@@ -73,6 +73,21 @@ impl Handle {
         }
         self.done.peek()
     }
+}
+
+/// A collective validated and planned, not yet submitted
+/// ([`Communicator::plan_collective`]).
+pub(crate) struct Planned {
+    pub kernel: Kernel,
+    pub redop: RedOp,
+    pub count: usize,
+    pub bytes: usize,
+    pub send_bytes: usize,
+    pub recv_bytes: usize,
+    pub algo: Algo,
+    pub spec: OpSpec,
+    /// Its fingerprint, sequence number still 0.
+    pub fp: Fingerprint,
 }
 
 /// What became of a validated collective.
@@ -135,14 +150,14 @@ pub struct Communicator {
     local_rank: u32,
     local_size: u32,
     cfg: Config,
-    comm_id: u64,
+    pub(crate) comm_id: u64,
     key: CommKey,
-    seq: AtomicU64,
+    pub(crate) seq: AtomicU64,
     p2p_seq: Mutex<(Vec<u64>, Vec<u64>)>,
     tx: mailbox::Sender,
     /// Completions of earlier operations, reused once nothing refers to them.
     completions: Mutex<Vec<Arc<Completion>>>,
-    driver: Arc<Driver>,
+    pub(crate) driver: Arc<Driver>,
     abort: Arc<AtomicBool>,
     thread: Option<JoinHandle<()>>,
     routes: Vec<&'static str>,
@@ -446,7 +461,7 @@ impl Communicator {
     /// (non-blocking calls); a blocking call leaves it parked, since the
     /// caller is about to turn the engine itself.
     #[allow(clippy::too_many_arguments)]
-    fn submit(
+    pub(crate) fn submit(
         &self,
         fp: Fingerprint,
         plan: Plan,
@@ -519,6 +534,52 @@ impl Communicator {
         algo: Option<Algo>,
         kick: bool,
     ) -> Result<Submitted> {
+        let Planned {
+            kernel,
+            redop,
+            count,
+            bytes,
+            send_bytes,
+            recv_bytes,
+            algo,
+            spec,
+            mut fp,
+        } = self.plan_collective(&op, algo)?;
+        if !kick
+            && algo == Algo::Rd
+            && let Some(rounds) = algo::direct_rounds(&spec)
+        {
+            let mut direct = DirectOp {
+                fp,
+                kernel,
+                send: Ptr(op.send as *mut u8),
+                recv: Ptr(op.recv),
+                count,
+                bytes,
+                rounds,
+            };
+            if let Some(r) = self.driver.run_direct(&mut direct, &self.seq) {
+                return Ok(Submitted::Done(r));
+            }
+        }
+        fp.seq = self.seq.fetch_add(1, Ordering::Relaxed);
+        self.submit(
+            fp,
+            Plan::Collective(spec, algo),
+            kernel,
+            &RawOp { redop, ..op },
+            send_bytes,
+            recv_bytes,
+            kick,
+        )
+        .map(Submitted::Queued)
+    }
+
+    /// Validates a collective and plans it: kernel, sizes, algorithm (the
+    /// automatic choice unless `algo` names one), schedule spec and
+    /// fingerprint. Bad arguments are refused here, before anything is
+    /// queued.
+    pub(crate) fn plan_collective(&self, op: &RawOp, algo: Option<Algo>) -> Result<Planned> {
         let n = self.size as usize;
         if op.kind == OpKind::SendRecv {
             return Err(Error::InvalidArgument(
@@ -603,7 +664,7 @@ impl Communicator {
         // The sequence number is drawn just before the operation reaches the
         // engine (by the direct path, under the engine's lock), so that the
         // order of numbers is the order of arrival.
-        let mut fp = Fingerprint {
+        let fp = Fingerprint {
             comm_id: self.comm_id,
             seq: 0,
             op: op.kind,
@@ -616,34 +677,17 @@ impl Communicator {
                 0
             },
         };
-        if !kick
-            && algo == Algo::Rd
-            && let Some(rounds) = algo::direct_rounds(&spec)
-        {
-            let mut direct = DirectOp {
-                fp,
-                kernel,
-                send: Ptr(op.send as *mut u8),
-                recv: Ptr(op.recv),
-                count,
-                bytes,
-                rounds,
-            };
-            if let Some(r) = self.driver.run_direct(&mut direct, &self.seq) {
-                return Ok(Submitted::Done(r));
-            }
-        }
-        fp.seq = self.seq.fetch_add(1, Ordering::Relaxed);
-        self.submit(
-            fp,
-            Plan::Collective(spec, algo),
+        Ok(Planned {
             kernel,
-            &RawOp { redop, ..op },
+            redop,
+            count,
+            bytes,
             send_bytes,
             recv_bytes,
-            kick,
-        )
-        .map(Submitted::Queued)
+            algo,
+            spec,
+            fp,
+        })
     }
 
     fn check_peer(&self, peer: Rank, what: &str) -> Result<()> {

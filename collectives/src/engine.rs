@@ -20,6 +20,7 @@
 
 mod direct;
 mod in_place;
+mod prepared;
 
 pub(crate) use direct::DirectOp;
 #[doc(hidden)]
@@ -54,6 +55,17 @@ const STALL: Duration = Duration::from_secs(1);
 /// (see [`stall_checks`]).
 static STALL_CHECKS: AtomicU64 = AtomicU64::new(0);
 
+/// How many memory registrations any engine of this process made (see
+/// [`registrations`]).
+static REGISTRATIONS: AtomicU64 = AtomicU64::new(0);
+
+/// Buffers registered with a transport so far, process-wide: the
+/// persistent tests use it to show that rounds register nothing.
+#[doc(hidden)]
+pub fn registrations() -> u64 {
+    REGISTRATIONS.load(Ordering::Relaxed)
+}
+
 /// Stall checks so far, process-wide. They consult the store and so
 /// allocate; the no-allocation test uses this to tell a stall (an overloaded
 /// machine) from a steady-state step that allocates.
@@ -67,6 +79,9 @@ struct Running {
     sched: Box<dyn Schedule>,
     /// Under which key the schedule goes back to the cache (collectives).
     key: Option<sched_cache::Key>,
+    /// The persistent operation this is a round of (`prepared.rs`): its
+    /// schedule goes back to it, and its registrations stay.
+    prepared: Option<u64>,
     /// Per transport: (send handle, recv handle), registered when first used.
     handles: Vec<Option<(MemHandle, MemHandle)>>,
     inflight: Vec<Inflight>,
@@ -192,6 +207,8 @@ pub(crate) struct Engine {
     shutting_down: bool,
     schedules: ScheduleCache,
     spare: Spare,
+    /// Persistent operations' plans (`prepared.rs`).
+    prepared: Vec<prepared::Prepared>,
 }
 
 impl Engine {
@@ -230,6 +247,7 @@ impl Engine {
                 shutting_down: false,
                 schedules: ScheduleCache::new(sched_cache::MAX_ENTRIES, sched_cache::MAX_BYTES),
                 spare: Spare::with_room(),
+                prepared: Vec::new(),
             },
             poll,
             waker,
@@ -378,7 +396,13 @@ impl Engine {
         loop {
             match self.rx.try_recv() {
                 Ok(Msg::Op(op)) => {
-                    if let Some(e) = &self.failed {
+                    if let Plan::Unprepare(id) = op.plan
+                        && self.failed.is_some()
+                    {
+                        // Nothing runs any more, but the buffers may go away:
+                        // forget them now.
+                        op.done.finish(self.unprepare(id));
+                    } else if let Some(e) = &self.failed {
                         op.done.finish(Err(failed_earlier(e)));
                     } else {
                         self.queue.push_back(op);
@@ -499,19 +523,47 @@ impl Engine {
         // A schedule that cannot be built (the arguments were checked, so only
         // limits such as 32-bit step numbers remain) fails its operation the
         // same way on every rank, as a scratch allocation failure does.
-        let (sched, key) = match std::mem::replace(&mut op.plan, Plan::Started) {
+        let nt = self.transports.len();
+        let mut spare = std::mem::take(&mut self.spare);
+        spare.handles.clear();
+        spare.handles.resize(nt, None);
+        spare.inflight.clear();
+        spare.blocked.clear();
+        let (sched, key, prepared) = match std::mem::replace(&mut op.plan, Plan::Started) {
             Plan::Collective(spec, algo) => {
                 let key = (spec, algo);
                 match self.schedules.take(&key) {
-                    Ok(s) => (s, Some(key)),
+                    Ok(s) => (s, Some(key), None),
                     Err(e) => {
+                        self.spare = spare;
                         op.done.finish(Err(e));
                         return;
                     }
                 }
             }
-            Plan::Built(s) => (s, None),
+            Plan::Built(s) => (s, None, None),
+            Plan::Prepared(id) => match self.take_prepared(id, &op, &mut spare.handles) {
+                Ok(s) => (s, None, Some(id)),
+                Err(e) => {
+                    self.spare = spare;
+                    op.done.finish(Err(e));
+                    return;
+                }
+            },
+            Plan::Prepare { id, sched } => {
+                self.spare = spare;
+                let res = self.prepare(&op, id, sched);
+                op.done.finish(res);
+                return;
+            }
+            Plan::Unprepare(id) => {
+                self.spare = spare;
+                let res = self.unprepare(id);
+                op.done.finish(res);
+                return;
+            }
             Plan::Started => {
+                self.spare = spare;
                 op.done
                     .finish(Err(Error::Internal("operation started twice".into())));
                 return;
@@ -519,21 +571,20 @@ impl Engine {
         };
         let need = sched.scratch_elems() * op.kernel.dtype.size();
         if let Err(e) = self.ensure_scratch(need) {
+            if let Some(id) = prepared {
+                self.put_prepared(id, sched);
+            }
+            self.spare = spare;
             op.done.finish(Err(e));
             return;
         }
-        let nt = self.transports.len();
-        let mut spare = std::mem::take(&mut self.spare);
-        spare.handles.clear();
-        spare.handles.resize(nt, None);
-        spare.inflight.clear();
-        spare.blocked.clear();
         let span = tracing::debug_span!("op", seq = op.fp.seq, op = op.fp.op.name());
         self.current = Some(Running {
             span,
             op,
             sched,
             key,
+            prepared,
             handles: spare.handles,
             inflight: spare.inflight,
             blocked: spare.blocked,
@@ -568,6 +619,7 @@ impl Engine {
         {
             // SAFETY: the scratch vector lives until it is deregistered here or the engine drops.
             *h = Some(unsafe { t.register(ptr, len)? });
+            REGISTRATIONS.fetch_add(1, Ordering::Relaxed);
         }
         Ok(())
     }
@@ -828,6 +880,7 @@ impl Engine {
                     // completes; they are deregistered in release() before that.
                     let hs = unsafe { tr.register(r.op.send.0, r.op.send_bytes)? };
                     let hr = unsafe { tr.register(r.op.recv.0, r.op.recv_bytes)? };
+                    REGISTRATIONS.fetch_add(2, Ordering::Relaxed);
                     r.handles[t] = Some((hs, hr));
                 }
                 let Some((hs, hr)) = r.handles[t] else {
@@ -843,7 +896,9 @@ impl Engine {
     /// (its schedule, in the cache; its vectors) and returns its completion,
     /// for the caller to finish.
     fn retire(&mut self, r: Running) -> Arc<Completion> {
-        if let Some(key) = r.key {
+        if let Some(id) = r.prepared {
+            self.put_prepared(id, r.sched);
+        } else if let Some(key) = r.key {
             self.schedules.put(key, r.sched);
         }
         self.spare = Spare {
@@ -855,6 +910,13 @@ impl Engine {
     }
 
     fn release(&mut self, r: &mut Running) {
+        if r.prepared.is_some() {
+            // Lent by the persistent operation, which keeps them.
+            for h in r.handles.iter_mut() {
+                h.take();
+            }
+            return;
+        }
         for (t, h) in r.handles.iter_mut().enumerate() {
             if let Some((hs, hr)) = h.take() {
                 let _ = self.transports[t].deregister(hs);
@@ -884,6 +946,9 @@ impl Engine {
         }
         if let Some(mut r) = self.current.take() {
             self.release(&mut r);
+            if let Some(id) = r.prepared {
+                self.put_prepared(id, r.sched);
+            }
             r.op.done.finish(Err(e.clone()));
         }
         for op in self.queue.drain(..) {

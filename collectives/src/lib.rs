@@ -21,6 +21,7 @@ mod mailbox;
 pub mod model;
 pub mod op;
 mod operation;
+pub mod persistent;
 pub mod reduce;
 mod sched_cache;
 
@@ -30,8 +31,9 @@ pub use communicator::{Communicator, Handle, Pending, RawOp};
 pub use config::{Config, TransportChoice};
 pub use element::Element;
 #[doc(hidden)]
-pub use engine::{direct_calls, in_place_reads, stall_checks};
+pub use engine::{direct_calls, in_place_reads, registrations, stall_checks};
 pub use gw_rendezvous::LaunchEnv;
 pub use gw_rendezvous::launch_env;
 pub use gw_transport::{Error, Result};
 pub use op::{DType, Fingerprint, OpKind, RedOp};
+pub use persistent::{PersistentAllReduce, RawPersistent};

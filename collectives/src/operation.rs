@@ -133,6 +133,15 @@ pub(crate) enum Plan {
     Collective(OpSpec, Algo),
     /// A schedule the caller built (point-to-point), run once.
     Built(Box<dyn Schedule>),
+    /// Plan a persistent operation once (`engine/prepared.rs`): keep its
+    /// schedule (built by the caller, rewound) under `id`, make room in
+    /// scratch and register the operation's buffers with every transport.
+    /// Runs nothing.
+    Prepare { id: u64, sched: Box<dyn Schedule> },
+    /// One round of the persistent operation `id`, on what `Prepare` made.
+    Prepared(u64),
+    /// Forget the persistent operation `id` (deregister its buffers).
+    Unprepare(u64),
     /// The schedule moved into the running operation.
     Started,
 }

@@ -5,6 +5,8 @@
     g = comm.allreduce(np.ones(10, np.float32), op="sum")
     g = comm.allreduce(grad, weight=local_batch / global_batch)   # Σ_r w_r·grad_r
     req = comm.allreduce_async(grad); ...; g = req.wait()
+    with comm.allreduce_init(grad) as req:      # persistent: planned once, in place on grad
+        for step in ...: ...fill grad...; req.start(); ...; req.wait()
     comm.destroy()                              # or: with gradwire.init() as comm: ...
 
 Under a gwjob agent, each step follows the job server's plan:
@@ -20,13 +22,15 @@ import builtins
 import ctypes
 import enum
 import threading
+import weakref
 
 import numpy as np
 
 from . import _header, _lib, _step
 
 __all__ = [
-    "init", "init_rank", "get_unique_id", "version", "Comm", "Request", "GradwireError",
+    "init", "init_rank", "get_unique_id", "version", "Comm", "Request", "PersistentRequest",
+    "GradwireError",
     "Result", "DataType", "RedOp", "error_class", "HEADER_PATH", "LIBRARY_PATH", "StepInfo",
 ]
 
@@ -241,12 +245,90 @@ class Request:
         self._comm._pending.pop(id(self), None)
 
 
+class PersistentRequest:
+    """A persistent all-reduce (Comm.allreduce_init, gwAllReduceInit): planned once
+    (algorithm, schedule, registered buffers, connections), then each start() runs
+    one round on the same arrays, reading the input array at that moment. Holds the
+    arrays until freed. Rounds must be started in the same order on every rank.
+    free() (or leaving a `with` block, or garbage collection) waits for a running
+    round, then frees the request; later calls raise InvalidUsageError."""
+
+    def __init__(self, comm, handle, keep, result):
+        self._comm = comm
+        self._h = handle
+        self._keep = keep  # the arrays C reads and writes: alive until freed
+        self._result = result
+
+    def _handle(self):
+        if self._h is None:
+            raise error_class("gwInvalidUsage")(_INVALID_USAGE, "persistent request was freed", None)
+        return self._h
+
+    def _call(self, fname, *args):
+        # The request's errors are on the calling thread's record (gwGetLastError(NULL)).
+        _check(getattr(_C, fname)(self._handle(), *args), fname, None)
+
+    @property
+    def array(self):
+        """The result array (the input array itself when in place)."""
+        return self._result
+
+    def start(self):
+        """Begins one round (gwStart); raises InvalidUsageError if one is running."""
+        self._call("gwStart")
+        return self
+
+    def test(self):
+        """True if no round is running (without blocking); raises a finished round's error."""
+        d = ctypes.c_int()
+        self._call("gwTest", ctypes.byref(d))
+        return bool(d.value)
+
+    def wait(self, timeout_ms=-1):
+        """Waits for the running round (at most timeout_ms ms; <0 without limit) and
+        returns the result array; raises gradwire.TimeoutError if it is still running
+        (the request stays valid), or the round's error. Returns at once if none runs."""
+        self._call("gwWait", int(timeout_ms))
+        return self._result
+
+    def free(self):
+        """Waits for a running round, then frees the request (idempotent)."""
+        h, self._h = self._h, None
+        if h is None:
+            return
+        self._comm._persistent.pop(id(self), None)
+        try:
+            _check(_C.gwRequestFree(h), "gwRequestFree", None)
+        finally:
+            self._keep = None
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, exc_type, exc, tb):
+        self.free()
+        return False
+
+    def __del__(self):
+        try:
+            self.free()
+        except Exception:
+            pass
+
+    def __repr__(self):
+        state = "freed" if self._h is None else f"{self._result.dtype}[{self._result.size}]"
+        return f"<gradwire.PersistentRequest {state}>"
+
+
 class Comm:
     """A gradwire communicator. Calls must be issued in the same order on every rank."""
 
     def __init__(self, handle):
         self._h = handle
         self._pending = {}
+        # Persistent requests, freed by destroy(); weak, so an unreferenced one is
+        # freed by garbage collection instead.
+        self._persistent = weakref.WeakValueDictionary()
         self._lock = threading.Lock()
         r, n = ctypes.c_int(), ctypes.c_int()
         _check(_C.gwCommRank(self._h, ctypes.byref(r)), "gwCommRank", self._h)
@@ -269,6 +351,11 @@ class Comm:
             h, self._h = self._h, None
         if h is None:
             return
+        for preq in list(self._persistent.values()):
+            try:
+                preq.free()  # waits for a running round: the arrays must outlive it
+            except GradwireError:
+                pass
         for req in list(self._pending.values()):
             res = _C.gwWait(req._h, -1)  # the buffers must outlive the operation
             if res != _SUCCESS:
@@ -425,3 +512,27 @@ class Comm:
 
     def barrier_async(self):
         return self._async("gwBarrierAsync", (self._handle(),), None, None)
+
+    # -- persistent collectives (planned once, started many times)
+    def allreduce_init(self, array, op="sum", out=None):
+        """A PersistentRequest all-reducing `array` into `out` (in place into `array`
+        when `out` is None or `array`) with `op` at every start(). Collective. Both
+        must be C-contiguous numpy arrays (no copy is made: each round reads `array`
+        as it is then); `out` must match `array`'s dtype and size."""
+        if not isinstance(array, np.ndarray):
+            raise TypeError("gradwire: allreduce_init: array must be a numpy array (rounds read it in place)")
+        if not array.flags.c_contiguous:
+            raise ValueError("gradwire: allreduce_init: array must be C-contiguous (rounds read it in place)")
+        dt = _dtype_code(array.dtype)
+        if out is None or out is array:
+            if not array.flags.writeable:
+                raise ValueError("gradwire: allreduce_init: array must be writeable to reduce in place")
+            r = array
+        else:
+            r = _recv(out, array.shape, array.dtype, "allreduce_init")
+        h = ctypes.c_void_p()
+        self._call("gwAllReduceInit", _ptr(array), _ptr(r), array.size, dt, _op_code(op), self._handle(),
+                   ctypes.byref(h))
+        req = PersistentRequest(self, h, (array, r), r)
+        self._persistent[id(req)] = req
+        return req

@@ -122,6 +122,9 @@ def declare(lib):
         "gwBarrierAsync": [vp, pvp],
         "gwTest": [vp, pint],
         "gwWait": [vp, c_int],
+        "gwAllReduceInit": [vp, vp, c_size, c_int, c_int, vp, pvp],
+        "gwStart": [vp],
+        "gwRequestFree": [vp],
     }
     for name, args in sigs.items():
         f = getattr(lib, name)

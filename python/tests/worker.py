@@ -188,6 +188,92 @@ def abort(c):
     c.destroy()  # idempotent
 
 
+def persistent(c):
+    """allreduce_init: one request per case, 20 rounds with new inputs each, checked exactly."""
+    R, N = c.rank, c.size
+
+    def inp(r, k, n):
+        return (np.arange(n) * 3 + r * 7 + k * 5) % 5
+
+    def want(k, n, op):
+        a = np.stack([inp(r, k, n) for r in range(N)])
+        return a.sum(0) if op == "sum" else a.max(0)
+
+    for dt, n, op, in_place in ((np.float32, 4099, "sum", True), (np.float64, 7, "sum", False),
+                                (np.int32, 1, "max", True), (np.int64, 1000, "max", False)):
+        x = np.zeros(n, dt)
+        out = None if in_place else np.zeros(n, dt)
+        with c.allreduce_init(x, op=op, out=out) as req:
+            assert req.test()  # nothing started: complete
+            assert req.array is (x if in_place else out)
+            for k in range(20):
+                x[:] = inp(R, k, n)
+                req.start()
+                if k % 2:
+                    while not req.test():
+                        time.sleep(0.0005)
+                    got = req.array
+                else:
+                    got = req.wait(timeout_ms=20000)
+                assert got is req.array
+                np.testing.assert_array_equal(got, want(k, n, op).astype(dt), err_msg=f"{dt} {op} round {k}")
+                if not in_place:
+                    np.testing.assert_array_equal(x, inp(R, k, n).astype(dt))
+                c.barrier()  # ordinary calls between rounds
+        try:
+            req.start()
+        except gradwire.InvalidUsageError as e:
+            assert "freed" in e.message
+        else:
+            raise AssertionError("start after free succeeded")
+        req.free()  # idempotent
+
+    # Start while running (the other ranks start late): InvalidUsageError; free waits.
+    y = np.ones(100, np.float32)
+    req = c.allreduce_init(y)
+    if R == 0:
+        req.start()
+        try:
+            req.start()
+        except gradwire.InvalidUsageError as e:
+            assert "still running" in e.message, e.message
+        else:
+            raise AssertionError("second start succeeded")
+        try:
+            req.wait(timeout_ms=10)
+        except gradwire.TimeoutError:
+            pass
+        else:
+            raise AssertionError("round finished before the other ranks started")
+        req.free()  # waits for the round
+    else:
+        time.sleep(0.3)
+        req.start()
+        req.wait()
+        req.free()
+    assert (y == N).all(), y[:4]
+    # Unreferenced requests are freed by the garbage collector; destroy frees the rest.
+    z = np.ones(3, np.float64)
+    c.allreduce_init(z)
+    gc.collect()
+    keep = c.allreduce_init(np.ones(5, np.int32)).start()
+    keep.wait()
+    # Arguments are checked before anything is planned.
+    for bad, exc in ((lambda: c.allreduce_init([1.0, 2.0]), TypeError),
+                     (lambda: c.allreduce_init(np.ones(8)[::2]), ValueError),
+                     (lambda: c.allreduce_init(np.ones(3, bool)), TypeError),
+                     (lambda: c.allreduce_init(np.ones(3), op="median"), ValueError),
+                     (lambda: c.allreduce_init(np.ones(4), out=np.ones(4, np.float32)), TypeError),
+                     (lambda: c.allreduce_init(np.ones(4), out=np.ones(5)), ValueError)):
+        try:
+            bad()
+        except exc as e:
+            assert "gradwire" in str(e)
+        else:
+            raise AssertionError("no error")
+    c.barrier()
+
+
 def main():
     scenario = sys.argv[1]
     c = gradwire.init()
@@ -195,7 +281,7 @@ def main():
         abort(c)
     else:
         with c:
-            {"ops": ops, "async": async_, "errors": errors}[scenario](c)
+            {"ops": ops, "async": async_, "errors": errors, "persistent": persistent}[scenario](c)
     print(f"OK {scenario}", flush=True)
 
 

@@ -1,0 +1,575 @@
+//! Persistent all-reduce (MPI's `MPI_Allreduce_init` / `MPI_Start`): the
+//! same all-reduce on the same buffers, planned once and started many times.
+//!
+//! A training loop all-reduces the same gradient buffers every step. An
+//! ordinary call does, each time, what only the first needs: validate the
+//! arguments and choose the algorithm, find (or build) the schedule in a
+//! cache that may have evicted it, register both buffers with the transport
+//! and deregister them at the end. A persistent request does all of that at
+//! init ([`Communicator::all_reduce_init`], [`Communicator::prepare_raw`]):
+//!
+//! - the arguments are checked and the algorithm chosen (the cost model's
+//!   choice for this size, or `GW_ALGO`), once;
+//! - the schedule is built and handed to the engine, which keeps it for the
+//!   request's life outside the evicting cache (`engine/prepared.rs`);
+//! - the engine's scratch grows to what the schedule needs, and both
+//!   buffers are registered with every transport;
+//! - the ranks exchange one small message with every peer the schedule
+//!   talks to, so connections (TCP dials and hellos, shared-memory
+//!   segments) are up before the first round.
+//!
+//! Init is therefore collective: every rank calls it, in the same order
+//! relative to its other collectives. Each [`RawPersistent::start`] then
+//! draws a sequence number, takes a pooled completion and queues one
+//! message; the engine rewinds the kept schedule and lends it the kept
+//! registrations. Nothing is allocated, registered or built, and no store
+//! or connection traffic happens (`tests/persistent_no_alloc.rs` counts).
+//!
+//! [`RawPersistent`] is the unsafe form over raw pointers, for the C ABI,
+//! with `&self` methods so that one request can be tested from one thread
+//! and waited on from another. [`PersistentAllReduce`] is the safe form: it
+//! borrows the communicator and the buffers for its whole life, hands the
+//! buffers out only between rounds, and waits for a running round (then
+//! frees its plan) when dropped, so the engine never points at freed memory.
+
+use crate::algo::{self, Action, ActionId, Algo, Buf, Loc, Schedule};
+use crate::communicator::{Communicator, Handle, Planned, RawOp};
+use crate::drive::Driver;
+use crate::element::Element;
+use crate::engine::Plan;
+use crate::op::{Fingerprint, OpKind, RedOp};
+use crate::reduce::Kernel;
+use gw_transport::{Error, Rank, Result};
+use std::marker::PhantomData;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::Duration;
+
+/// Ids of persistent operations, process-wide (the engine looks them up).
+static NEXT_ID: AtomicU64 = AtomicU64::new(1);
+
+/// A persistent operation on raw memory (see the module comment).
+///
+/// Its methods take the communicator it was made on; another one is an
+/// `InvalidUsage` error. Dropping it without [`RawPersistent::free`] leaves
+/// its plan (and its buffers' registrations) in the engine until the
+/// communicator goes; a round still running then must still be waited for
+/// by other means before the buffers go, so call `free`.
+pub struct RawPersistent {
+    id: u64,
+    /// The engine it was prepared on, which also tells its communicator.
+    driver: Arc<Driver>,
+    fp: Fingerprint,
+    kernel: Kernel,
+    op: RawOp,
+    send_bytes: usize,
+    recv_bytes: usize,
+    /// The round running, or finished and not yet tested or waited for.
+    round: Mutex<Option<Handle>>,
+    freed: AtomicBool,
+}
+
+// SAFETY: the raw pointers in `op` are only handed to the engine (whose
+// callers promised, in `prepare_raw` and `start`, that the memory stays
+// valid); the request itself never dereferences them.
+unsafe impl Send for RawPersistent {}
+// SAFETY: as above; the mutable state is behind `round`'s mutex and atomics.
+unsafe impl Sync for RawPersistent {}
+
+impl Communicator {
+    /// Plans a persistent collective on raw memory (see the module comment):
+    /// validates `op`, chooses the algorithm (unless `algo` names one),
+    /// builds the schedule, registers both buffers with every transport and
+    /// connects to every peer the schedule talks to. Collective: every rank
+    /// calls it, in the same order relative to its other collectives. Only
+    /// all-reduce (weighted or not) can be persistent so far.
+    ///
+    /// # Safety
+    /// As for [`Communicator::submit_raw`], with "until the handle
+    /// completes" read as "until [`RawPersistent::free`] returns": the
+    /// request keeps the buffers registered for its whole life.
+    pub unsafe fn prepare_raw(&self, op: RawOp, algo: Option<Algo>) -> Result<RawPersistent> {
+        if op.kind != OpKind::AllReduce {
+            return Err(Error::InvalidArgument(format!(
+                "only all_reduce can be persistent, not {}",
+                op.kind.name()
+            )));
+        }
+        let Planned {
+            kernel,
+            redop,
+            send_bytes,
+            recv_bytes,
+            algo,
+            spec,
+            fp,
+            ..
+        } = self.plan_collective(&op, algo)?;
+        let op = RawOp { redop, ..op };
+        let mut sched = algo::build(&spec, algo)?;
+        let peers = peers_of(sched.as_mut());
+        if !sched.reset() {
+            return Err(Error::Internal(format!(
+                "the {} schedule cannot be rewound, so it cannot be persistent",
+                algo.name()
+            )));
+        }
+        tracing::debug!(
+            "persistent {} of {} B: {} to {} peers",
+            op.kind.name(),
+            send_bytes,
+            algo.name(),
+            peers.len()
+        );
+        let id = NEXT_ID.fetch_add(1, Ordering::Relaxed);
+        // Local to this rank: no sequence number (the other ranks' are not
+        // drawn for it either).
+        self.submit(
+            fp,
+            Plan::Prepare { id, sched },
+            kernel,
+            &op,
+            send_bytes,
+            recv_bytes,
+            false,
+        )?
+        .wait()?;
+        let p = RawPersistent {
+            id,
+            driver: self.driver.clone(),
+            fp,
+            kernel,
+            op,
+            send_bytes,
+            recv_bytes,
+            round: Mutex::new(None),
+            freed: AtomicBool::new(false),
+        };
+        if let Err(e) = self.handshake(&p, &peers) {
+            let _ = p.free(self);
+            return Err(e);
+        }
+        Ok(p)
+    }
+
+    /// One small message to and from each of `peers`, all posted at once
+    /// as one operation of the collective sequence (tagged as `p`'s call),
+    /// so every connection a round needs is made now rather than by the
+    /// first round.
+    fn handshake(&self, p: &RawPersistent, peers: &[Rank]) -> Result<()> {
+        if peers.is_empty() {
+            return Ok(());
+        }
+        let es = p.kernel.dtype.size();
+        let send = [0u64; 1];
+        // Eight bytes per peer hold one element of any dtype.
+        let mut recv = vec![0u64; peers.len()];
+        let fp = Fingerprint {
+            seq: self.seq.fetch_add(1, Ordering::Relaxed),
+            ..p.fp
+        };
+        let op = RawOp {
+            send: send.as_ptr().cast(),
+            recv: recv.as_mut_ptr().cast(),
+            weight: None,
+            ..p.op
+        };
+        let sched = Box::new(Handshake::new(peers));
+        self.submit(
+            fp,
+            Plan::Built(sched),
+            p.kernel,
+            &op,
+            es,
+            es * peers.len(),
+            false,
+        )?
+        .wait()
+    }
+}
+
+/// Every peer `sched` sends to or receives from, in rank order, found by
+/// running it with every action completing at once (it must be rewound
+/// after).
+fn peers_of(sched: &mut dyn Schedule) -> Vec<Rank> {
+    let mut peers = Vec::new();
+    while let Some(a) = sched.next_action() {
+        if let Action::Send { peer, .. } | Action::Recv { peer, .. } = a {
+            peers.push(peer);
+        }
+        sched.complete(a.id());
+    }
+    peers.sort_unstable();
+    peers.dedup();
+    peers
+}
+
+/// A send of element 0 of `Buf::Send` to each peer and a receive from each
+/// into its own element of `Buf::Recv`, all at once (message step 0 with
+/// every peer). The peer sets of a schedule are symmetric (every send has
+/// its receive), so every rank's handshake matches its peers'.
+struct Handshake {
+    pending: Vec<Action>,
+    outstanding: usize,
+}
+
+impl Handshake {
+    fn new(peers: &[Rank]) -> Handshake {
+        let mut pending = Vec::with_capacity(2 * peers.len());
+        for (i, &peer) in peers.iter().enumerate() {
+            pending.push(Action::Recv {
+                id: 2 * i as ActionId,
+                peer,
+                step: 0,
+                dst: Loc::new(Buf::Recv, i, 1),
+            });
+            pending.push(Action::Send {
+                id: 2 * i as ActionId + 1,
+                peer,
+                step: 0,
+                src: Loc::new(Buf::Send, 0, 1),
+            });
+        }
+        let outstanding = pending.len();
+        Handshake {
+            pending,
+            outstanding,
+        }
+    }
+}
+
+impl Schedule for Handshake {
+    fn next_action(&mut self) -> Option<Action> {
+        self.pending.pop()
+    }
+
+    fn complete(&mut self, _id: ActionId) {
+        self.outstanding = self.outstanding.saturating_sub(1);
+    }
+
+    fn is_done(&self) -> bool {
+        self.outstanding == 0
+    }
+
+    fn scratch_elems(&self) -> usize {
+        0
+    }
+
+    fn waiting_for(&self) -> String {
+        format!(
+            "connecting a persistent request to its peers: {} of its messages outstanding",
+            self.outstanding
+        )
+    }
+}
+
+impl RawPersistent {
+    fn check(&self, comm: &Communicator, what: &str) -> Result<()> {
+        if !Arc::ptr_eq(&self.driver, &comm.driver) {
+            return Err(Error::InvalidUsage(format!(
+                "{what}: this persistent request belongs to another communicator"
+            )));
+        }
+        if self.freed.load(Ordering::Acquire) {
+            return Err(Error::InvalidUsage(format!(
+                "{what}: this persistent request was freed"
+            )));
+        }
+        Ok(())
+    }
+
+    fn round(&self) -> MutexGuard<'_, Option<Handle>> {
+        self.round.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Whether a round was started and has not finished yet.
+    pub fn is_running(&self) -> bool {
+        self.round().as_ref().is_some_and(|h| !h.done.is_ready())
+    }
+
+    /// Begins one round: reads the send buffer now, writes the receive
+    /// buffer by the time the round completes. A round still running is an
+    /// `InvalidUsage` error (and is left running). A finished round whose
+    /// result nobody looked at is forgotten.
+    ///
+    /// # Safety
+    /// The buffers given to [`Communicator::prepare_raw`] must still be
+    /// valid, and must not be accessed by the caller until the round
+    /// completes ([`RawPersistent::test`] or [`RawPersistent::wait`]).
+    pub unsafe fn start(&self, comm: &Communicator) -> Result<()> {
+        self.check(comm, "start")?;
+        let mut round = self.round();
+        if round.as_ref().is_some_and(|h| !h.done.is_ready()) {
+            return Err(Error::InvalidUsage(
+                "start: the previous round of this persistent all_reduce is still running; \
+                 wait for it (or test it until done) before starting the next"
+                    .into(),
+            ));
+        }
+        // The last handle goes first, so its completion can go back to the pool.
+        *round = None;
+        let fp = Fingerprint {
+            seq: comm.seq.fetch_add(1, Ordering::Relaxed),
+            ..self.fp
+        };
+        let h = comm.submit(
+            fp,
+            Plan::Prepared(self.id),
+            self.kernel,
+            &self.op,
+            self.send_bytes,
+            self.recv_bytes,
+            true,
+        )?;
+        *round = Some(h);
+        Ok(())
+    }
+
+    /// Whether no round is running (true when none was started), without
+    /// blocking; a finished round's error is returned once.
+    pub fn test(&self, comm: &Communicator) -> Result<bool> {
+        self.check(comm, "test")?;
+        let mut round = self.round();
+        let Some(h) = round.as_ref() else {
+            return Ok(true);
+        };
+        match h.test() {
+            None => Ok(false),
+            Some(r) => {
+                *round = None;
+                r.map(|_| true)
+            }
+        }
+    }
+
+    /// Blocks until the running round (if any) finishes; returns its result
+    /// (once: a second wait returns `Ok` at once). The request stays valid.
+    pub fn wait(&self, comm: &Communicator) -> Result<()> {
+        self.wait_for(comm, None).map(|_| ())
+    }
+
+    /// As [`RawPersistent::wait`], at most `timeout`: `Ok(false)` if the
+    /// round is still running then.
+    pub fn wait_timeout(&self, comm: &Communicator, timeout: Duration) -> Result<bool> {
+        self.wait_for(comm, Some(timeout))
+    }
+
+    fn wait_for(&self, comm: &Communicator, timeout: Option<Duration>) -> Result<bool> {
+        self.check(comm, "wait")?;
+        // Wait on a second handle to the round, without the lock, so that
+        // `test` from another thread does not block behind the wait.
+        let h = match self.round().as_ref() {
+            None => return Ok(true),
+            Some(h) => Handle {
+                done: h.done.clone(),
+                driver: h.driver.clone(),
+            },
+        };
+        let res = match timeout {
+            None => Some(h.wait()),
+            Some(t) => h.wait_timeout(t),
+        };
+        let Some(res) = res else {
+            return Ok(false);
+        };
+        let mut round = self.round();
+        if round
+            .as_ref()
+            .is_some_and(|r| Arc::ptr_eq(&r.done, &h.done))
+        {
+            *round = None;
+        }
+        res.map(|_| true)
+    }
+
+    /// Waits for a running round, then forgets the plan (deregisters the
+    /// buffers). Later calls are `InvalidUsage` errors. Returns the running
+    /// round's error, if it failed, else the deregistration's result.
+    pub fn free(&self, comm: &Communicator) -> Result<()> {
+        self.check(comm, "free")?;
+        let last = self.wait(comm);
+        if self.freed.swap(true, Ordering::AcqRel) {
+            return Err(Error::InvalidUsage(
+                "free: this persistent request was freed".into(),
+            ));
+        }
+        let gone = comm
+            .submit(
+                self.fp,
+                Plan::Unprepare(self.id),
+                self.kernel,
+                &self.op,
+                self.send_bytes,
+                self.recv_bytes,
+                false,
+            )
+            .and_then(|h| h.wait());
+        last.and(gone)
+    }
+}
+
+/// A persistent all-reduce on borrowed buffers ([`Communicator::all_reduce_init`]).
+///
+/// It borrows the communicator and the buffers for its whole life, so they
+/// outlive every round, and nothing else can touch the buffers meanwhile:
+/// between rounds they are reached through [`PersistentAllReduce::send_mut`]
+/// and [`PersistentAllReduce::recv`], which refuse while a round runs.
+/// Dropping it waits for a running round, then frees the plan.
+pub struct PersistentAllReduce<'a, T: Element> {
+    comm: &'a Communicator,
+    raw: RawPersistent,
+    send: *mut T,
+    recv: *mut T,
+    len: usize,
+    _bufs: PhantomData<&'a mut [T]>,
+}
+
+impl Communicator {
+    /// A persistent `recv = ⊕ over ranks of send` (see [`crate::persistent`]):
+    /// planned now, run by each [`PersistentAllReduce::start`]. Collective,
+    /// like the all-reduce itself.
+    ///
+    /// `send` is borrowed mutably although rounds only read it: each round
+    /// reads it anew, so the caller writes it between rounds, through
+    /// [`PersistentAllReduce::send_mut`].
+    pub fn all_reduce_init<'a, T: Element>(
+        &'a self,
+        send: &'a mut [T],
+        recv: &'a mut [T],
+        op: RedOp,
+    ) -> Result<PersistentAllReduce<'a, T>> {
+        if send.len() != recv.len() {
+            return Err(Error::InvalidArgument(format!(
+                "all_reduce_init: buffers differ in length ({} vs {} elements)",
+                send.len(),
+                recv.len()
+            )));
+        }
+        // SAFETY: both borrows last as long as the request, which waits for
+        // a running round and frees its plan when dropped.
+        unsafe { self.persistent(send.as_mut_ptr(), recv.as_mut_ptr(), send.len(), op) }
+    }
+
+    /// The in-place form of [`Communicator::all_reduce_init`]: each round
+    /// reduces `buf` into itself.
+    pub fn all_reduce_init_in_place<'a, T: Element>(
+        &'a self,
+        buf: &'a mut [T],
+        op: RedOp,
+    ) -> Result<PersistentAllReduce<'a, T>> {
+        let p = buf.as_mut_ptr();
+        // SAFETY: as in all_reduce_init.
+        unsafe { self.persistent(p, p, buf.len(), op) }
+    }
+
+    /// # Safety
+    /// `send` and `recv` hold `len` elements each (or are equal) and stay
+    /// borrowed by the returned request for `'a`.
+    unsafe fn persistent<'a, T: Element>(
+        &'a self,
+        send: *mut T,
+        recv: *mut T,
+        len: usize,
+        op: RedOp,
+    ) -> Result<PersistentAllReduce<'a, T>> {
+        let raw = RawOp {
+            kind: OpKind::AllReduce,
+            dtype: T::DTYPE,
+            redop: op,
+            count: len,
+            root: 0,
+            send: send.cast_const().cast(),
+            recv: recv.cast(),
+            weight: None,
+        };
+        // SAFETY: forwarded from the caller.
+        let raw = unsafe { self.prepare_raw(raw, None)? };
+        Ok(PersistentAllReduce {
+            comm: self,
+            raw,
+            send,
+            recv,
+            len,
+            _bufs: PhantomData,
+        })
+    }
+}
+
+impl<T: Element> PersistentAllReduce<'_, T> {
+    /// Begins one round, reading the send buffer now. A round still
+    /// running is an `InvalidUsage` error.
+    pub fn start(&mut self) -> Result<()> {
+        // SAFETY: the buffers are borrowed for the request's life, and are
+        // reachable (send_mut, recv) only while no round runs.
+        unsafe { self.raw.start(self.comm) }
+    }
+
+    /// Whether no round is running (true before the first start); a
+    /// finished round's error is returned once.
+    pub fn test(&mut self) -> Result<bool> {
+        self.raw.test(self.comm)
+    }
+
+    /// Blocks until the running round, if any, finishes.
+    pub fn wait(&mut self) -> Result<()> {
+        self.raw.wait(self.comm)
+    }
+
+    /// Blocks at most `timeout`; `Ok(false)` if the round is still running.
+    pub fn wait_timeout(&mut self, timeout: Duration) -> Result<bool> {
+        self.raw.wait_timeout(self.comm, timeout)
+    }
+
+    /// Whether a round was started and has not finished.
+    pub fn is_running(&self) -> bool {
+        self.raw.is_running()
+    }
+
+    fn idle(&self, what: &str) -> Result<()> {
+        if self.raw.is_running() {
+            return Err(Error::InvalidUsage(format!(
+                "{what}: a round of this persistent all_reduce is running; wait for it first"
+            )));
+        }
+        Ok(())
+    }
+
+    /// The send buffer (in place: the one buffer), to write the next
+    /// round's input; refused while a round runs.
+    pub fn send_mut(&mut self) -> Result<&mut [T]> {
+        self.idle("send_mut")?;
+        // SAFETY: borrowed for the request's life; no round runs, so the
+        // engine does not touch it, and `&mut self` excludes other views.
+        Ok(unsafe { std::slice::from_raw_parts_mut(self.send, self.len) })
+    }
+
+    /// The receive buffer (in place: the one buffer), with the last round's
+    /// result; refused while a round runs.
+    pub fn recv(&self) -> Result<&[T]> {
+        self.idle("recv")?;
+        // SAFETY: as for send_mut; the shared view lasts while `&self` does,
+        // and start needs `&mut self`.
+        Ok(unsafe { std::slice::from_raw_parts(self.recv, self.len) })
+    }
+
+    /// The receive buffer, writable; refused while a round runs.
+    pub fn recv_mut(&mut self) -> Result<&mut [T]> {
+        self.idle("recv_mut")?;
+        // SAFETY: as for send_mut.
+        Ok(unsafe { std::slice::from_raw_parts_mut(self.recv, self.len) })
+    }
+
+    /// Whether send and receive are one buffer.
+    pub fn in_place(&self) -> bool {
+        self.send == self.recv
+    }
+}
+
+impl<T: Element> Drop for PersistentAllReduce<'_, T> {
+    fn drop(&mut self) {
+        // Waits for a running round first: the borrows end after this.
+        if let Err(e) = self.raw.free(self.comm) {
+            tracing::debug!("freeing a persistent all_reduce: {e}");
+        }
+    }
+}

@@ -1,0 +1,291 @@
+//! Steady-state rounds of a persistent all-reduce allocate nothing: what
+//! `persistent.rs` promises (each `start` draws a sequence number, takes a
+//! pooled completion and queues one message; the engine rewinds the kept
+//! schedule and uses the kept registrations).
+//!
+//! Built like `no_alloc.rs` (see there for why it is a binary of its own,
+//! without libtest's harness): a counting `#[global_allocator]`, every rank
+//! a thread of this process with its own communicator over real shm or TCP.
+//! Each rank makes two persistent requests (in place and out of place)
+//! before anything is counted, runs `WARMUP` rounds of each, meets the
+//! others at a `std::sync::Barrier`, and rank 0 reads the counter; then
+//! `MEASURED` rounds of `start` + `wait` with new inputs every round, and
+//! the counter again. Every round's result is checked, and any allocation
+//! in the window, on any thread, fails the test, as does any registration
+//! of memory with a transport (`gw_collectives::registrations`). `GW_ALLOC_TRACE=1` prints
+//! backtraces of the first ones.
+
+use gw_collectives::local::local_world;
+use gw_collectives::{Communicator, RedOp, TransportChoice};
+use gw_rendezvous::StoreServer;
+use std::alloc::{GlobalAlloc, Layout, System};
+use std::cell::Cell;
+use std::sync::Barrier;
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+
+/// Counts every allocation and reallocation of the process.
+struct Counting;
+
+static ALLOCS: AtomicU64 = AtomicU64::new(0);
+static BYTES: AtomicU64 = AtomicU64::new(0);
+/// Set while a measured window is open and `GW_ALLOC_TRACE` is set.
+static TRACE: AtomicBool = AtomicBool::new(false);
+/// Backtraces printed so far in this window, and how many to print
+/// (`GW_ALLOC_TRACE=N`, default 6: a few name the culprits).
+static TRACED: AtomicUsize = AtomicUsize::new(0);
+static MAX_TRACES: AtomicUsize = AtomicUsize::new(6);
+
+thread_local! {
+    /// Keeps the backtrace's own allocations from recursing into tracing.
+    static IN_TRACE: Cell<bool> = const { Cell::new(false) };
+}
+
+fn note(size: usize) {
+    ALLOCS.fetch_add(1, Ordering::Relaxed);
+    BYTES.fetch_add(size as u64, Ordering::Relaxed);
+    if TRACE.load(Ordering::Relaxed) && IN_TRACE.try_with(|t| !t.replace(true)).unwrap_or(false) {
+        if TRACED.fetch_add(1, Ordering::Relaxed) < MAX_TRACES.load(Ordering::Relaxed) {
+            let bt = std::backtrace::Backtrace::force_capture();
+            let name = std::thread::current().name().map(str::to_owned);
+            eprintln!(
+                "allocation of {size} bytes on thread {name:?} in the measured window:\n{bt}"
+            );
+        }
+        IN_TRACE.with(|t| t.set(false));
+    }
+}
+
+// SAFETY: forwards to `System` unchanged; only counts.
+unsafe impl GlobalAlloc for Counting {
+    unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
+        note(layout.size());
+        // SAFETY: same contract as ours.
+        unsafe { System.alloc(layout) }
+    }
+    unsafe fn alloc_zeroed(&self, layout: Layout) -> *mut u8 {
+        note(layout.size());
+        // SAFETY: same contract as ours.
+        unsafe { System.alloc_zeroed(layout) }
+    }
+    unsafe fn realloc(&self, ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
+        note(new_size);
+        // SAFETY: same contract as ours.
+        unsafe { System.realloc(ptr, layout, new_size) }
+    }
+    unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
+        // SAFETY: same contract as ours.
+        unsafe { System.dealloc(ptr, layout) }
+    }
+}
+
+#[global_allocator]
+static GLOBAL: Counting = Counting;
+
+const WARMUP: usize = 10;
+const MEASURED: usize = 50;
+/// Windows with stalls measured again at most this often.
+const STALL_RETRIES: usize = 3;
+/// Small segments, so the larger count is many pipelined messages.
+const SEGMENT_BYTES: usize = 16 << 10;
+
+/// One rank's rounds `its` of both requests, each result checked. Errors
+/// are strings, so that nothing allocates on success.
+fn rounds(
+    c: &Communicator,
+    a: &mut gw_collectives::PersistentAllReduce<'_, f32>,
+    b: &mut gw_collectives::PersistentAllReduce<'_, f32>,
+    its: std::ops::Range<usize>,
+) -> Result<(), String> {
+    let (r, n) = (c.rank() as usize, c.size() as usize);
+    for it in its {
+        let v = (r + it % 7) as f32;
+        let sum: f32 = (0..n).map(|q| (q + it % 7) as f32).sum();
+        a.send_mut().map_err(|e| e.to_string())?.fill(v);
+        a.start().map_err(|e| e.to_string())?;
+        a.wait().map_err(|e| e.to_string())?;
+        b.send_mut().map_err(|e| e.to_string())?.fill(v);
+        b.start().map_err(|e| e.to_string())?;
+        b.wait().map_err(|e| e.to_string())?;
+        for (what, got) in [("out of place", a.recv()), ("in place", b.recv())] {
+            let got = got.map_err(|e| e.to_string())?;
+            if got[0] != sum || got[got.len() - 1] != sum {
+                return Err(format!(
+                    "rank {r} round {it} {what}: got {}, want {sum}",
+                    got[0]
+                ));
+            }
+        }
+    }
+    Ok(())
+}
+
+/// What one measured window saw.
+struct Window {
+    allocs: u64,
+    bytes: u64,
+    stalls: u64,
+    /// Buffers registered with a transport in the window.
+    registrations: u64,
+}
+
+fn measure(comms: &[Communicator], count: usize) -> Result<Window, String> {
+    let n = comms.len();
+    let gate = Barrier::new(n);
+    let before = AtomicU64::new(0);
+    let before_bytes = AtomicU64::new(0);
+    let before_stalls = AtomicU64::new(0);
+    let before_regs = AtomicU64::new(0);
+    let trace = match std::env::var("GW_ALLOC_TRACE") {
+        Ok(v) => {
+            if let Ok(n) = v.parse() {
+                MAX_TRACES.store(n, Ordering::Relaxed);
+            }
+            true
+        }
+        Err(_) => false,
+    };
+    let results: Vec<Result<Window, String>> = std::thread::scope(|s| {
+        let hs: Vec<_> = comms
+            .iter()
+            .map(|c| {
+                let (gate, before, before_bytes, before_stalls, before_regs) =
+                    (&gate, &before, &before_bytes, &before_stalls, &before_regs);
+                s.spawn(move || {
+                    let mut send = vec![0f32; count];
+                    let mut recv = vec![0f32; count];
+                    let mut inplace = vec![0f32; count];
+                    let mut a = c
+                        .all_reduce_init(&mut send, &mut recv, RedOp::Sum)
+                        .map_err(|e| e.to_string())?;
+                    let mut b = c
+                        .all_reduce_init_in_place(&mut inplace, RedOp::Sum)
+                        .map_err(|e| e.to_string())?;
+                    let mut res = rounds(c, &mut a, &mut b, 0..WARMUP);
+                    gate.wait();
+                    if c.rank() == 0 {
+                        // Tracing first: an allocation just after the
+                        // first reading is counted, so it must be traced.
+                        TRACED.store(0, Ordering::SeqCst);
+                        TRACE.store(trace, Ordering::SeqCst);
+                        before.store(ALLOCS.load(Ordering::SeqCst), Ordering::SeqCst);
+                        before_bytes.store(BYTES.load(Ordering::SeqCst), Ordering::SeqCst);
+                        before_stalls.store(gw_collectives::stall_checks(), Ordering::SeqCst);
+                        before_regs.store(gw_collectives::registrations(), Ordering::SeqCst);
+                    }
+                    gate.wait();
+                    if res.is_ok() {
+                        res = rounds(c, &mut a, &mut b, WARMUP..WARMUP + MEASURED);
+                    }
+                    gate.wait();
+                    let counted = Window {
+                        allocs: ALLOCS.load(Ordering::SeqCst) - before.load(Ordering::SeqCst),
+                        bytes: BYTES.load(Ordering::SeqCst) - before_bytes.load(Ordering::SeqCst),
+                        stalls: gw_collectives::stall_checks()
+                            - before_stalls.load(Ordering::SeqCst),
+                        registrations: gw_collectives::registrations()
+                            - before_regs.load(Ordering::SeqCst),
+                    };
+                    // Nobody frees its requests (which is not a steady-state
+                    // round) before every rank has read the counters.
+                    gate.wait();
+                    TRACE.store(false, Ordering::SeqCst);
+                    res.map(|_| counted)
+                })
+            })
+            .collect();
+        hs.into_iter()
+            .map(|h| {
+                h.join()
+                    .unwrap_or_else(|_| Err("rank thread panicked".into()))
+            })
+            .collect()
+    });
+    let mut out = Window {
+        allocs: 0,
+        bytes: 0,
+        stalls: 0,
+        registrations: 0,
+    };
+    for r in results {
+        let w = r?;
+        out.allocs = out.allocs.max(w.allocs);
+        out.bytes = out.bytes.max(w.bytes);
+        out.stalls = out.stalls.max(w.stalls);
+        out.registrations = out.registrations.max(w.registrations);
+    }
+    Ok(out)
+}
+
+fn main() {
+    let mut failures = Vec::new();
+    let mut key = 0;
+    for transport in [TransportChoice::Shm, TransportChoice::Tcp] {
+        for world in [2u32, 3, 4] {
+            key += 1;
+            let (_store, comms): (StoreServer, Vec<Communicator>) =
+                local_world(world, &format!("pna{key}"), |_, cfg| {
+                    cfg.transport.set(transport);
+                    cfg.segment_bytes.set(SEGMENT_BYTES);
+                    cfg.shm_slot_bytes.set(SEGMENT_BYTES);
+                    cfg.shm_slots.set(4);
+                })
+                .expect("communicators");
+            for count in [1000usize, 40_000] {
+                let what = format!(
+                    "{} world {world} persistent all-reduce count {count}",
+                    transport.name()
+                );
+                let mut res = measure(&comms, count);
+                for _ in 0..STALL_RETRIES {
+                    match &res {
+                        Ok(w) if w.allocs > 0 && w.stalls > 0 => {
+                            println!(
+                                "{what}: {} allocations with {} stall checks (overloaded?); measuring again",
+                                w.allocs, w.stalls
+                            );
+                            res = measure(&comms, count);
+                        }
+                        _ => break,
+                    }
+                }
+                match res {
+                    Ok(w) if w.registrations > 0 => {
+                        println!(
+                            "{what}: {} registrations in {MEASURED} rounds",
+                            w.registrations
+                        );
+                        failures.push(format!("{what}: {} registrations", w.registrations));
+                    }
+                    Ok(w) if w.allocs == 0 => {
+                        println!(
+                            "{what}: 0 allocations and 0 registrations in {MEASURED} rounds of start + wait"
+                        )
+                    }
+                    Ok(w) => {
+                        println!(
+                            "{what}: {} allocations ({} bytes, {} stall checks) in {MEASURED} rounds",
+                            w.allocs, w.bytes, w.stalls
+                        );
+                        failures.push(format!(
+                            "{what}: {} allocations ({} bytes)",
+                            w.allocs, w.bytes
+                        ));
+                    }
+                    Err(e) => {
+                        println!("{what}: failed: {e}");
+                        failures.push(format!("{what}: {e}"));
+                    }
+                }
+            }
+            drop(comms);
+        }
+    }
+    if !failures.is_empty() {
+        eprintln!(
+            "persistent rounds allocated (rerun with GW_ALLOC_TRACE=1 for backtraces):\n  {}",
+            failures.join("\n  ")
+        );
+        std::process::exit(1);
+    }
+    println!("persistent_no_alloc: every steady-state round allocated nothing");
+}
