@@ -152,10 +152,9 @@ pub fn open(cfg: &Config) -> Result<Hca> {
     // SAFETY: ctx is open and attr is a writable ibv_device_attr.
     let rc = unsafe { rdma_sys::ibv_query_device(ctx.ctx, attr.as_mut_ptr()) };
     if rc != 0 {
-        return Err(Error::QueryPort {
+        return Err(Error::QueryDevice {
             call: "ibv_query_device",
             device: ctx.name.clone(),
-            port: 0,
             errno: crate::sys::rc_errno(rc),
         });
     }

@@ -123,7 +123,15 @@ pub enum Error {
         errno: Errno,
     },
 
-    /// Querying the device or one of its ports failed.
+    /// Querying the device's attributes failed.
+    #[error("{call} of {device} failed: {errno}")]
+    QueryDevice {
+        call: &'static str,
+        device: String,
+        errno: Errno,
+    },
+
+    /// Querying one of the device's ports failed.
     #[error("{call} of {device} port {port} failed: {errno}")]
     QueryPort {
         call: &'static str,
@@ -230,6 +238,7 @@ impl Error {
     pub fn call(&self) -> Option<&'static str> {
         match self {
             Error::OpenDevice { call, .. }
+            | Error::QueryDevice { call, .. }
             | Error::QueryPort { call, .. }
             | Error::AllocPd { call, .. }
             | Error::RegMr { call, .. }
@@ -249,6 +258,7 @@ impl Error {
     pub fn errno(&self) -> Option<Errno> {
         match self {
             Error::OpenDevice { errno, .. }
+            | Error::QueryDevice { errno, .. }
             | Error::QueryPort { errno, .. }
             | Error::AllocPd { errno, .. }
             | Error::RegMr { errno, .. }

@@ -21,7 +21,9 @@ use crate::device::Hca;
 use crate::endpoint::{MAX_24, QpEndpoint};
 use crate::error::{Errno, Error, Result};
 use crate::mr::{Pd, ProtectionDomain, RemoteAddr, Slice};
-use crate::qp_plan::{LocalPath, QpOptions, RtrPlan, init_plan, rtr_plan, rts_plan};
+use crate::qp_plan::{
+    InitPlan, LocalPath, QpOptions, RtrPlan, RtsPlan, init_plan, rtr_plan, rts_plan,
+};
 use std::marker::PhantomData;
 use std::mem::MaybeUninit;
 use std::sync::Arc;
@@ -122,6 +124,7 @@ impl Hca {
         recv_cq: &CompletionQueue,
         opts: &QpOptions,
     ) -> Result<Qp<Reset>> {
+        opts.validate()?;
         // SAFETY: an all-zero ibv_qp_init_attr is valid (NULL pointers, zero
         // counts); the fields gradwire needs are set below.
         let mut attr: rdma_sys::ibv_qp_init_attr = unsafe { MaybeUninit::zeroed().assume_init() };
@@ -216,6 +219,28 @@ fn zeroed_attr() -> rdma_sys::ibv_qp_attr {
     unsafe { MaybeUninit::zeroed().assume_init() }
 }
 
+/// Copies an INIT plan into the C struct.
+fn init_attr(p: &InitPlan) -> rdma_sys::ibv_qp_attr {
+    let mut a = zeroed_attr();
+    a.qp_state = rdma_sys::ibv_qp_state::IBV_QPS_INIT;
+    a.pkey_index = p.pkey_index;
+    a.port_num = p.port;
+    a.qp_access_flags = p.access;
+    a
+}
+
+/// Copies an RTS plan into the C struct.
+fn rts_attr(p: &RtsPlan) -> rdma_sys::ibv_qp_attr {
+    let mut a = zeroed_attr();
+    a.qp_state = rdma_sys::ibv_qp_state::IBV_QPS_RTS;
+    a.timeout = p.timeout;
+    a.retry_cnt = p.retry_cnt;
+    a.rnr_retry = p.rnr_retry;
+    a.sq_psn = p.sq_psn;
+    a.max_rd_atomic = p.max_rd_atomic;
+    a
+}
+
 /// Copies an RTR plan into the C struct.
 fn rtr_attr(p: &RtrPlan) -> rdma_sys::ibv_qp_attr {
     let mut a = zeroed_attr();
@@ -245,11 +270,7 @@ impl Qp<Reset> {
     /// write and remote read.
     pub fn into_init(mut self) -> Result<Qp<Init>> {
         let p = init_plan(self.inner.path.port);
-        let mut a = zeroed_attr();
-        a.qp_state = rdma_sys::ibv_qp_state::IBV_QPS_INIT;
-        a.pkey_index = p.pkey_index;
-        a.port_num = p.port;
-        a.qp_access_flags = p.access;
+        let mut a = init_attr(&p);
         self.modify(&mut a, p.mask, "INIT")?;
         Ok(self.into_state())
     }
@@ -276,13 +297,7 @@ impl Qp<ReadyToReceive> {
     /// RTR → RTS: timeouts, retry counts and this side's first PSN.
     pub fn into_rts(mut self) -> Result<Qp<ReadyToSend>> {
         let p = rts_plan(self.inner.psn, &self.inner.opts);
-        let mut a = zeroed_attr();
-        a.qp_state = rdma_sys::ibv_qp_state::IBV_QPS_RTS;
-        a.timeout = p.timeout;
-        a.retry_cnt = p.retry_cnt;
-        a.rnr_retry = p.rnr_retry;
-        a.sq_psn = p.sq_psn;
-        a.max_rd_atomic = p.max_rd_atomic;
+        let mut a = rts_attr(&p);
         self.modify(&mut a, p.mask, "RTS")?;
         Ok(self.into_state())
     }
@@ -386,5 +401,90 @@ impl Qp<ReadyToSend> {
             });
         }
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::port::{LinkLayer, Mtu};
+    use rdma_sys::ibv_qp_state::*;
+
+    fn path(link_layer: LinkLayer) -> LocalPath {
+        LocalPath {
+            port: 1,
+            link_layer,
+            mtu: Mtu::B4096,
+            lid: 3,
+            gid_index: 5,
+            gid: [7; 16],
+        }
+    }
+
+    fn peer() -> QpEndpoint {
+        QpEndpoint {
+            qpn: 0x1234,
+            psn: 0x00ab_cdef,
+            lid: 9,
+            gid: [8; 16],
+            mtu: Mtu::B1024,
+        }
+    }
+
+    #[test]
+    fn init_attr_carries_the_plan() {
+        let a = init_attr(&init_plan(2));
+        assert_eq!(a.qp_state, IBV_QPS_INIT);
+        assert_eq!(a.port_num, 2);
+        assert_eq!(a.pkey_index, 0);
+        assert_eq!(a.qp_access_flags, crate::qp_plan::ACCESS);
+    }
+
+    #[test]
+    fn rtr_attr_on_roce_sends_a_grh() {
+        let p = rtr_plan(&path(LinkLayer::Ethernet), &peer(), &QpOptions::default()).unwrap();
+        let a = rtr_attr(&p);
+        assert_eq!(a.qp_state, IBV_QPS_RTR);
+        assert_eq!(a.path_mtu, rdma_sys::ibv_mtu::IBV_MTU_1024);
+        assert_eq!(a.dest_qp_num, 0x1234);
+        assert_eq!(a.rq_psn, 0x00ab_cdef);
+        assert_eq!(a.max_dest_rd_atomic, 1);
+        assert_eq!(a.min_rnr_timer, 12);
+        assert_eq!(a.ah_attr.is_global, 1);
+        assert_eq!(a.ah_attr.port_num, 1);
+        assert_eq!(a.ah_attr.dlid, 0);
+        assert_eq!(a.ah_attr.grh.sgid_index, 5);
+        assert_eq!(a.ah_attr.grh.hop_limit, crate::qp_plan::HOP_LIMIT);
+        // SAFETY: reading the raw bytes of a GID just written as raw bytes.
+        assert_eq!(unsafe { a.ah_attr.grh.dgid.raw }, [8; 16]);
+    }
+
+    #[test]
+    fn rtr_attr_on_infiniband_routes_by_lid() {
+        let p = rtr_plan(&path(LinkLayer::Infiniband), &peer(), &QpOptions::default()).unwrap();
+        let a = rtr_attr(&p);
+        assert_eq!(a.ah_attr.is_global, 0);
+        assert_eq!(a.ah_attr.dlid, 9);
+        assert_eq!(a.ah_attr.port_num, 1);
+        // SAFETY: as above; an IB path leaves the GRH zero.
+        assert_eq!(unsafe { a.ah_attr.grh.dgid.raw }, [0; 16]);
+    }
+
+    #[test]
+    fn rts_attr_carries_the_plan() {
+        let a = rts_attr(&rts_plan(0x42, &QpOptions::default()));
+        assert_eq!(a.qp_state, IBV_QPS_RTS);
+        assert_eq!(a.sq_psn, 0x42);
+        assert_eq!(a.timeout, 14);
+        assert_eq!(a.retry_cnt, 7);
+        assert_eq!(a.rnr_retry, 7);
+        assert_eq!(a.max_rd_atomic, 1);
+    }
+
+    #[test]
+    fn psns_are_24_bit_and_vary() {
+        let psns: std::collections::HashSet<u32> = (0..64).map(|_| random_psn(7)).collect();
+        assert!(psns.iter().all(|&p| p <= MAX_24));
+        assert!(psns.len() > 1);
     }
 }

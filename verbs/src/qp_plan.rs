@@ -95,6 +95,40 @@ impl Default for QpOptions {
     }
 }
 
+impl QpOptions {
+    /// Checks every value fits its field: verbs would refuse it with a bare
+    /// `EINVAL` at some later transition, or silently truncate it.
+    pub fn validate(&self) -> Result<()> {
+        let bad = |what: String| {
+            Err(Error::InvalidArgument(format!(
+                "queue pair options: {what}"
+            )))
+        };
+        if self.retry_cnt > 7 || self.rnr_retry > 7 {
+            return bad(format!(
+                "retry counts are 3-bit: retry_cnt {} and rnr_retry {} must be at most 7",
+                self.retry_cnt, self.rnr_retry
+            ));
+        }
+        if self.timeout > 31 || self.min_rnr_timer > 31 {
+            return bad(format!(
+                "timers are 5-bit codes: timeout {} and min_rnr_timer {} must be at most 31",
+                self.timeout, self.min_rnr_timer
+            ));
+        }
+        if self.send_depth == 0 || self.recv_depth == 0 {
+            return bad(format!(
+                "send depth {} and receive depth {} must be at least 1",
+                self.send_depth, self.recv_depth
+            ));
+        }
+        if self.service_level > 15 {
+            return bad(format!("service level {} is past 15", self.service_level));
+        }
+        Ok(())
+    }
+}
+
 /// This side of the connection: the port and GID its queue pair uses.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct LocalPath {
@@ -166,12 +200,7 @@ pub fn init_plan(port: u8) -> InitPlan {
 /// side's GID index and the peer's GID on RoCE), the MTU both ports carry,
 /// the peer's queue pair and first PSN.
 pub fn rtr_plan(local: &LocalPath, remote: &QpEndpoint, opts: &QpOptions) -> Result<RtrPlan> {
-    if opts.retry_cnt > 7 || opts.rnr_retry > 7 {
-        return Err(Error::InvalidArgument(format!(
-            "retry counts are 3-bit: retry_cnt {} and rnr_retry {} must be at most 7",
-            opts.retry_cnt, opts.rnr_retry
-        )));
-    }
+    opts.validate()?;
     let av = match local.link_layer {
         LinkLayer::Infiniband => {
             if remote.lid == 0 {
@@ -366,12 +395,35 @@ mod tests {
     }
 
     #[test]
-    fn retry_counts_are_three_bits() {
-        let o = QpOptions {
-            retry_cnt: 8,
-            ..QpOptions::default()
-        };
-        assert!(rtr_plan(&roce(), &peer(Mtu::B4096), &o).is_err());
+    fn options_must_fit_their_fields() {
+        QpOptions::default().validate().unwrap();
+        let d = QpOptions::default();
+        for (o, what) in [
+            (QpOptions { retry_cnt: 8, ..d }, "retry counts are 3-bit"),
+            (QpOptions { rnr_retry: 8, ..d }, "retry counts are 3-bit"),
+            (QpOptions { timeout: 32, ..d }, "timers are 5-bit"),
+            (
+                QpOptions {
+                    min_rnr_timer: 32,
+                    ..d
+                },
+                "timers are 5-bit",
+            ),
+            (QpOptions { send_depth: 0, ..d }, "at least 1"),
+            (QpOptions { recv_depth: 0, ..d }, "at least 1"),
+            (
+                QpOptions {
+                    service_level: 16,
+                    ..d
+                },
+                "service level",
+            ),
+        ] {
+            let e = o.validate().unwrap_err().to_string();
+            assert!(e.starts_with("queue pair options: "), "{e}");
+            assert!(e.contains(what), "{e}");
+            assert!(rtr_plan(&roce(), &peer(Mtu::B4096), &o).is_err());
+        }
     }
 
     #[test]

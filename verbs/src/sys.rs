@@ -127,6 +127,59 @@ mod tests {
         }
     }
 
+    /// rdma-sys writes `ibv_send_wr`, `ibv_wc` and the address vector by
+    /// hand (bindgen cannot do their unions), and they are exactly what the
+    /// post and poll paths hand to the provider. These are gcc's sizes and
+    /// offsets for `<infiniband/verbs.h>` on x86-64 Linux (rdma-core 44; the
+    /// layout is ABI and has not changed since these fields existed).
+    #[cfg(all(target_arch = "x86_64", target_os = "linux"))]
+    #[test]
+    fn hand_written_structs_match_the_c_layout() {
+        use std::mem::{offset_of, size_of};
+        assert_eq!(size_of::<ibv_send_wr>(), 128);
+        assert_eq!(offset_of!(ibv_send_wr, opcode), 28);
+        assert_eq!(offset_of!(ibv_send_wr, send_flags), 32);
+        assert_eq!(offset_of!(ibv_send_wr, imm_data_invalidated_rkey_union), 36);
+        assert_eq!(offset_of!(ibv_send_wr, wr), 40);
+        assert_eq!(offset_of!(rdma_t, rkey), 8);
+        assert_eq!(size_of::<ibv_wc>(), 48);
+        assert_eq!(offset_of!(ibv_wc, vendor_err), 16);
+        assert_eq!(offset_of!(ibv_wc, byte_len), 20);
+        assert_eq!(offset_of!(ibv_wc, imm_data_invalidated_rkey_union), 24);
+        assert_eq!(offset_of!(ibv_wc, qp_num), 28);
+        assert_eq!(offset_of!(ibv_wc, wc_flags), 36);
+        assert_eq!(size_of::<ibv_qp_attr>(), 144);
+        assert_eq!(offset_of!(ibv_qp_attr, ah_attr), 56);
+        assert_eq!(size_of::<ibv_ah_attr>(), 32);
+        assert_eq!(size_of::<ibv_global_route>(), 24);
+        assert_eq!(
+            offset_of!(ibv_qp_attr, ah_attr)
+                + offset_of!(ibv_ah_attr, grh)
+                + offset_of!(ibv_global_route, sgid_index),
+            76
+        );
+        assert_eq!(
+            offset_of!(ibv_qp_attr, ah_attr) + offset_of!(ibv_ah_attr, dlid),
+            80
+        );
+        assert_eq!(
+            offset_of!(ibv_qp_attr, ah_attr) + offset_of!(ibv_ah_attr, is_global),
+            85
+        );
+        assert_eq!(
+            offset_of!(ibv_qp_attr, ah_attr) + offset_of!(ibv_ah_attr, port_num),
+            86
+        );
+        assert_eq!(offset_of!(ibv_qp_attr, port_num), 129);
+        assert_eq!(offset_of!(ibv_qp_attr, timeout), 130);
+        assert_eq!(offset_of!(ibv_qp_attr, rnr_retry), 132);
+        assert_eq!(size_of::<ibv_recv_wr>(), 32);
+        assert_eq!(size_of::<ibv_sge>(), 16);
+        assert_eq!(size_of::<ibv_port_attr>(), 52);
+        assert_eq!(offset_of!(ibv_port_attr, lid), 34);
+        assert_eq!(offset_of!(ibv_port_attr, link_layer), 46);
+    }
+
     #[test]
     fn return_codes_become_errnos() {
         assert_eq!(rc_errno(22), Errno(22));
