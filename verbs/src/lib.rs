@@ -39,10 +39,10 @@
 //!   rdma-core headers, and it exposes the newer `ibv_wr_*` posting API.
 //!   The cost: a missing or old rdma-core shows up only at run time, as
 //!   every verbs call failing with `EOPNOTSUPP` rather than a link error
-//!   or "no RDMA device: <reason>"; its build needs CMake and Clang; and its
-//!   own ownership model and buffer types, centred on `ibv_wr_*` (the
-//!   classic `ibv_post_send` path "without performance guarantee", as it
-//!   says), sit between the engine and the device. gradwire gets the
+//!   or "no RDMA device: …"; its build needs CMake and Clang; and its
+//!   own ownership model and buffer types, centred on `ibv_wr_*` (its
+//!   README makes no performance promise for the classic `ibv_post_send`
+//!   path), sit between the engine and the device. gradwire gets the
 //!   "builds anywhere" half differently: the `verbs` feature is off by
 //!   default. The trade-off kept: a binary built with it links
 //!   libibverbs.so.1 and will not start where rdma-core is not installed,
@@ -52,8 +52,8 @@
 //! # Unsafe
 //!
 //! `unsafe` appears only at FFI calls and where the device's access to
-//! memory cannot be checked ([`ProtectionDomain::register`] and the
-//! accessors of [`RegisteredBuffer`]), each with a `// SAFETY:` comment
+//! memory cannot be checked (`ProtectionDomain::register` and the
+//! accessors of `RegisteredBuffer`), each with a `// SAFETY:` comment
 //! (enforced by `clippy::undocumented_unsafe_blocks`). Nothing that comes
 //! from the device, a file or a peer is unwrapped.
 
