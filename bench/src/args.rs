@@ -156,7 +156,7 @@ impl Sub {
 }
 
 /// The flags p2p refuses: they describe a reduction or a root it does not have.
-const COLL_ONLY: [&str; 4] = ["dtype", "redop", "root", "algo"];
+const COLL_ONLY: [&str; 5] = ["dtype", "redop", "root", "algo", "persistent"];
 
 /// The benchmark flags. Numeric ones accept a leading '-' as a value so that
 /// `-e -5` is reported as a bad size rather than as a missing value.
@@ -278,6 +278,19 @@ struct Opts {
     /// Also write the results as JSON to FILE (rank 0)
     #[arg(short = 'J', long = "output_file", value_name = "FILE")]
     json: Option<PathBuf>,
+
+    /// Time a persistent all-reduce (made once per size and placement, then
+    /// started and waited for each iteration) instead of the ordinary call
+    /// (allreduce only)
+    #[arg(
+        short = 'P',
+        long = "persistent",
+        value_name = "0|1",
+        default_value = "0",
+        value_parser = check_parser(),
+        action = clap::ArgAction::Set,
+    )]
+    persistent: bool,
 }
 
 /// The collectives gwbench measures.
@@ -390,6 +403,8 @@ pub struct CollOpts {
     /// `None` is `-a auto`.
     pub algo: Option<Algo>,
     pub json: Option<PathBuf>,
+    /// `-P 1`: persistent all-reduce.
+    pub persistent: bool,
 }
 
 /// Options of the point-to-point benchmark.
@@ -631,6 +646,12 @@ pub fn parse<S: Into<OsString>>(args: impl IntoIterator<Item = S>) -> Result<Com
             coll.name()
         ));
     }
+    if o.persistent && coll != Coll::AllReduce {
+        return err(format!(
+            "-P 1 applies to allreduce only, not {}",
+            coll.name()
+        ));
+    }
     Ok(Command::Coll(CollOpts {
         coll,
         sizes,
@@ -642,6 +663,7 @@ pub fn parse<S: Into<OsString>>(args: impl IntoIterator<Item = S>) -> Result<Com
         root: if coll.rooted() { o.root } else { 0 },
         algo: o.algo,
         json: o.json,
+        persistent: o.persistent,
     }))
 }
 

@@ -11,7 +11,7 @@ use crate::Fail;
 use crate::args::{Coll, CollOpts};
 use crate::check::{Pattern, Value, count_wrong, poison};
 use crate::report::{self, Header, Meas, RankLine, Row, Summary};
-use gw_collectives::{Algo, Communicator, DType, Error, RawOp, RedOp};
+use gw_collectives::{Algo, Communicator, DType, Error, RawOp, RawPersistent, RedOp};
 use half::{bf16, f16};
 use std::io::Write as _;
 use std::time::Instant;
@@ -185,6 +185,8 @@ struct Bench<'a, T: Value> {
     send: Vec<T>,
     recv: Vec<T>,
     sizes: Vec<(usize, Layout)>,
+    /// With `-P 1`: the persistent all-reduce of the size being measured.
+    persistent: Option<RawPersistent>,
 }
 
 impl<'a, T: Value> Bench<'a, T> {
@@ -208,6 +210,7 @@ impl<'a, T: Value> Bench<'a, T> {
             send: alloc(max_send, "send")?,
             recv: alloc(max_buf, "receive")?,
             sizes,
+            persistent: None,
         })
     }
 
@@ -399,18 +402,28 @@ impl<'a, T: Value> Bench<'a, T> {
         if k == 0 {
             return Ok(());
         }
-        let op = self.op(l, in_place);
-        // SAFETY: `op` points into self.send / self.recv, sized for every row
-        // at construction; nothing touches them until `launch` has waited for
-        // every call.
-        unsafe { launch(self.comm, op, self.o.algo, k) }.map_err(|e| Fail::Lib {
+        let fail = |e| Fail::Lib {
             what: format!(
                 "{} of {size} bytes ({}, {what})",
                 self.o.coll.name(),
                 if in_place { "in-place" } else { "out-of-place" }
             ),
             err: e,
-        })
+        };
+        if let Some(p) = &self.persistent {
+            for _ in 0..k {
+                // SAFETY: the request points into self.send / self.recv,
+                // which nothing touches until `wait` returns.
+                unsafe { p.start(self.comm) }.map_err(fail)?;
+                p.wait(self.comm).map_err(fail)?;
+            }
+            return Ok(());
+        }
+        let op = self.op(l, in_place);
+        // SAFETY: `op` points into self.send / self.recv, sized for every row
+        // at construction; nothing touches them until `launch` has waited for
+        // every call.
+        unsafe { launch(self.comm, op, self.o.algo, k) }.map_err(fail)
     }
 
     /// Times one placement of one size; with `-c 1` also checks it and returns
@@ -423,6 +436,30 @@ impl<'a, T: Value> Bench<'a, T> {
         in_place: bool,
     ) -> Result<(f64, Option<(u64, u64)>), Fail> {
         self.prepare(l, in_place);
+        if self.o.persistent {
+            let op = self.op(l, in_place);
+            // SAFETY: `op` points into self.send / self.recv, which live as
+            // long as the bench and are not resized; the request is freed at
+            // the end of this measurement.
+            let p = unsafe { self.comm.prepare_raw(op, self.o.algo) }
+                .map_err(|e| Fail::lib("persistent all-reduce init", e))?;
+            self.persistent = Some(p);
+        }
+        let r = self.measure_prepared(size, l, in_place);
+        if let Some(p) = self.persistent.take() {
+            p.free(self.comm)
+                .map_err(|e| Fail::lib("freeing the persistent all-reduce", e))?;
+        }
+        r
+    }
+
+    #[allow(clippy::type_complexity)]
+    fn measure_prepared(
+        &mut self,
+        size: usize,
+        l: &Layout,
+        in_place: bool,
+    ) -> Result<(f64, Option<(u64, u64)>), Fail> {
         self.call(l, in_place, self.o.warmup, "warm-up", size)?;
         self.comm
             .barrier()

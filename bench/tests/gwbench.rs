@@ -211,6 +211,46 @@ fn allreduce_two_ranks_rows_and_no_wrong_elements() {
     assert!(r.stdout.contains("nRanks 2"), "{}", r.all());
 }
 
+/// `-P 1`: the same rows from a persistent all-reduce, checked exactly,
+/// for every algorithm that runs on three ranks.
+#[test]
+fn persistent_allreduce_checks_out_with_every_algorithm() {
+    for algo in ["auto", "ring", "tree", "rd"] {
+        let r = bench(
+            3,
+            &[
+                "allreduce",
+                "-b",
+                "4",
+                "-e",
+                "1M",
+                "-f",
+                "32",
+                "-n",
+                "3",
+                "-w",
+                "1",
+                "-c",
+                "1",
+                "-P",
+                "1",
+                "-a",
+                algo,
+            ],
+        );
+        assert_eq!(r.code, Some(0), "-a {algo}: {}", r.all());
+        let rows = table(&r);
+        assert_eq!(rows.len(), 4, "{}", r.all());
+        for f in &rows {
+            assert_eq!(
+                (f[8].as_str(), f[12].as_str()),
+                ("0", "0"),
+                "-a {algo}: {f:?}"
+            );
+        }
+    }
+}
+
 #[test]
 fn every_collective_and_algorithm_checks_out_on_three_ranks() {
     let cases: &[&[&str]] = &[
@@ -369,6 +409,9 @@ fn usage_errors_and_help_without_a_launcher() {
         &["alltoall"],
         &[],
         &["allreduce", "-o", "avg", "-d", "int32"],
+        &["broadcast", "-P", "1"],
+        &["p2p", "-P", "1"],
+        &["allreduce", "-P", "2"],
     ] {
         let r = run(&gwbench(), args);
         assert_eq!(r.code, Some(2), "{args:?}\n{}", r.all());
@@ -383,7 +426,7 @@ fn usage_errors_and_help_without_a_launcher() {
     let h = run(&gwbench(), &["--help"]);
     assert_eq!(h.code, Some(0));
     for flag in [
-        "-b", "-e", "-f", "-n", "-w", "-c", "-d", "-o", "-r", "-a", "-J", "p2p",
+        "-b", "-e", "-f", "-n", "-w", "-c", "-d", "-o", "-r", "-a", "-J", "-P", "p2p",
     ] {
         assert!(h.stdout.contains(flag), "--help lacks {flag}");
     }
