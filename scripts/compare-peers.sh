@@ -32,7 +32,9 @@
 #   ITERS_SCALE=1       multiplies the per-size iteration counts below
 #   ITERS=N, WARMUP=N   the same timed / warm-up count for every size instead
 #   SIZES="8 1K ..."    sizes to run (K/M suffixes = 2^10/2^20)
-#   CONFIGS="tcp2 shm2 tcp4 shm4"
+#   CONFIGS="tcp2 shm2 tcp4 shm4"  (also ofi2 ofi4: GW_TRANSPORT=ofi against
+#                       OpenMPI's pml cm / mtl ofi, both on libfabric's
+#                       tcp;ofi_rxm provider)
 #   GLOO_CONFIGS=tcp2   the TCP configurations Gloo runs in ("tcp2 tcp4": both)
 #   IPERF_SECS=3        seconds per iperf3 measurement
 #   RUN_TIMEOUT=600     seconds before one launch is abandoned (then n/a)
@@ -244,7 +246,7 @@ cfg_transport() { echo "${1%[0-9]}"; }
 run_gradwire() { # CONFIG ROUND BYTES ITERS WARMUP
   local c=$1 r=$2 b=$3 n=$4 w=$5 name rc
   name=$c.gradwire.r$r.$b
-  rc=$(GW_TRANSPORT=$(cfg_transport "$c") launch "$name" "$gwrun" -n "$(cfg_ranks "$c")" "$gwbench" allreduce \
+  rc=$(GW_TRANSPORT=$(cfg_transport "$c") GW_OFI_PROVIDER="tcp;ofi_rxm" launch "$name" "$gwrun" -n "$(cfg_ranks "$c")" "$gwbench" allreduce \
     -b "$b" -e "$b" -f 2 -n "$n" -w "$w" -c 0 -d float -o sum -J "$out/raw/$name.json")
   record coll "$c" gradwire "$r" "$b" "raw/$name.json" "$rc"
 }
@@ -255,6 +257,8 @@ mpi_flags() { # CONFIG -> mpirun flags
   (($(cfg_ranks "$c") > $(nproc))) && f+=(--oversubscribe)
   if [[ $(cfg_transport "$c") == tcp ]]; then
     f+=(--mca pml ob1 --mca btl "tcp,self" --mca btl_tcp_if_include lo)
+  elif [[ $(cfg_transport "$c") == ofi ]]; then
+    f+=(--mca pml cm --mca mtl ofi --mca mtl_ofi_provider_include "tcp;ofi_rxm")
   else
     f+=(--mca pml ob1 --mca btl "self,$mpi_shm_btl")
   fi
@@ -344,7 +348,7 @@ for ((r = 1; r <= ROUNDS; r++)); do
     [[ " $CONFIGS " == *4\ * ]] && run_iperf "$r" bidir 2
   fi
   for c in $CONFIGS; do
-    case $c in tcp2 | shm2 | tcp4 | shm4) ;; *) say "unknown configuration '$c' in CONFIGS (tcp2 shm2 tcp4 shm4)"; exit 2 ;; esac
+    case $c in tcp2 | shm2 | tcp4 | shm4 | ofi2 | ofi4) ;; *) say "unknown configuration '$c' in CONFIGS (tcp2 shm2 tcp4 shm4 ofi2 ofi4)"; exit 2 ;; esac
     say "round $r of $ROUNDS: $c ($((SECONDS - start)) s so far)"
     for b in "${sizes[@]}"; do
       read -r n w <<<"$(iters_for "$b")"

@@ -27,6 +27,8 @@ CONFIGS = {
     "shm2": {"ranks": 2, "transport": "shm", "title": "shared memory, 2 ranks"},
     "tcp4": {"ranks": 4, "transport": "tcp", "title": "TCP loopback, 4 ranks (more ranks than cores)"},
     "shm4": {"ranks": 4, "transport": "shm", "title": "shared memory, 4 ranks (more ranks than cores)"},
+    "ofi2": {"ranks": 2, "transport": "ofi", "title": "libfabric tcp;ofi_rxm, 2 ranks (OpenMPI: pml cm, mtl ofi)"},
+    "ofi4": {"ranks": 4, "transport": "ofi", "title": "libfabric tcp;ofi_rxm, 4 ranks (OpenMPI: pml cm, mtl ofi)"},
 }
 PEERS = {"openmpi": "OpenMPI", "gloo": "Gloo"}
 SHORT = {"openmpi": "MPI", "gloo": "Gloo"}
@@ -389,6 +391,12 @@ def main():
     target("tcp 2 ranks: >= 4x Gloo up to 1 MiB", ratio_checks("tcp2", "gloo", lambda b: b <= MiB, 4.0))
     target("tcp 4 ranks: >= 1.0x OpenMPI from 64 KiB up", ratio_checks("tcp4", "openmpi", lambda b: b >= 64 * KiB, 1.0))
     target("shm 4 ranks: >= 1.0x OpenMPI from 64 KiB up", ratio_checks("shm4", "openmpi", lambda b: b >= 64 * KiB, 1.0))
+    for cfg in ("ofi2", "ofi4"):
+        if any(k[0] == cfg for k in ratios):
+            target(
+                f"ofi tcp;ofi_rxm {CONFIGS[cfg]['ranks']} ranks: >= 1.0x OpenMPI over the same provider from 64 KiB up",
+                ratio_checks(cfg, "openmpi", lambda b: b >= 64 * KiB, 1.0),
+            )
 
     for cfg, limit in (("tcp2", 1.0), ("shm2", 2.0)):
         r = ratios.get((cfg, "openmpi"), {}).get(8)

@@ -1155,11 +1155,17 @@ impl Transport for OfiTransport {
     }
 
     fn prepare_sleep(&mut self) -> bool {
-        if self.ep.wait_fd().is_none() {
-            return false;
-        }
         if self.peers.iter().any(|p| !p.out.is_empty()) {
             return false;
+        }
+        if self.ep.wait_fd().is_none() {
+            // Nothing would wake the engine (shm offers no wait object): it
+            // may sleep only with nothing of ours in flight. What arrives
+            // meanwhile is for operations not posted yet, taken in when the
+            // next one wakes the engine.
+            return self.reqs.values().all(|done| *done)
+                && self.peers.iter().all(|p| p.tx.is_idle())
+                && self.grants.is_idle();
         }
         self.ep.trywait().unwrap_or(false)
     }
@@ -1181,7 +1187,14 @@ impl Transport for OfiTransport {
             return;
         }
         let me = self.me;
-        let text = &reason.as_bytes()[..reason.len().min(MAX_ABORT_TEXT)];
+        // Injected frames are small (64 bytes on tcp;ofi_rxm): the reason
+        // is cut to fit beside the header.
+        let room = self.ep.info().inject_size.saturating_sub(HEADER_LEN);
+        let mut end = reason.len().min(MAX_ABORT_TEXT).min(room);
+        while !reason.is_char_boundary(end) {
+            end -= 1;
+        }
+        let text = &reason.as_bytes()[..end];
         for i in 0..self.peers.len() {
             let Some(addr) = self.peers[i].addr else {
                 continue;
