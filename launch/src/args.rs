@@ -179,7 +179,7 @@ struct Cli {
     // "[possible values: ...]" would say it twice.
     #[arg(
         long,
-        value_name = "auto|tcp|shm",
+        value_name = "auto|tcp|shm|ofi",
         value_enum,
         hide_possible_values = true,
         allow_hyphen_values = true
@@ -662,7 +662,7 @@ mod tests {
             "GW_STORE_BIND",
             "exit status",
             "128+N",
-            "auto|tcp|shm",
+            "auto|tcp|shm|ofi",
         ] {
             assert!(text.contains(word), "help lacks {word}\n{text}");
         }
@@ -686,7 +686,7 @@ mod tests {
     fn bad_values() {
         assert_eq!(
             usage(&["-n", "2", "--transport", "udp", "x"]),
-            "--transport: 'udp' is not one of auto, tcp, shm"
+            "--transport: 'udp' is not one of auto, tcp, shm, ofi"
         );
         assert!(usage(&["-n", "2", "--transport", "shn", "x"]).contains("did you mean 'shm'"));
         assert!(usage(&["-n", "2", "--timeout", "-1", "x"]).contains("positive number"));

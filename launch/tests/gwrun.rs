@@ -610,7 +610,10 @@ fn bad_command_lines_exit_2_with_one_line() {
         (&["-n", "x", "sh"], "'x'"),
         (&["-n"], "requires a value"),
         (&["--bogus", "-n", "1", "sh"], "unknown option '--bogus'"),
-        (&["-n", "1", "--transport", "udp", "sh"], "auto, tcp, shm"),
+        (
+            &["-n", "1", "--transport", "udp", "sh"],
+            "auto, tcp, shm, ofi",
+        ),
         (&["-n", "1", "--timeout", "0", "sh"], "--timeout"),
         (&["-n", "1", "--lanes", "-2", "sh"], "--lanes"),
         (&["-n", "1", "--store-bind", "here", "sh"], "--store-bind"),
