@@ -22,6 +22,7 @@ pub use wire::{FrameHeader, FrameKind};
 
 pub mod ofi;
 mod recv_core;
+mod regions;
 mod reqmap;
 pub mod rma;
 pub mod shm;

@@ -34,6 +34,7 @@ mod tests;
 
 use crate::error::{Error, Result};
 use crate::recv_core::{Credits, Posted, Posting, RecvCore};
+use crate::regions::{Extent, Regions};
 use crate::reqmap::{self, ReqMap};
 use crate::rma::{GRANT_LEN, Grant, Imm, Receiver, Sender, ToGrant};
 use crate::seam::{
@@ -188,6 +189,15 @@ struct Region {
     mr: Option<Mr>,
 }
 
+impl Extent for Region {
+    fn base(&self) -> *mut u8 {
+        self.ptr.0
+    }
+    fn len(&self) -> usize {
+        self.len
+    }
+}
+
 /// A fixed set of equal registered buffers.
 #[derive(Debug)]
 struct Pool {
@@ -281,7 +291,7 @@ pub struct OfiTransport {
     ep: Endpoint,
     provider: String,
     peers: Vec<Peer>,
-    regions: Vec<Option<Region>>,
+    regions: Regions<Region>,
     reqs: ReqMap<bool>,
     next_req: u64,
     grants: Receiver,
@@ -379,7 +389,7 @@ impl OfiTransport {
             provider: info.provider.clone(),
             ep,
             peers,
-            regions: Vec::new(),
+            regions: Regions::new(),
             reqs: reqmap::with_capacity(crate::seam::REQS_RESERVED),
             next_req: 1,
             bounce,
@@ -466,22 +476,10 @@ impl OfiTransport {
         offset: usize,
         len: usize,
         what: &str,
-    ) -> Result<(MemPtr, usize)> {
-        let index = mem.index_for(self.id, "ofi")? as usize;
-        let r = self
-            .regions
-            .get(index)
-            .and_then(|r| r.as_ref())
-            .ok_or_else(|| {
-                Error::InvalidArgument(format!("{what}: memory handle {index} is not registered"))
-            })?;
-        if offset.checked_add(len).is_none_or(|end| end > r.len) {
-            return Err(Error::InvalidArgument(format!(
-                "{what}: range [{offset}, {offset}+{len}) lies outside registered region {index} of {} bytes",
-                r.len
-            )));
-        }
-        Ok((MemPtr(r.ptr.0.wrapping_add(offset)), index))
+    ) -> Result<(MemPtr, u32)> {
+        let index = mem.index_for(self.id, "ofi")?;
+        let (at, _) = self.regions.range(index, offset, len, what)?;
+        Ok((MemPtr(at), index))
     }
 
     fn new_req(&mut self) -> u64 {
@@ -499,10 +497,11 @@ impl OfiTransport {
     fn grant(&mut self, peer: Rank, i: usize, id: u64) -> Result<()> {
         let r = &self.peers[peer as usize].core.posted()[i];
         let (req, dst, len, mem) = (r.req, r.dst, r.len, r.extra.mem);
-        let index = mem.index_for(self.id, "ofi")? as usize;
-        let Some(Some(region)) = self.regions.get(index) else {
-            return Err(Error::Internal(format!("receive {req} lost its region")));
-        };
+        let index = mem.index_for(self.id, "ofi")?;
+        let region = self
+            .regions
+            .get(index, "grant")
+            .map_err(|_| Error::Internal(format!("receive {req} lost its region")))?;
         // An empty message is one empty write, aimed at a registration
         // that exists (the staging buffers') since its own has none.
         let (mr, at) = match &region.mr {
@@ -890,10 +889,11 @@ impl OfiTransport {
             let Some(b) = p.big.iter().find(|b| b.req == w.req) else {
                 return Err(Error::Internal(format!("write of unknown send {}", w.req)));
             };
-            let index = b.mem.index_for(self.id, "ofi")? as usize;
-            let Some(Some(region)) = self.regions.get(index) else {
-                return Err(Error::Internal(format!("send {} lost its region", w.req)));
-            };
+            let index = b.mem.index_for(self.id, "ofi")?;
+            let region = self
+                .regions
+                .get(index, "write")
+                .map_err(|_| Error::Internal(format!("send {} lost its region", w.req)))?;
             let (desc, src) = match &region.mr {
                 Some(mr) if w.len > 0 => (mr.desc(), b.src.0.wrapping_add(w.offset).cast_const()),
                 _ => (self.stage.mr.desc(), self.stage.bytes.as_ptr()),
@@ -1021,37 +1021,17 @@ impl Transport for OfiTransport {
                 })?,
             )
         };
-        let region = Some(Region {
+        let idx = self.regions.insert(Region {
             ptr: MemPtr(ptr),
             len,
             mr,
-        });
-        let idx = match self.regions.iter().position(|r| r.is_none()) {
-            Some(i) => {
-                self.regions[i] = region;
-                i
-            }
-            None => {
-                self.regions.push(region);
-                self.regions.len() - 1
-            }
-        };
-        let idx = u32::try_from(idx)
-            .map_err(|_| Error::InvalidUsage("too many registered regions".into()))?;
+        })?;
         Ok(MemHandle::new(self.id, idx))
     }
 
     fn deregister(&mut self, mem: MemHandle) -> Result<()> {
         let index = mem.index_for(self.id, "ofi")?;
-        if !self
-            .regions
-            .get(index as usize)
-            .is_some_and(|r| r.is_some())
-        {
-            return Err(Error::InvalidArgument(format!(
-                "deregister: memory handle {index} is not registered"
-            )));
-        }
+        self.regions.get(index, "deregister")?;
         let busy = self.peers.iter().any(|p| {
             p.big.iter().any(|b| b.mem == mem) || p.core.posted().iter().any(|r| r.extra.mem == mem)
         });
@@ -1060,7 +1040,7 @@ impl Transport for OfiTransport {
                 "deregister: memory handle {index} is still used by a posted transfer"
             )));
         }
-        self.regions[index as usize] = None;
+        self.regions.remove(index);
         Ok(())
     }
 

@@ -62,6 +62,7 @@ use self::ring::{CanPull, Consumer, Corrupt, MAX_PULLS, Producer, next_segment};
 use self::segment::{Layout, Opened, Segment, pid_alive, segment_path};
 use crate::error::{Error, Result};
 use crate::recv_core::{DEFAULT_EAGER_FRAMES, Posted, Posting, RecvCore};
+use crate::regions::{Extent, Regions};
 use crate::reqmap::{self, ReqMap};
 use crate::seam::{
     Landed, MemHandle, MemPtr, Now, Properties, Rank, Readiness, RemoteRegion, Request, Tag,
@@ -154,6 +155,15 @@ impl ShmConfig {
 struct Region {
     ptr: MemPtr,
     len: usize,
+}
+
+impl Extent for Region {
+    fn base(&self) -> *mut u8 {
+        self.ptr.0
+    }
+    fn len(&self) -> usize {
+        self.len
+    }
 }
 
 #[derive(Debug)]
@@ -336,7 +346,7 @@ pub struct ShmTransport {
     cfg: ShmConfig,
     layout: Layout,
     peers: Vec<Peer>,
-    regions: Vec<Option<Region>>,
+    regions: Regions<Region>,
     /// Outstanding and completed-but-untested requests: `true` once complete.
     reqs: ReqMap<bool>,
     next_req: u64,
@@ -411,7 +421,7 @@ impl ShmTransport {
             },
             cfg,
             peers: ps,
-            regions: Vec::new(),
+            regions: Regions::new(),
             // Reserved: a table that grows when more requests than ever are
             // live at once would allocate in a steady-state step (hashbrown
             // rehashes in place while at most half full).
@@ -511,20 +521,8 @@ impl ShmTransport {
         what: &str,
     ) -> Result<(MemPtr, usize)> {
         let index = mem.index_for(self.id, "shm")?;
-        let r = self
-            .regions
-            .get(index as usize)
-            .and_then(|r| r.as_ref())
-            .ok_or_else(|| {
-                Error::InvalidArgument(format!("{what}: memory handle {index} is not registered"))
-            })?;
-        if offset.checked_add(len).is_none_or(|end| end > r.len) {
-            return Err(Error::InvalidArgument(format!(
-                "{what}: range [{offset}, {offset}+{len}) lies outside registered region {index} of {} bytes",
-                r.len
-            )));
-        }
-        Ok((MemPtr(r.ptr.0.wrapping_add(offset)), r.len))
+        let (at, r) = self.regions.range(index, offset, len, what)?;
+        Ok((MemPtr(at), r.len))
     }
 
     /// Posts a receive (see `irecv` and `irecv_in_place`).
@@ -1316,36 +1314,16 @@ impl Transport for ShmTransport {
                 "register: null pointer with {len} bytes"
             )));
         }
-        let region = Some(Region {
+        let idx = self.regions.insert(Region {
             ptr: MemPtr(ptr),
             len,
-        });
-        let idx = match self.regions.iter().position(|r| r.is_none()) {
-            Some(i) => {
-                self.regions[i] = region;
-                i
-            }
-            None => {
-                self.regions.push(region);
-                self.regions.len() - 1
-            }
-        };
-        let idx = u32::try_from(idx)
-            .map_err(|_| Error::InvalidUsage("too many registered regions".into()))?;
+        })?;
         Ok(MemHandle::new(self.id, idx))
     }
 
     fn deregister(&mut self, mem: MemHandle) -> Result<()> {
         let index = mem.index_for(self.id, "shm")?;
-        let known = self
-            .regions
-            .get(index as usize)
-            .is_some_and(|r| r.is_some());
-        if !known {
-            return Err(Error::InvalidArgument(format!(
-                "deregister: memory handle {index} is not registered"
-            )));
-        }
+        self.regions.get(index, "deregister")?;
         let busy = self.peers.iter().any(|p| {
             p.sends.iter().any(|s| s.mem == mem)
                 || p.core.posted().iter().any(|r| r.extra.mem == mem)
@@ -1357,7 +1335,7 @@ impl Transport for ShmTransport {
                 "deregister: memory handle {index} is still used by a posted transfer"
             )));
         }
-        self.regions[index as usize] = None;
+        self.regions.remove(index);
         Ok(())
     }
 
@@ -1645,11 +1623,7 @@ impl Transport for ShmTransport {
 
     fn remote_region(&mut self, mem: MemHandle) -> Result<Option<RemoteRegion>> {
         let index = mem.index_for(self.id, "shm")?;
-        let Some(Some(r)) = self.regions.get(index as usize) else {
-            return Err(Error::InvalidArgument(format!(
-                "remote_region: memory handle {index} is not registered"
-            )));
-        };
+        let r = self.regions.get(index, "remote_region")?;
         Ok(Some(RemoteRegion {
             rank: self.me,
             key: one_sided::key(self.peers[self.me as usize].info.pid, index),
