@@ -157,6 +157,8 @@ impl Sub {
 
 /// The flags p2p refuses: they describe a reduction or a root it does not have.
 const COLL_ONLY: [&str; 5] = ["dtype", "redop", "root", "algo", "persistent"];
+/// The flags only p2p takes (its perftest shape).
+const P2P_ONLY: [&str; 2] = ["bidir", "lat"];
 
 /// The benchmark flags. Numeric ones accept a leading '-' as a value so that
 /// `-e -5` is reported as a bad size rather than as a missing value.
@@ -240,16 +242,17 @@ struct Opts {
     )]
     dtype: DType,
 
-    /// Reduction; avg needs a floating-point type; used by allreduce,
-    /// reduce_scatter and reduce only (not for p2p)
+    /// Reduction of allreduce, reduce_scatter and reduce (avg needs a
+    /// floating-point type); for p2p, perftest's operation: send (write and
+    /// read need one-sided operations the communicator does not offer yet)
     #[arg(
         short = 'o',
         long = "op",
         value_name = "OP",
         default_value = "sum",
-        value_parser = redop_parser(),
+        value_parser = op_parser(),
     )]
-    redop: RedOp,
+    redop: OpArg,
 
     /// Root rank of broadcast and reduce (not for p2p)
     #[arg(
@@ -291,6 +294,14 @@ struct Opts {
         action = clap::ArgAction::Set,
     )]
     persistent: bool,
+
+    /// With p2p --op send: both ranks stream at once
+    #[arg(long = "bidir")]
+    bidir: bool,
+
+    /// With p2p --op send: latency rows instead of bandwidth rows
+    #[arg(long = "lat")]
+    lat: bool,
 }
 
 /// The collectives gwbench measures.
@@ -415,6 +426,22 @@ pub struct P2pOpts {
     pub warmup: usize,
     pub check: bool,
     pub json: Option<PathBuf>,
+    /// `--op` (with `--bidir`, `--lat`): perftest's tables instead of gwbench's.
+    pub perftest: Option<Perftest>,
+}
+
+/// The operation of `p2p --op`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum P2pOp {
+    Send,
+}
+
+/// `p2p --op OP [--bidir] [--lat]`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Perftest {
+    pub op: P2pOp,
+    pub bidir: bool,
+    pub lat: bool,
 }
 
 /// What the command line asks for.
@@ -514,9 +541,26 @@ fn dtype_parser() -> impl TypedValueParser<Value = DType> {
     .try_map(|s| DType::parse(&s).ok_or_else(|| format!("unknown datatype '{s}'")))
 }
 
-fn redop_parser() -> impl TypedValueParser<Value = RedOp> {
-    PossibleValuesParser::new(RedOp::ALL.map(RedOp::name))
-        .try_map(|s| RedOp::parse(&s).ok_or_else(|| format!("unknown op '{s}'")))
+/// What `-o/--op` names: a reduction (collectives, as in nccl-tests) or a
+/// point-to-point operation (p2p, as in perftest).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum OpArg {
+    Red(RedOp),
+    P2p(&'static str),
+}
+
+const P2P_OPS: [&str; 3] = ["send", "write", "read"];
+
+fn op_parser() -> impl TypedValueParser<Value = OpArg> {
+    let names = RedOp::ALL.map(RedOp::name).into_iter().chain(P2P_OPS);
+    PossibleValuesParser::new(names).try_map(|s| {
+        if let Some(p) = P2P_OPS.iter().find(|p| **p == s) {
+            return Ok(OpArg::P2p(p));
+        }
+        RedOp::parse(&s)
+            .map(OpArg::Red)
+            .ok_or_else(|| format!("unknown op '{s}'"))
+    })
 }
 
 fn algo_parser() -> impl TypedValueParser<Value = Option<Algo>> {
@@ -612,9 +656,11 @@ pub fn parse<S: Into<OsString>>(args: impl IntoIterator<Item = S>) -> Result<Com
 
     let Some(coll) = bench.coll() else {
         let cmd = Cli::command();
+        let p2p_op = matches!(o.redop, OpArg::P2p(_));
         let given = COLL_ONLY
             .iter()
             .filter(|id| m.value_source(id) == Some(ValueSource::CommandLine))
+            .filter(|id| !(**id == "redop" && p2p_op))
             .find_map(|id| cmd.get_arguments().find(|a| a.get_id() == *id));
         if let Some(a) = given {
             return err(format!(
@@ -623,15 +669,58 @@ pub fn parse<S: Into<OsString>>(args: impl IntoIterator<Item = S>) -> Result<Com
                 a.get_long().unwrap_or("?")
             ));
         }
+        let op = match o.redop {
+            OpArg::P2p(op) => Some(op),
+            OpArg::Red(_) => None,
+        };
+        let perftest = match (op, o.bidir, o.lat) {
+            (None, false, false) => None,
+            (None, _, _) => return err("--bidir and --lat go with --op (p2p --op send)"),
+            (Some("send"), true, true) => {
+                return err("--lat takes no --bidir (perftest's latency tests are one way)");
+            }
+            (Some("send"), bidir, lat) => Some(Perftest {
+                op: P2pOp::Send,
+                bidir,
+                lat,
+            }),
+            (Some(op), _, _) => {
+                return err(format!(
+                    "--op {op} needs one-sided operations, which gwbench cannot reach through the communicator yet; --op send runs"
+                ));
+            }
+        };
         return Ok(Command::P2p(P2pOpts {
             sizes,
             iters: o.iters,
             warmup: o.warmup,
             check: o.check,
             json: o.json,
+            perftest,
         }));
     };
-    if coll.reduces() && o.redop == RedOp::Avg && !o.dtype.is_float() {
+    let cmd = Cli::command();
+    if let Some(a) = P2P_ONLY
+        .iter()
+        .filter(|id| m.value_source(id) == Some(ValueSource::CommandLine))
+        .find_map(|id| cmd.get_arguments().find(|a| a.get_id() == *id))
+    {
+        return err(format!(
+            "--{} applies to p2p only, not {}",
+            a.get_long().unwrap_or("?"),
+            coll.name()
+        ));
+    }
+    let redop = match o.redop {
+        OpArg::Red(r) => r,
+        OpArg::P2p(op) => {
+            return err(format!(
+                "-o {op} is a p2p operation; {} takes a reduction (sum, prod, min, max, avg)",
+                coll.name()
+            ));
+        }
+    };
+    if coll.reduces() && redop == RedOp::Avg && !o.dtype.is_float() {
         return err(format!(
             "-o avg needs a floating-point datatype, not {} (the library refuses integer averages)",
             o.dtype.name()
@@ -659,7 +748,7 @@ pub fn parse<S: Into<OsString>>(args: impl IntoIterator<Item = S>) -> Result<Com
         warmup: o.warmup,
         check: o.check,
         dtype: o.dtype,
-        redop: if coll.reduces() { o.redop } else { RedOp::None },
+        redop: if coll.reduces() { redop } else { RedOp::None },
         root: if coll.rooted() { o.root } else { 0 },
         algo: o.algo,
         json: o.json,

@@ -16,6 +16,7 @@ mod calibrate;
 mod check;
 mod nccl;
 mod p2p;
+mod perftest;
 mod report;
 
 use gw_collectives::{Communicator, Error};

@@ -57,7 +57,7 @@ fn post(
     first.map_or(Ok(()), Err)
 }
 
-struct P2p<'a> {
+pub(crate) struct P2p<'a> {
     comm: &'a Communicator,
     me: u32,
     peer: u32,
@@ -68,7 +68,7 @@ struct P2p<'a> {
 
 impl P2p<'_> {
     /// One round trip of `size` bytes (rank 0 first).
-    fn round(&mut self, size: usize) -> Result<(), Error> {
+    pub(crate) fn round(&mut self, size: usize) -> Result<(), Error> {
         let (c, p) = (self.comm, self.peer);
         if self.me == 0 {
             c.send(p, &self.send[..size])?;
@@ -105,7 +105,7 @@ impl P2p<'_> {
     }
 
     /// Seconds for `k` one-way messages plus the acknowledgement (rank 0).
-    fn stream(&mut self, size: usize, k: usize) -> Result<f64, Error> {
+    pub(crate) fn stream(&mut self, size: usize, k: usize) -> Result<f64, Error> {
         self.sync()?;
         let (c, p) = (self.comm, self.peer);
         let t0 = Instant::now();
@@ -120,7 +120,7 @@ impl P2p<'_> {
     }
 
     /// Seconds for `k` simultaneous exchanges, the larger of the two ranks'.
-    fn both_ways(&mut self, size: usize, k: usize) -> Result<f64, Error> {
+    pub(crate) fn both_ways(&mut self, size: usize, k: usize) -> Result<f64, Error> {
         self.sync()?;
         let t0 = Instant::now();
         post(
@@ -214,6 +214,15 @@ pub fn run(comm: &Communicator, o: &P2pOpts) -> Result<bool, Fail> {
     };
     for l in report::header_lines(&header) {
         print(&l);
+    }
+    if let Some(pt) = &o.perftest {
+        for (i, x) in b.send.iter_mut().enumerate() {
+            *x = pattern(me, max, i);
+        }
+        crate::perftest::run(&mut b, o, pt, &print)?;
+        b.sync()
+            .map_err(|e| Fail::lib("final synchronisation", e))?;
+        return Ok(true);
     }
     for l in report::p2p_columns() {
         print(&l);

@@ -318,6 +318,103 @@ fn algorithm_that_cannot_run_is_one_line_exit_1() {
     );
 }
 
+/// Rank 0's rows after perftest's column line starting with `first`.
+fn perftest_rows(r: &Run, first: &str, width: usize) -> Vec<Vec<f64>> {
+    let lines = r.rank0();
+    let at = lines
+        .iter()
+        .position(|l| l.trim_start().starts_with(first))
+        .unwrap_or_else(|| panic!("no perftest columns\n{}", r.all()));
+    lines[at + 1..]
+        .iter()
+        .take_while(|l| !l.starts_with('#'))
+        .map(|l| {
+            let f: Vec<f64> = l
+                .split_whitespace()
+                .map(|x| x.parse().unwrap_or_else(|_| panic!("{l:?}")))
+                .collect();
+            assert_eq!(f.len(), width, "{l:?}");
+            f
+        })
+        .collect()
+}
+
+#[test]
+fn p2p_in_perftests_shape() {
+    let bw = bench(
+        2,
+        &[
+            "p2p", "--op", "send", "-b", "8", "-e", "64K", "-f", "64", "-n", "40", "-w", "2",
+        ],
+    );
+    assert_eq!(bw.code, Some(0), "{}", bw.all());
+    assert!(
+        bw.stdout.contains(
+            "#bytes     #iterations   BW peak[GB/sec]    BW average[GB/sec]    MsgRate[Mpps]"
+        ),
+        "{}",
+        bw.all()
+    );
+    let rows = perftest_rows(&bw, "#bytes", 5);
+    assert_eq!(
+        rows.iter().map(|f| f[0]).collect::<Vec<_>>(),
+        [8.0, 512.0, 32768.0]
+    );
+    for f in &rows {
+        assert_eq!(f[1], 40.0);
+        // Two decimals of GB/s: 8-byte rows print 0.00, as perftest's do.
+        assert!(f[2] >= f[3] && f[4] > 0.0, "peak >= average, a rate: {f:?}");
+        assert!(f[0] < 32768.0 || f[3] > 0.0, "{f:?}");
+    }
+    let bi = bench(
+        2,
+        &[
+            "p2p", "-o", "send", "--bidir", "-b", "1M", "-e", "1M", "-n", "16",
+        ],
+    );
+    assert_eq!(bi.code, Some(0), "{}", bi.all());
+    assert_eq!(perftest_rows(&bi, "#bytes", 5).len(), 1);
+    let lat = bench(
+        2,
+        &[
+            "p2p", "--op", "send", "--lat", "-b", "8", "-e", "4K", "-f", "8", "-n", "200",
+        ],
+    );
+    assert_eq!(lat.code, Some(0), "{}", lat.all());
+    assert!(
+        lat.stdout.contains("t_typical[usec]") && lat.stdout.contains("99.9% percentile[usec]")
+    );
+    let rows = perftest_rows(&lat, "#bytes", 9);
+    assert_eq!(rows.len(), 4, "{}", lat.all());
+    for f in &rows {
+        let (min, max, typ, avg, p99, p999) = (f[2], f[3], f[4], f[5], f[7], f[8]);
+        assert!(
+            min > 0.0 && min <= typ && typ <= max && min <= avg && avg <= max,
+            "{f:?}"
+        );
+        assert!(p99 <= p999 && p999 <= max, "{f:?}");
+    }
+}
+
+#[test]
+fn perftest_flags_refused_where_they_do_not_apply() {
+    for (args, want) in [
+        (&["p2p", "--op", "write"][..], "needs one-sided operations"),
+        (&["p2p", "--op", "read"], "needs one-sided operations"),
+        (&["p2p", "--lat"], "go with --op"),
+        (
+            &["p2p", "--op", "send", "--lat", "--bidir"],
+            "--lat takes no --bidir",
+        ),
+        (&["allreduce", "--bidir"], "applies to p2p only"),
+        (&["allreduce", "-o", "send"], "is a p2p operation"),
+    ] {
+        let r = run(&gwbench(), args);
+        assert_eq!(r.code, Some(2), "{args:?}\n{}", r.all());
+        assert!(r.stderr.contains(want), "{args:?}: {}", r.all());
+    }
+}
+
 #[test]
 fn p2p_two_ranks() {
     let json = std::env::temp_dir().join(format!("gwbench-test-{}-p2p.json", std::process::id()));

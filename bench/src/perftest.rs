@@ -1,0 +1,250 @@
+//! `gwbench p2p --op send [--bidir] [--lat]`: the point-to-point benchmark
+//! in perftest's shape (ib_send_bw, ib_send_lat), so that scripts written
+//! for those tools read gradwire's figures.
+//!
+//! Bandwidth rows are `#bytes #iterations BW peak[GB/sec] BW average[GB/sec]
+//! MsgRate[Mpps]`. The iterations go in [`WINDOWS`] windows of back-to-back
+//! messages, each closed by a one-byte acknowledgement. Average is all bytes
+//! over all windows' time, peak is the best window, and the message rate is
+//! messages over all time. With `--bidir` both ranks stream at once, and
+//! bytes and messages count both ways over the slower rank's time.
+//!
+//! Latency rows are `#bytes #iterations t_min[usec] t_max[usec]
+//! t_typical[usec] t_avg[usec] t_stdev[usec] 99% percentile[usec] 99.9%
+//! percentile[usec]`, where each sample is half of one round trip timed by
+//! rank 0, and typical is the median, as in perftest.
+//!
+//! GB is 1e9 bytes, as everywhere in gwbench.
+
+use crate::Fail;
+use crate::args::{P2pOp, P2pOpts, Perftest};
+use crate::p2p::P2p;
+use gw_collectives::Error;
+use std::time::Instant;
+
+/// Windows a bandwidth measurement is cut into (fewer when there are fewer
+/// iterations).
+pub const WINDOWS: usize = 8;
+
+/// Summary of latency samples, in microseconds.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct LatStats {
+    pub min: f64,
+    pub max: f64,
+    pub typical: f64,
+    pub avg: f64,
+    pub stdev: f64,
+    pub p99: f64,
+    pub p999: f64,
+}
+
+/// The value at fraction `q` of `sorted` (nearest rank, as perftest).
+fn percentile(sorted: &[f64], q: f64) -> f64 {
+    let i = ((q * sorted.len() as f64).ceil() as usize).clamp(1, sorted.len()) - 1;
+    sorted[i]
+}
+
+/// Statistics of `samples` (microseconds); `None` for no samples.
+pub fn lat_stats(samples: &[f64]) -> Option<LatStats> {
+    if samples.is_empty() {
+        return None;
+    }
+    let mut s = samples.to_vec();
+    s.sort_by(f64::total_cmp);
+    let n = s.len() as f64;
+    let avg = s.iter().sum::<f64>() / n;
+    let var = s.iter().map(|x| (x - avg).powi(2)).sum::<f64>() / n;
+    Some(LatStats {
+        min: s[0],
+        max: s[s.len() - 1],
+        typical: s[s.len() / 2],
+        avg,
+        stdev: var.sqrt(),
+        p99: percentile(&s, 0.99),
+        p999: percentile(&s, 0.999),
+    })
+}
+
+/// (peak, average) GB/s and Mpps of windows of `(messages, seconds)`, each
+/// message `size` bytes, `ways` directions.
+pub fn bw_stats(size: usize, ways: usize, windows: &[(usize, f64)]) -> (f64, f64, f64) {
+    let total_s: f64 = windows.iter().map(|w| w.1).sum();
+    let msgs: usize = windows.iter().map(|w| w.0).sum::<usize>() * ways;
+    let bytes = (msgs * size) as f64;
+    let peak = windows
+        .iter()
+        .filter(|w| w.1 > 0.0)
+        .map(|w| (w.0 * ways * size) as f64 / w.1 / 1e9)
+        .fold(0.0, f64::max);
+    let avg = if total_s > 0.0 {
+        bytes / total_s / 1e9
+    } else {
+        0.0
+    };
+    let rate = if total_s > 0.0 {
+        msgs as f64 / total_s / 1e6
+    } else {
+        0.0
+    };
+    (peak, avg, rate)
+}
+
+pub fn bw_columns() -> String {
+    format!(
+        " {:<10} {:<13} {:<18} {:<21} {}",
+        "#bytes", "#iterations", "BW peak[GB/sec]", "BW average[GB/sec]", "MsgRate[Mpps]"
+    )
+}
+
+pub fn bw_row(size: usize, iters: usize, peak: f64, avg: f64, rate: f64) -> String {
+    format!(" {size:<10} {iters:<13} {peak:<18.2} {avg:<21.2} {rate:.6}")
+}
+
+pub fn lat_columns() -> String {
+    format!(
+        " {:<10} {:<13} {:<14} {:<14} {:<16} {:<14} {:<16} {:<22} {}",
+        "#bytes",
+        "#iterations",
+        "t_min[usec]",
+        "t_max[usec]",
+        "t_typical[usec]",
+        "t_avg[usec]",
+        "t_stdev[usec]",
+        "99% percentile[usec]",
+        "99.9% percentile[usec]"
+    )
+}
+
+pub fn lat_row(size: usize, iters: usize, s: &LatStats) -> String {
+    format!(
+        " {size:<10} {iters:<13} {:<14.2} {:<14.2} {:<16.2} {:<14.2} {:<16.2} {:<22.2} {:.2}",
+        s.min, s.max, s.typical, s.avg, s.stdev, s.p99, s.p999
+    )
+}
+
+/// Runs the perftest-shaped benchmark; `print` writes rank 0's lines.
+pub fn run(b: &mut P2p<'_>, o: &P2pOpts, pt: &Perftest, print: &dyn Fn(&str)) -> Result<(), Fail> {
+    let P2pOp::Send = pt.op;
+    let lib = |what: &str, size: usize| {
+        let what = format!("p2p --op send {what} of {size} bytes");
+        move |e: Error| Fail::Lib { what, err: e }
+    };
+    let columns = if pt.lat { lat_columns() } else { bw_columns() };
+    print(&columns);
+    for size in o.sizes.seq() {
+        if pt.lat {
+            for _ in 0..o.warmup {
+                b.round(size).map_err(lib("warm-up", size))?;
+            }
+            let mut samples = Vec::with_capacity(o.iters);
+            for _ in 0..o.iters {
+                let t0 = Instant::now();
+                b.round(size).map_err(lib("round trip", size))?;
+                samples.push(t0.elapsed().as_secs_f64() * 1e6 / 2.0);
+            }
+            if let Some(s) = lat_stats(&samples) {
+                print(&lat_row(size, o.iters, &s));
+            }
+            continue;
+        }
+        let stream = |b: &mut P2p<'_>, k: usize| {
+            if pt.bidir {
+                b.both_ways(size, k)
+            } else {
+                b.stream(size, k)
+            }
+        };
+        if o.warmup > 0 {
+            stream(b, o.warmup).map_err(lib("warm-up", size))?;
+        }
+        let nwin = WINDOWS.min(o.iters.max(1));
+        let mut windows = Vec::with_capacity(nwin);
+        let mut left = o.iters;
+        for w in 0..nwin {
+            let k = left / (nwin - w);
+            left -= k;
+            if k == 0 {
+                continue;
+            }
+            let secs = stream(b, k).map_err(lib("stream", size))?;
+            windows.push((k, secs));
+        }
+        let (peak, avg, rate) = bw_stats(size, if pt.bidir { 2 } else { 1 }, &windows);
+        print(&bw_row(size, o.iters, peak, avg, rate));
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn latency_statistics_by_hand() {
+        let s: Vec<f64> = (1..=1000).map(f64::from).collect();
+        let st = lat_stats(&s).unwrap();
+        assert_eq!((st.min, st.max), (1.0, 1000.0));
+        assert_eq!(
+            st.typical, 501.0,
+            "median: the upper middle of an even count"
+        );
+        assert_eq!(st.avg, 500.5);
+        assert_eq!((st.p99, st.p999), (990.0, 999.0));
+        assert!((st.stdev - 288.6749).abs() < 1e-3, "{}", st.stdev);
+        assert_eq!(lat_stats(&[]), None);
+        let one = lat_stats(&[3.0]).unwrap();
+        assert_eq!((one.p99, one.p999, one.stdev), (3.0, 3.0, 0.0));
+    }
+
+    #[test]
+    fn bandwidth_peak_average_and_rate() {
+        // 1 MB messages: 10 in 0.01 s (1 GB/s), 10 in 0.02 s (0.5 GB/s).
+        let (peak, avg, rate) = bw_stats(1_000_000, 1, &[(10, 0.01), (10, 0.02)]);
+        assert!((peak - 1.0).abs() < 1e-12);
+        assert!((avg - 20e6 / 0.03 / 1e9).abs() < 1e-12);
+        assert!((rate - 20.0 / 0.03 / 1e6).abs() < 1e-12);
+        let (p2, a2, r2) = bw_stats(1_000_000, 2, &[(10, 0.01)]);
+        assert!((p2 - 2.0).abs() < 1e-12 && (a2 - 2.0).abs() < 1e-12 && (r2 - 0.002).abs() < 1e-12);
+        assert_eq!(bw_stats(8, 1, &[]), (0.0, 0.0, 0.0));
+    }
+
+    #[test]
+    fn columns_are_perftests() {
+        let c = bw_columns();
+        let words: Vec<&str> = c
+            .split("  ")
+            .map(str::trim)
+            .filter(|w| !w.is_empty())
+            .collect();
+        assert_eq!(
+            words,
+            [
+                "#bytes",
+                "#iterations",
+                "BW peak[GB/sec]",
+                "BW average[GB/sec]",
+                "MsgRate[Mpps]"
+            ]
+        );
+        let l = lat_columns();
+        for w in [
+            "#bytes",
+            "#iterations",
+            "t_min[usec]",
+            "t_max[usec]",
+            "t_typical[usec]",
+            "t_avg[usec]",
+            "t_stdev[usec]",
+            "99% percentile[usec]",
+            "99.9% percentile[usec]",
+        ] {
+            assert!(l.contains(w), "{w} missing from {l}");
+        }
+        assert_eq!(
+            bw_row(65536, 1000, 1.5, 1.25, 0.019)
+                .split_whitespace()
+                .count(),
+            5
+        );
+    }
+}
