@@ -284,8 +284,7 @@ pub(crate) fn route(
     };
     let ofi_idx = match ofi {
         Some(mut t) => {
-            let names: Vec<String> = peers.iter().map(|p| p.ofi.clone()).collect();
-            t.set_peer_names(&names)?;
+            t.set_peers(peers)?;
             transports.push(Box::new(t));
             Some(transports.len() - 1)
         }

@@ -7,15 +7,15 @@ use std::time::Duration;
 const LONG: Duration = Duration::from_secs(240);
 
 fn exchange(n: u32, transport: &str, sizes: &[&str]) {
+    exchange_with(n, transport, sizes, &[]);
+}
+
+fn exchange_with(n: u32, transport: &str, sizes: &[&str], more_env: &[(&str, &str)]) {
     let mut args = vec!["exchange"];
     args.extend_from_slice(sizes);
-    let run = gwrun(
-        n,
-        "gwtest",
-        &args,
-        &[("GW_TRANSPORT", transport), ("GW_TIMEOUT", "120")],
-        LONG,
-    );
+    let mut env = vec![("GW_TRANSPORT", transport), ("GW_TIMEOUT", "120")];
+    env.extend_from_slice(more_env);
+    let run = gwrun(n, "gwtest", &args, &env, LONG);
     assert!(run.status.success(), "n={n} {transport}: {}", run.all());
     for r in 0..n {
         let line = format!("[{r}] rank {r}: exchange ok");
@@ -48,6 +48,20 @@ fn exchange_matrix_shm() {
     }
 }
 
+/// The libfabric transport over its tcp provider (scripts/test.sh
+/// installs libfabric).
+#[test]
+fn exchange_matrix_ofi() {
+    for n in [2, 3, 4] {
+        exchange_with(
+            n,
+            "ofi",
+            &["0", "1", "4095", "1048579"],
+            &[("GW_OFI_PROVIDER", "tcp;ofi_rxm")],
+        );
+    }
+}
+
 #[test]
 fn exchange_64mib_both_transports() {
     exchange(2, "tcp", &["64M"]);
@@ -61,7 +75,11 @@ fn survivors_name_the_dead_rank(transport: &str) {
         &[0, 1, 2],
         3,
         &["kill-mid-transfer", "1"],
-        &[("GW_TRANSPORT", transport), ("GW_TIMEOUT", "20")],
+        &[
+            ("GW_TRANSPORT", transport),
+            ("GW_TIMEOUT", "20"),
+            ("GW_OFI_PROVIDER", "tcp;ofi_rxm"),
+        ],
         Duration::from_secs(60),
     );
     assert!(
@@ -94,6 +112,11 @@ fn peer_killed_mid_transfer_tcp() {
 #[test]
 fn peer_killed_mid_transfer_shm() {
     survivors_name_the_dead_rank("shm");
+}
+
+#[test]
+fn peer_killed_mid_transfer_ofi() {
+    survivors_name_the_dead_rank("ofi");
 }
 
 #[test]

@@ -172,6 +172,10 @@ struct Peer {
     rank: Rank,
     /// Its endpoint name, from the rendezvous record.
     name: Vec<u8>,
+    /// Its pid, when it runs on this host (for `check_peers`).
+    local_pid: Option<u32>,
+    /// Its host name, for errors.
+    host: String,
     addr: Option<FiAddr>,
     core: RecvCore<RecvExtra>,
     credits: Credits,
@@ -366,6 +370,8 @@ impl OfiTransport {
                 Ok(Peer {
                     rank,
                     name: Vec::new(),
+                    local_pid: None,
+                    host: String::new(),
                     addr: None,
                     core: RecvCore::new(me, rank, cfg.eager_frames, cfg.eager_bytes),
                     credits: Credits::new(cfg.eager_frames),
@@ -416,6 +422,24 @@ impl OfiTransport {
     /// The provider in use.
     pub fn provider(&self) -> &str {
         &self.provider
+    }
+
+    /// Every rank's rendezvous record, indexed by rank: endpoint names, and
+    /// the pids of same-host peers, whose death [`Transport::check_peers`]
+    /// then notices (a provider tells of a dead peer only when a send to
+    /// it fails, so a rank that only waits to receive would otherwise wait
+    /// for the timeout).
+    pub fn set_peers(&mut self, infos: &[gw_rendezvous::PeerInfo]) -> Result<()> {
+        let names: Vec<String> = infos.iter().map(|p| p.ofi.clone()).collect();
+        self.set_peer_names(&names)?;
+        let mine = infos.get(self.me as usize).map(|p| p.host_id.clone());
+        for (p, info) in self.peers.iter_mut().zip(infos) {
+            if p.rank != self.me && Some(&info.host_id) == mine.as_ref() {
+                p.local_pid = Some(info.pid);
+            }
+            p.host = info.hostname.clone();
+        }
+        Ok(())
     }
 
     /// Every rank's published endpoint name (hex), indexed by rank.
@@ -1154,6 +1178,17 @@ impl Transport for OfiTransport {
         let now = self.now_ns();
         let timeout = u64::try_from(self.cfg.grant_timeout.as_nanos()).unwrap_or(u64::MAX);
         for p in &self.peers {
+            if let Some(pid) = p.local_pid
+                && p.addr.is_some()
+                && !p.closed
+                && !crate::shm::pid_alive(pid)
+            {
+                return Err(Error::Remote {
+                    rank: p.rank,
+                    addr: p.host.clone(),
+                    what: format!("process {pid} died"),
+                });
+            }
             p.tx.check(now, timeout)?;
         }
         Ok(())
