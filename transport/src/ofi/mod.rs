@@ -176,6 +176,8 @@ struct Peer {
     local_pid: Option<u32>,
     /// Its host name, for errors.
     host: String,
+    /// A send or write to it failed: nothing more is sent to it.
+    broken: bool,
     addr: Option<FiAddr>,
     core: RecvCore<RecvExtra>,
     credits: Credits,
@@ -372,6 +374,7 @@ impl OfiTransport {
                     name: Vec::new(),
                     local_pid: None,
                     host: String::new(),
+                    broken: false,
                     addr: None,
                     core: RecvCore::new(me, rank, cfg.eager_frames, cfg.eager_bytes),
                     credits: Credits::new(cfg.eager_frames),
@@ -739,7 +742,13 @@ impl OfiTransport {
                         did = true;
                         continue;
                     }
-                    return Err(self.completion_error(e));
+                    let err = self.completion_error(e);
+                    if let Error::Remote { rank, .. } = &err
+                        && let Some(p) = self.peers.get_mut(*rank as usize)
+                    {
+                        p.broken = true;
+                    }
+                    return Err(err);
                 }
             };
             let mut res = Ok(());
@@ -770,6 +779,9 @@ impl OfiTransport {
         self.stage.free.push(s);
         let (peer, kind, _) = self.stage_meta[s];
         if kind == FrameKind::Credit {
+            if let Some(p) = self.peers.get_mut(peer as usize) {
+                p.broken = true;
+            }
             tracing::debug!("ofi: credits for rank {peer} were not delivered: {e}");
             return true;
         }
@@ -1194,36 +1206,67 @@ impl Transport for OfiTransport {
         Ok(())
     }
 
-    /// Tells connected peers why, with one injected frame each (never
-    /// retried: libfabric 1.17's rxm crashes on a send to a peer whose
-    /// endpoint is gone, so nothing is sent at a clean shutdown either).
+    /// Tells connected peers why: one frame each, sent once from a staging
+    /// buffer and never retried, skipping peers known to be gone (a
+    /// same-host peer whose process died, or one a send already failed to:
+    /// libfabric 1.17's rxm crashes on a send to a peer whose endpoint is
+    /// gone, so nothing is sent at a clean shutdown either). The reason
+    /// must travel whole: a rank that learns of the failure from this
+    /// frame names the cause from it. The completion queue is then driven
+    /// briefly so that a manual-progress provider sends the frames.
     fn abort(&mut self, reason: &str) {
         if self.aborted {
             return;
         }
         let me = self.me;
-        // Injected frames are small (64 bytes on tcp;ofi_rxm): the reason
-        // is cut to fit beside the header.
-        let room = self.ep.info().inject_size.saturating_sub(HEADER_LEN);
-        let mut end = reason.len().min(MAX_ABORT_TEXT).min(room);
+        let mut end = reason.len().min(MAX_ABORT_TEXT);
         while !reason.is_char_boundary(end) {
             end -= 1;
         }
         let text = &reason.as_bytes()[..end];
+        let h = FrameHeader::control(FrameKind::Abort, me, text.len()).encode();
+        let desc = self.stage.mr.desc();
+        let mut sent = false;
         for i in 0..self.peers.len() {
-            let Some(addr) = self.peers[i].addr else {
+            let p = &self.peers[i];
+            let Some(addr) = p.addr else {
                 continue;
             };
-            if self.peers[i].closed {
+            let gone =
+                p.closed || p.broken || p.local_pid.is_some_and(|pid| !crate::shm::pid_alive(pid));
+            if gone {
                 continue;
             }
-            let h = FrameHeader::control(FrameKind::Abort, me, text.len()).encode();
-            let mut frame = Vec::with_capacity(HEADER_LEN + text.len());
-            frame.extend_from_slice(&h);
-            frame.extend_from_slice(text);
-            if frame.len() <= self.ep.info().inject_size {
-                let _ = self.ep.inject(&frame, addr);
+            let Some(s) = self.stage.free.pop() else {
+                break;
+            };
+            let at = s * self.stage.each;
+            self.stage.bytes[at..at + HEADER_LEN].copy_from_slice(&h);
+            self.stage.bytes[at + HEADER_LEN..at + HEADER_LEN + text.len()].copy_from_slice(text);
+            self.stage_meta[s] = (p.rank, FrameKind::Abort, None);
+            let ptr = self.stage.ptr(s);
+            // SAFETY: the staging buffer stays ours until its completion,
+            // and the pool outlives the endpoint.
+            let r = unsafe {
+                self.ep.send(
+                    ptr,
+                    HEADER_LEN + text.len(),
+                    desc,
+                    addr,
+                    Ctx::Stage(s).encode(),
+                )
+            };
+            if r.is_ok() {
+                sent = true;
+            } else {
+                self.stage.free.push(s);
             }
+        }
+        let deadline = Instant::now() + Duration::from_millis(if sent { 50 } else { 0 });
+        while Instant::now() < deadline {
+            let mut comps = std::mem::take(&mut self.comps);
+            let _ = self.ep.poll_cq(&mut comps);
+            self.comps = comps;
         }
         for p in &mut self.peers {
             p.out.clear();

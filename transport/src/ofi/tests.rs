@@ -292,3 +292,33 @@ fn contexts_round_trip() {
     }
     assert_eq!(Ctx::decode(3 << CTX_KIND_SHIFT), None);
 }
+
+#[test]
+fn an_abort_carries_its_whole_reason_to_the_peer() {
+    for prov in PROVIDERS {
+        let Some((mut a, mut b)) = pair(&cfg(prov)) else {
+            continue;
+        };
+        // Connections come up on first use: one message first.
+        let mut s = pattern(8, 1);
+        let mut d = vec![0u8; 8];
+        let (ms, md) = (reg(&mut a, &mut s), reg(&mut b, &mut d));
+        let sent = Outstanding::new(a.isend(1, tag(1, 0), ms, 0, 8).unwrap());
+        let got = Outstanding::new(b.irecv(0, tag(1, 0), md, 0, 8).unwrap());
+        run(&mut a, &mut b, vec![sent], vec![got]);
+        let reason = "rank 7 (somehost): process 4242 died while this rank waited for it";
+        assert!(
+            reason.len() + HEADER_LEN > 64,
+            "longer than tcp;ofi_rxm's inject size"
+        );
+        a.abort(reason);
+        let deadline = Instant::now() + Duration::from_secs(20);
+        let e = loop {
+            match b.progress() {
+                Err(e) => break e.to_string(),
+                Ok(_) => assert!(Instant::now() < deadline, "{prov}: no abort arrived"),
+            }
+        };
+        assert!(e.contains("rank 0") && e.contains(reason), "{prov}: {e}");
+    }
+}
