@@ -31,65 +31,13 @@
 use gw_collectives::local::local_world;
 use gw_collectives::{Algo, Communicator, RedOp, TransportChoice};
 use gw_rendezvous::StoreServer;
-use std::alloc::{GlobalAlloc, Layout, System};
-use std::cell::Cell;
 use std::sync::Barrier;
-use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicU64, Ordering};
 
-/// Counts every allocation and reallocation of the process.
-struct Counting;
+#[path = "common/counting.rs"]
+mod counting;
 
-static ALLOCS: AtomicU64 = AtomicU64::new(0);
-static BYTES: AtomicU64 = AtomicU64::new(0);
-/// Set while a measured window is open and `GW_ALLOC_TRACE` is set.
-static TRACE: AtomicBool = AtomicBool::new(false);
-/// Backtraces printed so far in this window, and how many to print
-/// (`GW_ALLOC_TRACE=N`, default 6: a few name the culprits).
-static TRACED: AtomicUsize = AtomicUsize::new(0);
-static MAX_TRACES: AtomicUsize = AtomicUsize::new(6);
-
-thread_local! {
-    /// Keeps the backtrace's own allocations from recursing into tracing.
-    static IN_TRACE: Cell<bool> = const { Cell::new(false) };
-}
-
-fn note(size: usize) {
-    ALLOCS.fetch_add(1, Ordering::Relaxed);
-    BYTES.fetch_add(size as u64, Ordering::Relaxed);
-    if TRACE.load(Ordering::Relaxed) && IN_TRACE.try_with(|t| !t.replace(true)).unwrap_or(false) {
-        if TRACED.fetch_add(1, Ordering::Relaxed) < MAX_TRACES.load(Ordering::Relaxed) {
-            let bt = std::backtrace::Backtrace::force_capture();
-            let name = std::thread::current().name().map(str::to_owned);
-            eprintln!(
-                "allocation of {size} bytes on thread {name:?} in the measured window:\n{bt}"
-            );
-        }
-        IN_TRACE.with(|t| t.set(false));
-    }
-}
-
-// SAFETY: forwards to `System` unchanged; only counts.
-unsafe impl GlobalAlloc for Counting {
-    unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
-        note(layout.size());
-        // SAFETY: same contract as ours.
-        unsafe { System.alloc(layout) }
-    }
-    unsafe fn alloc_zeroed(&self, layout: Layout) -> *mut u8 {
-        note(layout.size());
-        // SAFETY: same contract as ours.
-        unsafe { System.alloc_zeroed(layout) }
-    }
-    unsafe fn realloc(&self, ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
-        note(new_size);
-        // SAFETY: same contract as ours.
-        unsafe { System.realloc(ptr, layout, new_size) }
-    }
-    unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
-        // SAFETY: same contract as ours.
-        unsafe { System.dealloc(ptr, layout) }
-    }
-}
+use counting::{ALLOCS, BYTES, Counting, TRACE, TRACED};
 
 #[global_allocator]
 static GLOBAL: Counting = Counting;
@@ -245,15 +193,7 @@ fn measure(comms: &[Communicator], count: usize) -> Result<Window, String> {
     let before = AtomicU64::new(0);
     let before_bytes = AtomicU64::new(0);
     let before_stalls = AtomicU64::new(0);
-    let trace = match std::env::var("GW_ALLOC_TRACE") {
-        Ok(v) => {
-            if let Ok(n) = v.parse() {
-                MAX_TRACES.store(n, Ordering::Relaxed);
-            }
-            true
-        }
-        Err(_) => false,
-    };
+    let trace = counting::trace_from_env();
     let results: Vec<Result<Window, String>> = std::thread::scope(|s| {
         let hs: Vec<_> = comms
             .iter()
