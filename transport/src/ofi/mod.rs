@@ -558,6 +558,17 @@ impl OfiTransport {
         }
     }
 
+    /// Queues a `Credit` frame to `peer` once half its credits are owed,
+    /// unless one is queued already (every frame sent carries what is owed
+    /// then).
+    fn owe_credits(&mut self, peer: Rank) {
+        let half = (self.cfg.eager_frames as u32).div_ceil(2);
+        let p = &mut self.peers[peer as usize];
+        if p.core.owed() >= half && !p.out.iter().any(|o| matches!(o, Out::Credit)) {
+            p.out.push_back(Out::Credit);
+        }
+    }
+
     /// An immediate landed.
     fn on_imm(&mut self, data: u64) -> Result<()> {
         let Ok(v) = u32::try_from(data) else {
@@ -676,12 +687,7 @@ impl OfiTransport {
                 )));
             }
         }
-        let p = &mut self.peers[peer as usize];
-        if p.core.owed() >= (self.cfg.eager_frames as u32).div_ceil(2)
-            && !p.out.iter().any(|o| matches!(o, Out::Credit))
-        {
-            p.out.push_back(Out::Credit);
-        }
+        self.owe_credits(peer);
         Ok(())
     }
 
@@ -1132,12 +1138,7 @@ impl Transport for OfiTransport {
                 self.grant(peer, i, id)?;
             }
         }
-        let p = &mut self.peers[peer as usize];
-        if p.core.owed() >= (self.cfg.eager_frames as u32).div_ceil(2)
-            && !p.out.iter().any(|o| matches!(o, Out::Credit))
-        {
-            p.out.push_back(Out::Credit);
-        }
+        self.owe_credits(peer);
         Ok(Request::new(self.id, req))
     }
 
