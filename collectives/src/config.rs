@@ -156,6 +156,9 @@ pub struct Config {
     /// `GW_INLINE`: a caller blocked on its operation turns the engine
     /// itself (1) or leaves it to the engine thread (0).
     pub inline: Setting<bool>,
+    /// `GW_ONE_SIDED`: persistent all-reduces move data by one-sided writes
+    /// where every peer's transport has them (1), or always two-sided (0).
+    pub one_sided: Setting<bool>,
     /// `GW_SHM_SLOT_BYTES`: payload per shared-memory ring slot.
     pub shm_slot_bytes: Setting<usize>,
     /// `GW_SHM_SLOTS`: slots per shared-memory ring.
@@ -188,6 +191,7 @@ impl Default for Config {
             eager_frames: Setting::default(gw_transport::DEFAULT_EAGER_FRAMES),
             spin_us: Setting::default(100),
             inline: Setting::default(true),
+            one_sided: Setting::default(true),
             shm_slot_bytes: Setting::default(512 * 1024),
             shm_slots: Setting::default(8),
             shm_pull_bytes: Setting::default(gw_transport::shm::DEFAULT_PULL_BYTES),
@@ -212,6 +216,14 @@ fn env_override<T>(
         s.source = Source::Env(var);
     }
     Ok(())
+}
+
+fn zero_or_one(v: &str) -> Option<bool> {
+    match v {
+        "0" => Some(false),
+        "1" => Some(true),
+        _ => None,
+    }
 }
 
 fn positive<T: std::str::FromStr + PartialOrd + Default>(v: &str) -> Option<T> {
@@ -332,15 +344,12 @@ impl Config {
             |v| v.parse().ok(),
             "microseconds",
         )?;
+        env_override(&mut self.inline, "GW_INLINE", env, zero_or_one, "0 or 1")?;
         env_override(
-            &mut self.inline,
-            "GW_INLINE",
+            &mut self.one_sided,
+            "GW_ONE_SIDED",
             env,
-            |v| match v {
-                "0" => Some(false),
-                "1" => Some(true),
-                _ => None,
-            },
+            zero_or_one,
             "0 or 1",
         )?;
         env_override(
@@ -421,6 +430,7 @@ impl Config {
             line("GW_EAGER_FRAMES", &self.eager_frames),
             line("GW_SPIN_US", &self.spin_us),
             line("GW_INLINE", &self.inline),
+            line("GW_ONE_SIDED", &self.one_sided),
             line("GW_SHM_SLOT_BYTES", &self.shm_slot_bytes),
             line("GW_SHM_SLOTS", &self.shm_slots),
             line("GW_SHM_PULL_BYTES", &self.shm_pull_bytes),

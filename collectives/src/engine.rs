@@ -32,10 +32,12 @@ use crate::algo::{Action, ActionId, Buf, Loc, Schedule};
 use crate::board::Board;
 use crate::mailbox::Receiver;
 use crate::op::Fingerprint;
-pub(crate) use crate::operation::{Completion, Msg, OpDesc, Plan, Ptr};
+pub(crate) use crate::operation::{Completion, Msg, OpDesc, Plan, Ptr, Published};
 use crate::sched_cache::{self, ScheduleCache};
+use gw_transport::rma::{Imm, stamp_round};
 use gw_transport::seam::Readiness;
-use gw_transport::{Error, Landed, MemHandle, Rank, Request, Result, Transport};
+use gw_transport::seam::WriteImm;
+use gw_transport::{Arrival, Error, Landed, MemHandle, Rank, Request, Result, Transport};
 use mio::{Events, Poll, Token, Waker};
 use std::collections::VecDeque;
 use std::sync::Arc;
@@ -66,6 +68,21 @@ pub fn registrations() -> u64 {
     REGISTRATIONS.load(Ordering::Relaxed)
 }
 
+/// Two-sided messages (sends) and one-sided writes any engine of this
+/// process posted (see [`messages_posted`]).
+static SENDS: AtomicU64 = AtomicU64::new(0);
+static WRITES: AtomicU64 = AtomicU64::new(0);
+
+/// (two-sided sends, one-sided writes) posted so far, process-wide: the
+/// persistent tests count a round's control messages with it.
+#[doc(hidden)]
+pub fn messages_posted() -> (u64, u64) {
+    (
+        SENDS.load(Ordering::Relaxed),
+        WRITES.load(Ordering::Relaxed),
+    )
+}
+
 /// Stall checks so far, process-wide. They consult the store and so
 /// allocate; the no-allocation test uses this to tell a stall (an overloaded
 /// machine) from a steady-state step that allocates.
@@ -86,6 +103,15 @@ struct Running {
     handles: Vec<Option<(MemHandle, MemHandle)>>,
     inflight: Vec<Inflight>,
     blocked: VecDeque<Action>,
+    /// One-sided rounds (`prepared.rs`): the window, its registration per
+    /// transport, and the round number stamped on immediates.
+    window: (Ptr, usize),
+    window_handles: Vec<Option<MemHandle>>,
+    round: u8,
+    /// `Landed` actions waiting for their immediate: (immediate, peer, id).
+    expect: Vec<(u32, Rank, ActionId)>,
+    /// Immediates that came before their `Landed` action was ready.
+    arrived: Vec<Arrival>,
     deadline: Instant,
     /// When the operation stops making progress long enough, it is posted
     /// on the board and compared with what the other ranks are doing.
@@ -105,6 +131,9 @@ struct Spare {
     handles: Vec<Option<(MemHandle, MemHandle)>>,
     inflight: Vec<Inflight>,
     blocked: VecDeque<Action>,
+    window_handles: Vec<Option<MemHandle>>,
+    expect: Vec<(u32, Rank, ActionId)>,
+    arrived: Vec<Arrival>,
 }
 
 /// Room made up front for posted sends and receives. Kept vectors grow to
@@ -121,6 +150,9 @@ impl Spare {
             handles: Vec::new(),
             inflight: Vec::with_capacity(INFLIGHT_ROOM),
             blocked: VecDeque::with_capacity(INFLIGHT_ROOM),
+            window_handles: Vec::new(),
+            expect: Vec::new(),
+            arrived: Vec::new(),
         }
     }
 }
@@ -196,6 +228,9 @@ pub(crate) struct Engine {
     transports: Vec<Box<dyn Transport>>,
     /// Transport index per peer rank.
     route: Vec<usize>,
+    /// Per transport: whether it has one-sided writes (and so immediates
+    /// to take).
+    one_sided: Vec<bool>,
     connected: Vec<bool>,
     rx: Receiver,
     abort: Arc<AtomicBool>,
@@ -231,11 +266,16 @@ impl Engine {
         }
         let n = route.len();
         let nt = transports.len();
+        let one_sided = transports
+            .iter()
+            .map(|t| t.properties().one_sided_write)
+            .collect();
         Ok((
             Engine {
                 cfg,
                 transports,
                 route,
+                one_sided,
                 connected: vec![false; n],
                 rx,
                 abort,
@@ -497,7 +537,10 @@ impl Engine {
         let mut s = r.sched.waiting_for();
         if let Some(a) = r.blocked.front() {
             let peer = match a {
-                Action::Send { peer, .. } | Action::Recv { peer, .. } => *peer,
+                Action::Send { peer, .. }
+                | Action::Recv { peer, .. }
+                | Action::Write { peer, .. }
+                | Action::Landed { peer, .. } => *peer,
                 _ => self.cfg.me,
             };
             s.push_str(&format!(
@@ -529,6 +572,12 @@ impl Engine {
         spare.handles.resize(nt, None);
         spare.inflight.clear();
         spare.blocked.clear();
+        spare.window_handles.clear();
+        spare.window_handles.resize(nt, None);
+        spare.expect.clear();
+        spare.arrived.clear();
+        let mut window = (Ptr(std::ptr::null_mut()), 0);
+        let mut round = 0u8;
         let (sched, key, prepared) = match std::mem::replace(&mut op.plan, Plan::Started) {
             Plan::Collective(spec, algo) => {
                 let key = (spec, algo);
@@ -542,17 +591,31 @@ impl Engine {
                 }
             }
             Plan::Built(s) => (s, None, None),
-            Plan::Prepared(id) => match self.take_prepared(id, &op, &mut spare.handles) {
-                Ok(s) => (s, None, Some(id)),
+            Plan::Prepared(id) => match self.take_prepared(id, &op, &mut spare) {
+                Ok((s, w, rd)) => {
+                    (window, round) = (w, rd);
+                    (s, None, Some(id))
+                }
                 Err(e) => {
                     self.spare = spare;
                     op.done.finish(Err(e));
                     return;
                 }
             },
-            Plan::Prepare { id, sched } => {
+            Plan::Prepare {
+                id,
+                sched,
+                one_sided,
+                out,
+            } => {
                 self.spare = spare;
-                let res = self.prepare(&op, id, sched);
+                let res = self.prepare(&op, id, sched, one_sided, &out);
+                op.done.finish(res);
+                return;
+            }
+            Plan::Attach { id, remotes } => {
+                self.spare = spare;
+                let res = self.attach(id, remotes);
                 op.done.finish(res);
                 return;
             }
@@ -588,6 +651,11 @@ impl Engine {
             handles: spare.handles,
             inflight: spare.inflight,
             blocked: spare.blocked,
+            window,
+            window_handles: spare.window_handles,
+            round,
+            expect: spare.expect,
+            arrived: spare.arrived,
             deadline: Instant::now() + self.cfg.timeout,
             stalled_at: Instant::now() + (self.cfg.timeout / 8).min(STALL),
             posted: false,
@@ -669,6 +737,9 @@ impl Engine {
                 self.execute(r, a)?;
                 progressed = true;
             }
+            if !r.expect.is_empty() {
+                progressed |= self.take_imms(r)?;
+            }
             let mut i = 0;
             while i < r.inflight.len() {
                 // Testing consumes the request: take it out, and put it
@@ -734,6 +805,7 @@ impl Engine {
                 // arrived (see `in_place.rs`).
                 let (req, in_place) = match a {
                     Action::Send { .. } => {
+                        SENDS.fetch_add(1, Ordering::Relaxed);
                         (self.transports[t].isend(peer, tag, mem, off, len)?, None)
                     }
                     _ if src.buf == Buf::Scratch => (
@@ -758,6 +830,51 @@ impl Engine {
             } => {
                 self.reduce(r, dst, x, y, finalize, None)?;
                 r.sched.complete(id);
+            }
+            Action::Write {
+                id,
+                peer,
+                src,
+                dst,
+                imm,
+            } => {
+                let Some(t) = self.ready_transport(peer)? else {
+                    r.blocked.push_back(a);
+                    return Ok(false);
+                };
+                let (mem, offset, len) = self.locate(r, t, src)?;
+                let remote = self.remote_of(r, peer, dst.buf)?;
+                let es = r.op.kernel.dtype.size() as u64;
+                let w = WriteImm {
+                    mem,
+                    offset,
+                    len,
+                    remote,
+                    remote_offset: dst.offset as u64 * es,
+                    imm: stamp_round(imm, r.round),
+                };
+                let req = self.transports[t].write_imm(peer, &w)?;
+                WRITES.fetch_add(1, Ordering::Relaxed);
+                r.inflight.push(Inflight {
+                    t,
+                    req,
+                    id,
+                    in_place: None,
+                });
+            }
+            Action::Landed { id, peer, imm, .. } => {
+                let imm = stamp_round(imm, r.round);
+                match r
+                    .arrived
+                    .iter()
+                    .position(|a| a.imm == imm && a.from.is_none_or(|f| f == peer))
+                {
+                    Some(i) => {
+                        r.arrived.swap_remove(i);
+                        r.sched.complete(id);
+                    }
+                    None => r.expect.push((imm, peer, id)),
+                }
             }
             Action::Copy {
                 id,
@@ -811,6 +928,43 @@ impl Engine {
         Ok(())
     }
 
+    /// Takes the immediates that have come, completing the `Landed`
+    /// actions they are for and keeping the others for actions not ready
+    /// yet. Returns whether any arrived.
+    fn take_imms(&mut self, r: &mut Running) -> Result<bool> {
+        let mut got = false;
+        for t in 0..self.transports.len() {
+            if !self.one_sided[t] {
+                continue;
+            }
+            while let Some(a) = self.transports[t].next_imm()? {
+                got = true;
+                if let Some(i) = r.expect.iter().position(|e| e.0 == a.imm) {
+                    let (_, peer, id) = r.expect.swap_remove(i);
+                    if let Some(from) = a.from.filter(|&f| f != peer) {
+                        return Err(Error::Protocol(format!(
+                            "rank {from} wrote with immediate {:#010x}, which rank {peer} was to write",
+                            a.imm
+                        )));
+                    }
+                    r.sched.complete(id);
+                    continue;
+                }
+                if let Imm::Window { round, .. } = Imm::decode(a.imm)
+                    && round != r.round
+                {
+                    let who = a.from.map_or("a peer".to_string(), |f| format!("rank {f}"));
+                    return Err(Error::Protocol(format!(
+                        "{who} wrote for round {round} of a persistent operation in its round {} (immediate {:#010x}): the ranks disagree on how many rounds were started",
+                        r.round, a.imm
+                    )));
+                }
+                r.arrived.push(a);
+            }
+        }
+        Ok(got)
+    }
+
     fn scale(&self, r: &Running, l: Loc) -> Option<f64> {
         if l.buf == Buf::Send {
             r.op.weight
@@ -851,6 +1005,7 @@ impl Engine {
                 Ptr(self.scratch.as_ptr() as *mut u8),
                 self.scratch.len() * 8,
             ),
+            Buf::Window => r.window,
         };
         let off = l.offset.checked_mul(es);
         let len = l.len.checked_mul(es);
@@ -873,6 +1028,9 @@ impl Engine {
         let mem = match l.buf {
             Buf::Scratch => self.scratch_handles[t]
                 .ok_or_else(|| Error::Internal("scratch used before it was registered".into()))?,
+            Buf::Window => r.window_handles[t].ok_or_else(|| {
+                Error::Internal("a window used by a transport it is not registered with".into())
+            })?,
             Buf::Send | Buf::Recv => {
                 if r.handles[t].is_none() {
                     let tr = &mut self.transports[t];
@@ -905,6 +1063,9 @@ impl Engine {
             handles: r.handles,
             inflight: r.inflight,
             blocked: r.blocked,
+            window_handles: r.window_handles,
+            expect: r.expect,
+            arrived: r.arrived,
         };
         r.op.done
     }
@@ -915,6 +1076,10 @@ impl Engine {
             for h in r.handles.iter_mut() {
                 h.take();
             }
+            for h in r.window_handles.iter_mut() {
+                h.take();
+            }
+            r.window = (Ptr(std::ptr::null_mut()), 0);
             return;
         }
         for (t, h) in r.handles.iter_mut().enumerate() {

@@ -31,7 +31,7 @@ pub use communicator::{Communicator, Handle, Pending, RawOp};
 pub use config::{Config, TransportChoice};
 pub use element::Element;
 #[doc(hidden)]
-pub use engine::{direct_calls, in_place_reads, registrations, stall_checks};
+pub use engine::{direct_calls, in_place_reads, messages_posted, registrations, stall_checks};
 pub use gw_rendezvous::LaunchEnv;
 pub use gw_rendezvous::launch_env;
 pub use gw_transport::{Error, Result};

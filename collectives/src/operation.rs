@@ -137,13 +137,38 @@ pub(crate) enum Plan {
     /// schedule (built by the caller, rewound) under `id`, make room in
     /// scratch and register the operation's buffers with every transport.
     /// Runs nothing.
-    Prepare { id: u64, sched: Box<dyn Schedule> },
+    ///
+    /// With `one_sided`, a one-sided schedule of the same operation: the
+    /// engine keeps that one instead when every peer it talks to is reached
+    /// by a transport with one-sided writes, registers and publishes its
+    /// window, and says so in `out`.
+    Prepare {
+        id: u64,
+        sched: Box<dyn Schedule>,
+        one_sided: Option<Box<dyn Schedule>>,
+        out: Arc<Mutex<Published>>,
+    },
+    /// Gives the persistent operation `id` its peers' published regions
+    /// (per peer, as [`Published`] encodes them), after `Prepare` chose
+    /// its one-sided schedule.
+    Attach { id: u64, remotes: Vec<[u64; 8]> },
     /// One round of the persistent operation `id`, on what `Prepare` made.
     Prepared(u64),
     /// Forget the persistent operation `id` (deregister its buffers).
     Unprepare(u64),
     /// The schedule moved into the running operation.
     Started,
+}
+
+/// What `Plan::Prepare` chose and published.
+#[derive(Debug, Default)]
+pub(crate) struct Published {
+    /// Whether the one-sided schedule was kept.
+    pub one_sided: bool,
+    /// Per peer: the regions this rank publishes to it (its `Recv` buffer,
+    /// then its window), each as `[rank, key, addr, len]`; zeros for peers
+    /// the schedule does not talk to.
+    pub regions: Vec<[u64; 8]>,
 }
 
 /// One operation as submitted by a caller.

@@ -36,14 +36,21 @@ use crate::algo::{self, Action, ActionId, Algo, Buf, Loc, Schedule};
 use crate::communicator::{Communicator, Handle, Planned, RawOp};
 use crate::drive::Driver;
 use crate::element::Element;
-use crate::engine::Plan;
+use crate::engine::{Plan, Published};
 use crate::op::{Fingerprint, OpKind, RedOp};
 use crate::reduce::Kernel;
+use gw_transport::rma::MAX_WINDOWS;
 use gw_transport::{Error, Rank, Result};
 use std::marker::PhantomData;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
+
+/// Largest one-sided write of a persistent all-reduce: small enough that
+/// the reduction of one segment overlaps the write of the next, large
+/// enough that a 256 MiB buffer on 8 ranks stays within the chunks an
+/// immediate can name.
+const ONE_SIDED_SEGMENT_BYTES: usize = 256 << 10;
 
 /// Ids of persistent operations, process-wide (the engine looks them up).
 static NEXT_ID: AtomicU64 = AtomicU64::new(1);
@@ -89,6 +96,9 @@ impl Communicator {
     /// completes" read as "until [`RawPersistent::free`] returns": the
     /// request keeps the buffers registered for its whole life.
     pub unsafe fn prepare_raw(&self, op: RawOp, algo: Option<Algo>) -> Result<RawPersistent> {
+        // One-sided rounds are a ring; any other algorithm asked for by name
+        // runs two-sided.
+        let forced = algo.or(self.config().algo.value);
         if op.kind != OpKind::AllReduce {
             return Err(Error::InvalidArgument(format!(
                 "only all_reduce can be persistent, not {}",
@@ -107,6 +117,26 @@ impl Communicator {
         } = self.plan_collective(&op, algo)?;
         let op = RawOp { redop, ..op };
         let mut sched = algo::build(&spec, algo)?;
+        let id = NEXT_ID.fetch_add(1, Ordering::Relaxed);
+        // GDRAA: where the transports allow, data moves by one-sided writes
+        // into buffers published once (`algo/onesided.rs`); the engine
+        // decides, as only it knows which transport reaches which peer.
+        let ring_ok = forced.is_none_or(|a| a == Algo::Ring);
+        let one_sided = if self.config().one_sided.value && ring_ok && self.size() > 1 {
+            let seg = (ONE_SIDED_SEGMENT_BYTES / kernel.dtype.size()).max(1);
+            // Named the same on every rank: the collective sequence number
+            // is, at init (the process-wide `id` is not).
+            let window = (self.seq.load(Ordering::Relaxed) % MAX_WINDOWS as u64) as u8;
+            match algo::onesided::allreduce(&spec, seg, window) {
+                Ok(s) => Some(s),
+                Err(e) => {
+                    tracing::debug!("persistent all-reduce stays two-sided: {e}");
+                    None
+                }
+            }
+        } else {
+            None
+        };
         let peers = peers_of(sched.as_mut());
         if !sched.reset() {
             return Err(Error::Internal(format!(
@@ -121,12 +151,17 @@ impl Communicator {
             algo.name(),
             peers.len()
         );
-        let id = NEXT_ID.fetch_add(1, Ordering::Relaxed);
+        let out = Arc::new(Mutex::new(Published::default()));
         // Local to this rank: no sequence number (the other ranks' are not
         // drawn for it either).
         self.submit(
             fp,
-            Plan::Prepare { id, sched },
+            Plan::Prepare {
+                id,
+                sched,
+                one_sided,
+                out: out.clone(),
+            },
             kernel,
             &op,
             send_bytes,
@@ -145,11 +180,64 @@ impl Communicator {
             round: Mutex::new(None),
             freed: AtomicBool::new(false),
         };
-        if let Err(e) = self.handshake(&p, &peers) {
+        let published = std::mem::take(&mut *out.lock().unwrap_or_else(|p| p.into_inner()));
+        let shaken = if published.one_sided {
+            tracing::debug!("persistent all-reduce {id}: one-sided ring");
+            self.exchange_regions(&p, &published)
+        } else {
+            self.handshake(&p, &peers)
+        };
+        if let Err(e) = shaken {
             let _ = p.free(self);
             return Err(e);
         }
         Ok(p)
+    }
+
+    /// Sends each ring neighbour the regions this rank published to it and
+    /// hands theirs to the engine (`Plan::Attach`): the one exchange of
+    /// addresses and keys a one-sided persistent operation makes. Like the
+    /// handshake, one operation of the collective sequence.
+    fn exchange_regions(&self, p: &RawPersistent, published: &Published) -> Result<()> {
+        let n = self.size();
+        let peers: Vec<Rank> = if n == 2 {
+            vec![(self.rank() + 1) % n]
+        } else {
+            let mut v = vec![(self.rank() + n - 1) % n, (self.rank() + 1) % n];
+            v.sort_unstable();
+            v
+        };
+        let es = p.kernel.dtype.size();
+        // 64 bytes a peer, in whole elements.
+        let epp = 64usize.div_ceil(es);
+        let words = (epp * es).div_ceil(8);
+        let mut send = vec![0u64; words * peers.len()];
+        let mut recv = vec![0u64; words * peers.len()];
+        for (i, &peer) in peers.iter().enumerate() {
+            let d = published
+                .regions
+                .get(peer as usize)
+                .copied()
+                .unwrap_or([0; 8]);
+            send[i * words..i * words + 8].copy_from_slice(&d);
+        }
+        let sched = Handshake::with_payload(&peers, epp, words * 8 / es);
+        let bytes = send.len() * 8;
+        self.run_handshake(p, sched, &send, bytes, &mut recv, bytes)?;
+        let mut remotes = vec![[0u64; 8]; n as usize];
+        for (i, &peer) in peers.iter().enumerate() {
+            remotes[peer as usize].copy_from_slice(&recv[i * words..i * words + 8]);
+        }
+        self.submit(
+            p.fp,
+            Plan::Attach { id: p.id, remotes },
+            p.kernel,
+            &p.op,
+            p.send_bytes,
+            p.recv_bytes,
+            false,
+        )?
+        .wait()
     }
 
     /// One small message to and from each of `peers`, all posted at once
@@ -164,6 +252,22 @@ impl Communicator {
         let send = [0u64; 1];
         // Eight bytes per peer hold one element of any dtype.
         let mut recv = vec![0u64; peers.len()];
+        let sched = Handshake::new(peers);
+        self.run_handshake(p, sched, &send, es, &mut recv, es * peers.len())
+    }
+
+    /// Runs `sched` on the first `send_bytes` of `send` and `recv_bytes`
+    /// of `recv` as one operation of the collective sequence, tagged as
+    /// `p`'s call, and waits for it.
+    fn run_handshake(
+        &self,
+        p: &RawPersistent,
+        sched: Handshake,
+        send: &[u64],
+        send_bytes: usize,
+        recv: &mut [u64],
+        recv_bytes: usize,
+    ) -> Result<()> {
         let fp = Fingerprint {
             seq: self.seq.fetch_add(1, Ordering::Relaxed),
             ..p.fp
@@ -174,27 +278,23 @@ impl Communicator {
             weight: None,
             ..p.op
         };
-        let sched = Box::new(Handshake::new(peers));
-        self.submit(
-            fp,
-            Plan::Built(sched),
-            p.kernel,
-            &op,
-            es,
-            es * peers.len(),
-            false,
-        )?
-        .wait()
+        let plan = Plan::Built(Box::new(sched));
+        self.submit(fp, plan, p.kernel, &op, send_bytes, recv_bytes, false)?
+            .wait()
     }
 }
 
 /// Every peer `sched` sends to or receives from, in rank order, found by
 /// running it with every action completing at once (it must be rewound
 /// after).
-fn peers_of(sched: &mut dyn Schedule) -> Vec<Rank> {
+pub(crate) fn peers_of(sched: &mut dyn Schedule) -> Vec<Rank> {
     let mut peers = Vec::new();
     while let Some(a) = sched.next_action() {
-        if let Action::Send { peer, .. } | Action::Recv { peer, .. } = a {
+        if let Action::Send { peer, .. }
+        | Action::Recv { peer, .. }
+        | Action::Write { peer, .. }
+        | Action::Landed { peer, .. } = a
+        {
             peers.push(peer);
         }
         sched.complete(a.id());
@@ -215,19 +315,31 @@ struct Handshake {
 
 impl Handshake {
     fn new(peers: &[Rank]) -> Handshake {
+        Handshake::build(peers, 1, None)
+    }
+
+    /// Sends each peer `i` its own `len` elements at `i * stride` of
+    /// `Buf::Send`, and receives as much from it at the same place of
+    /// `Buf::Recv`.
+    fn with_payload(peers: &[Rank], len: usize, stride: usize) -> Handshake {
+        Handshake::build(peers, len, Some(stride))
+    }
+
+    fn build(peers: &[Rank], len: usize, stride: Option<usize>) -> Handshake {
         let mut pending = Vec::with_capacity(2 * peers.len());
         for (i, &peer) in peers.iter().enumerate() {
+            let at = stride.map_or(i, |s| i * s);
             pending.push(Action::Recv {
                 id: 2 * i as ActionId,
                 peer,
                 step: 0,
-                dst: Loc::new(Buf::Recv, i, 1),
+                dst: Loc::new(Buf::Recv, at, len),
             });
             pending.push(Action::Send {
                 id: 2 * i as ActionId + 1,
                 peer,
                 step: 0,
-                src: Loc::new(Buf::Send, 0, 1),
+                src: Loc::new(Buf::Send, stride.map_or(0, |s| i * s), len),
             });
         }
         let outstanding = pending.len();

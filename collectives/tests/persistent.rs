@@ -115,10 +115,35 @@ fn world(
     algo: Option<Algo>,
     key: &str,
 ) -> (gw_rendezvous::StoreServer, Vec<Communicator>) {
+    world_with(n, transport, algo, key, Link::Default)
+}
+
+/// How a test world's links are set up beyond the transport.
+#[derive(Clone, Copy)]
+enum Link {
+    Default,
+    /// `GW_TRANSPORT=ofi` with this libfabric provider.
+    Ofi(&'static str),
+    /// Persistent operations stay two-sided (`GW_ONE_SIDED=0`).
+    TwoSided,
+}
+
+fn world_with(
+    n: u32,
+    transport: TransportChoice,
+    algo: Option<Algo>,
+    key: &str,
+    link: Link,
+) -> (gw_rendezvous::StoreServer, Vec<Communicator>) {
     local_world(n, key, |_, cfg| {
         cfg.transport.set(transport);
         if algo.is_some() {
             cfg.algo.set(algo);
+        }
+        match link {
+            Link::Default => {}
+            Link::Ofi(p) => cfg.ofi_provider.set(Some(p.into())),
+            Link::TwoSided => cfg.one_sided.set(false),
         }
         // Small segments: even 4099 elements are several pipelined messages.
         cfg.segment_bytes.set(4096);
@@ -181,7 +206,11 @@ fn rounds<T: Val>(
 /// The matrix of one transport and world size: every count with float sums
 /// in place and out of place, and a dtype × operator spread at odd counts.
 fn matrix(transport: TransportChoice, n: u32, key: &str) {
-    let (_store, comms) = world(n, transport, None, key);
+    matrix_with(transport, n, key, Link::Default)
+}
+
+fn matrix_with(transport: TransportChoice, n: u32, key: &str, link: Link) {
+    let (_store, comms) = world_with(n, transport, None, key, link);
     on_each_rank(comms, key, move |c| {
         for count in [1usize, 7, 4099] {
             rounds::<f32>(&c, count, RedOp::Sum, false, ROUNDS)?;
@@ -223,6 +252,37 @@ fn shm_1_2_3_ranks() {
 fn shm_4_and_8_ranks() {
     for n in [4, 8] {
         matrix(TransportChoice::Shm, n, &format!("pshm{n}"));
+    }
+}
+
+/// Over libfabric the rounds are one-sided writes (`fi_writedata`) into
+/// the buffers published at init, with both providers that run here.
+#[test]
+fn ofi_1_2_3_ranks() {
+    for n in [1, 2, 3] {
+        for (p, name) in [("tcp;ofi_rxm", "tcp"), ("shm", "shm")] {
+            let link = Link::Ofi(p);
+            matrix_with(TransportChoice::Ofi, n, &format!("pofi{name}{n}"), link);
+        }
+    }
+}
+
+#[test]
+fn ofi_4_and_8_ranks() {
+    for n in [4, 8] {
+        for (p, name) in [("tcp;ofi_rxm", "tcp"), ("shm", "shm")] {
+            let link = Link::Ofi(p);
+            matrix_with(TransportChoice::Ofi, n, &format!("pofi{name}{n}"), link);
+        }
+    }
+}
+
+/// `GW_ONE_SIDED=0`: the two-sided persistent path, on a transport that
+/// would otherwise write one-sidedly.
+#[test]
+fn two_sided_persistent_over_shm() {
+    for n in [2, 3, 4] {
+        matrix_with(TransportChoice::Shm, n, &format!("p2s{n}"), Link::TwoSided);
     }
 }
 

@@ -159,12 +159,19 @@ fn measure(comms: &[Communicator], count: usize) -> Result<Window, String> {
 fn main() {
     let mut failures = Vec::new();
     let mut key = 0;
-    for transport in [TransportChoice::Shm, TransportChoice::Tcp] {
+    // Shared memory and libfabric run their rounds by one-sided writes,
+    // TCP two-sided.
+    for transport in [
+        TransportChoice::Shm,
+        TransportChoice::Ofi,
+        TransportChoice::Tcp,
+    ] {
         for world in [2u32, 3, 4] {
             key += 1;
             let (_store, comms): (StoreServer, Vec<Communicator>) =
                 local_world(world, &format!("pna{key}"), |_, cfg| {
                     cfg.transport.set(transport);
+                    cfg.ofi_provider.set(Some("tcp;ofi_rxm".into()));
                     cfg.segment_bytes.set(SEGMENT_BYTES);
                     cfg.shm_slot_bytes.set(SEGMENT_BYTES);
                     cfg.shm_slots.set(4);

@@ -15,8 +15,8 @@ pub mod wire;
 pub use error::{Error, Result};
 pub use recv_core::DEFAULT_EAGER_FRAMES;
 pub use seam::{
-    Landed, MemHandle, MemPtr, Now, Outstanding, Properties, Rank, Request, Scope, Signature, Tag,
-    TagFmt, Tested, Transport, TransportId,
+    Arrival, Landed, MemHandle, MemPtr, Now, Outstanding, Properties, Rank, Request, Scope,
+    Signature, Tag, TagFmt, Tested, Transport, TransportId,
 };
 pub use wire::{FrameHeader, FrameKind};
 

@@ -229,6 +229,14 @@ pub struct WriteImm {
     pub imm: u32,
 }
 
+/// An immediate taken by [`Transport::next_imm`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Arrival {
+    /// The writer, where the backend knows it.
+    pub from: Option<Rank>,
+    pub imm: u32,
+}
+
 /// Where the bytes of a completed receive are (see
 /// [`Transport::irecv_in_place`]).
 #[derive(Debug, PartialEq, Eq)]
@@ -412,12 +420,13 @@ pub trait Transport: Send {
         )))
     }
 
-    /// The oldest immediate of a one-sided write by `peer` into this rank's
+    /// The oldest immediate of a one-sided write by a peer into this rank's
     /// published regions that has not been taken yet; its bytes are in
     /// place. Immediates of different writes may arrive in another order
-    /// than they were written (as on an unordered RDMA provider).
-    fn next_imm(&mut self, peer: Rank) -> Result<Option<u32>> {
-        let _ = peer;
+    /// than they were written (as on an unordered RDMA provider). Not every
+    /// backend learns who wrote ([`Arrival::from`]): RDMA completions carry
+    /// only the 32 bits, so protocols that need the writer say it in them.
+    fn next_imm(&mut self) -> Result<Option<Arrival>> {
         Err(Error::InvalidUsage(format!(
             "transport {} has no one-sided writes",
             self.properties().name

@@ -25,7 +25,7 @@ use std::fmt::Write as _;
 
 use gw_transport::{Error, Rank, Result};
 
-use super::{Action, ActionId, Buf, Loc, Schedule};
+use super::{Action, ActionId, Buf, Loc, Remote, Schedule};
 
 /// The deepest pipeline a schedule may ask for: scratch grows with the depth
 /// (a slot per message in flight), past a few messages the transports' own
@@ -232,6 +232,7 @@ pub(super) struct Alias {
 const SPACE_RECV: usize = 0;
 const SPACE_SEND: usize = 1;
 const SPACE_SCRATCH: usize = 2;
+const SPACE_WINDOW: usize = 3;
 
 /// Collects an algorithm's actions in program order (see the module comment).
 pub(super) struct Builder {
@@ -239,7 +240,10 @@ pub(super) struct Builder {
     actions: Vec<Action>,
     descs: Vec<Desc>,
     edges: Vec<(u32, u32)>,
-    spaces: [Space; 3],
+    spaces: [Space; 4],
+    /// Elements of [`Buf::Window`] used (see [`Builder::window`]).
+    window: usize,
+    landed: usize,
     alias: Alias,
     /// Every message: (peer, is_send, stream, node, step).
     messages: Vec<(Rank, bool, u32, u32, u32)>,
@@ -260,8 +264,15 @@ impl Builder {
             alias,
             messages: Vec::new(),
             scratch: 0,
+            window: 0,
+            landed: 0,
             depth: depth.max(1),
         }
+    }
+
+    /// Says that the schedule's window has `elems` elements.
+    pub fn window(&mut self, elems: usize) {
+        self.window = self.window.max(elems);
     }
 
     /// Reserves `nslots` scratch slots of `slot_len` elements.
@@ -289,6 +300,7 @@ impl Builder {
         match loc.buf {
             Buf::Recv => [(SPACE_RECV, a, b), (SPACE_RECV, 0, 0)],
             Buf::Scratch => [(SPACE_SCRATCH, a, b), (SPACE_SCRATCH, 0, 0)],
+            Buf::Window => [(SPACE_WINDOW, a, b), (SPACE_WINDOW, 0, 0)],
             Buf::Send => {
                 // Schedules never read Send ranges straddling the alias
                 // boundary in more than two pieces; the part outside the
@@ -402,6 +414,42 @@ impl Builder {
         id
     }
 
+    /// Writes `src` one-sidedly into `peer`'s `dst`, announced by `imm`.
+    /// The remote memory is not tracked here: the protocol (who may write
+    /// where, when) is the algorithm's, made of messages and [`Builder::dep`].
+    pub fn write_remote(&mut self, peer: Rank, src: Loc, dst: Remote, imm: u32, desc: Desc) -> u32 {
+        let id = self.push(
+            Action::Write {
+                id: self.actions.len(),
+                peer,
+                src,
+                dst,
+                imm,
+            },
+            desc,
+        );
+        self.read(id, src);
+        id
+    }
+
+    /// Waits for `peer`'s write `imm` into this rank's `dst`: to the graph
+    /// it is a write of `dst`, so what reads `dst` comes after it and it
+    /// comes after what used `dst` before.
+    pub fn landed(&mut self, peer: Rank, imm: u32, dst: Loc, desc: Desc) -> u32 {
+        let id = self.push(
+            Action::Landed {
+                id: self.actions.len(),
+                peer,
+                imm,
+                dst,
+            },
+            desc,
+        );
+        self.write(id, dst);
+        self.landed += 1;
+        id
+    }
+
     /// Orders `to` after `from` (for dependencies that are not about memory).
     pub fn dep(&mut self, from: u32, to: u32) {
         debug_assert!(from < to);
@@ -474,6 +522,8 @@ impl Builder {
             ready,
             finished: 0,
             scratch: self.scratch,
+            window: self.window,
+            landed: self.landed,
         }
     }
 }
@@ -500,6 +550,8 @@ pub(super) struct DagSchedule {
     ready: VecDeque<u32>,
     finished: usize,
     scratch: usize,
+    window: usize,
+    landed: usize,
 }
 
 impl Schedule for DagSchedule {
@@ -541,6 +593,14 @@ impl Schedule for DagSchedule {
         self.scratch
     }
 
+    fn window_elems(&self) -> usize {
+        self.window
+    }
+
+    fn landed_actions(&self) -> usize {
+        self.landed
+    }
+
     fn reset(&mut self) -> bool {
         // Same state as `Builder::finish` leaves, in the vectors it sized:
         // `ready` had capacity for every action, so refilling it never grows it.
@@ -576,7 +636,7 @@ impl Schedule for DagSchedule {
         let outstanding = in_flight().count();
         // The oldest outstanding receive says most; then sends; then local work.
         let pick = in_flight()
-            .find(|&i| matches!(self.actions[i], Action::Recv { .. }))
+            .find(|&i| matches!(self.actions[i], Action::Recv { .. } | Action::Landed { .. }))
             .or_else(|| in_flight().find(|&i| matches!(self.actions[i], Action::Send { .. })))
             .or_else(|| in_flight().next());
         let mut s = String::new();
@@ -598,6 +658,16 @@ impl Schedule for DagSchedule {
                     }
                     Action::Reduce { .. } => write!(s, "waiting for a local reduction"),
                     Action::Copy { .. } => write!(s, "waiting for a local copy"),
+                    Action::Write { peer, .. } => {
+                        write!(
+                            s,
+                            "waiting for a one-sided write to rank {peer} to complete"
+                        )
+                    }
+                    Action::Landed { peer, imm, .. } => write!(
+                        s,
+                        "waiting for rank {peer}'s one-sided write (immediate {imm:#010x}) to land"
+                    ),
                 };
                 let _ = write!(s, " (segment {}/{})", d.seg + 1, d.nsegs);
                 if outstanding > 1 {

@@ -38,6 +38,7 @@
 //! | reduce | count | count (meaningful at root) |
 //! | barrier | 0 | 0 |
 
+pub mod onesided;
 pub mod p2p;
 
 use crate::op::OpKind;
@@ -49,6 +50,19 @@ pub enum Buf {
     Send,
     Recv,
     Scratch,
+    /// A persistent one-sided operation's inbound window: memory of its
+    /// own, registered and published once, that peers write into
+    /// ([`Action::Write`]); of [`Schedule::window_elems`] elements.
+    Window,
+}
+
+/// Where in a peer's memory a one-sided write lands: its `Recv` buffer or
+/// its `Window`, at an element offset (the peer's layout is the same as
+/// this rank's, since every rank built the same schedule shape).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct Remote {
+    pub buf: Buf,
+    pub offset: usize,
 }
 
 /// A range of elements within one buffer.
@@ -104,6 +118,23 @@ pub enum Action {
         src: Loc,
         finalize: bool,
     },
+    /// Write `src` one-sidedly into `peer`'s `dst` (its published region),
+    /// with the immediate `imm`; complete once `src` may be reused.
+    Write {
+        id: ActionId,
+        peer: Rank,
+        src: Loc,
+        dst: Remote,
+        imm: u32,
+    },
+    /// Wait until `peer`'s write with the immediate `imm` has landed in
+    /// `dst` (this rank's memory); complete once the bytes are there.
+    Landed {
+        id: ActionId,
+        peer: Rank,
+        imm: u32,
+        dst: Loc,
+    },
 }
 
 impl Action {
@@ -112,7 +143,9 @@ impl Action {
             Action::Send { id, .. }
             | Action::Recv { id, .. }
             | Action::Reduce { id, .. }
-            | Action::Copy { id, .. } => id,
+            | Action::Copy { id, .. }
+            | Action::Write { id, .. }
+            | Action::Landed { id, .. } => id,
         }
     }
 }
@@ -128,6 +161,17 @@ pub trait Schedule: Send {
     fn is_done(&self) -> bool;
     /// Scratch elements the schedule needs (fixed at construction).
     fn scratch_elems(&self) -> usize;
+    /// Elements of [`Buf::Window`] the schedule needs; nonzero only for
+    /// one-sided schedules, which run only as persistent operations (the
+    /// window is registered and published once, at init).
+    fn window_elems(&self) -> usize {
+        0
+    }
+    /// How many [`Action::Landed`] it has: room the engine reserves at init
+    /// for immediates that come before their action is ready.
+    fn landed_actions(&self) -> usize {
+        0
+    }
     /// What the schedule is waiting for, for timeout errors (e.g. "step 3: recv from rank 2").
     fn waiting_for(&self) -> String;
     /// Rewinds the schedule to its state right after construction, so that an

@@ -234,7 +234,9 @@ mod tests {
                                 recvs.push((peer, step));
                             }
                             Action::Reduce { .. } => {}
-                            Action::Copy { .. } => panic!("unexpected copy: {a:?}"),
+                            Action::Copy { .. } | Action::Write { .. } | Action::Landed { .. } => {
+                                panic!("unexpected action: {a:?}")
+                            }
                         }
                         sched.complete(a.id());
                     }

@@ -167,6 +167,12 @@ impl RankSim {
             Buf::Send => self.send,
             Buf::Recv => self.recv,
             Buf::Scratch => self.scratch,
+            // One-sided schedules are simulated by `onesided_sim`.
+            Buf::Window => View {
+                store: 2,
+                base: 0,
+                len: 0,
+            },
         }
     }
 
@@ -395,6 +401,9 @@ impl Sim<'_> {
                     return Err("length mismatch".into());
                 }
                 self.start_local(r, id, dst, &[src])?;
+            }
+            Action::Write { .. } | Action::Landed { .. } => {
+                return Err("a one-sided action in a two-sided schedule".into());
             }
         }
         Ok(())
@@ -1294,7 +1303,9 @@ fn run_script(
                 Action::Send { id, .. }
                 | Action::Recv { id, .. }
                 | Action::Reduce { id, .. }
-                | Action::Copy { id, .. } => *id = i,
+                | Action::Copy { id, .. }
+                | Action::Write { id, .. }
+                | Action::Landed { id, .. } => *id = i,
             }
         }
         Ok(Box::new(Script {

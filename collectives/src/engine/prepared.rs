@@ -14,16 +14,43 @@
 //! lends the registrations to the running operation, and puts the schedule
 //! back when it finishes; nothing is built, registered or allocated.
 //!
+//! A one-sided plan (`algo/onesided.rs`, GDRAA) also owns a window, memory
+//! its peers write into, registered here with every transport; both it and
+//! the receive buffer are published (`Transport::remote_region`) and the
+//! caller exchanges the descriptors with the peers once (`Plan::Attach`
+//! brings theirs). Each round is then stamped with its number, which every
+//! rank counts alike, so that an immediate of another round is told apart.
+//!
 //! Preparing and forgetting go through the mailbox like any operation
 //! (`Plan::Prepare`, `Plan::Unprepare`), so they happen between operations:
 //! growing scratch while an operation reads it would pull memory from
 //! under its transfers. They complete at once and move no bytes.
 
-use super::{Engine, Ptr, REGISTRATIONS};
-use crate::algo::Schedule;
+use super::{Engine, Ptr, Published, REGISTRATIONS, Running, Spare};
+use crate::algo::{Buf, Schedule};
 use crate::operation::OpDesc;
-use gw_transport::{Error, MemHandle, Result};
+use gw_transport::seam::RemoteRegion;
+use gw_transport::{Error, MemHandle, Rank, Result};
 use std::sync::atomic::Ordering;
+use std::sync::{Arc, Mutex};
+
+/// What a round of a persistent operation runs with: its schedule, its
+/// window (address and bytes) and its number (mod 256).
+pub(super) type Round = (Box<dyn Schedule>, (Ptr, usize), u8);
+
+/// A region as `Published` carries it.
+fn encode(r: &RemoteRegion) -> [u64; 4] {
+    [u64::from(r.rank), r.key, r.addr, r.len]
+}
+
+fn decode(v: &[u64]) -> RemoteRegion {
+    RemoteRegion {
+        rank: v[0] as Rank,
+        key: v[1],
+        addr: v[2],
+        len: v[3],
+    }
+}
 
 /// One persistent operation's plan.
 pub(super) struct Prepared {
@@ -36,16 +63,46 @@ pub(super) struct Prepared {
     recv_bytes: usize,
     /// Per transport: (send, recv) registrations, made once.
     handles: Vec<(MemHandle, MemHandle)>,
+    /// The one-sided window (empty for a two-sided plan) and its
+    /// registration per transport (those with one-sided writes).
+    window: Vec<u64>,
+    window_handles: Vec<Option<MemHandle>>,
+    /// Per peer: its published (recv, window) regions, once attached.
+    remotes: Vec<Option<(RemoteRegion, RemoteRegion)>>,
+    /// Rounds started so far.
+    rounds: u32,
 }
 
 impl Engine {
-    /// Plans the persistent operation `id` on the buffers of `op`.
-    pub(super) fn prepare(&mut self, op: &OpDesc, id: u64, sched: Box<dyn Schedule>) -> Result<()> {
+    /// Plans the persistent operation `id` on the buffers of `op`: the
+    /// one-sided schedule if there is one and every peer it talks to is
+    /// reached by a transport with one-sided writes, else `sched`.
+    pub(super) fn prepare(
+        &mut self,
+        op: &OpDesc,
+        id: u64,
+        sched: Box<dyn Schedule>,
+        one_sided: Option<Box<dyn Schedule>>,
+        out: &Arc<Mutex<Published>>,
+    ) -> Result<()> {
         if self.prepared.iter().any(|p| p.id == id) {
             return Err(Error::Internal(format!(
                 "persistent operation {id} prepared twice"
             )));
         }
+        let sched = match one_sided {
+            Some(mut os) => {
+                let peers = super::super::persistent::peers_of(os.as_mut());
+                let ok = os.reset()
+                    && peers.iter().all(|&p| {
+                        self.route
+                            .get(p as usize)
+                            .is_some_and(|&t| self.one_sided[t])
+                    });
+                if ok { os } else { sched }
+            }
+            None => sched,
+        };
         self.ensure_scratch(sched.scratch_elems() * op.kernel.dtype.size())?;
         let mut handles = Vec::with_capacity(self.transports.len());
         let mut registered = Ok(());
@@ -79,16 +136,145 @@ impl Engine {
             }
             return Err(e);
         }
-        self.prepared.push(Prepared {
+        let mut p = Prepared {
             id,
-            sched: Some(sched),
             send: op.send,
             send_bytes: op.send_bytes,
             recv: op.recv,
             recv_bytes: op.recv_bytes,
             handles,
-        });
+            window: Vec::new(),
+            window_handles: vec![None; self.transports.len()],
+            remotes: vec![None; self.route.len()],
+            rounds: 0,
+            sched: None,
+        };
+        let window_bytes = sched.window_elems() * op.kernel.dtype.size();
+        let mut published = Published::default();
+        if window_bytes > 0 {
+            if let Err(e) = self.publish(&mut p, window_bytes, &mut published) {
+                let _ = self.forget(p);
+                return Err(e);
+            }
+            published.one_sided = true;
+        }
+        // Immediates that come early wait in `arrived`; make the room now.
+        let room = sched.landed_actions();
+        reserve(&mut self.spare.expect, room);
+        reserve(&mut self.spare.arrived, room);
+        reserve(&mut self.spare.window_handles, self.transports.len());
+        p.sched = Some(sched);
+        self.prepared.push(p);
+        if let Ok(mut o) = out.lock() {
+            *o = published;
+        }
         Ok(())
+    }
+
+    /// Allocates and registers `p`'s window of `bytes`, and says what this
+    /// rank publishes to each peer (through the transport that reaches it).
+    fn publish(&mut self, p: &mut Prepared, bytes: usize, out: &mut Published) -> Result<()> {
+        p.window = vec![0u64; bytes.div_ceil(8)];
+        let wptr = p.window.as_mut_ptr().cast::<u8>();
+        let mut regions: Vec<Option<(RemoteRegion, RemoteRegion)>> =
+            vec![None; self.transports.len()];
+        for (t, tr) in self.transports.iter_mut().enumerate() {
+            if !self.one_sided[t] {
+                continue;
+            }
+            // SAFETY: the window lives in `p` until `forget` deregisters it.
+            let h = unsafe { tr.register(wptr, bytes)? };
+            REGISTRATIONS.fetch_add(1, Ordering::Relaxed);
+            p.window_handles[t] = Some(h);
+            let recv = tr.remote_region(p.handles[t].1)?;
+            let win = tr.remote_region(h)?;
+            if let (Some(rv), Some(w)) = (recv, win) {
+                regions[t] = Some((rv, w));
+            }
+        }
+        out.regions = (0..self.route.len())
+            .map(|peer| {
+                let mut d = [0u64; 8];
+                if let Some((rv, w)) = self.route.get(peer).and_then(|&t| regions[t]) {
+                    d[..4].copy_from_slice(&encode(&rv));
+                    d[4..].copy_from_slice(&encode(&w));
+                }
+                d
+            })
+            .collect();
+        Ok(())
+    }
+
+    /// Stores the regions the peers of `id` published (per peer; all zero
+    /// for peers it does not write to).
+    pub(super) fn attach(&mut self, id: u64, remotes: Vec<[u64; 8]>) -> Result<()> {
+        let Some(p) = self.prepared.iter_mut().find(|p| p.id == id) else {
+            return Err(Error::InvalidUsage(format!(
+                "persistent operation {id} is not prepared"
+            )));
+        };
+        for (peer, d) in remotes.iter().enumerate() {
+            if d.iter().all(|&v| v == 0) {
+                continue;
+            }
+            let (rv, w) = (decode(&d[..4]), decode(&d[4..]));
+            if rv.rank as usize != peer || w.rank as usize != peer {
+                return Err(Error::Protocol(format!(
+                    "rank {peer} published regions of rank {} and {} for persistent operation {id}",
+                    rv.rank, w.rank
+                )));
+            }
+            if let Some(slot) = p.remotes.get_mut(peer) {
+                *slot = Some((rv, w));
+            }
+        }
+        Ok(())
+    }
+
+    /// The region `peer` published for `buf` of the running round's plan.
+    pub(super) fn remote_of(&self, r: &Running, peer: Rank, buf: Buf) -> Result<RemoteRegion> {
+        let id = r.prepared.ok_or_else(|| {
+            Error::Internal("a one-sided write outside a persistent operation".into())
+        })?;
+        let p = self
+            .prepared
+            .iter()
+            .find(|p| p.id == id)
+            .ok_or_else(|| Error::Internal(format!("persistent operation {id} vanished")))?;
+        let Some((rv, w)) = p.remotes.get(peer as usize).copied().flatten() else {
+            return Err(Error::Internal(format!(
+                "persistent operation {id} writes to rank {peer}, which published no region for it"
+            )));
+        };
+        match buf {
+            Buf::Recv => Ok(rv),
+            Buf::Window => Ok(w),
+            other => Err(Error::Internal(format!(
+                "a one-sided write into the peer's {other:?}"
+            ))),
+        }
+    }
+
+    /// Deregisters everything `p` registered.
+    fn forget(&mut self, p: Prepared) -> Result<()> {
+        let mut res = Ok(());
+        for (t, (hs, hr)) in p.handles.into_iter().enumerate() {
+            for h in [
+                Some(hs),
+                Some(hr),
+                p.window_handles.get(t).copied().flatten(),
+            ]
+            .into_iter()
+            .flatten()
+            {
+                if let Err(e) = self.transports[t].deregister(h)
+                    && res.is_ok()
+                {
+                    res = Err(e);
+                }
+            }
+        }
+        res
     }
 
     /// Forgets the persistent operation `id` and deregisters its buffers.
@@ -99,27 +285,18 @@ impl Engine {
             )));
         };
         let p = self.prepared.swap_remove(i);
-        let mut res = Ok(());
-        for (t, (hs, hr)) in self.transports.iter_mut().zip(p.handles) {
-            for h in [hs, hr] {
-                if let Err(e) = t.deregister(h)
-                    && res.is_ok()
-                {
-                    res = Err(e);
-                }
-            }
-        }
-        res
+        self.forget(p)
     }
 
     /// The rewound schedule of a round of `id`, whose buffers must be those
-    /// it was prepared with; its registrations go into `handles`.
+    /// it was prepared with; its registrations go into `spare`. Also its
+    /// window and the round's number (mod 256).
     pub(super) fn take_prepared(
         &mut self,
         id: u64,
         op: &OpDesc,
-        handles: &mut [Option<(MemHandle, MemHandle)>],
-    ) -> Result<Box<dyn Schedule>> {
+        spare: &mut Spare,
+    ) -> Result<Round> {
         let Some(p) = self.prepared.iter_mut().find(|p| p.id == id) else {
             return Err(Error::InvalidUsage(format!(
                 "persistent operation {id} was freed or never prepared"
@@ -146,10 +323,15 @@ impl Engine {
             .sched
             .take()
             .ok_or_else(|| Error::Internal("schedule vanished".into()))?;
-        for (slot, h) in handles.iter_mut().zip(&p.handles) {
+        for (slot, h) in spare.handles.iter_mut().zip(&p.handles) {
             *slot = Some(*h);
         }
-        Ok(sched)
+        for (slot, h) in spare.window_handles.iter_mut().zip(&p.window_handles) {
+            *slot = *h;
+        }
+        p.rounds = p.rounds.wrapping_add(1);
+        let window = (Ptr(p.window.as_mut_ptr().cast::<u8>()), p.window.len() * 8);
+        Ok((sched, window, p.rounds as u8))
     }
 
     /// Gives a finished round's schedule back to its entry.
@@ -157,5 +339,12 @@ impl Engine {
         if let Some(p) = self.prepared.iter_mut().find(|p| p.id == id) {
             p.sched = Some(sched);
         }
+    }
+}
+
+/// Grows `v`'s capacity to at least `n`, at init, so that rounds do not.
+fn reserve<T>(v: &mut Vec<T>, n: usize) {
+    if v.capacity() < n {
+        v.reserve(n - v.len());
     }
 }

@@ -38,8 +38,8 @@ use crate::regions::{Extent, Regions};
 use crate::reqmap::{self, ReqMap};
 use crate::rma::{GRANT_LEN, Grant, Imm, Receiver, Sender, ToGrant};
 use crate::seam::{
-    MemHandle, MemPtr, POSTED_RESERVED, Properties, Rank, Readiness, Request, Tag, Tested,
-    Transport, TransportId,
+    Arrival, MemHandle, MemPtr, POSTED_RESERVED, Properties, Rank, Readiness, RemoteRegion,
+    Request, Tag, Tested, Transport, TransportId, WriteImm,
 };
 use crate::wire::{FrameHeader, FrameKind, HEADER_LEN};
 use gw_ofi::{Completion, Domain, Endpoint, EpConfig, Fabric, FiAddr, Mr, Remote};
@@ -102,6 +102,8 @@ enum Ctx {
     Stage(usize),
     /// A write of request `req` to `peer`.
     Write { peer: Rank, req: u64 },
+    /// A one-sided write (`write_imm`) of request `req` to `peer`.
+    OneSided { peer: Rank, req: u64 },
 }
 
 impl Ctx {
@@ -112,6 +114,9 @@ impl Ctx {
             Ctx::Write { peer, req } => {
                 (2 << CTX_KIND_SHIFT) | (u64::from(peer) << REQ_BITS) | (req & REQ_MASK)
             }
+            Ctx::OneSided { peer, req } => {
+                (3 << CTX_KIND_SHIFT) | (u64::from(peer) << REQ_BITS) | (req & REQ_MASK)
+            }
         }
     }
 
@@ -121,6 +126,10 @@ impl Ctx {
             0 => Some(Ctx::Bounce(low as usize)),
             1 => Some(Ctx::Stage(low as usize)),
             2 => Some(Ctx::Write {
+                peer: (low >> REQ_BITS) as Rank,
+                req: low & REQ_MASK,
+            }),
+            3 => Some(Ctx::OneSided {
                 peer: (low >> REQ_BITS) as Rank,
                 req: low & REQ_MASK,
             }),
@@ -162,6 +171,18 @@ struct Big {
     src: MemPtr,
 }
 
+/// A one-sided write (`write_imm`) the provider had no room for yet.
+#[derive(Debug)]
+struct OneSided {
+    req: u64,
+    src: MemPtr,
+    len: usize,
+    desc: Option<gw_ofi::MrDesc>,
+    addr: u64,
+    key: u64,
+    imm: u32,
+}
+
 #[derive(Debug)]
 struct RecvExtra {
     mem: MemHandle,
@@ -184,6 +205,8 @@ struct Peer {
     tx: Sender,
     out: VecDeque<Out>,
     big: Vec<Big>,
+    /// One-sided writes waiting to be posted, in order.
+    one_sided: VecDeque<OneSided>,
     closed: bool,
 }
 
@@ -307,6 +330,9 @@ pub struct OfiTransport {
     /// eager send it carries.
     stage_meta: Vec<(Rank, FrameKind, Option<u64>)>,
     comps: Vec<Completion>,
+    /// Immediates of peers' one-sided writes into published regions, not
+    /// taken yet (`next_imm`); completions do not say who wrote.
+    imms: VecDeque<u32>,
     epoch: Instant,
     aborted: bool,
     token: Option<mio::Token>,
@@ -381,6 +407,7 @@ impl OfiTransport {
                     tx: Sender::new(rank, segment, cfg.window)?,
                     out: VecDeque::with_capacity(POSTED_RESERVED),
                     big: Vec::with_capacity(POSTED_RESERVED),
+                    one_sided: VecDeque::with_capacity(POSTED_RESERVED),
                     closed: false,
                 })
             })
@@ -405,6 +432,7 @@ impl OfiTransport {
             stage,
             stage_meta: vec![(0, FrameKind::Credit, None); STAGE_BUFFERS],
             comps: vec![Completion::default(); CQ_BATCH],
+            imms: VecDeque::with_capacity(crate::seam::REQS_RESERVED),
             epoch: Instant::now(),
             aborted: false,
             token: None,
@@ -593,9 +621,10 @@ impl OfiTransport {
                 self.queue_grants();
                 Ok(())
             }
-            Imm::Window { window, .. } => Err(Error::Protocol(format!(
-                "a peer wrote into persistent window {window}, which this rank has not opened"
-            ))),
+            Imm::Window { .. } => {
+                self.imms.push_back(v);
+                Ok(())
+            }
         }
     }
 
@@ -716,6 +745,10 @@ impl OfiTransport {
                 }
                 Ok(())
             }
+            Some(Ctx::OneSided { req, .. }) => {
+                self.reqs.insert(req, true);
+                Ok(())
+            }
             Some(Ctx::Write { peer, req }) => {
                 let p = self
                     .peers
@@ -796,7 +829,8 @@ impl OfiTransport {
 
     fn completion_error(&self, e: gw_ofi::Error) -> Error {
         if let gw_ofi::Error::Completion { ctx, .. } = &e
-            && let Some(Ctx::Write { peer, .. }) = ctx.and_then(Ctx::decode)
+            && let Some(Ctx::Write { peer, .. } | Ctx::OneSided { peer, .. }) =
+                ctx.and_then(Ctx::decode)
         {
             return self.remote_err(
                 peer,
@@ -919,6 +953,43 @@ impl OfiTransport {
                 self.stage_meta[s] = (p.rank, h.kind, req);
             }
             did |= self.pump_writes(i, addr)?;
+            did |= self.pump_one_sided(i, addr)?;
+        }
+        Ok(did)
+    }
+
+    /// Posts `write_imm`s to peer `i` that waited for room, in order.
+    fn pump_one_sided(&mut self, i: usize, dest: FiAddr) -> Result<bool> {
+        let mut did = false;
+        while let Some(w) = self.peers[i].one_sided.front() {
+            let remote = Remote {
+                dest,
+                addr: w.addr,
+                key: w.key,
+            };
+            let ctx = Ctx::OneSided {
+                peer: i as Rank,
+                req: w.req,
+            }
+            .encode();
+            // SAFETY: `write_imm` checked that the bytes lie in a region
+            // registered here; its caller keeps them unchanged until the
+            // request completes, after this write's completion.
+            let r = unsafe {
+                self.ep
+                    .writedata(w.src.0, w.len, w.desc, u64::from(w.imm), remote, ctx)
+            };
+            match r {
+                Ok(()) => {
+                    self.peers[i].one_sided.pop_front();
+                    did = true;
+                }
+                Err(gw_ofi::Error::Again) => break,
+                Err(e) => {
+                    return Err(self
+                        .remote_err(i as Rank, format!("posting a one-sided write failed: {e}")));
+                }
+            }
         }
         Ok(did)
     }
@@ -995,7 +1066,7 @@ impl Transport for OfiTransport {
             name: "ofi",
             bandwidth_gbps: 10.0,
             latency_us: 5.0,
-            one_sided_write: false,
+            one_sided_write: true,
             gpu_memory: false,
             max_segment: self.cfg.segment_bytes,
         }
@@ -1215,6 +1286,88 @@ impl Transport for OfiTransport {
     /// must travel whole: a rank that learns of the failure from this
     /// frame names the cause from it. The completion queue is then driven
     /// briefly so that a manual-progress provider sends the frames.
+    fn remote_region(&mut self, mem: MemHandle) -> Result<Option<RemoteRegion>> {
+        let index = mem.index_for(self.id, "ofi")?;
+        let r = self.regions.get(index, "remote_region")?;
+        let (key, addr) = match &r.mr {
+            // Under FI_MR_VIRT_ADDR peers address it by its own address,
+            // otherwise by the offset from its start.
+            Some(mr) => (mr.key(), mr.remote_addr(mr.base()).unwrap_or(0)),
+            None => (0, 0),
+        };
+        Ok(Some(RemoteRegion {
+            rank: self.me,
+            key,
+            addr,
+            len: r.len as u64,
+        }))
+    }
+
+    fn write_imm(&mut self, peer: Rank, w: &WriteImm) -> Result<Request> {
+        self.check_post(peer)?;
+        if self.peers[peer as usize].broken {
+            return Err(self.remote_err(peer, "an earlier transfer to it failed".into()));
+        }
+        let (src, index) = self.range(w.mem, w.offset, w.len, "write_imm")?;
+        if w.remote.rank != peer {
+            return Err(Error::InvalidArgument(format!(
+                "write_imm to rank {peer} into a region rank {} published",
+                w.remote.rank
+            )));
+        }
+        if w.len > self.cfg.segment_bytes {
+            return Err(Error::InvalidArgument(format!(
+                "write_imm of {} bytes: the ofi transport writes at most {} at once (Properties::max_segment)",
+                w.len, self.cfg.segment_bytes
+            )));
+        }
+        let addr = w
+            .remote_offset
+            .checked_add(w.len as u64)
+            .filter(|&end| end <= w.remote.len)
+            .and_then(|_| w.remote.addr.checked_add(w.remote_offset))
+            .ok_or_else(|| {
+                Error::InvalidArgument(format!(
+                    "write_imm to rank {peer}: [{}, +{}) lies outside its published region of {} bytes",
+                    w.remote_offset, w.len, w.remote.len
+                ))
+            })?;
+        let region = self.regions.get(index, "write_imm")?;
+        let (src, desc) = match &region.mr {
+            Some(mr) if w.len > 0 => (src, mr.desc()),
+            // An empty write still carries its immediate; providers want
+            // a registered buffer even for no bytes.
+            _ => (
+                MemPtr(self.stage.bytes.as_ptr().cast_mut()),
+                self.stage.mr.desc(),
+            ),
+        };
+        let req = self.new_req();
+        self.peers[peer as usize].one_sided.push_back(OneSided {
+            req,
+            src,
+            len: w.len,
+            desc,
+            addr,
+            key: w.remote.key,
+            imm: w.imm,
+        });
+        if let Some(dest) = self.peers[peer as usize].addr {
+            self.pump_one_sided(peer as usize, dest)?;
+        }
+        Ok(Request::new(self.id, req))
+    }
+
+    fn next_imm(&mut self) -> Result<Option<Arrival>> {
+        if self.aborted {
+            return Err(Error::Aborted("the ofi transport was aborted".into()));
+        }
+        if self.imms.is_empty() {
+            self.reap()?;
+        }
+        Ok(self.imms.pop_front().map(|imm| Arrival { from: None, imm }))
+    }
+
     fn abort(&mut self, reason: &str) {
         if self.aborted {
             return;
@@ -1269,9 +1422,11 @@ impl Transport for OfiTransport {
             let _ = self.ep.poll_cq(&mut comps);
             self.comps = comps;
         }
+        self.imms.clear();
         for p in &mut self.peers {
             p.out.clear();
             p.big.clear();
+            p.one_sided.clear();
             p.core.clear();
             p.tx.clear();
         }

@@ -287,10 +287,116 @@ fn contexts_round_trip() {
             peer: (1 << 22) - 1,
             req: REQ_MASK,
         },
+        Ctx::OneSided { peer: 3, req: 7 },
+        Ctx::OneSided {
+            peer: (1 << 22) - 1,
+            req: REQ_MASK,
+        },
     ] {
         assert_eq!(Ctx::decode(c.encode()), Some(c));
     }
-    assert_eq!(Ctx::decode(3 << CTX_KIND_SHIFT), None);
+}
+
+/// `write_imm` lands bytes in a published region (at an offset, in
+/// several writes, one of them empty) and the peer takes each immediate
+/// from `next_imm` once they are in place; bad targets are refused before
+/// anything moves.
+#[test]
+fn one_sided_writes_land_with_their_immediates() {
+    for prov in PROVIDERS {
+        let Some((mut a, mut b)) = pair(&cfg(prov)) else {
+            continue;
+        };
+        assert!(a.properties().one_sided_write);
+        let len = 200_000;
+        let mut dst = vec![0u8; len + 64];
+        let md = reg(&mut b, &mut dst);
+        let region = b.remote_region(md).unwrap().unwrap();
+        assert_eq!((region.rank, region.len), (1, (len + 64) as u64));
+        let mut src = pattern(len, 5);
+        let ms = reg(&mut a, &mut src);
+        let seg = 64 << 10;
+        let mut reqs = Vec::new();
+        let mut imms = Vec::new();
+        for (k, off) in (0..len).step_by(seg).enumerate() {
+            let n = seg.min(len - off);
+            let w = WriteImm {
+                mem: ms,
+                offset: off,
+                len: n,
+                remote: region,
+                remote_offset: (32 + off) as u64,
+                imm: 0x8000_0000 | k as u32,
+            };
+            reqs.push(Outstanding::new(a.write_imm(1, &w).unwrap()));
+            imms.push(w.imm);
+        }
+        let empty = WriteImm {
+            mem: ms,
+            offset: 0,
+            len: 0,
+            remote: region,
+            remote_offset: 0,
+            imm: 0x8000_7777,
+        };
+        reqs.push(Outstanding::new(a.write_imm(1, &empty).unwrap()));
+        imms.push(empty.imm);
+        run(&mut a, &mut b, reqs, Vec::new());
+        let mut got = Vec::new();
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while got.len() < imms.len() {
+            assert!(
+                Instant::now() < deadline,
+                "{prov}: immediates {got:?} of {imms:?}"
+            );
+            a.progress().unwrap();
+            b.progress().unwrap();
+            while let Some(v) = b.next_imm().unwrap() {
+                assert_eq!(v.from, None, "libfabric completions do not name the writer");
+                got.push(v.imm);
+            }
+        }
+        got.sort_unstable();
+        imms.sort_unstable();
+        assert_eq!(got, imms, "{prov}");
+        assert!(
+            dst[..32].iter().all(|&x| x == 0),
+            "{prov}: bytes before the offset"
+        );
+        assert!(dst[32..32 + len] == src[..], "{prov}: the written bytes");
+        assert!(
+            dst[32 + len..].iter().all(|&x| x == 0),
+            "{prov}: bytes past the end"
+        );
+        for (w, want) in [
+            (
+                WriteImm {
+                    remote_offset: (len + 64 - 8) as u64,
+                    len: 16,
+                    ..empty
+                },
+                "outside its published region",
+            ),
+            (
+                WriteImm {
+                    remote: RemoteRegion { rank: 0, ..region },
+                    len: 8,
+                    ..empty
+                },
+                "rank 0 published",
+            ),
+            (
+                WriteImm {
+                    len: (64 << 10) + 1,
+                    ..empty
+                },
+                "at most",
+            ),
+        ] {
+            let e = a.write_imm(1, &w).unwrap_err().to_string();
+            assert!(e.contains(want), "{prov}: {e}");
+        }
+    }
 }
 
 #[test]

@@ -93,6 +93,16 @@ impl Imm {
     }
 }
 
+/// `v` with its round field set to `round` when it is a window immediate
+/// (schedules are built once with round 0; each round stamps its number);
+/// other immediates unchanged.
+pub fn stamp_round(v: u32, round: u8) -> u32 {
+    if v & WINDOW_BIT == 0 {
+        return v;
+    }
+    (v & !(0xff << 16)) | (u32::from(round) << 16)
+}
+
 /// The segments a message of `len` bytes is written in, `seg` bytes each
 /// (the last one shorter); an empty message is one empty write, so that its
 /// receiver still gets a completion.
@@ -130,6 +140,19 @@ mod tests {
             prop_assert!(n >= 1);
             prop_assert!(len <= n * seg);
             prop_assert!(len == 0 || (n - 1) * seg < len);
+        }
+    }
+
+    proptest! {
+        #[test]
+        fn stamping_sets_only_a_window_round(v: u32, round: u8) {
+            let s = stamp_round(v, round);
+            match (Imm::decode(v), Imm::decode(s)) {
+                (Imm::Window { window, chunk, .. }, got) => {
+                    prop_assert_eq!(got, Imm::Window { window, round, chunk });
+                }
+                (m, got) => prop_assert_eq!(got, m),
+            }
         }
     }
 

@@ -30,7 +30,7 @@ mod sender;
 pub mod window;
 
 pub use grant::{GRANT_LEN, Grant};
-pub use imm::{GEN_MODULUS, Imm, MAX_CHUNKS, MAX_SLOTS, MAX_WINDOWS, segments};
+pub use imm::{GEN_MODULUS, Imm, MAX_CHUNKS, MAX_SLOTS, MAX_WINDOWS, segments, stamp_round};
 pub use receiver::{Receiver, ToGrant};
 pub use sender::{Sender, Write};
 

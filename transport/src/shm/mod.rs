@@ -66,8 +66,8 @@ use crate::recv_core::{DEFAULT_EAGER_FRAMES, Posted, Posting, RecvCore};
 use crate::regions::{Extent, Regions};
 use crate::reqmap::{self, ReqMap};
 use crate::seam::{
-    Landed, MemHandle, MemPtr, Now, Properties, Rank, Readiness, RemoteRegion, Request, Tag,
-    Tested, Transport, TransportId, WriteImm,
+    Arrival, Landed, MemHandle, MemPtr, Now, Properties, Rank, Readiness, RemoteRegion, Request,
+    Tag, Tested, Transport, TransportId, WriteImm,
 };
 use crate::wire::{FrameHeader, FrameKind, HEADER_LEN};
 use gw_rendezvous::PeerInfo;
@@ -246,8 +246,16 @@ struct Peer {
     /// Eager frames sent to the peer so far (its ring's `consumed` counts
     /// those it has consumed; the difference is what our credits cover).
     sent_eager: u64,
-    /// Control frames (`Cts`) waiting for room in the peer's ring.
+    /// Control frames (`Cts`, `Imm`) waiting for room in the peer's ring.
     ctl: VecDeque<[u8; HEADER_LEN]>,
+    /// Control frames queued and pushed into the ring so far.
+    ctl_queued: u64,
+    ctl_pushed: u64,
+    /// One-sided writes whose `Imm` frame is queued: (its number among
+    /// the control frames, the request). A write is complete only once
+    /// its frame is in the ring: a writer that then goes idle or leaves
+    /// must not strand the peer's immediate in this queue.
+    imm_reqs: VecDeque<(u64, u64)>,
     /// What arrives from the peer: posted receives, early frames,
     /// announcements (`Rts`, and rendezvous frames taken out of the ring).
     core: RecvCore<RecvExtra, Option<PullRef>>,
@@ -275,6 +283,12 @@ struct Peer {
 }
 
 impl Peer {
+    fn queue_ctl(&mut self, h: [u8; HEADER_LEN]) -> u64 {
+        self.ctl.push_back(h);
+        self.ctl_queued += 1;
+        self.ctl_queued - 1
+    }
+
     fn who(&self) -> String {
         format!("rank {} ({})", self.info.rank, self.info.hostname)
     }
@@ -355,6 +369,8 @@ pub struct ShmTransport {
     token: Option<mio::Token>,
     /// Set by `abort`: registered memory is never touched again.
     aborted: bool,
+    /// Where `next_imm` looks first (see there).
+    imm_cursor: usize,
     /// The sleep flags in the rings are raised (`prepare_sleep`): clearing
     /// them is a store to a line the peer reads, so only done when needed.
     armed: bool,
@@ -391,6 +407,9 @@ impl ShmTransport {
                 next_announce: 0,
                 sent_eager: 0,
                 ctl: VecDeque::with_capacity(crate::seam::POSTED_RESERVED),
+                ctl_queued: 0,
+                ctl_pushed: 0,
+                imm_reqs: VecDeque::with_capacity(crate::seam::POSTED_RESERVED),
                 // Its buffers are made when the connection is.
                 core: RecvCore::unconnected(me, rank, cfg.slot_bytes),
                 consumed: 0,
@@ -431,6 +450,7 @@ impl ShmTransport {
             bell: Doorbell::new()?,
             token: None,
             aborted: false,
+            imm_cursor: 0,
             armed: false,
         })
     }
@@ -576,7 +596,7 @@ impl ShmTransport {
                     offset: id,
                     ..FrameHeader::control(FrameKind::Cts, me, 0)
                 };
-                p.ctl.push_back(cts.encode());
+                p.queue_ctl(cts.encode());
             }
         }
         if p.closed {
@@ -841,7 +861,15 @@ fn pump_sends(
             break;
         }
         p.ctl.pop_front();
+        p.ctl_pushed += 1;
         pushed = true;
+    }
+    while let Some(&(k, req)) = p.imm_reqs.front() {
+        if k >= p.ctl_pushed {
+            break;
+        }
+        p.imm_reqs.pop_front();
+        reqs.insert(req, true);
     }
     let mut credits = credits;
     while let Some(op) = p.sends.front_mut() {
@@ -1129,7 +1157,7 @@ fn pump_recvs(
                         offset: id,
                         ..FrameHeader::control(FrameKind::Cts, me, 0)
                     };
-                    p.ctl.push_back(cts.encode());
+                    p.queue_ctl(cts.encode());
                 }
                 continue;
             }
@@ -1614,6 +1642,7 @@ impl Transport for ShmTransport {
             p.core.clear();
             p.announced.clear();
             p.ctl.clear();
+            p.imm_reqs.clear();
             p.pulls_out.clear();
             p.active = None;
             p.held = None;
@@ -1647,24 +1676,48 @@ impl Transport for ShmTransport {
         let addr = one_sided::target(&w.remote, peer, p.info.pid, w.remote_offset, w.len)?;
         // SAFETY: `range` checked that the bytes lie in memory registered
         // with this transport, which its owner keeps valid while registered.
-        unsafe { one_sided::write(src.0, w.len, p.info.pid, addr, &p.who())? };
+        unsafe { one_sided::write(src.0, w.len, p.info.pid, addr, &|| p.who())? };
         // After the bytes: the peer reads the immediate only once they are in.
         let h = FrameHeader {
             offset: u64::from(w.imm),
             ..FrameHeader::control(FrameKind::Imm, me, 0)
         };
-        self.peers[peer as usize].ctl.push_back(h.encode());
         let req = self.new_req();
-        self.reqs.insert(req, true);
+        let p = &mut self.peers[peer as usize];
+        let k = p.queue_ctl(h.encode());
+        p.imm_reqs.push_back((k, req));
+        pump_sends(me, self.cfg.pull_bytes, p, &mut self.bell, &mut self.reqs)?;
         Ok(Request::new(self.id, req))
     }
 
-    fn next_imm(&mut self, peer: Rank) -> Result<Option<u32>> {
-        self.check_live(peer)?;
-        let p = &mut self.peers[peer as usize];
-        let imm = p.imms.pop_front();
-        p.wants_imm = imm.is_none();
-        Ok(imm)
+    fn next_imm(&mut self) -> Result<Option<Arrival>> {
+        if self.aborted {
+            return Err(Error::Aborted("the shm transport was aborted".into()));
+        }
+        let n = self.peers.len();
+        for k in 0..n {
+            let i = (self.imm_cursor + k) % n;
+            if let Some(imm) = self.peers[i].imms.pop_front() {
+                // Start after this peer next time, so that one busy writer
+                // does not hide the others'.
+                self.imm_cursor = (i + 1) % n;
+                // The caller waits for no more than this now: frames may
+                // stay in the rings until a receive wants them again.
+                for p in &mut self.peers {
+                    p.wants_imm = false;
+                }
+                return Ok(Some(Arrival {
+                    from: Some(i as Rank),
+                    imm,
+                }));
+            }
+        }
+        // None yet: have progress take frames out of every ring until one
+        // comes, even with no receive posted (it may wait behind data).
+        for p in &mut self.peers {
+            p.wants_imm = p.conn.is_some();
+        }
+        Ok(None)
     }
 }
 

@@ -66,7 +66,8 @@ pub(super) fn target(
     })
 }
 
-/// Copies `len` bytes from `src` in this process to `addr` in process `pid`.
+/// Copies `len` bytes from `src` in this process to `addr` in process
+/// `pid`; `who` names the peer in errors (formatted only then).
 ///
 /// # Safety
 /// `src..src + len` must be readable memory of this process for the call.
@@ -75,7 +76,7 @@ pub(super) unsafe fn write(
     len: usize,
     pid: u32,
     addr: u64,
-    who: &str,
+    who: &dyn Fn() -> String,
 ) -> Result<()> {
     let mut done = 0usize;
     while done < len {
@@ -106,16 +107,18 @@ pub(super) unsafe fn write(
             return Err(Error::Sys {
                 syscall: "process_vm_writev",
                 context: format!(
-                    "one-sided write of {} bytes at {:#x} into {who}{hint}",
+                    "one-sided write of {} bytes at {:#x} into {}{hint}",
                     len - done,
-                    addr + done as u64
+                    addr + done as u64,
+                    who()
                 ),
                 source,
             });
         }
         if n == 0 {
             return Err(Error::Protocol(format!(
-                "process_vm_writev into {who} wrote nothing at {:#x}",
+                "process_vm_writev into {} wrote nothing at {:#x}",
+                who(),
                 addr + done as u64
             )));
         }
@@ -162,7 +165,7 @@ mod tests {
         child.wait().unwrap();
         let b = [1u8; 8];
         // SAFETY: `b` is readable for the call.
-        let e = unsafe { write(b.as_ptr(), 8, pid, 0x1000, "rank 9") }
+        let e = unsafe { write(b.as_ptr(), 8, pid, 0x1000, &|| "rank 9".into()) }
             .unwrap_err()
             .to_string();
         assert!(
