@@ -70,11 +70,15 @@ fn exchange_64mib_both_transports() {
 }
 
 fn survivors_name_the_dead_rank(transport: &str) {
+    survivors_name_the_dead_rank_in(transport, "kill-mid-transfer");
+}
+
+fn survivors_name_the_dead_rank_in(transport: &str, scenario: &str) {
     let job = DirectJob::new();
     let runs = job.run(
         &[0, 1, 2],
         3,
-        &["kill-mid-transfer", "1"],
+        &[scenario, "1"],
         &[
             ("GW_TRANSPORT", transport),
             ("GW_TIMEOUT", "20"),
@@ -117,6 +121,15 @@ fn peer_killed_mid_transfer_shm() {
 #[test]
 fn peer_killed_mid_transfer_ofi() {
     survivors_name_the_dead_rank("ofi");
+}
+
+/// A rank killed during a persistent all-reduce's rounds (one-sided
+/// writes on shm and ofi, two-sided on tcp).
+#[test]
+fn peer_killed_mid_persistent_round() {
+    for transport in ["shm", "ofi", "tcp"] {
+        survivors_name_the_dead_rank_in(transport, "kill-mid-persistent");
+    }
 }
 
 #[test]

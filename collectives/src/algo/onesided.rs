@@ -8,12 +8,16 @@
 //! during the all-gather. Both are registered and published once, at init;
 //! a round then costs two small messages per neighbour, whatever the size:
 //!
-//! 1. `Ready-RS` (step 0): "my window is free for this round", sent to the
-//!    left neighbour when the round starts, so it was read to the end in the
-//!    round before.
+//! 1. `Ready-RS` (step 0): "I am in this round", sent to the left
+//!    neighbour when the round starts. Without it a writer a round ahead
+//!    could land its next round's chunks while this rank still takes
+//!    immediates for the current one.
 //! 2. `Ready-AG` (step 1): "my `Recv` may be written", sent once this
 //!    rank's reduce-scatter no longer reads or writes `Recv` (its writes
-//!    out of it completed, its reductions into it are done).
+//!    out of it completed, its reductions into it are done). The ring's
+//!    data dependencies already put the left neighbour's all-gather after
+//!    that (its chunks are made of this rank's partials); the message
+//!    states the rule instead of leaning on it, at one message a round.
 //!
 //! Data moves only as writes with immediates (segments of at most `seg`
 //! elements); each says which round (added by the engine), phase, step and
@@ -150,4 +154,378 @@ pub fn allreduce(spec: &OpSpec, seg: usize, window: u8) -> Result<Box<dyn Schedu
         }
     }
     Ok(Box::new(b.finish()))
+}
+
+/// The schedule over a simulated network in the style of `sim.rs`: every
+/// rank's actions are carried out in a random interleaving, two-sided
+/// messages and one-sided writes are delivered late and out of order, a
+/// write reads its source only when it is delivered (as a NIC's DMA does,
+/// any time before its completion), and completions of writes come after
+/// their delivery, at random. Whatever the order, every rank must end with
+/// the exact sum, round after round, in place and out of place.
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::algo::{Action, ActionId};
+    use crate::op::OpKind;
+    use gw_transport::rma::stamp_round;
+    use rand::rngs::StdRng;
+    use rand::{Rng, SeedableRng};
+
+    struct Mem {
+        send: Vec<f64>,
+        recv: Vec<f64>,
+        window: Vec<f64>,
+        scratch: Vec<f64>,
+        in_place: bool,
+    }
+
+    impl Mem {
+        fn buf(&mut self, b: Buf) -> &mut Vec<f64> {
+            match b {
+                Buf::Send if !self.in_place => &mut self.send,
+                Buf::Send | Buf::Recv => &mut self.recv,
+                Buf::Window => &mut self.window,
+                Buf::Scratch => &mut self.scratch,
+            }
+        }
+        fn read(&mut self, l: Loc) -> Vec<f64> {
+            self.buf(l.buf)[l.offset..l.offset + l.len].to_vec()
+        }
+        fn write(&mut self, b: Buf, off: usize, v: &[f64]) {
+            self.buf(b)[off..off + v.len()].copy_from_slice(v);
+        }
+    }
+
+    enum Event {
+        /// Rank `r` takes its next ready action.
+        Act(usize),
+        /// A two-sided message is delivered (index into `msgs`).
+        Deliver(usize),
+        /// A one-sided write lands (index into `writes`).
+        Land(usize),
+        /// A landed write completes at its writer.
+        WriteDone(usize),
+    }
+
+    struct Msg {
+        from: usize,
+        to: usize,
+        step: u32,
+        data: Vec<f64>,
+        send_id: ActionId,
+        done: bool,
+    }
+
+    struct W {
+        from: usize,
+        to: usize,
+        src: Loc,
+        dst: Remote,
+        imm: u32,
+        id: ActionId,
+        landed: bool,
+        done: bool,
+    }
+
+    /// One round of every rank's schedule, in an order `rng` picks.
+    fn round(
+        scheds: &mut [Box<dyn Schedule>],
+        mems: &mut [Mem],
+        round: u8,
+        rng: &mut StdRng,
+    ) -> Result<(), String> {
+        let n = scheds.len();
+        let mut msgs: Vec<Msg> = Vec::new();
+        // Posted receives: (rank, from, step, id, dst).
+        let mut recvs: Vec<(usize, usize, u32, ActionId, Loc)> = Vec::new();
+        let mut writes: Vec<W> = Vec::new();
+        // Per rank: immediates landed and Landed actions waiting.
+        let mut landed: Vec<Vec<u32>> = vec![Vec::new(); n];
+        let mut waiting: Vec<Vec<(u32, ActionId)>> = vec![Vec::new(); n];
+        let mut ready: Vec<Vec<Action>> = vec![Vec::new(); n];
+        loop {
+            for r in 0..n {
+                while let Some(a) = scheds[r].next_action() {
+                    ready[r].push(a);
+                }
+            }
+            let mut events = Vec::new();
+            for (r, q) in ready.iter().enumerate() {
+                if !q.is_empty() {
+                    events.push(Event::Act(r));
+                }
+            }
+            for (i, m) in msgs.iter().enumerate() {
+                if !m.done
+                    && recvs
+                        .iter()
+                        .any(|x| (x.0, x.1, x.2) == (m.to, m.from, m.step))
+                {
+                    events.push(Event::Deliver(i));
+                }
+            }
+            for (i, w) in writes.iter().enumerate() {
+                if !w.landed {
+                    events.push(Event::Land(i));
+                } else if !w.done {
+                    events.push(Event::WriteDone(i));
+                }
+            }
+            if events.is_empty() {
+                break;
+            }
+            match events.swap_remove(rng.random_range(0..events.len())) {
+                Event::Act(r) => {
+                    let k = rng.random_range(0..ready[r].len());
+                    let a = ready[r].swap_remove(k);
+                    let m = &mut mems[r];
+                    match a {
+                        Action::Send {
+                            id,
+                            peer,
+                            step,
+                            src,
+                        } => msgs.push(Msg {
+                            from: r,
+                            to: peer as usize,
+                            step,
+                            data: m.read(src),
+                            send_id: id,
+                            done: false,
+                        }),
+                        Action::Recv {
+                            id,
+                            peer,
+                            step,
+                            dst,
+                        } => recvs.push((r, peer as usize, step, id, dst)),
+                        Action::Reduce { id, dst, a, b, .. } => {
+                            // Sums only: `finalize` matters for avg.
+                            let (x, y) = (m.read(a), m.read(b));
+                            let z: Vec<f64> = x.iter().zip(&y).map(|(p, q)| p + q).collect();
+                            m.write(dst.buf, dst.offset, &z);
+                            scheds[r].complete(id);
+                        }
+                        Action::Copy { id, dst, src, .. } => {
+                            let v = m.read(src);
+                            m.write(dst.buf, dst.offset, &v);
+                            scheds[r].complete(id);
+                        }
+                        Action::Write {
+                            id,
+                            peer,
+                            src,
+                            dst,
+                            imm,
+                        } => writes.push(W {
+                            from: r,
+                            to: peer as usize,
+                            src,
+                            dst,
+                            imm: stamp_round(imm, round),
+                            id,
+                            landed: false,
+                            done: false,
+                        }),
+                        Action::Landed { id, peer, imm, .. } => {
+                            let imm = stamp_round(imm, round);
+                            if peer as usize == r {
+                                return Err(format!("rank {r} waits for its own write"));
+                            }
+                            match landed[r].iter().position(|&v| v == imm) {
+                                Some(i) => {
+                                    landed[r].swap_remove(i);
+                                    scheds[r].complete(id);
+                                }
+                                None => waiting[r].push((imm, id)),
+                            }
+                        }
+                    }
+                }
+                Event::Deliver(i) => {
+                    let m = &mut msgs[i];
+                    let j = recvs
+                        .iter()
+                        .position(|x| (x.0, x.1, x.2) == (m.to, m.from, m.step))
+                        .ok_or("no receive")?;
+                    let (to, _, _, rid, dst) = recvs.swap_remove(j);
+                    if dst.len != m.data.len() {
+                        return Err(format!("message of {} into {dst:?}", m.data.len()));
+                    }
+                    mems[to].write(dst.buf, dst.offset, &m.data);
+                    m.done = true;
+                    scheds[to].complete(rid);
+                    scheds[m.from].complete(m.send_id);
+                }
+                Event::Land(i) => {
+                    let w = &mut writes[i];
+                    // The source is read now, late, as DMA may.
+                    let data = mems[w.from].read(w.src);
+                    mems[w.to].write(w.dst.buf, w.dst.offset, &data);
+                    w.landed = true;
+                    let to = w.to;
+                    match waiting[to].iter().position(|&(v, _)| v == w.imm) {
+                        Some(k) => {
+                            let (_, id) = waiting[to].swap_remove(k);
+                            scheds[to].complete(id);
+                        }
+                        None => landed[to].push(w.imm),
+                    }
+                }
+                Event::WriteDone(i) => {
+                    writes[i].done = true;
+                    scheds[writes[i].from].complete(writes[i].id);
+                }
+            }
+        }
+        for (r, s) in scheds.iter().enumerate() {
+            if !s.is_done() {
+                return Err(format!("rank {r} stuck: {}", s.waiting_for()));
+            }
+            if !landed[r].is_empty() {
+                return Err(format!(
+                    "rank {r}: immediates nobody waited for: {:?}",
+                    landed[r]
+                ));
+            }
+        }
+        Ok(())
+    }
+
+    fn run(n: usize, count: usize, seg: usize, in_place: bool, seed: u64) -> Result<(), String> {
+        let mut rng = StdRng::seed_from_u64(seed);
+        let mut scheds = Vec::new();
+        let mut mems = Vec::new();
+        for r in 0..n {
+            let spec = OpSpec {
+                op: OpKind::AllReduce,
+                rank: r as u32,
+                nranks: n as u32,
+                count,
+                root: 0,
+                segment_elems: seg,
+                depth: 1,
+                scaled: false,
+                local_size: 1,
+            };
+            let s = allreduce(&spec, seg, 3).map_err(|e| e.to_string())?;
+            mems.push(Mem {
+                send: vec![0.0; count],
+                recv: vec![0.0; count],
+                window: vec![f64::NAN; s.window_elems()],
+                scratch: vec![0.0; s.scratch_elems()],
+                in_place,
+            });
+            scheds.push(s);
+        }
+        for k in 0..4u8 {
+            for (r, m) in mems.iter_mut().enumerate() {
+                let input: Vec<f64> = (0..count)
+                    .map(|i| ((r + 1) * 1000 + i + k as usize) as f64)
+                    .collect();
+                m.buf(Buf::Send).copy_from_slice(&input);
+                if !in_place {
+                    m.recv.fill(f64::NAN);
+                }
+            }
+            for s in scheds.iter_mut() {
+                assert!(s.reset());
+            }
+            round(&mut scheds, &mut mems, k.wrapping_add(1), &mut rng)
+                .map_err(|e| format!("round {k}: {e}"))?;
+            for (r, m) in mems.iter().enumerate() {
+                for i in 0..count {
+                    let want: f64 = (0..n)
+                        .map(|q| ((q + 1) * 1000 + i + k as usize) as f64)
+                        .sum();
+                    if m.recv[i] != want {
+                        return Err(format!(
+                            "round {k}: rank {r} element {i} is {} not {want}",
+                            m.recv[i]
+                        ));
+                    }
+                }
+                if !in_place {
+                    let mine = ((r + 1) * 1000 + k as usize) as f64;
+                    if m.send[0] != mine {
+                        return Err(format!("round {k}: rank {r}'s send buffer was written"));
+                    }
+                }
+            }
+        }
+        Ok(())
+    }
+
+    #[test]
+    fn every_interleaving_sums_exactly() {
+        for n in [2, 3, 4, 5, 8] {
+            for (count, seg) in [(1, 1), (7, 2), (n - 1, 1), (100, 7), (1000, 64)] {
+                for in_place in [false, true] {
+                    for seed in 0..20 {
+                        if let Err(e) = run(n, count, seg, in_place, seed) {
+                            panic!(
+                                "n {n} count {count} seg {seg} in place {in_place} seed {seed}: {e}"
+                            );
+                        }
+                    }
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn a_round_costs_two_messages_per_neighbour_whatever_the_size() {
+        for (count, seg) in [(16, 4), (1 << 20, 1 << 10)] {
+            let spec = OpSpec {
+                op: OpKind::AllReduce,
+                rank: 1,
+                nranks: 4,
+                count,
+                root: 0,
+                segment_elems: seg,
+                depth: 1,
+                scaled: false,
+                local_size: 1,
+            };
+            let mut s = allreduce(&spec, seg, 0).unwrap();
+            let (mut sends, mut writes) = (0, 0);
+            while let Some(a) = s.next_action() {
+                match a {
+                    Action::Send { peer, .. } => {
+                        assert_eq!(peer, 0, "Ready goes to the left neighbour");
+                        sends += 1;
+                    }
+                    Action::Write { peer, .. } => {
+                        assert_eq!(peer, 2, "data goes to the right neighbour");
+                        writes += 1;
+                    }
+                    _ => {}
+                }
+                s.complete(a.id());
+            }
+            assert_eq!(sends, 2, "count {count}");
+            let m = (count / 4).div_ceil(seg);
+            assert_eq!(writes, 2 * 3 * m, "count {count}");
+        }
+    }
+
+    #[test]
+    fn too_many_chunks_is_refused_so_the_caller_falls_back() {
+        let spec = OpSpec {
+            op: OpKind::AllReduce,
+            rank: 0,
+            nranks: 8,
+            count: 1 << 30,
+            root: 0,
+            segment_elems: 1,
+            depth: 1,
+            scaled: false,
+            local_size: 1,
+        };
+        let e = allreduce(&spec, 1024, 0).err().unwrap().to_string();
+        assert!(e.contains("chunks"), "{e}");
+        let one = OpSpec { nranks: 1, ..spec };
+        assert!(allreduce(&one, 1024, 0).is_err());
+    }
 }

@@ -83,6 +83,31 @@ fn kill_mid_transfer(comm: &Communicator, victim: u32) -> Result<String, String>
     Ok("no error".into())
 }
 
+/// Rounds of a persistent all-reduce of 16 MiB while `victim` kills itself
+/// 30 ms in: every other rank must fail, naming it (one-sided rounds on shm
+/// and ofi, two-sided on tcp).
+fn kill_mid_persistent(comm: &Communicator, victim: u32) -> Result<String, String> {
+    let mut send = vec![1f32; 4 << 20];
+    let mut recv = vec![0f32; 4 << 20];
+    let mut req = comm
+        .all_reduce_init(&mut send, &mut recv, RedOp::Sum)
+        .map_err(|e| format!("init: {e}"))?;
+    if comm.rank() == victim {
+        std::thread::spawn(|| {
+            std::thread::sleep(std::time::Duration::from_millis(30));
+            // SAFETY: raising a signal on our own process.
+            unsafe { libc::kill(libc::getpid(), libc::SIGKILL) };
+        });
+    }
+    let started = Instant::now();
+    for _ in 0..100_000 {
+        req.start()
+            .and_then(|_| req.wait())
+            .map_err(|e| format!("error after {:.2}s: {e}", started.elapsed().as_secs_f64()))?;
+    }
+    Ok("no error".into())
+}
+
 /// Rank 0 sends f32, rank 1 expects i32: the receiver must name both.
 fn mismatch(comm: &Communicator) -> Result<String, String> {
     match comm.rank() {
@@ -350,7 +375,7 @@ fn main() -> ExitCode {
     let args: Vec<String> = std::env::args().skip(1).collect();
     let Some(cmd) = args.first().cloned() else {
         eprintln!(
-            "usage: gwtest exchange [SIZES...] | collectives [SIZES...] | all-reduce [SIZES...] | kill-mid-transfer VICTIM | mismatch | collective-mismatch | init"
+            "usage: gwtest exchange [SIZES...] | collectives [SIZES...] | all-reduce [SIZES...] | kill-mid-transfer VICTIM | kill-mid-persistent VICTIM | mismatch | collective-mismatch | init"
         );
         return ExitCode::from(2);
     };
@@ -366,6 +391,9 @@ fn main() -> ExitCode {
         "exchange" => exchange(&comm, &parse_sizes(&args[1..])),
         "kill-mid-transfer" => {
             kill_mid_transfer(&comm, args.get(1).and_then(|v| v.parse().ok()).unwrap_or(1))
+        }
+        "kill-mid-persistent" => {
+            kill_mid_persistent(&comm, args.get(1).and_then(|v| v.parse().ok()).unwrap_or(1))
         }
         "mismatch" => mismatch(&comm),
         "collective-mismatch" => collective_mismatch(&comm),
