@@ -93,6 +93,30 @@ pub enum TransportChoice {
     Ofi,
 }
 
+/// When a persistent all-reduce moves its data by one-sided writes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum OneSided {
+    /// Where every peer's transport writes in hardware (an RDMA NIC);
+    /// elsewhere two-sided, which was as fast or faster where the writes
+    /// are emulated (docs/performance.md).
+    Auto,
+    /// Wherever every peer's transport has one-sided writes at all.
+    Always,
+    /// Never: always two-sided.
+    Never,
+}
+
+impl OneSided {
+    pub fn parse(s: &str) -> Option<OneSided> {
+        match s {
+            "auto" => Some(OneSided::Auto),
+            "1" => Some(OneSided::Always),
+            "0" => Some(OneSided::Never),
+            _ => None,
+        }
+    }
+}
+
 impl TransportChoice {
     pub fn parse(s: &str) -> Option<TransportChoice> {
         match s {
@@ -156,9 +180,10 @@ pub struct Config {
     /// `GW_INLINE`: a caller blocked on its operation turns the engine
     /// itself (1) or leaves it to the engine thread (0).
     pub inline: Setting<bool>,
-    /// `GW_ONE_SIDED`: persistent all-reduces move data by one-sided writes
-    /// where every peer's transport has them (1), or always two-sided (0).
-    pub one_sided: Setting<bool>,
+    /// `GW_ONE_SIDED`: when persistent all-reduces move data by one-sided
+    /// writes: `auto` (where they are done in hardware), 1 (wherever a
+    /// transport has them) or 0 (never).
+    pub one_sided: Setting<OneSided>,
     /// `GW_SHM_SLOT_BYTES`: payload per shared-memory ring slot.
     pub shm_slot_bytes: Setting<usize>,
     /// `GW_SHM_SLOTS`: slots per shared-memory ring.
@@ -191,7 +216,7 @@ impl Default for Config {
             eager_frames: Setting::default(gw_transport::DEFAULT_EAGER_FRAMES),
             spin_us: Setting::default(100),
             inline: Setting::default(true),
-            one_sided: Setting::default(true),
+            one_sided: Setting::default(OneSided::Auto),
             shm_slot_bytes: Setting::default(512 * 1024),
             shm_slots: Setting::default(8),
             shm_pull_bytes: Setting::default(gw_transport::shm::DEFAULT_PULL_BYTES),
@@ -349,8 +374,8 @@ impl Config {
             &mut self.one_sided,
             "GW_ONE_SIDED",
             env,
-            zero_or_one,
-            "0 or 1",
+            OneSided::parse,
+            "auto, 0 or 1",
         )?;
         env_override(
             &mut self.shm_slot_bytes,
@@ -527,5 +552,27 @@ mod tests {
         c.apply_env_from(&env(&[])).unwrap();
         assert_eq!(c.timeout.value, Duration::from_secs(5));
         assert_eq!(c.timeout.source, Source::Api);
+    }
+
+    #[test]
+    fn one_sided_modes_parse_and_bad_values_name_the_choices() {
+        for (v, want) in [
+            ("auto", OneSided::Auto),
+            ("1", OneSided::Always),
+            ("0", OneSided::Never),
+        ] {
+            let mut c = Config::default();
+            c.apply_env_from(&env(&[("GW_ONE_SIDED", v)])).unwrap();
+            assert_eq!(c.one_sided.value, want, "{v}");
+        }
+        assert_eq!(Config::default().one_sided.value, OneSided::Auto);
+        let e = Config::default()
+            .apply_env_from(&env(&[("GW_ONE_SIDED", "yes")]))
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("GW_ONE_SIDED") && e.contains("auto, 0 or 1"),
+            "{e}"
+        );
     }
 }

@@ -229,8 +229,9 @@ pub(crate) struct Engine {
     /// Transport index per peer rank.
     route: Vec<usize>,
     /// Per transport: whether it has one-sided writes (and so immediates
-    /// to take).
+    /// to take), and whether hardware does them.
     one_sided: Vec<bool>,
+    offloaded: Vec<bool>,
     connected: Vec<bool>,
     rx: Receiver,
     abort: Arc<AtomicBool>,
@@ -270,12 +271,17 @@ impl Engine {
             .iter()
             .map(|t| t.properties().one_sided_write)
             .collect();
+        let offloaded = transports
+            .iter()
+            .map(|t| t.properties().offloaded_writes)
+            .collect();
         Ok((
             Engine {
                 cfg,
                 transports,
                 route,
                 one_sided,
+                offloaded,
                 connected: vec![false; n],
                 rx,
                 abort,
@@ -606,10 +612,12 @@ impl Engine {
                 id,
                 sched,
                 one_sided,
+                offloaded_only,
                 out,
             } => {
                 self.spare = spare;
-                let res = self.prepare(&op, id, sched, one_sided, &out);
+                let os = one_sided.map(|s| (s, offloaded_only));
+                let res = self.prepare(&op, id, sched, os, &out);
                 op.done.finish(res);
                 return;
             }

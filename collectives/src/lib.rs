@@ -28,7 +28,7 @@ mod sched_cache;
 pub use algo::{Algo, MAX_DEPTH};
 pub use comm_key::CommKey;
 pub use communicator::{Communicator, Handle, Pending, RawOp};
-pub use config::{Config, TransportChoice};
+pub use config::{Config, OneSided, TransportChoice};
 pub use element::Element;
 #[doc(hidden)]
 pub use engine::{direct_calls, in_place_reads, messages_posted, registrations, stall_checks};

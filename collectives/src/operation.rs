@@ -140,12 +140,14 @@ pub(crate) enum Plan {
     ///
     /// With `one_sided`, a one-sided schedule of the same operation: the
     /// engine keeps that one instead when every peer it talks to is reached
-    /// by a transport with one-sided writes, registers and publishes its
-    /// window, and says so in `out`.
+    /// by a transport with one-sided writes (done in hardware, with
+    /// `offloaded_only`), registers and publishes its window, and says so
+    /// in `out`.
     Prepare {
         id: u64,
         sched: Box<dyn Schedule>,
         one_sided: Option<Box<dyn Schedule>>,
+        offloaded_only: bool,
         out: Arc<Mutex<Published>>,
     },
     /// Gives the persistent operation `id` its peers' published regions

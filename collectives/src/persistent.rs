@@ -34,6 +34,7 @@
 
 use crate::algo::{self, Action, ActionId, Algo, Buf, Loc, Schedule};
 use crate::communicator::{Communicator, Handle, Planned, RawOp};
+use crate::config::OneSided;
 use crate::drive::Driver;
 use crate::element::Element;
 use crate::engine::{Plan, Published};
@@ -122,7 +123,8 @@ impl Communicator {
         // into buffers published once (`algo/onesided.rs`); the engine
         // decides, as only it knows which transport reaches which peer.
         let ring_ok = forced.is_none_or(|a| a == Algo::Ring);
-        let one_sided = if self.config().one_sided.value && ring_ok && self.size() > 1 {
+        let mode = self.config().one_sided.value;
+        let one_sided = if mode != OneSided::Never && ring_ok && self.size() > 1 {
             let seg = (ONE_SIDED_SEGMENT_BYTES / kernel.dtype.size()).max(1);
             // Named the same on every rank: the collective sequence number
             // is, at init (the process-wide `id` is not).
@@ -160,6 +162,7 @@ impl Communicator {
                 id,
                 sched,
                 one_sided,
+                offloaded_only: mode == OneSided::Auto,
                 out: out.clone(),
             },
             kernel,

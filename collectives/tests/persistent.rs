@@ -6,7 +6,7 @@
 //! while running, buffers while running, drop while running).
 
 use gw_collectives::local::local_world;
-use gw_collectives::{Algo, Communicator, Element, Error, RedOp, TransportChoice};
+use gw_collectives::{Algo, Communicator, Element, Error, OneSided, RedOp, TransportChoice};
 use half::{bf16, f16};
 use std::fmt::Debug;
 use std::sync::{Arc, Barrier};
@@ -122,10 +122,12 @@ fn world(
 #[derive(Clone, Copy)]
 enum Link {
     Default,
-    /// `GW_TRANSPORT=ofi` with this libfabric provider.
+    /// `GW_TRANSPORT=ofi` with this libfabric provider, rounds one-sided
+    /// (`GW_ONE_SIDED=1`: the providers here emulate RMA, so `auto` would
+    /// keep them two-sided).
     Ofi(&'static str),
-    /// Persistent operations stay two-sided (`GW_ONE_SIDED=0`).
-    TwoSided,
+    /// Rounds one-sided wherever the transport can (`GW_ONE_SIDED=1`).
+    OneSided,
 }
 
 fn world_with(
@@ -142,8 +144,11 @@ fn world_with(
         }
         match link {
             Link::Default => {}
-            Link::Ofi(p) => cfg.ofi_provider.set(Some(p.into())),
-            Link::TwoSided => cfg.one_sided.set(false),
+            Link::Ofi(p) => {
+                cfg.ofi_provider.set(Some(p.into()));
+                cfg.one_sided.set(OneSided::Always);
+            }
+            Link::OneSided => cfg.one_sided.set(OneSided::Always),
         }
         // Small segments: even 4099 elements are several pipelined messages.
         cfg.segment_bytes.set(4096);
@@ -277,12 +282,12 @@ fn ofi_4_and_8_ranks() {
     }
 }
 
-/// `GW_ONE_SIDED=0`: the two-sided persistent path, on a transport that
-/// would otherwise write one-sidedly.
+/// `GW_ONE_SIDED=1`: rounds by one-sided writes into the peers' published
+/// regions over shared memory (`auto` keeps shm two-sided).
 #[test]
-fn two_sided_persistent_over_shm() {
-    for n in [2, 3, 4] {
-        matrix_with(TransportChoice::Shm, n, &format!("p2s{n}"), Link::TwoSided);
+fn one_sided_persistent_over_shm() {
+    for n in [2, 3, 4, 8] {
+        matrix_with(TransportChoice::Shm, n, &format!("p1s{n}"), Link::OneSided);
     }
 }
 

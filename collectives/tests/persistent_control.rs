@@ -7,11 +7,12 @@
 //! The counts come from the engine (`gw_collectives::messages_posted`,
 //! process-wide: every rank is a thread here), taken around one round at
 //! 1 KiB and at 256 MiB, and at round 1 and round 1000, over shared memory
-//! and over libfabric's `tcp;ofi_rxm`. Its own test binary, so that no
+//! and over libfabric's `tcp;ofi_rxm`, one-sided by `GW_ONE_SIDED=1` (these
+//! emulate RMA in software, so `auto` would keep them two-sided). Its own test binary, so that no
 //! other test's messages are counted.
 
 use gw_collectives::local::local_world;
-use gw_collectives::{Communicator, RedOp, TransportChoice, messages_posted};
+use gw_collectives::{Communicator, OneSided, RedOp, TransportChoice, messages_posted};
 use std::sync::{Arc, Barrier};
 
 /// (sends, writes) all ranks posted in round `k` (1-based) of a persistent
@@ -76,6 +77,7 @@ fn world(
     local_world(n, key, |_, cfg| {
         cfg.transport.set(transport);
         cfg.ofi_provider.set(Some("tcp;ofi_rxm".into()));
+        cfg.one_sided.set(OneSided::Always);
     })
     .unwrap()
 }

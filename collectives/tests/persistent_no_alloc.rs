@@ -16,7 +16,7 @@
 //! backtraces of the first ones.
 
 use gw_collectives::local::local_world;
-use gw_collectives::{Communicator, RedOp, TransportChoice};
+use gw_collectives::{Communicator, OneSided, RedOp, TransportChoice};
 use gw_rendezvous::StoreServer;
 use std::sync::Barrier;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -159,12 +159,13 @@ fn measure(comms: &[Communicator], count: usize) -> Result<Window, String> {
 fn main() {
     let mut failures = Vec::new();
     let mut key = 0;
-    // Shared memory and libfabric run their rounds by one-sided writes,
-    // TCP two-sided.
-    for transport in [
-        TransportChoice::Shm,
-        TransportChoice::Ofi,
-        TransportChoice::Tcp,
+    // Two-sided rounds (the default on shm and TCP) and one-sided ones
+    // (GW_ONE_SIDED=1 over shm and libfabric).
+    for (transport, mode) in [
+        (TransportChoice::Shm, OneSided::Auto),
+        (TransportChoice::Shm, OneSided::Always),
+        (TransportChoice::Ofi, OneSided::Always),
+        (TransportChoice::Tcp, OneSided::Auto),
     ] {
         for world in [2u32, 3, 4] {
             key += 1;
@@ -172,6 +173,7 @@ fn main() {
                 local_world(world, &format!("pna{key}"), |_, cfg| {
                     cfg.transport.set(transport);
                     cfg.ofi_provider.set(Some("tcp;ofi_rxm".into()));
+                    cfg.one_sided.set(mode);
                     cfg.segment_bytes.set(SEGMENT_BYTES);
                     cfg.shm_slot_bytes.set(SEGMENT_BYTES);
                     cfg.shm_slots.set(4);
@@ -179,8 +181,13 @@ fn main() {
                 .expect("communicators");
             for count in [1000usize, 40_000] {
                 let what = format!(
-                    "{} world {world} persistent all-reduce count {count}",
-                    transport.name()
+                    "{} ({}) world {world} persistent all-reduce count {count}",
+                    transport.name(),
+                    if mode == OneSided::Always {
+                        "one-sided"
+                    } else {
+                        "two-sided"
+                    }
                 );
                 let mut res = measure(&comms, count);
                 for _ in 0..STALL_RETRIES {

@@ -83,6 +83,8 @@ fn survivors_name_the_dead_rank_in(transport: &str, scenario: &str) {
             ("GW_TRANSPORT", transport),
             ("GW_TIMEOUT", "20"),
             ("GW_OFI_PROVIDER", "tcp;ofi_rxm"),
+            // Persistent rounds one-sided where the transport can.
+            ("GW_ONE_SIDED", "1"),
         ],
         Duration::from_secs(60),
     );

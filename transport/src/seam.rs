@@ -51,6 +51,10 @@ pub struct Properties {
     pub latency_us: f64,
     /// Whether [`Transport::write_imm`] is supported.
     pub one_sided_write: bool,
+    /// Whether those writes are carried out by hardware (an RDMA NIC), so
+    /// that no CPU copies the bytes; where they are emulated (a kernel
+    /// copy, a provider over sockets) two-sided transfers may be as fast.
+    pub offloaded_writes: bool,
     /// Whether registered memory may live on a GPU.
     pub gpu_memory: bool,
     /// Largest payload moved as one segment; larger messages are cut.

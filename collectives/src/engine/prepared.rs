@@ -76,13 +76,14 @@ pub(super) struct Prepared {
 impl Engine {
     /// Plans the persistent operation `id` on the buffers of `op`: the
     /// one-sided schedule if there is one and every peer it talks to is
-    /// reached by a transport with one-sided writes, else `sched`.
+    /// reached by a transport with one-sided writes (done in hardware, if
+    /// the flag says so), else `sched`.
     pub(super) fn prepare(
         &mut self,
         op: &OpDesc,
         id: u64,
         sched: Box<dyn Schedule>,
-        one_sided: Option<Box<dyn Schedule>>,
+        one_sided: Option<(Box<dyn Schedule>, bool)>,
         out: &Arc<Mutex<Published>>,
     ) -> Result<()> {
         if self.prepared.iter().any(|p| p.id == id) {
@@ -91,13 +92,13 @@ impl Engine {
             )));
         }
         let sched = match one_sided {
-            Some(mut os) => {
+            Some((mut os, offloaded_only)) => {
                 let peers = super::super::persistent::peers_of(os.as_mut());
                 let ok = os.reset()
                     && peers.iter().all(|&p| {
-                        self.route
-                            .get(p as usize)
-                            .is_some_and(|&t| self.one_sided[t])
+                        self.route.get(p as usize).is_some_and(|&t| {
+                            self.one_sided[t] && (self.offloaded[t] || !offloaded_only)
+                        })
                     });
                 if ok { os } else { sched }
             }

@@ -270,6 +270,13 @@ fn access() -> u64 {
         | gw_ofi::FI_REMOTE_WRITE
 }
 
+/// Whether `provider` moves one-sided writes in hardware: not the ones that
+/// emulate RMA in software (over sockets, or by copying between processes).
+fn offloaded(provider: &str) -> bool {
+    let core = provider.split(';').next().unwrap_or(provider);
+    !matches!(core, "tcp" | "shm" | "sockets" | "udp" | "net" | "sm2")
+}
+
 /// A peer, as errors name it.
 fn who(peer: Rank, provider: &str) -> String {
     format!("rank {peer} (ofi {provider})")
@@ -1067,6 +1074,7 @@ impl Transport for OfiTransport {
             bandwidth_gbps: 10.0,
             latency_us: 5.0,
             one_sided_write: true,
+            offloaded_writes: offloaded(&self.provider),
             gpu_memory: false,
             max_segment: self.cfg.segment_bytes,
         }

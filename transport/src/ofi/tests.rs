@@ -277,6 +277,16 @@ fn an_announced_send_whose_receive_never_comes_is_named_after_the_timeout() {
 }
 
 #[test]
+fn only_hardware_providers_count_as_offloaded_writes() {
+    for p in ["verbs;ofi_rxm", "efa", "psm3", "cxi"] {
+        assert!(offloaded(p), "{p}");
+    }
+    for p in ["tcp;ofi_rxm", "shm", "sockets", "udp;ofi_rxd", "net"] {
+        assert!(!offloaded(p), "{p}");
+    }
+}
+
+#[test]
 fn contexts_round_trip() {
     for c in [
         Ctx::Bounce(0),

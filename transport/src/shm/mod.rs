@@ -1278,6 +1278,9 @@ impl Transport for ShmTransport {
             bandwidth_gbps: 5.0,
             latency_us: 1.0,
             one_sided_write: true,
+            // process_vm_writev: the kernel copies, at a quarter of memcpy's
+            // speed on the machines measured (docs/performance.md).
+            offloaded_writes: false,
             gpu_memory: false,
             max_segment: self.cfg.slot_bytes,
         }

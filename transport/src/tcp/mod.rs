@@ -1104,6 +1104,7 @@ impl Transport for TcpTransport {
             bandwidth_gbps: 1.0,
             latency_us: 25.0,
             one_sided_write: false,
+            offloaded_writes: false,
             gpu_memory: false,
             max_segment: self.cfg.segment_bytes,
         }
