@@ -58,11 +58,11 @@ fn post(
 }
 
 pub(crate) struct P2p<'a> {
-    comm: &'a Communicator,
-    me: u32,
-    peer: u32,
-    send: Vec<u8>,
-    recv: Vec<u8>,
+    pub(crate) comm: &'a Communicator,
+    pub(crate) me: u32,
+    pub(crate) peer: u32,
+    pub(crate) send: Vec<u8>,
+    pub(crate) recv: Vec<u8>,
     tiny: [u8; 1],
 }
 

@@ -124,7 +124,9 @@ pub fn lat_row(size: usize, iters: usize, s: &LatStats) -> String {
 
 /// Runs the perftest-shaped benchmark; `print` writes rank 0's lines.
 pub fn run(b: &mut P2p<'_>, o: &P2pOpts, pt: &Perftest, print: &dyn Fn(&str)) -> Result<(), Fail> {
-    let P2pOp::Send = pt.op;
+    if pt.op == P2pOp::Write {
+        return run_write(b, o, pt, print);
+    }
     let lib = |what: &str, size: usize| {
         let what = format!("p2p --op send {what} of {size} bytes");
         move |e: Error| Fail::Lib { what, err: e }
@@ -171,6 +173,84 @@ pub fn run(b: &mut P2p<'_>, o: &P2pOpts, pt: &Perftest, print: &dyn Fn(&str)) ->
         }
         let (peak, avg, rate) = bw_stats(size, if pt.bidir { 2 } else { 1 }, &windows);
         print(&bw_row(size, o.iters, peak, avg, rate));
+    }
+    Ok(())
+}
+
+/// `--op write`: ib_write_bw through the communicator. Per size, one
+/// persistent put (`Communicator::put_init`) whose round is `k` writes of
+/// the message into the peer's buffer, `k` the iterations of a window; the
+/// windows are its rounds. A round's time is the slower rank's (the
+/// writer's ends when its writes complete, the target's when they have
+/// landed). Planning the put (registration, the exchange of keys) is not
+/// timed, as ib_write_bw's connection setup is not.
+fn run_write(
+    b: &mut P2p<'_>,
+    o: &P2pOpts,
+    pt: &Perftest,
+    print: &dyn Fn(&str),
+) -> Result<(), Fail> {
+    let lib = |what: &str, size: usize| {
+        let what = format!("p2p --op write {what} of {size} bytes");
+        move |e: Error| Fail::Lib { what, err: e }
+    };
+    print(&bw_columns());
+    for size in o.sizes.seq() {
+        if size == 0 {
+            continue;
+        }
+        let nwin = WINDOWS.min(o.iters.max(1));
+        let k = (o.iters / nwin).max(1);
+        let (sends, recvs) = (b.me == 0 || pt.bidir, b.me == 1 || pt.bidir);
+        for (i, x) in b.send[..size].iter_mut().enumerate() {
+            *x = crate::p2p::pattern(b.me, size, i);
+        }
+        b.recv[..size].fill(0xff);
+        let send = if sends { &b.send[..size] } else { &[][..] };
+        let recv = if recvs {
+            &mut b.recv[..size]
+        } else {
+            &mut [][..]
+        };
+        let mut put = b
+            .comm
+            .put_init(send, recv, k)
+            .map_err(lib("put_init", size))?;
+        for _ in 0..o.warmup.min(1) {
+            put.start()
+                .and_then(|_| put.wait())
+                .map_err(lib("warm-up", size))?;
+        }
+        let mut mine = Vec::with_capacity(nwin);
+        for _ in 0..nwin {
+            let t0 = Instant::now();
+            put.start()
+                .and_then(|_| put.wait())
+                .map_err(lib("round", size))?;
+            mine.push(t0.elapsed().as_secs_f64());
+        }
+        drop(put);
+        let mut theirs = vec![0.0f64; nwin];
+        b.comm
+            .sendrecv(&mine, b.peer, &mut theirs, b.peer)
+            .map_err(lib("time exchange", size))?;
+        let windows: Vec<(usize, f64)> = mine
+            .iter()
+            .zip(&theirs)
+            .map(|(a, t)| (k, a.max(*t)))
+            .collect();
+        if o.check && recvs {
+            let peer = b.peer;
+            if let Some(i) = (0..size).find(|&i| b.recv[i] != crate::p2p::pattern(peer, size, i)) {
+                return Err(Fail::Other(format!(
+                    "p2p --op write of {size} bytes: byte {i} landed as {:#04x}, not rank {peer}'s {:#04x}",
+                    b.recv[i],
+                    crate::p2p::pattern(peer, size, i)
+                )));
+            }
+        }
+        let (peak, avg, rate) = bw_stats(size, if pt.bidir { 2 } else { 1 }, &windows);
+        print(&bw_row(size, k * nwin, peak, avg, rate));
     }
     Ok(())
 }

@@ -396,11 +396,46 @@ fn p2p_in_perftests_shape() {
     }
 }
 
+/// `--op write`: one-sided writes (shared memory here, gwrun's default on
+/// one host), ib_write_bw's columns, every message checked where it landed
+/// (`-c 1`), one way and both ways.
+#[test]
+fn p2p_write_in_perftests_shape() {
+    for bidir in [false, true] {
+        let mut args = vec![
+            "p2p", "--op", "write", "-b", "8", "-e", "1M", "-f", "128", "-n", "16", "-c", "1",
+        ];
+        if bidir {
+            args.push("--bidir");
+        }
+        let r = bench(2, &args);
+        assert_eq!(r.code, Some(0), "{}", r.all());
+        let rows = perftest_rows(&r, "#bytes", 5);
+        assert_eq!(
+            rows.iter().map(|f| f[0]).collect::<Vec<_>>(),
+            [8.0, 1024.0, 131072.0],
+            "{}",
+            r.all()
+        );
+        for f in &rows {
+            assert_eq!(f[1], 16.0, "{f:?}");
+            assert!(f[2] >= f[3] && f[4] > 0.0, "peak >= average, a rate: {f:?}");
+        }
+        assert!(rows[2][3] > 0.0, "{}", r.all());
+    }
+}
+
 #[test]
 fn perftest_flags_refused_where_they_do_not_apply() {
     for (args, want) in [
-        (&["p2p", "--op", "write"][..], "needs one-sided operations"),
-        (&["p2p", "--op", "read"], "needs one-sided operations"),
+        (
+            &["p2p", "--op", "write", "--lat"][..],
+            "--op write --lat is not measured yet",
+        ),
+        (
+            &["p2p", "--op", "read"],
+            "one-sided reads are not in the transport seam yet",
+        ),
         (&["p2p", "--lat"], "go with --op"),
         (
             &["p2p", "--op", "send", "--lat", "--bidir"],

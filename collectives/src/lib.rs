@@ -22,6 +22,7 @@ pub mod model;
 pub mod op;
 mod operation;
 pub mod persistent;
+pub mod put;
 pub mod reduce;
 mod sched_cache;
 
@@ -37,3 +38,4 @@ pub use gw_rendezvous::launch_env;
 pub use gw_transport::{Error, Result};
 pub use op::{DType, Fingerprint, OpKind, RedOp};
 pub use persistent::{PersistentAllReduce, RawPersistent};
+pub use put::PersistentPut;

@@ -118,7 +118,7 @@ impl Communicator {
         } = self.plan_collective(&op, algo)?;
         let op = RawOp { redop, ..op };
         let mut sched = algo::build(&spec, algo)?;
-        let id = NEXT_ID.fetch_add(1, Ordering::Relaxed);
+        let id = next_id();
         // GDRAA: where the transports allow, data moves by one-sided writes
         // into buffers published once (`algo/onesided.rs`); the engine
         // decides, as only it knows which transport reaches which peer.
@@ -153,6 +153,41 @@ impl Communicator {
             algo.name(),
             peers.len()
         );
+        let parts = Parts {
+            id,
+            fp,
+            kernel,
+            op,
+            send_bytes,
+            recv_bytes,
+        };
+        let offloaded_only = mode == OneSided::Auto;
+        let (p, published) = self.prepare_plan(parts, sched, one_sided, offloaded_only)?;
+        let shaken = if published.one_sided {
+            tracing::debug!("persistent all-reduce {id}: one-sided ring");
+            self.exchange_regions(&p, &published, &ring_neighbours(self.rank(), self.size()))
+                .map(|_| ())
+        } else {
+            self.handshake(&p, &peers)
+        };
+        if let Err(e) = shaken {
+            let _ = p.free(self);
+            return Err(e);
+        }
+        Ok(p)
+    }
+
+    /// Hands the plan of a persistent operation to the engine (see
+    /// `Plan::Prepare`) and returns the request with what was published.
+    pub(crate) fn prepare_plan(
+        &self,
+        parts: Parts,
+        sched: Box<dyn Schedule>,
+        one_sided: Option<Box<dyn Schedule>>,
+        offloaded_only: bool,
+    ) -> Result<(RawPersistent, Published)> {
+        let Parts { id, fp, kernel, .. } = parts;
+        let (op, send_bytes, recv_bytes) = (parts.op, parts.send_bytes, parts.recv_bytes);
         let out = Arc::new(Mutex::new(Published::default()));
         // Local to this rank: no sequence number (the other ranks' are not
         // drawn for it either).
@@ -162,7 +197,7 @@ impl Communicator {
                 id,
                 sched,
                 one_sided,
-                offloaded_only: mode == OneSided::Auto,
+                offloaded_only,
                 out: out.clone(),
             },
             kernel,
@@ -184,32 +219,21 @@ impl Communicator {
             freed: AtomicBool::new(false),
         };
         let published = std::mem::take(&mut *out.lock().unwrap_or_else(|p| p.into_inner()));
-        let shaken = if published.one_sided {
-            tracing::debug!("persistent all-reduce {id}: one-sided ring");
-            self.exchange_regions(&p, &published)
-        } else {
-            self.handshake(&p, &peers)
-        };
-        if let Err(e) = shaken {
-            let _ = p.free(self);
-            return Err(e);
-        }
-        Ok(p)
+        Ok((p, published))
     }
 
-    /// Sends each ring neighbour the regions this rank published to it and
+    /// Sends each of `peers` the regions this rank published to it and
     /// hands theirs to the engine (`Plan::Attach`): the one exchange of
     /// addresses and keys a one-sided persistent operation makes. Like the
     /// handshake, one operation of the collective sequence.
-    fn exchange_regions(&self, p: &RawPersistent, published: &Published) -> Result<()> {
+    /// Returns what the peers published (per rank, zeros for the others).
+    pub(crate) fn exchange_regions(
+        &self,
+        p: &RawPersistent,
+        published: &Published,
+        peers: &[Rank],
+    ) -> Result<Vec<[u64; 8]>> {
         let n = self.size();
-        let peers: Vec<Rank> = if n == 2 {
-            vec![(self.rank() + 1) % n]
-        } else {
-            let mut v = vec![(self.rank() + n - 1) % n, (self.rank() + 1) % n];
-            v.sort_unstable();
-            v
-        };
         let es = p.kernel.dtype.size();
         // 64 bytes a peer, in whole elements.
         let epp = 64usize.div_ceil(es);
@@ -224,7 +248,7 @@ impl Communicator {
                 .unwrap_or([0; 8]);
             send[i * words..i * words + 8].copy_from_slice(&d);
         }
-        let sched = Handshake::with_payload(&peers, epp, words * 8 / es);
+        let sched = Handshake::with_payload(peers, epp, words * 8 / es);
         let bytes = send.len() * 8;
         self.run_handshake(p, sched, &send, bytes, &mut recv, bytes)?;
         let mut remotes = vec![[0u64; 8]; n as usize];
@@ -233,14 +257,18 @@ impl Communicator {
         }
         self.submit(
             p.fp,
-            Plan::Attach { id: p.id, remotes },
+            Plan::Attach {
+                id: p.id,
+                remotes: remotes.clone(),
+            },
             p.kernel,
             &p.op,
             p.send_bytes,
             p.recv_bytes,
             false,
         )?
-        .wait()
+        .wait()?;
+        Ok(remotes)
     }
 
     /// One small message to and from each of `peers`, all posted at once
@@ -285,6 +313,31 @@ impl Communicator {
         self.submit(fp, plan, p.kernel, &op, send_bytes, recv_bytes, false)?
             .wait()
     }
+}
+
+/// What a persistent request is made of (see [`Communicator::prepare_plan`]).
+pub(crate) struct Parts {
+    pub id: u64,
+    pub fp: Fingerprint,
+    pub kernel: Kernel,
+    pub op: RawOp,
+    pub send_bytes: usize,
+    pub recv_bytes: usize,
+}
+
+/// A new persistent operation's id, process-wide.
+pub(crate) fn next_id() -> u64 {
+    NEXT_ID.fetch_add(1, Ordering::Relaxed)
+}
+
+/// The ranks a ring member talks to, in rank order.
+fn ring_neighbours(rank: Rank, n: u32) -> Vec<Rank> {
+    if n == 2 {
+        return vec![(rank + 1) % n];
+    }
+    let mut v = vec![(rank + n - 1) % n, (rank + 1) % n];
+    v.sort_unstable();
+    v
 }
 
 /// Every peer `sched` sends to or receives from, in rank order, found by

@@ -229,6 +229,15 @@ pub(super) struct Alias {
     pub len: usize,
 }
 
+impl Alias {
+    /// No element of Send is an element of Recv.
+    pub const NONE: Alias = Alias {
+        send_off: 0,
+        recv_off: 0,
+        len: 0,
+    };
+}
+
 const SPACE_RECV: usize = 0;
 const SPACE_SEND: usize = 1;
 const SPACE_SCRATCH: usize = 2;

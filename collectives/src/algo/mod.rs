@@ -65,6 +65,16 @@ pub struct Remote {
     pub offset: usize,
 }
 
+impl Remote {
+    /// Element `offset` of the peer's `Recv`.
+    pub fn recv(offset: usize) -> Remote {
+        Remote {
+            buf: Buf::Recv,
+            offset,
+        }
+    }
+}
+
 /// A range of elements within one buffer.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub struct Loc {

@@ -135,21 +135,73 @@ pub fn allreduce(spec: &OpSpec, seg: usize, window: u8) -> Result<Box<dyn Schedu
             let desc = Desc::new("all-gather", t, n - 1, k, m);
             let id = (n - 1) * m + t * m + k;
             if let Some((off, len)) = piece(back(t), k) {
-                let dst = Remote {
-                    buf: Buf::Recv,
-                    offset: off,
-                };
-                let w = b.write_remote(
-                    right,
-                    Loc::new(Buf::Recv, off, len),
-                    dst,
-                    imm(window, id),
-                    desc,
-                );
+                let src = Loc::new(Buf::Recv, off, len);
+                let w = b.write_remote(right, src, Remote::recv(off), imm(window, id), desc);
                 b.dep(ag_ok, w);
             }
             if let Some((off, len)) = piece(back(t + 1), k) {
                 b.landed(left, imm(window, id), Loc::new(Buf::Recv, off, len), desc);
+            }
+        }
+    }
+    Ok(Box::new(b.finish()))
+}
+
+/// A persistent put between this rank and `peer` (`put.rs`): each round
+/// writes this rank's `src` elements `reps` times into the peer's `Recv`
+/// (when `src > 0`), and waits for the peer's `dst` elements to land in
+/// this rank's `Recv` `reps` times (when `dst > 0`). The target says
+/// `Ready` (step 0) when its round starts, so that a round's writes never
+/// reach it in the round before; nothing else is sent. A writer's round
+/// ends when its writes complete, a target's when they have all landed.
+pub fn put(
+    peer: u32,
+    src: usize,
+    dst: usize,
+    reps: usize,
+    seg: usize,
+    window: u8,
+) -> Result<Box<dyn Schedule>> {
+    let seg = seg.max(1);
+    let chunks = |len: usize| nsegs(len, seg).max(1) * reps;
+    let most = chunks(src).max(chunks(dst));
+    if most > MAX_CHUNKS || reps == 0 {
+        return Err(Error::InvalidArgument(format!(
+            "a put of {reps} writes a round in pieces of {seg}: between 1 and {MAX_CHUNKS} writes a round, not {most}"
+        )));
+    }
+    // Nothing is aliased: a put reads Send and writes Recv, never both.
+    let mut b = Builder::new("one-sided put", Alias::NONE, 1);
+    let mut flags = b.pool(2, 1);
+    let (f0, f1) = (flags.slot(1), flags.slot(1));
+    let sync = Desc::new("handshake", 0, 1, 0, 1);
+    if dst > 0 {
+        b.send(peer, READY_RS, 0, f0, sync);
+        let m = nsegs(dst, seg);
+        for rep in 0..reps {
+            for k in 0..m {
+                let (off, len) = segment(dst, seg, k).unwrap_or((0, 0));
+                let desc = Desc::new("put", rep, reps, k, m);
+                b.landed(
+                    peer,
+                    imm(window, rep * m + k),
+                    Loc::new(Buf::Recv, off, len),
+                    desc,
+                );
+            }
+        }
+    }
+    if src > 0 {
+        let ok = b.recv(peer, READY_RS, 0, f1, sync);
+        let m = nsegs(src, seg);
+        for rep in 0..reps {
+            for k in 0..m {
+                let (off, len) = segment(src, seg, k).unwrap_or((0, 0));
+                let desc = Desc::new("put", rep, reps, k, m);
+                let src = Loc::new(Buf::Send, off, len);
+                let id = imm(window, rep * m + k);
+                let w = b.write_remote(peer, src, Remote::recv(off), id, desc);
+                b.dep(ok, w);
             }
         }
     }

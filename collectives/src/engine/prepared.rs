@@ -91,7 +91,7 @@ impl Engine {
                 "persistent operation {id} prepared twice"
             )));
         }
-        let sched = match one_sided {
+        let (sched, chosen) = match one_sided {
             Some((mut os, offloaded_only)) => {
                 let peers = super::super::persistent::peers_of(os.as_mut());
                 let ok = os.reset()
@@ -100,9 +100,9 @@ impl Engine {
                             self.one_sided[t] && (self.offloaded[t] || !offloaded_only)
                         })
                     });
-                if ok { os } else { sched }
+                if ok { (os, true) } else { (sched, false) }
             }
-            None => sched,
+            None => (sched, false),
         };
         self.ensure_scratch(sched.scratch_elems() * op.kernel.dtype.size())?;
         let mut handles = Vec::with_capacity(self.transports.len());
@@ -152,7 +152,7 @@ impl Engine {
         };
         let window_bytes = sched.window_elems() * op.kernel.dtype.size();
         let mut published = Published::default();
-        if window_bytes > 0 {
+        if chosen {
             if let Err(e) = self.publish(&mut p, window_bytes, &mut published) {
                 let _ = self.forget(p);
                 return Err(e);
@@ -174,6 +174,8 @@ impl Engine {
 
     /// Allocates and registers `p`'s window of `bytes`, and says what this
     /// rank publishes to each peer (through the transport that reaches it).
+    /// A window of no bytes (a put writes into the receive buffer) is not
+    /// registered.
     fn publish(&mut self, p: &mut Prepared, bytes: usize, out: &mut Published) -> Result<()> {
         p.window = vec![0u64; bytes.div_ceil(8)];
         let wptr = p.window.as_mut_ptr().cast::<u8>();
@@ -183,12 +185,24 @@ impl Engine {
             if !self.one_sided[t] {
                 continue;
             }
-            // SAFETY: the window lives in `p` until `forget` deregisters it.
-            let h = unsafe { tr.register(wptr, bytes)? };
-            REGISTRATIONS.fetch_add(1, Ordering::Relaxed);
-            p.window_handles[t] = Some(h);
             let recv = tr.remote_region(p.handles[t].1)?;
-            let win = tr.remote_region(h)?;
+            let win = if bytes > 0 {
+                // SAFETY: the window lives in `p` until `forget` deregisters it.
+                let h = unsafe { tr.register(wptr, bytes)? };
+                REGISTRATIONS.fetch_add(1, Ordering::Relaxed);
+                p.window_handles[t] = Some(h);
+                tr.remote_region(h)?
+            } else {
+                // No window: its descriptor carries, in `len`, the bytes
+                // this rank writes a round, so that a put's target can
+                // check that they fit.
+                Some(RemoteRegion {
+                    rank: self.cfg.me,
+                    key: 0,
+                    addr: 0,
+                    len: p.send_bytes as u64,
+                })
+            };
             if let (Some(rv), Some(w)) = (recv, win) {
                 regions[t] = Some((rv, w));
             }
