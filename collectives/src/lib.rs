@@ -37,5 +37,5 @@ pub use gw_rendezvous::LaunchEnv;
 pub use gw_rendezvous::launch_env;
 pub use gw_transport::{Error, Result};
 pub use op::{DType, Fingerprint, OpKind, RedOp};
-pub use persistent::{PersistentAllReduce, RawPersistent};
+pub use persistent::{Persistent, PersistentAllReduce, RawPersistent};
 pub use put::PersistentPut;

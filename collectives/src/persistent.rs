@@ -100,9 +100,12 @@ impl Communicator {
         // One-sided rounds are a ring; any other algorithm asked for by name
         // runs two-sided.
         let forced = algo.or(self.config().algo.value);
-        if op.kind != OpKind::AllReduce {
+        if !matches!(
+            op.kind,
+            OpKind::AllReduce | OpKind::ReduceScatter | OpKind::AllGather
+        ) {
             return Err(Error::InvalidArgument(format!(
-                "only all_reduce can be persistent, not {}",
+                "only all_reduce, reduce_scatter and all_gather can be persistent, not {}",
                 op.kind.name()
             )));
         }
@@ -124,7 +127,8 @@ impl Communicator {
         // decides, as only it knows which transport reaches which peer.
         let ring_ok = forced.is_none_or(|a| a == Algo::Ring);
         let mode = self.config().one_sided.value;
-        let one_sided = if mode != OneSided::Never && ring_ok && self.size() > 1 {
+        let all_reduce = op.kind == OpKind::AllReduce;
+        let one_sided = if mode != OneSided::Never && ring_ok && all_reduce && self.size() > 1 {
             let seg = (ONE_SIDED_SEGMENT_BYTES / kernel.dtype.size()).max(1);
             // Named the same on every rank: the collective sequence number
             // is, at init (the process-wide `id` is not).
@@ -468,11 +472,11 @@ impl RawPersistent {
         self.check(comm, "start")?;
         let mut round = self.round();
         if round.as_ref().is_some_and(|h| !h.done.is_ready()) {
-            return Err(Error::InvalidUsage(
-                "start: the previous round of this persistent all_reduce is still running; \
-                 wait for it (or test it until done) before starting the next"
-                    .into(),
-            ));
+            return Err(Error::InvalidUsage(format!(
+                "start: the previous round of this persistent {} is still running; \
+                 wait for it (or test it until done) before starting the next",
+                self.fp.op.name()
+            )));
         }
         // The last handle goes first, so its completion can go back to the pool.
         *round = None;
@@ -576,21 +580,28 @@ impl RawPersistent {
     }
 }
 
-/// A persistent all-reduce on borrowed buffers ([`Communicator::all_reduce_init`]).
+/// A persistent collective on borrowed buffers
+/// ([`Communicator::all_reduce_init`], [`Communicator::reduce_scatter_init`],
+/// [`Communicator::all_gather_init`]).
 ///
 /// It borrows the communicator and the buffers for its whole life, so they
 /// outlive every round, and nothing else can touch the buffers meanwhile:
-/// between rounds they are reached through [`PersistentAllReduce::send_mut`]
-/// and [`PersistentAllReduce::recv`], which refuse while a round runs.
+/// between rounds they are reached through [`Persistent::send_mut`]
+/// and [`Persistent::recv`], which refuse while a round runs.
 /// Dropping it waits for a running round, then frees the plan.
-pub struct PersistentAllReduce<'a, T: Element> {
+pub struct Persistent<'a, T: Element> {
     comm: &'a Communicator,
     raw: RawPersistent,
+    kind: OpKind,
     send: *mut T,
     recv: *mut T,
-    len: usize,
+    send_len: usize,
+    recv_len: usize,
     _bufs: PhantomData<&'a mut [T]>,
 }
+
+/// The persistent all-reduce (its first and commonest use).
+pub type PersistentAllReduce<'a, T> = Persistent<'a, T>;
 
 impl Communicator {
     /// A persistent `recv = ⊕ over ranks of send` (see [`crate::persistent`]):
@@ -613,9 +624,54 @@ impl Communicator {
                 recv.len()
             )));
         }
+        let (s, r, n) = (send.as_mut_ptr(), recv.as_mut_ptr(), send.len());
         // SAFETY: both borrows last as long as the request, which waits for
         // a running round and frees its plan when dropped.
-        unsafe { self.persistent(send.as_mut_ptr(), recv.as_mut_ptr(), send.len(), op) }
+        unsafe { self.persistent(OpKind::AllReduce, s, n, r, n, op) }
+    }
+
+    /// A persistent reduce-scatter: each round, `recv` (`count` elements)
+    /// gets this rank's chunk of `⊕ over ranks of send` (`size() · count`).
+    /// Collective. Out of place only.
+    pub fn reduce_scatter_init<'a, T: Element>(
+        &'a self,
+        send: &'a mut [T],
+        recv: &'a mut [T],
+        op: RedOp,
+    ) -> Result<Persistent<'a, T>> {
+        let n = self.size() as usize;
+        if send.len() != recv.len() * n {
+            return Err(Error::InvalidArgument(format!(
+                "reduce_scatter_init: the send buffer holds {} elements, {n} ranks × {} expected",
+                send.len(),
+                recv.len()
+            )));
+        }
+        let (s, r) = (send.as_mut_ptr(), recv.as_mut_ptr());
+        // SAFETY: as in all_reduce_init.
+        unsafe { self.persistent(OpKind::ReduceScatter, s, send.len(), r, recv.len(), op) }
+    }
+
+    /// A persistent all-gather: each round, `recv` (`size() · count`)
+    /// gets every rank's `send` (`count` elements), in rank order.
+    /// Collective. Out of place only.
+    pub fn all_gather_init<'a, T: Element>(
+        &'a self,
+        send: &'a mut [T],
+        recv: &'a mut [T],
+    ) -> Result<Persistent<'a, T>> {
+        let n = self.size() as usize;
+        if recv.len() != send.len() * n {
+            return Err(Error::InvalidArgument(format!(
+                "all_gather_init: the receive buffer holds {} elements, {n} ranks × {} expected",
+                recv.len(),
+                send.len()
+            )));
+        }
+        let (s, r) = (send.as_mut_ptr(), recv.as_mut_ptr());
+        // SAFETY: as in all_reduce_init.
+        let sum = RedOp::Sum;
+        unsafe { self.persistent(OpKind::AllGather, s, send.len(), r, recv.len(), sum) }
     }
 
     /// The in-place form of [`Communicator::all_reduce_init`]: each round
@@ -625,26 +681,33 @@ impl Communicator {
         buf: &'a mut [T],
         op: RedOp,
     ) -> Result<PersistentAllReduce<'a, T>> {
-        let p = buf.as_mut_ptr();
+        let (p, n) = (buf.as_mut_ptr(), buf.len());
         // SAFETY: as in all_reduce_init.
-        unsafe { self.persistent(p, p, buf.len(), op) }
+        unsafe { self.persistent(OpKind::AllReduce, p, n, p, n, op) }
     }
 
     /// # Safety
-    /// `send` and `recv` hold `len` elements each (or are equal) and stay
-    /// borrowed by the returned request for `'a`.
+    /// `send` and `recv` hold `send_len` and `recv_len` elements (or are
+    /// equal) and stay borrowed by the returned request for `'a`.
     unsafe fn persistent<'a, T: Element>(
         &'a self,
+        kind: OpKind,
         send: *mut T,
+        send_len: usize,
         recv: *mut T,
-        len: usize,
+        recv_len: usize,
         op: RedOp,
-    ) -> Result<PersistentAllReduce<'a, T>> {
+    ) -> Result<Persistent<'a, T>> {
+        // The count of the layout table in `crate::algo`.
+        let count = match kind {
+            OpKind::AllGather => send_len,
+            _ => recv_len,
+        };
         let raw = RawOp {
-            kind: OpKind::AllReduce,
+            kind,
             dtype: T::DTYPE,
             redop: op,
-            count: len,
+            count,
             root: 0,
             send: send.cast_const().cast(),
             recv: recv.cast(),
@@ -652,18 +715,20 @@ impl Communicator {
         };
         // SAFETY: forwarded from the caller.
         let raw = unsafe { self.prepare_raw(raw, None)? };
-        Ok(PersistentAllReduce {
+        Ok(Persistent {
             comm: self,
             raw,
+            kind,
             send,
             recv,
-            len,
+            send_len,
+            recv_len,
             _bufs: PhantomData,
         })
     }
 }
 
-impl<T: Element> PersistentAllReduce<'_, T> {
+impl<T: Element> Persistent<'_, T> {
     /// Begins one round, reading the send buffer now. A round still
     /// running is an `InvalidUsage` error.
     pub fn start(&mut self) -> Result<()> {
@@ -696,7 +761,8 @@ impl<T: Element> PersistentAllReduce<'_, T> {
     fn idle(&self, what: &str) -> Result<()> {
         if self.raw.is_running() {
             return Err(Error::InvalidUsage(format!(
-                "{what}: a round of this persistent all_reduce is running; wait for it first"
+                "{what}: a round of this persistent {} is running; wait for it first",
+                self.kind.name()
             )));
         }
         Ok(())
@@ -708,7 +774,7 @@ impl<T: Element> PersistentAllReduce<'_, T> {
         self.idle("send_mut")?;
         // SAFETY: borrowed for the request's life; no round runs, so the
         // engine does not touch it, and `&mut self` excludes other views.
-        Ok(unsafe { std::slice::from_raw_parts_mut(self.send, self.len) })
+        Ok(unsafe { std::slice::from_raw_parts_mut(self.send, self.send_len) })
     }
 
     /// The receive buffer (in place: the one buffer), with the last round's
@@ -717,14 +783,14 @@ impl<T: Element> PersistentAllReduce<'_, T> {
         self.idle("recv")?;
         // SAFETY: as for send_mut; the shared view lasts while `&self` does,
         // and start needs `&mut self`.
-        Ok(unsafe { std::slice::from_raw_parts(self.recv, self.len) })
+        Ok(unsafe { std::slice::from_raw_parts(self.recv, self.recv_len) })
     }
 
     /// The receive buffer, writable; refused while a round runs.
     pub fn recv_mut(&mut self) -> Result<&mut [T]> {
         self.idle("recv_mut")?;
         // SAFETY: as for send_mut.
-        Ok(unsafe { std::slice::from_raw_parts_mut(self.recv, self.len) })
+        Ok(unsafe { std::slice::from_raw_parts_mut(self.recv, self.recv_len) })
     }
 
     /// Whether send and receive are one buffer.
@@ -733,11 +799,11 @@ impl<T: Element> PersistentAllReduce<'_, T> {
     }
 }
 
-impl<T: Element> Drop for PersistentAllReduce<'_, T> {
+impl<T: Element> Drop for Persistent<'_, T> {
     fn drop(&mut self) {
         // Waits for a running round first: the borrows end after this.
         if let Err(e) = self.raw.free(self.comm) {
-            tracing::debug!("freeing a persistent all_reduce: {e}");
+            tracing::debug!("freeing a persistent {}: {e}", self.kind.name());
         }
     }
 }

@@ -408,3 +408,96 @@ fn misuse_is_refused_and_drop_waits_for_the_round() {
         }
     });
 }
+
+/// Persistent reduce-scatter and all-gather: `ROUNDS` rounds each, inputs
+/// changing every round, every element checked.
+fn scatter_and_gather(c: &Communicator, count: usize) -> Result<(), String> {
+    let (r, n) = (c.rank() as usize, c.size() as usize);
+    let err = |e: Error| format!("rank {r}/{n} count {count}: {e}");
+    let mut send = vec![0f32; n * count];
+    let mut recv = vec![0f32; count];
+    let mut rs = c
+        .reduce_scatter_init(&mut send, &mut recv, RedOp::Sum)
+        .map_err(err)?;
+    for k in 0..ROUNDS {
+        for (i, x) in rs.send_mut().map_err(err)?.iter_mut().enumerate() {
+            *x = (r * 3 + i % 11 + k) as f32;
+        }
+        rs.start().map_err(err)?;
+        rs.wait().map_err(err)?;
+        for (j, &got) in rs.recv().map_err(err)?.iter().enumerate() {
+            let i = r * count + j;
+            let want: f32 = (0..n).map(|q| (q * 3 + i % 11 + k) as f32).sum();
+            if got != want {
+                return Err(format!(
+                    "reduce_scatter rank {r} round {k} element {j}: {got} != {want}"
+                ));
+            }
+        }
+    }
+    drop(rs);
+    let mut mine = vec![0f32; count];
+    let mut all = vec![0f32; n * count];
+    let mut ag = c.all_gather_init(&mut mine, &mut all).map_err(err)?;
+    for k in 0..ROUNDS {
+        for (i, x) in ag.send_mut().map_err(err)?.iter_mut().enumerate() {
+            *x = (r * 1000 + i + k) as f32;
+        }
+        ag.start().map_err(err)?;
+        ag.wait().map_err(err)?;
+        for (i, &got) in ag.recv().map_err(err)?.iter().enumerate() {
+            let want = ((i / count) * 1000 + i % count + k) as f32;
+            if got != want {
+                return Err(format!(
+                    "all_gather rank {r} round {k} element {i}: {got} != {want}"
+                ));
+            }
+        }
+    }
+    Ok(())
+}
+
+#[test]
+fn persistent_reduce_scatter_and_all_gather() {
+    for (t, link, name) in [
+        (TransportChoice::Tcp, Link::Default, "tcp"),
+        (TransportChoice::Shm, Link::Default, "shm"),
+        (TransportChoice::Ofi, Link::Ofi("tcp;ofi_rxm"), "ofi"),
+    ] {
+        for n in [1, 2, 3, 4] {
+            let (_store, comms) = world_with(n, t, None, &format!("prsag{name}{n}"), link);
+            on_each_rank(comms, name, |c| {
+                for count in [1, 7, 5000] {
+                    scatter_and_gather(&c, count)?;
+                }
+                Ok(())
+            });
+        }
+    }
+}
+
+#[test]
+fn persistent_reduce_scatter_and_all_gather_refuse_wrong_lengths() {
+    let (_store, comms) = world(2, TransportChoice::Shm, None, "prsagbad");
+    on_each_rank(comms, "lengths", |c| {
+        let mut a = vec![0f32; 5];
+        let mut b = vec![0f32; 3];
+        let e = c
+            .reduce_scatter_init(&mut a, &mut b, RedOp::Sum)
+            .err()
+            .ok_or("reduce_scatter_init took 5 into 3")?
+            .to_string();
+        if !e.contains("2 ranks × 3") {
+            return Err(e);
+        }
+        let e = c
+            .all_gather_init(&mut b, &mut a)
+            .err()
+            .ok_or("all_gather_init took 3 into 5")?
+            .to_string();
+        if !e.contains("2 ranks × 3") {
+            return Err(e);
+        }
+        Ok(())
+    });
+}
