@@ -48,6 +48,9 @@ pub(crate) struct Opened {
 /// libfabric is used; the libfabric endpoint under `GW_TRANSPORT=ofi`.
 pub(crate) fn listen(env: &LaunchEnv, cfg: &Config) -> Result<Opened> {
     let choice = cfg.transport.value;
+    if choice == TransportChoice::Verbs && env.world > 1 {
+        return Err(verbs_refusal());
+    }
     let ofi = if choice == TransportChoice::Ofi && env.world > 1 {
         let t = OfiTransport::new(
             env.rank,
@@ -302,6 +305,8 @@ pub(crate) fn route(
                 )));
             }
             (TransportChoice::Ofi, _) => (ofi_idx, "ofi"),
+            // Refused in `listen`, before rendezvous.
+            (TransportChoice::Verbs, _) => return Err(verbs_refusal()),
             (TransportChoice::Tcp, _) | (TransportChoice::Auto, false) => (tcp_idx, "tcp"),
             (_, true) => (shm_idx, "shm"),
         };
@@ -535,5 +540,23 @@ mod layout_tests {
             describe_hosts(&["x", "y", "x", "z"]),
             "hosts by rank: 0 1 0 2"
         );
+    }
+}
+
+/// What `GW_TRANSPORT=verbs` finds: without an RDMA device (or a build
+/// without the `verbs` feature) the system's reason; with one, that the
+/// backend's data plane is not written yet and what drives the device
+/// meanwhile. Either way init fails here, before any rendezvous.
+fn verbs_refusal() -> Error {
+    let cfg = match gw_verbs::Config::from_env() {
+        Ok(c) => c,
+        Err(e) => return Error::Config(format!("GW_TRANSPORT=verbs: {e}")),
+    };
+    match gw_verbs::open(&cfg) {
+        Err(e) => Error::Config(format!("GW_TRANSPORT=verbs: {e}")),
+        Ok(hca) => Error::Config(format!(
+            "GW_TRANSPORT=verbs: found {hca:?}, but gradwire's own verbs data plane is not written yet; \
+             GW_TRANSPORT=ofi GW_OFI_PROVIDER='verbs;ofi_rxm' drives the same device through libfabric"
+        )),
     }
 }

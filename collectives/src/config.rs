@@ -91,6 +91,8 @@ pub enum TransportChoice {
     Shm,
     /// libfabric to every peer (`GW_OFI_PROVIDER` picks the provider).
     Ofi,
+    /// gradwire's own verbs backend (`gw-verbs`); never chosen by `auto`.
+    Verbs,
 }
 
 /// When a persistent all-reduce moves its data by one-sided writes.
@@ -124,6 +126,7 @@ impl TransportChoice {
             "tcp" => Some(TransportChoice::Tcp),
             "shm" => Some(TransportChoice::Shm),
             "ofi" => Some(TransportChoice::Ofi),
+            "verbs" => Some(TransportChoice::Verbs),
             _ => None,
         }
     }
@@ -134,6 +137,7 @@ impl TransportChoice {
             TransportChoice::Tcp => "tcp",
             TransportChoice::Shm => "shm",
             TransportChoice::Ofi => "ofi",
+            TransportChoice::Verbs => "verbs",
         }
     }
 }
@@ -141,7 +145,7 @@ impl TransportChoice {
 /// Every setting of a communicator (see the module comment).
 #[derive(Clone, Debug, PartialEq)]
 pub struct Config {
-    /// `GW_TRANSPORT`: auto, tcp, shm or ofi.
+    /// `GW_TRANSPORT`: auto, tcp, shm, ofi or verbs.
     pub transport: Setting<TransportChoice>,
     /// `GW_TIMEOUT` (seconds): deadline of init and of every operation.
     pub timeout: Setting<Duration>,
@@ -268,7 +272,7 @@ impl Config {
             "GW_TRANSPORT",
             env,
             TransportChoice::parse,
-            "auto, tcp, shm or ofi",
+            "auto, tcp, shm, ofi or verbs",
         )?;
         env_override(
             &mut self.timeout,

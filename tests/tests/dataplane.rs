@@ -252,3 +252,29 @@ fn idle_communicator_uses_under_one_percent_of_a_core() {
         );
     }
 }
+
+/// `GW_TRANSPORT=verbs` on a machine without an RDMA device (this one: its
+/// kernel has no InfiniBand support) fails init on every rank with the
+/// system's reason, and a build without the `verbs` feature says how to
+/// rebuild; `auto` never picks it (every other test runs `auto`).
+#[test]
+fn verbs_without_a_device_fails_init_with_the_reason() {
+    let job = DirectJob::new();
+    let runs = job.run(
+        &[0, 1],
+        2,
+        &["init"],
+        &[("GW_TRANSPORT", "verbs"), ("GW_TIMEOUT", "10")],
+        Duration::from_secs(30),
+    );
+    for (r, run) in runs.iter().enumerate() {
+        assert!(!run.status.success(), "rank {r}: {}", run.all());
+        let out = run.all();
+        let reason = if gw_verbs::ENABLED {
+            "GW_TRANSPORT=verbs: no RDMA device: "
+        } else {
+            "rebuild with --features verbs"
+        };
+        assert!(out.contains(reason), "rank {r}: {out}");
+    }
+}
