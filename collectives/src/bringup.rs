@@ -515,6 +515,24 @@ fn describe_hosts(host_ids: &[&str]) -> String {
     s
 }
 
+/// What `GW_TRANSPORT=verbs` finds: without an RDMA device (or a build
+/// without the `verbs` feature) the system's reason; with one, that the
+/// backend's data plane is not written yet and what drives the device
+/// meanwhile. Either way init fails here, before any rendezvous.
+fn verbs_refusal() -> Error {
+    let cfg = match gw_verbs::Config::from_env() {
+        Ok(c) => c,
+        Err(e) => return Error::Config(format!("GW_TRANSPORT=verbs: {e}")),
+    };
+    match gw_verbs::open(&cfg) {
+        Err(e) => Error::Config(format!("GW_TRANSPORT=verbs: {e}")),
+        Ok(hca) => Error::Config(format!(
+            "GW_TRANSPORT=verbs: found {hca:?}, but gradwire's own verbs data plane is not written yet; \
+             GW_TRANSPORT=ofi GW_OFI_PROVIDER='verbs;ofi_rxm' drives the same device through libfabric"
+        )),
+    }
+}
+
 #[cfg(test)]
 mod layout_tests {
     use super::{describe_hosts, host_grid};
@@ -540,23 +558,5 @@ mod layout_tests {
             describe_hosts(&["x", "y", "x", "z"]),
             "hosts by rank: 0 1 0 2"
         );
-    }
-}
-
-/// What `GW_TRANSPORT=verbs` finds: without an RDMA device (or a build
-/// without the `verbs` feature) the system's reason; with one, that the
-/// backend's data plane is not written yet and what drives the device
-/// meanwhile. Either way init fails here, before any rendezvous.
-fn verbs_refusal() -> Error {
-    let cfg = match gw_verbs::Config::from_env() {
-        Ok(c) => c,
-        Err(e) => return Error::Config(format!("GW_TRANSPORT=verbs: {e}")),
-    };
-    match gw_verbs::open(&cfg) {
-        Err(e) => Error::Config(format!("GW_TRANSPORT=verbs: {e}")),
-        Ok(hca) => Error::Config(format!(
-            "GW_TRANSPORT=verbs: found {hca:?}, but gradwire's own verbs data plane is not written yet; \
-             GW_TRANSPORT=ofi GW_OFI_PROVIDER='verbs;ofi_rxm' drives the same device through libfabric"
-        )),
     }
 }
