@@ -291,6 +291,15 @@ fn one_sided_persistent_over_shm() {
     }
 }
 
+/// `GW_ONE_SIDED=1` over TCP: the same protocol, its writes carried over
+/// the sockets (`FrameKind::Put`).
+#[test]
+fn one_sided_persistent_over_tcp() {
+    for n in [2, 3, 4, 8] {
+        matrix_with(TransportChoice::Tcp, n, &format!("p1t{n}"), Link::OneSided);
+    }
+}
+
 #[test]
 fn every_algorithm_runs_persistent() {
     for transport in [TransportChoice::Tcp, TransportChoice::Shm] {

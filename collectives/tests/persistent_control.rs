@@ -120,7 +120,11 @@ fn check(transport: TransportChoice, n: u32) {
 /// beside it.
 #[test]
 fn control_messages_per_round_are_constant() {
-    for transport in [TransportChoice::Shm, TransportChoice::Ofi] {
+    for transport in [
+        TransportChoice::Shm,
+        TransportChoice::Ofi,
+        TransportChoice::Tcp,
+    ] {
         check(transport, 2);
         check(transport, 3);
     }

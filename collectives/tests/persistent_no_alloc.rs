@@ -160,12 +160,13 @@ fn main() {
     let mut failures = Vec::new();
     let mut key = 0;
     // Two-sided rounds (the default on shm and TCP) and one-sided ones
-    // (GW_ONE_SIDED=1 over shm and libfabric).
+    // (GW_ONE_SIDED=1 over shm, libfabric and TCP).
     for (transport, mode) in [
         (TransportChoice::Shm, OneSided::Auto),
         (TransportChoice::Shm, OneSided::Always),
         (TransportChoice::Ofi, OneSided::Always),
         (TransportChoice::Tcp, OneSided::Auto),
+        (TransportChoice::Tcp, OneSided::Always),
     ] {
         for world in [2u32, 3, 4] {
             key += 1;

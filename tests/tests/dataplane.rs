@@ -125,8 +125,8 @@ fn peer_killed_mid_transfer_ofi() {
     survivors_name_the_dead_rank("ofi");
 }
 
-/// A rank killed during a persistent all-reduce's rounds (one-sided
-/// writes on shm and ofi, two-sided on tcp).
+/// A rank killed during a persistent all-reduce's rounds (one-sided writes,
+/// GW_ONE_SIDED=1, on each transport).
 #[test]
 fn peer_killed_mid_persistent_round() {
     for transport in ["shm", "ofi", "tcp"] {

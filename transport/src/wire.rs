@@ -204,6 +204,11 @@ pub enum FrameKind {
     /// RDMA only: the receive for announcement `offset` is posted, and the
     /// payload (a `crate::rma::Grant`) says where to write it.
     Grant = 9,
+    /// TCP only: a one-sided write carried over the stream. The payload
+    /// lands at byte `offset` of the receiver's published region named by
+    /// the high 32 bits of `total` (its key), and the low 32 bits are the
+    /// write's immediate, delivered once the bytes are in.
+    Put = 10,
 }
 
 /// The fixed header in front of every segment.
@@ -299,6 +304,7 @@ impl FrameHeader {
             7 => FrameKind::Credit,
             8 => FrameKind::Imm,
             9 => FrameKind::Grant,
+            10 => FrameKind::Put,
             k => return Err(Error::Protocol(format!("unknown frame kind {k}"))),
         };
         let flags = b[5];

@@ -84,8 +84,7 @@ fn kill_mid_transfer(comm: &Communicator, victim: u32) -> Result<String, String>
 }
 
 /// Rounds of a persistent all-reduce of 16 MiB while `victim` kills itself
-/// 30 ms in: every other rank must fail, naming it (one-sided rounds on shm
-/// and ofi, two-sided on tcp).
+/// 30 ms in: every other rank must fail, naming it.
 fn kill_mid_persistent(comm: &Communicator, victim: u32) -> Result<String, String> {
     let mut send = vec![1f32; 4 << 20];
     let mut recv = vec![0f32; 4 << 20];

@@ -791,10 +791,11 @@ fn examine(p: &Peer, rx: &Consumer, raw: &[u8; HEADER_LEN]) -> Result<Head> {
                 p.who()
             )));
         }
-        FrameKind::Grant => {
+        FrameKind::Grant | FrameKind::Put => {
             return Err(Error::Protocol(format!(
-                "shared memory from {}: a grant frame, which only RDMA transports send",
-                p.who()
+                "shared memory from {}: a {:?} frame, which only RDMA and TCP transports send",
+                p.who(),
+                h.kind
             )));
         }
         _ => {}

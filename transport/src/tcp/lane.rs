@@ -37,6 +37,13 @@ pub(crate) enum Rx {
         dst: MemPtr,
         got: usize,
     },
+    /// Reading a one-sided write's payload (`FrameKind::Put`) straight into
+    /// this rank's published region; its immediate is delivered once whole.
+    Put {
+        hdr: FrameHeader,
+        dst: MemPtr,
+        got: usize,
+    },
     /// Reading the reason text of an abort frame.
     Abort { hdr: FrameHeader, buf: Vec<u8> },
     /// A frame whose receive was not posted when its header came in. Its

@@ -26,7 +26,8 @@ use crate::error::{Error, Result};
 use crate::recv_core::{Credits, DEFAULT_EAGER_FRAMES, Posted, Posting, RecvCore};
 use crate::reqmap::{self, ReqMap};
 use crate::seam::{
-    MemHandle, MemPtr, Properties, Rank, Readiness, Request, Tag, Tested, Transport, TransportId,
+    Arrival, MemHandle, MemPtr, Properties, Rank, Readiness, RemoteRegion, Request, Tag, Tested,
+    Transport, TransportId, WriteImm,
 };
 use crate::wire::{FrameHeader, FrameKind, HEADER_LEN};
 use gw_rendezvous::PeerInfo;
@@ -169,7 +170,12 @@ pub struct TcpTransport {
     conns: HashMap<Rank, Conn>,
     incoming: Vec<Incoming>,
     mems: Vec<Option<(MemPtr, usize)>>,
+    /// Per registration slot: how many times it was handed out, so that a
+    /// peer's write into a slot registered anew since is refused.
+    mem_gens: Vec<u16>,
     free_mems: Vec<u32>,
+    /// Immediates of peers' one-sided writes (`FrameKind::Put`), not taken.
+    imms: VecDeque<Arrival>,
     reqs: ReqMap<ReqState>,
     next_req: u64,
     registry: Option<Registry>,
@@ -222,7 +228,9 @@ impl TcpTransport {
             conns: HashMap::new(),
             incoming: Vec::new(),
             mems: Vec::new(),
+            mem_gens: Vec::new(),
             free_mems: Vec::new(),
+            imms: VecDeque::with_capacity(crate::seam::REQS_RESERVED),
             // Reserved: a table that grows when more requests than ever are
             // live at once would allocate in a steady-state step (hashbrown
             // rehashes in place while at most half full).
@@ -853,6 +861,22 @@ impl TcpTransport {
                                             };
                                             continue;
                                         }
+                                        FrameKind::Put => {
+                                            let target = if hdr.src_rank == peer {
+                                                put_target(&self.mems, &self.mem_gens, hdr)
+                                            } else {
+                                                Err(format!(
+                                                    "sent a write claiming to be from rank {}",
+                                                    hdr.src_rank
+                                                ))
+                                            };
+                                            lane.rx = target.map_err(|what| Error::Remote {
+                                                rank: peer,
+                                                addr: addr.clone(),
+                                                what,
+                                            })?;
+                                            continue;
+                                        }
                                         FrameKind::Rendezvous
                                         | FrameKind::Imm
                                         | FrameKind::Grant => {
@@ -938,34 +962,37 @@ impl TcpTransport {
                                 Err(e) => return Err(peer_io_error(peer, addr, "receiving", e)),
                             }
                         }
-                        Rx::Payload { hdr, req, dst, got } => {
+                        Rx::Payload { hdr, dst, got, .. } | Rx::Put { hdr, dst, got }
+                            if *got < hdr.len as usize =>
+                        {
                             let len = hdr.len as usize;
-                            if *got < len {
-                                if !(lane.readable || always || lane.stage.pending()) {
-                                    break;
-                                }
-                                // SAFETY: dst + [0, len) lies within the posted receive's
-                                // registered range (checked when the header matched).
-                                let buf = unsafe {
-                                    std::slice::from_raw_parts_mut(dst.0.add(*got), len - *got)
-                                };
-                                match read_some(
-                                    &mut lane.sock,
-                                    &mut lane.stage,
-                                    &mut lane.readable,
-                                    buf,
-                                    peer,
-                                    addr,
-                                )? {
-                                    Some(n) => {
-                                        moved = true;
-                                        *got += n;
-                                    }
-                                    None => break,
-                                }
-                                continue;
+                            if !(lane.readable || always || lane.stage.pending()) {
+                                break;
                             }
+                            // SAFETY: dst + [0, len) lies within a registered range:
+                            // the posted receive's (checked when the header matched)
+                            // or a published region's (checked by put_target).
+                            let buf = unsafe {
+                                std::slice::from_raw_parts_mut(dst.0.add(*got), len - *got)
+                            };
+                            match read_some(
+                                &mut lane.sock,
+                                &mut lane.stage,
+                                &mut lane.readable,
+                                buf,
+                                peer,
+                                addr,
+                            )? {
+                                Some(n) => {
+                                    moved = true;
+                                    *got += n;
+                                }
+                                None => break,
+                            }
+                        }
+                        Rx::Payload { hdr, req, .. } => {
                             let (hdr, req) = (*hdr, *req);
+                            let len = hdr.len as usize;
                             if let Some(i) = core.index_of(req)
                                 && let Some(p) = core.delivered(i, &hdr, len)
                             {
@@ -977,6 +1004,15 @@ impl TcpTransport {
                                 // Look again when told (poller, poke).
                                 lane.readable = false;
                             }
+                        }
+                        Rx::Put { hdr, .. } => {
+                            // The bytes are in: the immediate may be taken.
+                            self.imms.push_back(Arrival {
+                                from: Some(peer),
+                                imm: hdr.total as u32,
+                            });
+                            lane.rx = Rx::new();
+                            moved = true;
                         }
                         Rx::Abort { hdr, buf } => {
                             let want = hdr.len as usize;
@@ -1030,6 +1066,46 @@ fn size_buffers(sock: &TcpStream, bytes: usize, peer: Rank) {
             tracing::warn!("tcp: {what} of {bytes} bytes on a socket to rank {peer}: {e}");
         }
     }
+}
+
+/// The key a peer names registration slot `index` by: its generation in
+/// the high half, so that a descriptor of a slot registered anew since is
+/// told apart.
+fn put_key(index: u32, generation: u16) -> Option<u32> {
+    (index < 1 << 16).then_some((u32::from(generation) << 16) | index)
+}
+
+/// Where a `Put` frame's payload goes: the published region its key names,
+/// at its offset, bounds-checked; the peer's error otherwise.
+fn put_target(
+    mems: &[Option<(MemPtr, usize)>],
+    gens: &[u16],
+    hdr: FrameHeader,
+) -> std::result::Result<Rx, String> {
+    let key = (hdr.total >> 32) as u32;
+    let (index, generation) = ((key & 0xffff) as usize, (key >> 16) as u16);
+    let Some((base, size)) = mems.get(index).copied().flatten() else {
+        return Err(format!(
+            "wrote one-sidedly into region {index}, which this rank has not registered"
+        ));
+    };
+    if gens.get(index) != Some(&generation) {
+        return Err(format!(
+            "wrote one-sidedly into region {index} through a stale descriptor (registered anew since)"
+        ));
+    }
+    let (off, len) = (hdr.offset, hdr.len);
+    if off.checked_add(len).is_none_or(|end| end > size as u64) {
+        return Err(format!(
+            "wrote [{off}, +{len}) into a published region of {size} bytes"
+        ));
+    }
+    Ok(Rx::Put {
+        hdr,
+        // SAFETY: off + len <= size, within the registered region.
+        dst: MemPtr(unsafe { base.0.add(off as usize) }),
+        got: 0,
+    })
 }
 
 fn start_payload(hdr: FrameHeader, p: &Posted<()>) -> Rx {
@@ -1103,7 +1179,8 @@ impl Transport for TcpTransport {
             name: "tcp",
             bandwidth_gbps: 1.0,
             latency_us: 25.0,
-            one_sided_write: false,
+            // Emulated: `FrameKind::Put` frames over the stream.
+            one_sided_write: true,
             offloaded_writes: false,
             gpu_memory: false,
             max_segment: self.cfg.segment_bytes,
@@ -1153,9 +1230,11 @@ impl Transport for TcpTransport {
         let entry = Some((MemPtr(ptr), len));
         if let Some(i) = self.free_mems.pop() {
             self.mems[i as usize] = entry;
+            self.mem_gens[i as usize] = self.mem_gens[i as usize].wrapping_add(1);
             Ok(MemHandle::new(self.id, i))
         } else {
             self.mems.push(entry);
+            self.mem_gens.push(0);
             Ok(MemHandle::new(self.id, (self.mems.len() - 1) as u32))
         }
     }
@@ -1331,7 +1410,90 @@ impl Transport for TcpTransport {
         Ok(())
     }
 
+    fn remote_region(&mut self, mem: MemHandle) -> Result<Option<RemoteRegion>> {
+        let index = mem.index_for(self.id, "tcp")?;
+        let Some((_, len)) = self.mems.get(index as usize).copied().flatten() else {
+            return Err(Error::InvalidUsage(format!(
+                "memory handle {index} is not registered"
+            )));
+        };
+        let generation = self.mem_gens[index as usize];
+        let key = put_key(index, generation).ok_or_else(|| {
+            Error::InvalidArgument(format!(
+                "region {index}: TCP's one-sided writes name at most 65536 registrations"
+            ))
+        })?;
+        Ok(Some(RemoteRegion {
+            rank: self.me,
+            key: u64::from(key),
+            // Offset-addressed: the receiver adds the offset to its region.
+            addr: 0,
+            len: len as u64,
+        }))
+    }
+
+    fn write_imm(&mut self, peer: Rank, w: &WriteImm) -> Result<Request> {
+        self.check_post(peer, "write_imm to")?;
+        let src = self.mem(w.mem, w.offset, w.len)?;
+        if w.remote.rank != peer {
+            return Err(Error::InvalidArgument(format!(
+                "write_imm to rank {peer} into a region rank {} published",
+                w.remote.rank
+            )));
+        }
+        if w.remote_offset
+            .checked_add(w.len as u64)
+            .is_none_or(|end| end > w.remote.len)
+        {
+            return Err(Error::InvalidArgument(format!(
+                "write_imm to rank {peer}: [{}, +{}) lies outside its published region of {} bytes",
+                w.remote_offset, w.len, w.remote.len
+            )));
+        }
+        let Ok(key) = u32::try_from(w.remote.key) else {
+            return Err(Error::InvalidArgument(format!(
+                "write_imm to rank {peer}: key {:#x} is not a TCP region's",
+                w.remote.key
+            )));
+        };
+        let hdr = FrameHeader {
+            offset: w.remote_offset,
+            len: w.len as u64,
+            total: (u64::from(key) << 32) | u64::from(w.imm),
+            ..FrameHeader::control(FrameKind::Put, self.me, 0)
+        };
+        let req = self.new_req(ReqState::Send { segments_left: 1 });
+        let conn = self.conns.get_mut(&peer).ok_or_else(|| vanished(peer))?;
+        let nl = conn.lanes.len();
+        let li = if w.len <= SMALL {
+            0
+        } else {
+            conn.next_lane = conn.next_lane.wrapping_add(1);
+            conn.next_lane % nl
+        };
+        let Some(lane) = conn.lanes[li].as_mut() else {
+            return Err(vanished(peer));
+        };
+        lane.sendq.push_back(OutSeg {
+            req,
+            hdr: hdr.encode(),
+            ptr: src,
+            len: w.len,
+            done: 0,
+            stamped: false,
+        });
+        Ok(Request::new(self.id, req))
+    }
+
+    fn next_imm(&mut self) -> Result<Option<Arrival>> {
+        if self.aborted {
+            return Err(Error::Aborted("the TCP transport was aborted".into()));
+        }
+        Ok(self.imms.pop_front())
+    }
+
     fn abort(&mut self, reason: &str) {
+        self.imms.clear();
         let text = reason.as_bytes();
         let text = &text[..text.len().min(MAX_ABORT_TEXT as usize)];
         let hdr = control_header(FrameKind::Abort, self.me, text.len());

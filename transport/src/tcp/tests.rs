@@ -285,3 +285,104 @@ fn every_lane_gets_the_configured_socket_buffers() {
         }
     }
 }
+
+/// One-sided writes over TCP (`FrameKind::Put`): bytes land at the offset
+/// of the published region, over several lanes and in any order among
+/// themselves, each immediate delivered (naming the writer) once its bytes
+/// are in; bad targets are refused by the writer, and a stale descriptor
+/// (the slot registered anew since) by the receiver.
+#[test]
+fn one_sided_writes_land_with_their_immediates() {
+    let (mut a, mut b) = pair(3);
+    assert!(a.properties().one_sided_write && !a.properties().offloaded_writes);
+    let len = 3 << 20;
+    let src = pattern(len, 9);
+    let mut dst = vec![0u8; len + 100];
+    // SAFETY: both vectors outlive the transports' use of them.
+    let (ms, md) = unsafe {
+        (
+            a.register(src.as_ptr().cast_mut(), len).unwrap(),
+            b.register(dst.as_mut_ptr(), len + 100).unwrap(),
+        )
+    };
+    let region = b.remote_region(md).unwrap().unwrap();
+    assert_eq!((region.rank, region.len), (1, (len + 100) as u64));
+    let seg = 256 << 10;
+    let mut reqs = Vec::new();
+    let mut want = Vec::new();
+    for (k, off) in (0..len).step_by(seg).enumerate() {
+        let w = WriteImm {
+            mem: ms,
+            offset: off,
+            len: seg.min(len - off),
+            remote: region,
+            remote_offset: (50 + off) as u64,
+            imm: 0x8000_0000 | k as u32,
+        };
+        reqs.push(Outstanding::new(a.write_imm(1, &w).unwrap()));
+        want.push(w.imm);
+    }
+    let mut got = Vec::new();
+    until(&mut a, &mut b, "the writes", |a, b| {
+        reqs.retain_mut(|r| !r.poll(&mut *a).unwrap());
+        while let Some(v) = b.next_imm().unwrap() {
+            assert_eq!(v.from, Some(0));
+            got.push(v.imm);
+        }
+        reqs.is_empty() && got.len() == want.len()
+    });
+    got.sort_unstable();
+    assert_eq!(got, want);
+    assert!(dst[..50].iter().all(|&x| x == 0));
+    assert!(dst[50..50 + len] == src[..]);
+    assert!(dst[50 + len..].iter().all(|&x| x == 0));
+    let w = WriteImm {
+        mem: ms,
+        offset: 0,
+        len: 200,
+        remote: region,
+        remote_offset: len as u64 - 50,
+        imm: 1,
+    };
+    let e = a.write_imm(1, &w).unwrap_err().to_string();
+    assert!(e.contains("outside its published region"), "{e}");
+    let e = a
+        .write_imm(
+            1,
+            &WriteImm {
+                remote: RemoteRegion { rank: 0, ..region },
+                ..w
+            },
+        )
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("rank 0 published"), "{e}");
+    // The slot goes and comes back: the old descriptor is stale.
+    b.deregister(md).unwrap();
+    // SAFETY: as above.
+    let md2 = unsafe { b.register(dst.as_mut_ptr(), len + 100) }.unwrap();
+    assert_ne!(b.remote_region(md2).unwrap().unwrap().key, region.key);
+    let mut r = Outstanding::new(
+        a.write_imm(
+            1,
+            &WriteImm {
+                remote_offset: 0,
+                ..w
+            },
+        )
+        .unwrap(),
+    );
+    let start = Instant::now();
+    let e = loop {
+        let _ = r.poll(&mut a);
+        a.progress().unwrap();
+        if let Err(e) = b.progress() {
+            break e.to_string();
+        }
+        assert!(start.elapsed() < LIMIT, "the stale write was not refused");
+    };
+    assert!(
+        e.contains("stale descriptor") && e.contains("rank 0"),
+        "{e}"
+    );
+}
