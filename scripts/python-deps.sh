@@ -20,7 +20,15 @@ mkdir -p "$stamp_dir"
 stamp="$stamp_dir/.python-deps.stamp"
 sum=$( (find python \( -path python/tests -o -path python/build -o -name '*.egg-info' \) -prune -o -type f \( -name '*.py' -o -name '*.toml' -o -name '*.md' \) -print0 \
          | sort -z | xargs -0 cat; cat capi/include/gradwire.h; echo "$PY") | sha256sum | cut -d' ' -f1)
-if [[ ! -f $stamp || $(cat "$stamp") != "$sum" ]] || ! (cd / && have gradwire); then
+# The installed package finds the library in the checkout it was built from;
+# one built from another checkout (moved, or deleted) must be built again.
+built_from() {
+  (cd / && "$PY" -c "import json, os, importlib.util as u
+s = u.find_spec('gradwire')
+p = s and os.path.join(os.path.dirname(s.origin), '_build_info.json')
+print(json.load(open(p)).get('repo') if p and os.path.isfile(p) else '')" 2>/dev/null) || true
+}
+if [[ ! -f $stamp || $(cat "$stamp") != "$sum" ]] || ! (cd / && have gradwire) || [[ $(built_from) != "$PWD" ]]; then
   echo "python-deps: pip install ./python"
   # No build isolation: setuptools is already here, so no index is needed.
   "$PY" -m pip install -q --root-user-action=ignore --no-build-isolation --no-deps --force-reinstall ./python

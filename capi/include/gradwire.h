@@ -5,7 +5,8 @@
  * Regenerate with: GW_WRITE_HEADER=1 cargo build -p gw-capi
  *
  * Link with -lgradwire (libgradwire.so or libgradwire.a; the static library
- * also needs -lpthread -ldl -lm). Every function returns a gwResult_t (except
+ * also needs -lpthread -ldl -lm, and -libverbs when built with gw-verbs'
+ * verbs feature). Every function returns a gwResult_t (except
  * the two string getters), never crashes on NULL pointers, unknown enum
  * values or destroyed handles, and never lets a Rust panic escape.
  *

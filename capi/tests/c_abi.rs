@@ -172,6 +172,8 @@ fn c_example_links_against_the_static_library() {
         .arg(manifest().join("include"))
         .arg(&a)
         .args(["-lpthread", "-ldl", "-lm"])
+        // A build with the verbs feature carries libibverbs calls.
+        .args(gw_verbs::ENABLED.then_some("-libverbs"))
         .output()
         .expect("running cc");
     assert!(
