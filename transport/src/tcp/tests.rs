@@ -386,3 +386,57 @@ fn one_sided_writes_land_with_their_immediates() {
         "{e}"
     );
 }
+
+mod put_frames {
+    use super::*;
+    use proptest::prelude::*;
+
+    /// Offsets and lengths around the regions' sizes, and far past them.
+    fn extent() -> impl Strategy<Value = u64> {
+        prop_oneof![0u64..12_000, any::<u64>()]
+    }
+
+    proptest! {
+        /// Whatever a peer's `Put` header says, the receiver either refuses
+        /// it or writes inside the one registration its key names, at the
+        /// current generation.
+        #[test]
+        fn a_put_header_never_reaches_outside_its_region(
+            index in 0u32..8,
+            generation_matches: bool,
+            imm: u32,
+            offset in extent(),
+            len in extent(),
+            sizes in proptest::collection::vec(0usize..10_000, 1..6),
+            gens in proptest::collection::vec(any::<u16>(), 6),
+        ) {
+            let mut backing: Vec<Vec<u8>> = sizes.iter().map(|&n| vec![0u8; n]).collect();
+            let mems: Vec<Option<(MemPtr, usize)>> = backing
+                .iter_mut()
+                .enumerate()
+                .map(|(i, b)| (i % 3 != 2).then(|| (MemPtr(b.as_mut_ptr()), b.len())))
+                .collect();
+            let gens = &gens[..mems.len()];
+            let g = gens.get(index as usize).copied().unwrap_or(0);
+            let g = if generation_matches { g } else { g.wrapping_add(1) };
+            let key = (u32::from(g) << 16) | index;
+            let hdr = FrameHeader {
+                offset,
+                len,
+                total: (u64::from(key) << 32) | u64::from(imm),
+                ..FrameHeader::control(FrameKind::Put, 0, 0)
+            };
+            let slot = mems.get(index as usize).copied().flatten();
+            let fits = offset.checked_add(len).is_some_and(|e| slot.is_some_and(|(_, n)| e <= n as u64));
+            match put_target(&mems, gens, hdr) {
+                Err(e) => prop_assert!(!(generation_matches && fits), "refused a good write: {e}"),
+                Ok(Rx::Put { dst, .. }) => {
+                    let (base, _) = slot.expect("a registered slot");
+                    prop_assert!(generation_matches && fits);
+                    prop_assert_eq!((dst.0 as usize - base.0 as usize) as u64, offset);
+                }
+                Ok(_) => prop_assert!(false, "not a Put state"),
+            }
+        }
+    }
+}
