@@ -414,7 +414,7 @@ mod put_frames {
             let mems: Vec<Option<(MemPtr, usize)>> = backing
                 .iter_mut()
                 .enumerate()
-                .map(|(i, b)| (i % 3 != 2).then(|| (MemPtr(b.as_mut_ptr()), b.len())))
+                .map(|(i, b)| (i % 3 != 2).then_some((MemPtr(b.as_mut_ptr()), b.len())))
                 .collect();
             let gens = &gens[..mems.len()];
             let g = gens.get(index as usize).copied().unwrap_or(0);
