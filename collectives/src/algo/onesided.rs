@@ -445,23 +445,27 @@ mod tests {
         Ok(())
     }
 
+    /// The all-reduce of `count` elements on rank `rank` of `n`.
+    fn spec(rank: usize, n: usize, count: usize, seg: usize) -> OpSpec {
+        OpSpec {
+            op: OpKind::AllReduce,
+            rank: rank as u32,
+            nranks: n as u32,
+            count,
+            root: 0,
+            segment_elems: seg,
+            depth: 1,
+            scaled: false,
+            local_size: 1,
+        }
+    }
+
     fn run(n: usize, count: usize, seg: usize, in_place: bool, seed: u64) -> Result<(), String> {
         let mut rng = StdRng::seed_from_u64(seed);
         let mut scheds = Vec::new();
         let mut mems = Vec::new();
         for r in 0..n {
-            let spec = OpSpec {
-                op: OpKind::AllReduce,
-                rank: r as u32,
-                nranks: n as u32,
-                count,
-                root: 0,
-                segment_elems: seg,
-                depth: 1,
-                scaled: false,
-                local_size: 1,
-            };
-            let s = allreduce(&spec, seg, 3).map_err(|e| e.to_string())?;
+            let s = allreduce(&spec(r, n, count, seg), seg, 3).map_err(|e| e.to_string())?;
             mems.push(Mem {
                 send: vec![0.0; count],
                 recv: vec![0.0; count],
@@ -529,18 +533,7 @@ mod tests {
     #[test]
     fn a_round_costs_two_messages_per_neighbour_whatever_the_size() {
         for (count, seg) in [(16, 4), (1 << 20, 1 << 10)] {
-            let spec = OpSpec {
-                op: OpKind::AllReduce,
-                rank: 1,
-                nranks: 4,
-                count,
-                root: 0,
-                segment_elems: seg,
-                depth: 1,
-                scaled: false,
-                local_size: 1,
-            };
-            let mut s = allreduce(&spec, seg, 0).unwrap();
+            let mut s = allreduce(&spec(1, 4, count, seg), seg, 0).unwrap();
             let (mut sends, mut writes) = (0, 0);
             while let Some(a) = s.next_action() {
                 match a {
@@ -564,17 +557,7 @@ mod tests {
 
     #[test]
     fn too_many_chunks_is_refused_so_the_caller_falls_back() {
-        let spec = OpSpec {
-            op: OpKind::AllReduce,
-            rank: 0,
-            nranks: 8,
-            count: 1 << 30,
-            root: 0,
-            segment_elems: 1,
-            depth: 1,
-            scaled: false,
-            local_size: 1,
-        };
+        let spec = spec(0, 8, 1 << 30, 1);
         let e = allreduce(&spec, 1024, 0).err().unwrap().to_string();
         assert!(e.contains("chunks"), "{e}");
         let one = OpSpec { nranks: 1, ..spec };
