@@ -244,7 +244,7 @@ struct Opts {
 
     /// Reduction of allreduce, reduce_scatter and reduce (avg needs a
     /// floating-point type); for p2p, perftest's operation: send, or write
-    /// (one-sided; needs GW_TRANSPORT=shm or ofi; read is not offered yet)
+    /// (one-sided, over any transport; read is not offered yet)
     #[arg(
         short = 'o',
         long = "op",

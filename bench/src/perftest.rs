@@ -216,7 +216,7 @@ fn run_write(
             .comm
             .put_init(send, recv, k)
             .map_err(lib("put_init", size))?;
-        for _ in 0..o.warmup.min(1) {
+        if o.warmup > 0 {
             put.start()
                 .and_then(|_| put.wait())
                 .map_err(lib("warm-up", size))?;

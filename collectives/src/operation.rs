@@ -142,10 +142,11 @@ pub(crate) enum Plan {
     /// engine keeps that one instead when every peer it talks to is reached
     /// by a transport with one-sided writes (done in hardware, with
     /// `offloaded_only`), registers and publishes its window, and says so
-    /// in `out`.
+    /// in `out`. Without a two-sided `sched` to fall back on (a put), not
+    /// being able to is an error naming the peer.
     Prepare {
         id: u64,
-        sched: Box<dyn Schedule>,
+        sched: Option<Box<dyn Schedule>>,
         one_sided: Option<Box<dyn Schedule>>,
         offloaded_only: bool,
         out: Arc<Mutex<Published>>,

@@ -128,7 +128,7 @@ impl Communicator {
         let ring_ok = forced.is_none_or(|a| a == Algo::Ring);
         let mode = self.config().one_sided.value;
         let all_reduce = op.kind == OpKind::AllReduce;
-        let one_sided = if mode != OneSided::Never && ring_ok && all_reduce && self.size() > 1 {
+        let mut one_sided = if mode != OneSided::Never && ring_ok && all_reduce && self.size() > 1 {
             let seg = (ONE_SIDED_SEGMENT_BYTES / kernel.dtype.size()).max(1);
             // Named the same on every rank: the collective sequence number
             // is, at init (the process-wide `id` is not).
@@ -144,6 +144,9 @@ impl Communicator {
             None
         };
         let peers = peers_of(sched.as_mut());
+        // Whom the one-sided schedule writes to and hears from: whom its
+        // descriptors go to (the engine rewinds it).
+        let os_peers = one_sided.as_mut().map(|s| peers_of(s.as_mut()));
         if !sched.reset() {
             return Err(Error::Internal(format!(
                 "the {} schedule cannot be rewound, so it cannot be persistent",
@@ -166,11 +169,11 @@ impl Communicator {
             recv_bytes,
         };
         let offloaded_only = mode == OneSided::Auto;
-        let (p, published) = self.prepare_plan(parts, sched, one_sided, offloaded_only)?;
+        let (p, published) = self.prepare_plan(parts, Some(sched), one_sided, offloaded_only)?;
         let shaken = if published.one_sided {
             tracing::debug!("persistent all-reduce {id}: one-sided ring");
-            self.exchange_regions(&p, &published, &ring_neighbours(self.rank(), self.size()))
-                .map(|_| ())
+            let os_peers = os_peers.unwrap_or_default();
+            self.exchange_regions(&p, &published, &os_peers).map(|_| ())
         } else {
             self.handshake(&p, &peers)
         };
@@ -186,7 +189,7 @@ impl Communicator {
     pub(crate) fn prepare_plan(
         &self,
         parts: Parts,
-        sched: Box<dyn Schedule>,
+        sched: Option<Box<dyn Schedule>>,
         one_sided: Option<Box<dyn Schedule>>,
         offloaded_only: bool,
     ) -> Result<(RawPersistent, Published)> {
@@ -332,16 +335,6 @@ pub(crate) struct Parts {
 /// A new persistent operation's id, process-wide.
 pub(crate) fn next_id() -> u64 {
     NEXT_ID.fetch_add(1, Ordering::Relaxed)
-}
-
-/// The ranks a ring member talks to, in rank order.
-fn ring_neighbours(rank: Rank, n: u32) -> Vec<Rank> {
-    if n == 2 {
-        return vec![(rank + 1) % n];
-    }
-    let mut v = vec![(rank + n - 1) % n, (rank + 1) % n];
-    v.sort_unstable();
-    v
 }
 
 /// Every peer `sched` sends to or receives from, in rank order, found by

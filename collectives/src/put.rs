@@ -41,8 +41,9 @@ impl Communicator {
     /// peer's writes into this rank's `recv`. Either may be empty (a rank
     /// that only sends, or only receives); a non-empty `send` must be as
     /// long as the peer's `recv`. Both ranks call it, in the same order
-    /// relative to their collectives. Needs a transport with one-sided
-    /// writes (`GW_TRANSPORT=shm` or `ofi`).
+    /// relative to their collectives. Needs one-sided writes to the peer,
+    /// which every transport has (TCP's emulated over the stream); the
+    /// engine refuses otherwise, naming the transport.
     pub fn put_init<'a>(
         &'a self,
         send: &'a [u8],
@@ -94,22 +95,14 @@ impl Communicator {
             send_bytes: send.len(),
             recv_bytes: recv.len(),
         };
-        // The two-sided plan is never chosen when the transport has
-        // one-sided writes (`offloaded_only` is false); without them the
-        // request is refused below.
-        let fallback = algo::onesided::put(peer, 0, 0, 1, 1, window)?;
-        let (raw, published) = self.prepare_plan(parts, fallback, Some(sched), false)?;
+        // No two-sided plan to fall back on: a transport without one-sided
+        // writes is refused by the engine, naming the peer.
+        let (raw, published) = self.prepare_plan(parts, None, Some(sched), false)?;
         let put = PersistentPut {
             comm: self,
             raw,
             _bufs: PhantomData,
         };
-        if !published.one_sided {
-            return Err(Error::InvalidUsage(format!(
-                "put_init: the transport to rank {peer} has no one-sided writes (GW_TRANSPORT={} ; shm and ofi have them)",
-                self.config().transport.value.name()
-            )));
-        }
         let remotes = self.exchange_regions(&put.raw, &published, &[peer])?;
         let d = remotes[peer as usize];
         // The peer's receive buffer, and what it writes a round.

@@ -69,8 +69,8 @@ pub(super) struct Prepared {
     window_handles: Vec<Option<MemHandle>>,
     /// Per peer: its published (recv, window) regions, once attached.
     remotes: Vec<Option<(RemoteRegion, RemoteRegion)>>,
-    /// Rounds started so far.
-    rounds: u32,
+    /// Rounds started so far (mod 256, as immediates carry them).
+    rounds: u8,
 }
 
 impl Engine {
@@ -82,7 +82,7 @@ impl Engine {
         &mut self,
         op: &OpDesc,
         id: u64,
-        sched: Box<dyn Schedule>,
+        sched: Option<Box<dyn Schedule>>,
         one_sided: Option<(Box<dyn Schedule>, bool)>,
         out: &Arc<Mutex<Published>>,
     ) -> Result<()> {
@@ -91,18 +91,37 @@ impl Engine {
                 "persistent operation {id} prepared twice"
             )));
         }
-        let (sched, chosen) = match one_sided {
+        // The first peer the one-sided schedule cannot write to, if any.
+        let mut unreachable = None;
+        let one_sided = match one_sided {
             Some((mut os, offloaded_only)) => {
                 let peers = super::super::persistent::peers_of(os.as_mut());
-                let ok = os.reset()
-                    && peers.iter().all(|&p| {
-                        self.route.get(p as usize).is_some_and(|&t| {
-                            self.one_sided[t] && (self.offloaded[t] || !offloaded_only)
-                        })
-                    });
-                if ok { (os, true) } else { (sched, false) }
+                if !os.reset() {
+                    return Err(Error::Internal(format!(
+                        "persistent operation {id}'s one-sided schedule cannot be rewound"
+                    )));
+                }
+                unreachable = peers.into_iter().find(|&p| {
+                    !self.route.get(p as usize).is_some_and(|&t| {
+                        self.one_sided[t] && (self.offloaded[t] || !offloaded_only)
+                    })
+                });
+                unreachable.is_none().then_some(os)
             }
-            None => (sched, false),
+            None => None,
+        };
+        let (sched, chosen) = match (one_sided, sched) {
+            (Some(os), _) => (os, true),
+            (None, Some(s)) => (s, false),
+            (None, None) => {
+                let peer = unreachable.map_or("a peer".into(), |p| format!("rank {p}"));
+                let how = unreachable
+                    .and_then(|p| self.route.get(p as usize))
+                    .map_or("?", |&t| self.transports[t].properties().name);
+                return Err(Error::InvalidUsage(format!(
+                    "persistent operation {id} needs one-sided writes, and the transport to {peer} ({how}) has none"
+                )));
+            }
         };
         self.ensure_scratch(sched.scratch_elems() * op.kernel.dtype.size())?;
         let mut handles = Vec::with_capacity(self.transports.len());
@@ -346,7 +365,7 @@ impl Engine {
         }
         p.rounds = p.rounds.wrapping_add(1);
         let window = (Ptr(p.window.as_mut_ptr().cast::<u8>()), p.window.len() * 8);
-        Ok((sched, window, p.rounds as u8))
+        Ok((sched, window, p.rounds))
     }
 
     /// Gives a finished round's schedule back to its entry.

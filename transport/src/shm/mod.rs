@@ -248,8 +248,8 @@ struct Peer {
     sent_eager: u64,
     /// Control frames (`Cts`, `Imm`) waiting for room in the peer's ring.
     ctl: VecDeque<[u8; HEADER_LEN]>,
-    /// Control frames queued and pushed into the ring so far.
-    ctl_queued: u64,
+    /// Control frames pushed into the ring so far (those queued are these
+    /// and `ctl`).
     ctl_pushed: u64,
     /// One-sided writes whose `Imm` frame is queued: (its number among
     /// the control frames, the request). A write is complete only once
@@ -283,10 +283,11 @@ struct Peer {
 }
 
 impl Peer {
+    /// Queues control frame `h`; returns its number among the control
+    /// frames (pushed ones first).
     fn queue_ctl(&mut self, h: [u8; HEADER_LEN]) -> u64 {
         self.ctl.push_back(h);
-        self.ctl_queued += 1;
-        self.ctl_queued - 1
+        self.ctl_pushed + self.ctl.len() as u64 - 1
     }
 
     fn who(&self) -> String {
@@ -407,7 +408,6 @@ impl ShmTransport {
                 next_announce: 0,
                 sent_eager: 0,
                 ctl: VecDeque::with_capacity(crate::seam::POSTED_RESERVED),
-                ctl_queued: 0,
                 ctl_pushed: 0,
                 imm_reqs: VecDeque::with_capacity(crate::seam::POSTED_RESERVED),
                 // Its buffers are made when the connection is.
