@@ -156,6 +156,9 @@ impl Endpoint {
     /// (`FI_CQ_FORMAT_DATA`, `FI_WAIT_FD` when asked for and allowed,
     /// else `FI_WAIT_NONE`) and an `FI_AV_TABLE` address vector.
     pub fn open(domain: &Domain, config: &EpConfig) -> Result<Endpoint> {
+        // A dead process with this pid may have left shm regions that
+        // would make fi_enable fail with EBUSY (see `stale.rs`).
+        crate::stale::remove_leftovers();
         let d = &domain.core;
         let info = d.info();
         let queue = |n: usize| n.clamp(64, MAX_CTX_PER_QUEUE);

@@ -29,6 +29,7 @@ mod ffi;
 mod flags;
 mod info;
 mod mr;
+mod stale;
 
 pub use cache::RegCache;
 pub use endpoint::{Completion, Endpoint, EpConfig, FiAddr, Remote};
