@@ -23,6 +23,7 @@ const USAGE: &str = "\
 gwrun -n N gwbench COLLECTIVE [OPTIONS]
        gwrun -n 2 gwbench p2p [OPTIONS]
        gwrun -n 2 gwbench calibrate
+       gwbench model --model NAME|FILE --cluster NAME|FILE [OPTIONS]
        gwbench completions SHELL";
 
 /// What the flags' one-line help cannot say: how to read the output, and the
@@ -139,6 +140,9 @@ enum Sub {
     /// reduction (on 2 ranks), and write them where rank 0 of every later job
     /// reads them (GW_MODEL_FILE, else ~/.cache/gradwire/model)
     Calibrate,
+    /// Predict a synchronized SGD step of a model on a cluster (no ranks,
+    /// no network: the performance model)
+    Model(ModelOpts),
     /// Print a completion script for SHELL on stdout
     Completions {
         #[arg(value_enum)]
@@ -150,6 +154,7 @@ impl Sub {
     fn name(&self) -> &'static str {
         match self {
             Sub::Calibrate => "calibrate",
+            Sub::Model(_) => "model",
             Sub::Completions { .. } => "completions",
         }
     }
@@ -454,7 +459,47 @@ pub enum Command {
     Coll(CollOpts),
     P2p(P2pOpts),
     Calibrate,
+    Model(ModelOpts),
     Completions(Shell),
+}
+
+/// `gwbench model`'s flags.
+#[derive(Clone, Debug, PartialEq, Args)]
+pub struct ModelOpts {
+    /// A model file, or a shipped model: resnet50, resnet101, vgg16,
+    /// bert-base, gpt2-small (needed unless --allreduce is given)
+    #[arg(long, value_name = "FILE|NAME")]
+    pub model: Option<String>,
+    /// A cluster file, or a shipped cluster: reference, 10k, gavel, goyal
+    #[arg(long, value_name = "FILE|NAME")]
+    pub cluster: String,
+    /// Samples per step over all devices (default: the model's batch per
+    /// device times the devices)
+    #[arg(long, value_name = "B", value_parser = clap::value_parser!(u64).range(1..))]
+    pub global_batch: Option<u64>,
+    /// How local batches are chosen: optperf (all ranks finish together) or
+    /// even shares
+    #[arg(long, value_enum, default_value = "optperf")]
+    pub planner: PlannerArg,
+    /// The all-reduce algorithm for every bucket; auto: the live chooser's
+    #[arg(long, value_name = "ALGO", default_value = "auto", value_parser = PossibleValuesParser::new(["auto", "ring", "tree", "rhd", "hier", "rd"]))]
+    pub algo: String,
+    /// DDP's bucket cap (the first bucket is capped at 1M, as DDP does)
+    #[arg(long, value_name = "N", default_value = "25M", value_parser = parse_size)]
+    pub bucket_bytes: usize,
+    /// Predict only all-reduces of these sizes over every device of the
+    /// cluster (comma-separated), with nccl-tests' algbw and busbw
+    #[arg(long, value_name = "SIZES", value_delimiter = ',', value_parser = parse_size)]
+    pub allreduce: Vec<usize>,
+    /// One JSON object instead of the table
+    #[arg(long)]
+    pub json: bool,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+pub enum PlannerArg {
+    Optperf,
+    Even,
 }
 
 /// A command-line mistake; the text completes `gwbench: error: `.
@@ -605,7 +650,7 @@ pub fn parse<S: Into<OsString>>(args: impl IntoIterator<Item = S>) -> Result<Com
             .map(|v| v.get_name().to_owned())
             .collect();
         return err(format!(
-            "missing COLLECTIVE ({}) or command (calibrate, completions); see gwbench --help",
+            "missing COLLECTIVE ({}) or command (calibrate, model, completions); see gwbench --help",
             names.join(", ")
         ));
     }
@@ -637,6 +682,17 @@ pub fn parse<S: Into<OsString>>(args: impl IntoIterator<Item = S>) -> Result<Com
     }
     match cli.sub {
         Some(Sub::Calibrate) => return Ok(Command::Calibrate),
+        Some(Sub::Model(m)) => {
+            if m.model.is_none() && m.allreduce.is_empty() {
+                return err(
+                    "model: give --model FILE|NAME, or --allreduce SIZES; see gwbench model --help",
+                );
+            }
+            if m.bucket_bytes == 0 {
+                return err("model: --bucket-bytes must be at least 1");
+            }
+            return Ok(Command::Model(m));
+        }
         Some(Sub::Completions { shell }) => return Ok(Command::Completions(shell)),
         None => {}
     }

@@ -14,6 +14,7 @@
 mod args;
 mod calibrate;
 mod check;
+mod model;
 mod nccl;
 mod p2p;
 mod perftest;
@@ -101,6 +102,15 @@ fn main() -> ExitCode {
                 Err(e) => die(rank, false, EXIT_WRONG, &format!("calibrate: {e}")),
             };
         }
+        args::Command::Model(o) => {
+            return match model::run(&o) {
+                Ok(out) => {
+                    print!("{out}");
+                    ExitCode::SUCCESS
+                }
+                Err(e) => die(rank, false, EXIT_WRONG, &format!("model: {e}")),
+            };
+        }
         args::Command::Coll(_) | args::Command::P2p(_) => {}
     }
     let comm = match Communicator::from_env() {
@@ -118,9 +128,10 @@ fn main() -> ExitCode {
     let result = match &cmd {
         args::Command::Coll(o) => nccl::run(&comm, o),
         args::Command::P2p(o) => p2p::run(&comm, o),
-        args::Command::Help(_) | args::Command::Completions(_) | args::Command::Calibrate => {
-            Ok(true)
-        }
+        args::Command::Help(_)
+        | args::Command::Completions(_)
+        | args::Command::Calibrate
+        | args::Command::Model(_) => Ok(true),
     };
     match result {
         Ok(true) => ExitCode::SUCCESS,

@@ -134,6 +134,147 @@ fn ceil_log2(n: usize) -> u32 {
     usize::BITS - (n.max(1) - 1).leading_zeros()
 }
 
+/// One level of a hierarchy: groups of `ranks` ranks joined by `link`
+/// (innermost level first: the ranks of a host, then the hosts of a rack, …).
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Level {
+    pub link: Link,
+    pub ranks: usize,
+}
+
+/// Predicted seconds of a flat all-reduce (ring, rhd, tree or rd) of `bytes`
+/// over `n` ranks on `link`; hier is not flat and costs infinity here.
+pub fn predict_flat(link: Link, gamma: f64, n: usize, algo: Algo, bytes: usize) -> f64 {
+    if n <= 1 {
+        return 0.0;
+    }
+    let Link { alpha, beta } = link;
+    let s = bytes as f64;
+    let nf = n as f64;
+    let spread = (nf - 1.0) / nf;
+    match algo {
+        Algo::Ring => 2.0 * (nf - 1.0) * alpha + 2.0 * spread * s * beta + spread * s * gamma,
+        Algo::Rhd => {
+            let steps = ceil_log2(n) as f64;
+            2.0 * steps * alpha + 2.0 * spread * s * beta + spread * s * gamma
+        }
+        Algo::Tree => {
+            let d = ceil_log2(n) as f64;
+            2.0 * d * (alpha + s * beta) + d * s * gamma
+        }
+        Algo::Rd => {
+            // log2 p exchanges of everything, plus a fold and a
+            // hand-back when n is not a power of two.
+            let p = 1usize << (usize::BITS - 1 - n.leading_zeros());
+            let rounds = p.trailing_zeros() as f64;
+            let fold = if p == n {
+                0.0
+            } else {
+                2.0 * (alpha + s * beta) + s * gamma
+            };
+            rounds * (alpha + s * beta + s * gamma) + fold
+        }
+        Algo::Hier => f64::INFINITY,
+    }
+}
+
+/// Predicted seconds of a hierarchical all-reduce of `bytes` over `levels`
+/// (innermost first). Every level but the last reduce-scatters its share
+/// in rings of `ranks` and all-gathers it again at the end; the last level
+/// all-reduces what is left, which is the same ring cost. A level of `g`
+/// ranks holding a share `s` costs `2(g−1)(α + s/g·β) + (g−1)/g·s·γ`, and
+/// passes `s/g` up. With two levels this is the module comment's hier.
+pub fn predict_levels(levels: &[Level], gamma: f64, bytes: usize) -> f64 {
+    let mut share = bytes as f64;
+    let mut total = 0.0;
+    for &l in levels {
+        let (rs, ag) = level_phases(l, gamma, share);
+        total += rs + ag;
+        share /= l.ranks.max(1) as f64;
+    }
+    total
+}
+
+/// The two halves of one level of [`predict_levels`] for a group holding
+/// `share` bytes: the reduce-scatter, `(g−1)(α + s/g·β) + (g−1)/g·s·γ`,
+/// and the all-gather, `(g−1)(α + s/g·β)`.
+pub fn level_phases(level: Level, gamma: f64, share: f64) -> (f64, f64) {
+    let g = level.ranks.max(1) as f64;
+    let hop = (g - 1.0) * (level.link.alpha + share / g * level.link.beta);
+    (hop + (g - 1.0) / g * share * gamma, hop)
+}
+
+/// The links a flat algorithm crosses. A ring sends one flow over each
+/// host boundary; rhd, tree and rd pair ranks across hosts at once, so every
+/// rank of a host may share its network link. The live communicator, whose
+/// model has one link per kind, passes the same link for both.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct FlatLinks {
+    pub ring: Link,
+    pub others: Link,
+}
+
+impl FlatLinks {
+    pub fn same(link: Link) -> FlatLinks {
+        FlatLinks {
+            ring: link,
+            others: link,
+        }
+    }
+
+    pub fn of(&self, algo: Algo) -> Link {
+        if algo == Algo::Ring {
+            self.ring
+        } else {
+            self.others
+        }
+    }
+}
+
+/// The fastest algorithm for `bytes` over `n` ranks and its predicted time:
+/// the flat algorithms costed over `flat` (the slowest links they cross),
+/// hier over `levels` when given. Ties go to the earlier of rd, rhd, tree,
+/// ring; the tree never on two ranks (it only adds a hop to the ring), rhd
+/// only on powers of two from 4 ranks up. Hier competes only where at least
+/// two levels have several ranks each (elsewhere it is a flat ring), and
+/// wins only when strictly faster. The live communicator and `gwbench
+/// model` both choose through here.
+pub fn choose_on(
+    flat: FlatLinks,
+    levels: Option<&[Level]>,
+    gamma: f64,
+    n: usize,
+    bytes: usize,
+) -> (Algo, f64) {
+    let mut best = (
+        Algo::Ring,
+        predict_flat(flat.ring, gamma, n, Algo::Ring, bytes),
+    );
+    let mut candidates = if n <= 2 {
+        vec![Algo::Rd]
+    } else {
+        vec![Algo::Rd, Algo::Tree]
+    };
+    if n >= 4 && n.is_power_of_two() {
+        candidates.insert(1, Algo::Rhd);
+    }
+    for a in candidates.into_iter().rev() {
+        let t = predict_flat(flat.of(a), gamma, n, a, bytes);
+        if t <= best.1 {
+            best = (a, t);
+        }
+    }
+    if let Some(levels) = levels
+        && levels.iter().filter(|l| l.ranks > 1).count() > 1
+    {
+        let t = predict_levels(levels, gamma, bytes);
+        if t < best.1 {
+            best = (Algo::Hier, t);
+        }
+    }
+    best
+}
+
 impl CostModel {
     pub fn link(&self, kind: LinkKind) -> Link {
         match kind {
@@ -142,99 +283,48 @@ impl CostModel {
         }
     }
 
+    /// Hier's two levels on `shape`: the ranks of a host over the intra-host
+    /// link, then the hosts over the slowest link; None without a layout.
+    fn levels(&self, shape: Shape) -> Option<[Level; 2]> {
+        shape.grid().map(|(hosts, local)| {
+            [
+                Level {
+                    link: self.link(shape.intra),
+                    ranks: local,
+                },
+                Level {
+                    link: self.link(shape.link),
+                    ranks: hosts,
+                },
+            ]
+        })
+    }
+
     /// Predicted seconds of an all-reduce of `bytes` on `shape`; infinite for
     /// hier where the shape has no host layout.
     pub fn predict(&self, shape: Shape, algo: Algo, bytes: usize) -> f64 {
-        let n = shape.n;
-        if n <= 1 {
-            return 0.0;
-        }
-        let Link { alpha, beta } = self.link(shape.link);
-        let s = bytes as f64;
-        let nf = n as f64;
-        let spread = (nf - 1.0) / nf;
         match algo {
-            Algo::Ring => {
-                2.0 * (nf - 1.0) * alpha + 2.0 * spread * s * beta + spread * s * self.gamma
-            }
-            Algo::Rhd => {
-                let steps = ceil_log2(n) as f64;
-                2.0 * steps * alpha + 2.0 * spread * s * beta + spread * s * self.gamma
-            }
-            Algo::Tree => {
-                let d = ceil_log2(n) as f64;
-                2.0 * d * (alpha + s * beta) + d * s * self.gamma
-            }
-            Algo::Rd => {
-                // log2 p exchanges of everything, plus a fold and a
-                // hand-back when n is not a power of two.
-                let p = 1usize << (usize::BITS - 1 - n.leading_zeros());
-                let rounds = p.trailing_zeros() as f64;
-                let fold = if p == n {
-                    0.0
-                } else {
-                    2.0 * (alpha + s * beta) + s * self.gamma
-                };
-                rounds * (alpha + s * beta + s * self.gamma) + fold
-            }
-            Algo::Hier => match shape.grid() {
-                Some((hosts, local)) => self.predict_hier(shape, hosts, local, bytes),
+            Algo::Hier => match self.levels(shape) {
+                Some(_) if shape.n <= 1 => 0.0,
+                Some(l) => predict_levels(&l, self.gamma, bytes),
                 None => f64::INFINITY,
             },
+            flat => predict_flat(self.link(shape.link), self.gamma, shape.n, flat, bytes),
         }
     }
 
-    /// Hier on `hosts` hosts of `local` ranks (see the module comment).
-    fn predict_hier(&self, shape: Shape, hosts: usize, local: usize, bytes: usize) -> f64 {
-        let (i, o) = (self.link(shape.intra), self.link(shape.link));
-        let s = bytes as f64;
-        let (h, l) = (hosts as f64, local as f64);
-        let share = s / l;
-        let within = 2.0 * (l - 1.0) * (i.alpha + share * i.beta) + (l - 1.0) / l * s * self.gamma;
-        let across = 2.0 * (h - 1.0) * o.alpha
-            + 2.0 * (h - 1.0) / h * share * o.beta
-            + (h - 1.0) / h * share * self.gamma;
-        within + across
-    }
-
-    /// The fastest algorithm for `bytes` on `shape` and its predicted time.
-    /// Ties go to the earlier of rd, rhd, tree, ring; rhd only on powers of two
-    /// from 4 ranks up. Hier competes only where the ranks span several hosts
-    /// with several ranks on each (elsewhere it is a flat ring), and wins
-    /// only when strictly faster.
+    /// The fastest algorithm for `bytes` on `shape` and its predicted time
+    /// (see [`choose_on`]).
     pub fn choose(&self, shape: Shape, bytes: usize) -> (Algo, f64) {
-        let best = self.choose_flat(shape, bytes);
-        match shape.grid() {
-            Some((hosts, local)) if hosts > 1 && local > 1 => {
-                let t = self.predict(shape, Algo::Hier, bytes);
-                if t < best.1 { (Algo::Hier, t) } else { best }
-            }
-            _ => best,
-        }
+        let levels = self.levels(shape);
+        choose_on(
+            FlatLinks::same(self.link(shape.link)),
+            levels.as_ref().map(|l| &l[..]),
+            self.gamma,
+            shape.n,
+            bytes,
+        )
     }
-
-    fn choose_flat(&self, shape: Shape, bytes: usize) -> (Algo, f64) {
-        let n = shape.n;
-        let mut best = (Algo::Ring, self.predict(shape, Algo::Ring, bytes));
-        // On two ranks the tree only adds a hop to the ring; rd (one
-        // exchange) still saves one for small messages.
-        let mut candidates = if n <= 2 {
-            vec![Algo::Rd]
-        } else {
-            vec![Algo::Rd, Algo::Tree]
-        };
-        if n >= 4 && n.is_power_of_two() {
-            candidates.insert(1, Algo::Rhd);
-        }
-        for a in candidates.into_iter().rev() {
-            let t = self.predict(shape, a, bytes);
-            if t <= best.1 {
-                best = (a, t);
-            }
-        }
-        best
-    }
-
     /// What calibration files hold and rank 0 publishes at init: JSON,
     /// `{"gradwire_model":1,"tcp":{"alpha":…,"beta":…},"shm":{…},"gamma":…}`,
     /// with every number written so that it reads back bit for bit.
@@ -470,6 +560,59 @@ mod tests {
         assert_eq!(
             m.predict(Shape::flat(LinkKind::Tcp, 4), Algo::Hier, 100),
             f64::INFINITY
+        );
+    }
+
+    #[test]
+    fn three_levels_cost_what_a_hand_worked_case_says() {
+        let l = |alpha: f64, beta: f64, ranks| Level {
+            link: Link { alpha, beta },
+            ranks,
+        };
+        // 8 per node, 4 nodes per rack, 2 racks, 64 MB: each level rings
+        // over its share and passes an 1/g of it up.
+        let levels = [l(1e-6, 1e-11, 8), l(5e-6, 1e-10, 4), l(2e-5, 4e-10, 2)];
+        let (s, g) = (64e6, 1e-11);
+        let node = 14.0 * (1e-6 + s / 8.0 * 1e-11) + 7.0 / 8.0 * s * g;
+        let s2 = s / 8.0;
+        let rack = 6.0 * (5e-6 + s2 / 4.0 * 1e-10) + 3.0 / 4.0 * s2 * g;
+        let s3 = s2 / 4.0;
+        let spine = 2.0 * (2e-5 + s3 / 2.0 * 4e-10) + 0.5 * s3 * g;
+        let t = predict_levels(&levels, g, 64_000_000);
+        assert!((t - (node + rack + spine)).abs() < 1e-12, "{t}");
+        // Two levels are the communicator's hier, exactly.
+        let m = CostModel::default();
+        let two = [
+            Level {
+                link: m.shm,
+                ranks: 3,
+            },
+            Level {
+                link: m.tcp,
+                ranks: 2,
+            },
+        ];
+        assert_eq!(
+            predict_levels(&two, m.gamma, 6_000_000),
+            m.predict(grid(2, 3), Algo::Hier, 6_000_000)
+        );
+        // 64 ranks: hier beats every flat algorithm over the slowest link.
+        assert_eq!(
+            choose_on(
+                FlatLinks::same(levels[2].link),
+                Some(&levels),
+                g,
+                64,
+                64_000_000
+            )
+            .0,
+            Algo::Hier
+        );
+        // A single level with ranks is no hierarchy.
+        let flat = [l(1e-6, 1e-11, 8), l(5e-6, 1e-10, 1)];
+        assert_ne!(
+            choose_on(FlatLinks::same(flat[0].link), Some(&flat), g, 8, 64_000_000).0,
+            Algo::Hier
         );
     }
 
