@@ -3,10 +3,12 @@
 //! The model (`gw_collectives::model`) prices a 2-rank ring all-reduce of S
 //! bytes at `2α + S·β + S/2·γ`, so timing that all-reduce at 8 B and at
 //! 8 MiB over each transport gives α and β directly, in the same terms the
-//! algorithm choice uses; γ comes from timing the reduction kernel alone.
+//! algorithm choice uses; the same solve at six sizes from 64 KiB to 64 MiB
+//! gives β's curve over size (cache-resident messages are cheaper per
+//! byte); γ comes from timing the reduction kernel alone.
 //! Rank 0 writes the result to the file every later job's rank 0 reads.
 
-use gw_collectives::model::{CostModel, Link};
+use gw_collectives::model::{CostModel, Curve, Link};
 use gw_collectives::reduce::Kernel;
 use gw_collectives::{
     Algo, CommKey, Communicator, Config, DType, LaunchEnv, OpKind, RawOp, RedOp, TransportChoice,
@@ -15,15 +17,17 @@ use std::time::Instant;
 
 const BIG: usize = 8 << 20;
 
-/// Median seconds of `iters` calls of a 2-rank ring all-reduce of `bytes`.
-fn time_all_reduce(comm: &Communicator, bytes: usize, iters: usize) -> Result<f64, String> {
+/// Seconds per call of a 2-rank ring all-reduce of `bytes`, timed as
+/// gwbench times it: `calls` back to back after a barrier (and as many
+/// before it, untimed), per call, the
+/// slower rank's figure, median of [`REPS`] such loops. (Timing single
+/// calls after a barrier measures waking a sleeping peer as much as
+/// moving bytes, 3× too slow for 1 MiB over TCP.)
+fn time_all_reduce(comm: &Communicator, bytes: usize, calls: usize) -> Result<f64, String> {
     let n = bytes / 4;
     let send = vec![1.0f32; n];
     let mut recv = vec![0.0f32; n];
-    let mut times = Vec::with_capacity(iters);
-    for i in 0..iters + 3 {
-        comm.barrier().map_err(|e| format!("barrier: {e}"))?;
-        let t0 = Instant::now();
+    let mut one = || {
         let op = RawOp {
             kind: OpKind::AllReduce,
             dtype: DType::F32,
@@ -34,20 +38,32 @@ fn time_all_reduce(comm: &Communicator, bytes: usize, iters: usize) -> Result<f6
             recv: recv.as_mut_ptr().cast(),
             weight: None,
         };
-        // SAFETY: both buffers outlive the wait below.
+        // SAFETY: both buffers outlive the wait inside run_raw.
         unsafe { comm.run_raw(op, Some(Algo::Ring)) }
-            .map_err(|e| format!("all-reduce of {bytes} B: {e}"))?;
-        if i >= 3 {
-            times.push(t0.elapsed().as_secs_f64());
-        }
+            .map_err(|e| format!("all-reduce of {bytes} B: {e}"))
+    };
+    // As many warm-up calls as timed ones: TCP grows its windows, and the
+    // pages of both buffers get mapped, before anything counts.
+    for _ in 0..calls.max(2) {
+        one()?;
     }
-    // The slower rank's time is the collective's.
+    let mut times = Vec::with_capacity(REPS);
+    for _ in 0..REPS {
+        comm.barrier().map_err(|e| format!("barrier: {e}"))?;
+        let t0 = Instant::now();
+        for _ in 0..calls {
+            one()?;
+        }
+        times.push(t0.elapsed().as_secs_f64() / calls as f64);
+    }
     let mut worst = vec![0.0f64; times.len()];
     comm.all_reduce(&times, &mut worst, RedOp::Max)
         .map_err(|e| format!("all-reduce of the timings: {e}"))?;
     worst.sort_by(f64::total_cmp);
     Ok(worst[worst.len() / 2])
 }
+
+const REPS: usize = 7;
 
 /// γ: seconds per byte of a three-operand f32 sum, median of several runs.
 fn measure_gamma() -> Result<f64, String> {
@@ -78,7 +94,18 @@ fn measure_gamma() -> Result<f64, String> {
     Ok(t[t.len() / 2] / BIG as f64)
 }
 
-fn link(choice: TransportChoice, gamma: f64) -> Result<Link, String> {
+/// Sizes at which β is measured for the link's curve, with iterations
+/// fixed per size (every rank must run the same number).
+const CURVE: [(usize, usize); 6] = [
+    (64 << 10, 200),
+    (256 << 10, 100),
+    (1 << 20, 40),
+    (4 << 20, 12),
+    (16 << 20, 4),
+    (64 << 20, 2),
+];
+
+fn link(choice: TransportChoice, gamma: f64) -> Result<(Link, Curve), String> {
     let mut cfg = Config::default();
     cfg.transport.set(choice);
     let env = LaunchEnv::from_env().map_err(|e| e.to_string())?;
@@ -87,8 +114,8 @@ fn link(choice: TransportChoice, gamma: f64) -> Result<Link, String> {
     if comm.size() != 2 {
         return Err(format!("run it on exactly 2 ranks, not {}", comm.size()));
     }
-    let small = time_all_reduce(&comm, 8, 200)?;
-    let big = time_all_reduce(&comm, BIG, 10)?;
+    let small = time_all_reduce(&comm, 8, 100)?;
+    let big = time_all_reduce(&comm, BIG, 4)?;
     let alpha = small / 2.0;
     let beta = ((big - 2.0 * alpha - BIG as f64 / 2.0 * gamma) / BIG as f64).max(1e-12);
     if comm.rank() == 0 {
@@ -103,14 +130,36 @@ fn link(choice: TransportChoice, gamma: f64) -> Result<Link, String> {
             1e-9 / beta
         );
     }
-    Ok(Link { alpha, beta })
+    // The same solve at each size: what β makes the model's 2-rank ring
+    // take the measured time there.
+    let mut points = Vec::with_capacity(CURVE.len());
+    for (bytes, iters) in CURVE {
+        let t = time_all_reduce(&comm, bytes, iters)?;
+        let b = ((t - 2.0 * alpha - bytes as f64 / 2.0 * gamma) / bytes as f64).max(1e-13);
+        points.push((bytes as u64, b));
+    }
+    if comm.rank() == 0 {
+        let shown: Vec<String> = points
+            .iter()
+            .map(|&(s, b)| format!("{}K {:.2}", s >> 10, 1e-9 / b))
+            .collect();
+        println!("# {:>4}: GB/s by size: {}", choice.name(), shown.join(", "));
+    }
+    let curve = Curve::new(&points).map_err(|e| format!("{}: curve: {e}", choice.name()))?;
+    Ok((Link { alpha, beta }, curve))
 }
 
 pub fn run() -> Result<(), String> {
     let gamma = measure_gamma()?;
-    let tcp = link(TransportChoice::Tcp, gamma)?;
-    let shm = link(TransportChoice::Shm, gamma)?;
-    let model = CostModel { tcp, shm, gamma };
+    let (tcp, tcp_curve) = link(TransportChoice::Tcp, gamma)?;
+    let (shm, shm_curve) = link(TransportChoice::Shm, gamma)?;
+    let model = CostModel {
+        tcp,
+        shm,
+        gamma,
+        tcp_curve,
+        shm_curve,
+    };
     let env = LaunchEnv::from_env().map_err(|e| e.to_string())?;
     if env.rank != 0 {
         return Ok(());

@@ -604,3 +604,89 @@ fn completions_and_subcommand_help_without_a_launcher() {
     let top = run(&gwbench(), &["--help"]);
     assert!(top.stdout.contains("completions"), "{}", top.all());
 }
+
+/// `GW_TRACE`: both ranks append to one Chrome trace that a JSON reader
+/// accepts once the optional `]` is added, with every collective and,
+/// inside each, its sends and receives to the other rank.
+#[test]
+fn trace_file_holds_every_ranks_collectives_and_transfers() {
+    let dir = std::env::temp_dir().join(format!("gw-trace-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let path = dir.join("trace.json");
+    std::fs::write(&path, "left over from an earlier run").unwrap();
+    let var = format!("GW_TRACE={}", path.display());
+    let bench = gwbench();
+    let r = run(
+        &gwrun(),
+        &[
+            "-n",
+            "2",
+            "env",
+            &var,
+            bench.to_str().unwrap(),
+            "allreduce",
+            "-b",
+            "64K",
+            "-e",
+            "256K",
+            "-f",
+            "4",
+            "-n",
+            "3",
+            "-w",
+            "1",
+        ],
+    );
+    assert_eq!(r.code, Some(0), "{}", r.all());
+    let text = std::fs::read_to_string(&path).unwrap();
+    assert!(text.starts_with("[\n"), "{}", &text[..text.len().min(200)]);
+    let json = format!("{}]", text.trim_end().trim_end_matches(','));
+    let v: serde_json::Value = serde_json::from_str(&json).expect("the trace is JSON");
+    let events = v.as_array().unwrap();
+    for rank in 0..2u64 {
+        let mine = |name: &str| -> Vec<&serde_json::Value> {
+            events
+                .iter()
+                .filter(|e| e["ph"] == "X" && e["pid"] == rank && e["name"] == name)
+                .collect()
+        };
+        let colls = mine("all_reduce");
+        // 2 sizes x 2 placements x (3 timed + 1 warm-up) at least.
+        assert!(
+            colls.len() >= 16,
+            "rank {rank}: {} all-reduces",
+            colls.len()
+        );
+        let (sends, recvs) = (mine("send"), mine("recv"));
+        assert!(!sends.is_empty() && !recvs.is_empty(), "rank {rank}");
+        // Every operation, barriers included, on the collectives lane.
+        let ops: Vec<&serde_json::Value> = events
+            .iter()
+            .filter(|e| e["ph"] == "X" && e["pid"] == rank && e["tid"] == 0)
+            .collect();
+        for t in sends.iter().chain(&recvs) {
+            assert_eq!(t["args"]["peer"], 1 - rank, "{t}");
+            // Inside the operation of its sequence number.
+            let (ts, dur) = (t["ts"].as_f64().unwrap(), t["dur"].as_f64().unwrap());
+            let c = ops
+                .iter()
+                .find(|c| c["args"]["seq"] == t["args"]["seq"])
+                .unwrap_or_else(|| panic!("no operation for {t}"));
+            if c["name"] == "all_reduce" {
+                assert!(t["args"]["bytes"].as_u64().unwrap() > 0, "{t}");
+            }
+            let (cs, cd) = (c["ts"].as_f64().unwrap(), c["dur"].as_f64().unwrap());
+            assert!(
+                ts >= cs - 1.0 && ts + dur <= cs + cd + 1.0,
+                "{t} outside {c}"
+            );
+        }
+        assert!(
+            events
+                .iter()
+                .any(|e| e["ph"] == "M" && e["pid"] == rank && e["args"]["name"] == "transfers"),
+            "rank {rank} names its lanes"
+        );
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+}

@@ -159,6 +159,7 @@ pub(crate) fn rendezvous(
             Some(t) => t.name_hex()?,
             None => String::new(),
         },
+        cores: std::thread::available_parallelism().map_or(0, |n| n.get() as u32),
     };
     // Rank 0's cost model, published before its peer record, so it is
     // there once every record is: all ranks choose algorithms from it.
@@ -345,6 +346,7 @@ pub(crate) fn route(
             LinkKind::Shm
         },
         local: local.map(|l| l as usize),
+        oversubscription: oversubscription(peers),
     };
     tracing::info!(
         "hosts: {host_layout}{}",
@@ -361,6 +363,28 @@ pub(crate) fn route(
         shape,
         host_layout,
     })
+}
+
+/// How many ranks share the busiest processor of the most crowded host,
+/// ⌈ranks / processors⌉ (at least 1): every rank computes it from the same
+/// records.
+fn oversubscription(peers: &[PeerInfo]) -> f64 {
+    let mut hosts: std::collections::BTreeMap<&str, (u32, u32)> = Default::default();
+    for p in peers {
+        let e = hosts.entry(p.host_id.as_str()).or_insert((0, 0));
+        e.0 += 1;
+        // Ranks of one host report the same count; the fewest is safest.
+        e.1 = if e.1 == 0 {
+            p.cores
+        } else {
+            e.1.min(p.cores.max(1))
+        };
+    }
+    hosts
+        .values()
+        .filter(|(_, cores)| *cores > 0)
+        .map(|&(ranks, cores)| f64::from(ranks.div_ceil(cores)))
+        .fold(1.0, f64::max)
 }
 
 /// The running engine and what callers need to use it.
@@ -535,7 +559,35 @@ fn verbs_refusal() -> Error {
 
 #[cfg(test)]
 mod layout_tests {
-    use super::{describe_hosts, host_grid};
+    use super::{describe_hosts, host_grid, oversubscription};
+    use gw_rendezvous::peers::PeerInfo;
+
+    #[test]
+    fn the_most_crowded_host_sets_the_oversubscription() {
+        let rank = |rank, host: &str, cores| PeerInfo {
+            rank,
+            host_id: host.into(),
+            hostname: host.into(),
+            pid: rank,
+            tcp: Vec::new(),
+            tcp_eager: Default::default(),
+            ofi: String::new(),
+            cores,
+        };
+        // Host a: 3 ranks on 2 processors, so one processor runs two of
+        // them; host b: 2 ranks on 8.
+        let peers = [
+            rank(0, "a", 2),
+            rank(1, "a", 2),
+            rank(2, "a", 2),
+            rank(3, "b", 8),
+            rank(4, "b", 8),
+        ];
+        assert_eq!(oversubscription(&peers), 2.0);
+        // Room to spare, or counts unknown (older peers): 1.
+        assert_eq!(oversubscription(&peers[3..]), 1.0);
+        assert_eq!(oversubscription(&[rank(0, "c", 0), rank(1, "c", 0)]), 1.0);
+    }
 
     #[test]
     fn host_grid_needs_equal_consecutive_runs() {

@@ -51,7 +51,13 @@ impl Handle {
     /// Blocks until the operation finishes. The calling thread turns the
     /// engine itself while that makes progress (see `drive.rs`).
     pub fn wait(&self) -> Result<()> {
-        self.driver.drive(&self.done);
+        if crate::trace::enabled() {
+            let t0 = crate::trace::now_us();
+            self.driver.drive(&self.done);
+            crate::trace::record("wait", crate::trace::Lane::Wait, t0, 0, 0, None);
+        } else {
+            self.driver.drive(&self.done);
+        }
         match self.done.wait(None) {
             Some(r) => r,
             None => Err(Error::Internal(
@@ -209,6 +215,11 @@ impl Communicator {
     /// (see `bringup.rs`). `cfg` is overridden by `GW_*` variables.
     pub fn init(env: LaunchEnv, key: CommKey, mut cfg: Config) -> Result<Communicator> {
         cfg.apply_env()?;
+        // Before rendezvous: rank 0 clears an old trace before any rank
+        // can be done and append to it.
+        if let Some(path) = &cfg.trace.value {
+            crate::trace::start(env.rank, path);
+        }
         let prefix = format!("gw/{key}");
         let comm_id = fnv1a(&[&env.job_id, &prefix]);
         // ERROR level, so that its fields reach every line that is printed.
@@ -558,7 +569,23 @@ impl Communicator {
                 bytes,
                 rounds,
             };
+            let t0 = if crate::trace::enabled() {
+                crate::trace::now_us()
+            } else {
+                0.0
+            };
             if let Some(r) = self.driver.run_direct(&mut direct, &self.seq) {
+                if t0 > 0.0 {
+                    let seq = self.seq.load(Ordering::Relaxed).wrapping_sub(1);
+                    crate::trace::record(
+                        op.kind.name(),
+                        crate::trace::Lane::Collective,
+                        t0,
+                        seq,
+                        bytes as u64,
+                        None,
+                    );
+                }
                 return Ok(Submitted::Done(r));
             }
         }
@@ -1203,6 +1230,11 @@ impl Drop for Communicator {
         self.driver.kick();
         if let Some(t) = self.thread.take() {
             let _ = t.join();
+        }
+        if let Some(path) = &self.cfg.trace.value
+            && let Err(e) = crate::trace::flush(path)
+        {
+            tracing::warn!("GW_TRACE: cannot append to {path}: {e}");
         }
     }
 }

@@ -197,6 +197,9 @@ pub struct Config {
     /// Left at its default, it applies only where a host runs more ranks
     /// than it has cores (see `communicator::shm_pull_bytes`).
     pub shm_pull_bytes: Setting<usize>,
+    /// `GW_TRACE`: a Chrome-trace file every rank appends its timeline to
+    /// when its communicator closes (see `trace.rs`); unset: no tracing.
+    pub trace: Setting<Option<String>>,
 }
 
 impl Default for Config {
@@ -216,6 +219,7 @@ impl Default for Config {
             fusion_bytes: Setting::default(64 << 20),
             socket_ifname: Setting::default(None),
             ofi_provider: Setting::default(None),
+            trace: Setting::default(None),
             socket_buffer_bytes: Setting::default(gw_transport::tcp::DEFAULT_SOCKET_BUFFER_BYTES),
             eager_frames: Setting::default(gw_transport::DEFAULT_EAGER_FRAMES),
             spin_us: Setting::default(100),
@@ -342,6 +346,13 @@ impl Config {
             "an interface name",
         )?;
         env_override(
+            &mut self.trace,
+            "GW_TRACE",
+            env,
+            |v| (!v.is_empty()).then(|| Some(v.to_string())),
+            "a file path",
+        )?;
+        env_override(
             &mut self.ofi_provider,
             "GW_OFI_PROVIDER",
             env,
@@ -463,6 +474,7 @@ impl Config {
             line("GW_SHM_SLOT_BYTES", &self.shm_slot_bytes),
             line("GW_SHM_SLOTS", &self.shm_slots),
             line("GW_SHM_PULL_BYTES", &self.shm_pull_bytes),
+            line("GW_TRACE", &self.trace),
         ]
     }
 }

@@ -34,6 +34,7 @@ use crate::mailbox::Receiver;
 use crate::op::Fingerprint;
 pub(crate) use crate::operation::{Completion, Msg, OpDesc, Plan, Ptr, Published};
 use crate::sched_cache::{self, ScheduleCache};
+use crate::trace;
 use gw_transport::rma::{Imm, stamp_round};
 use gw_transport::seam::Readiness;
 use gw_transport::seam::WriteImm;
@@ -121,6 +122,8 @@ struct Running {
     /// the engine works on it. DEBUG level: disabled, and free, unless
     /// `GW_DEBUG` asks for debug lines.
     span: tracing::Span,
+    /// When it started, for `GW_TRACE` (0 when tracing is off).
+    trace_us: f64,
 }
 
 /// The vectors of a [`Running`] operation, kept between operations so that
@@ -167,6 +170,45 @@ struct Inflight {
     /// A receive into this scratch range, posted with `irecv_in_place`
     /// (see `in_place.rs`).
     in_place: Option<Loc>,
+    /// For `GW_TRACE`: what it is, with whom, how large, posted when
+    /// (0 when tracing is off).
+    seg: Segment,
+}
+
+#[derive(Clone, Copy, Debug)]
+struct Segment {
+    kind: &'static str,
+    peer: Rank,
+    len: usize,
+    posted_us: f64,
+}
+
+impl Segment {
+    fn new(kind: &'static str, peer: Rank, len: usize) -> Segment {
+        Segment {
+            kind,
+            peer,
+            len,
+            posted_us: if trace::enabled() {
+                trace::now_us()
+            } else {
+                0.0
+            },
+        }
+    }
+
+    fn landed(&self, seq: u64) {
+        if self.posted_us > 0.0 {
+            trace::record(
+                self.kind,
+                trace::Lane::Transfer,
+                self.posted_us,
+                seq,
+                self.len as u64,
+                Some(self.peer),
+            );
+        }
+    }
 }
 
 /// What one [`Engine::turn`] found.
@@ -667,6 +709,11 @@ impl Engine {
             deadline: Instant::now() + self.cfg.timeout,
             stalled_at: Instant::now() + (self.cfg.timeout / 8).min(STALL),
             posted: false,
+            trace_us: if trace::enabled() {
+                trace::now_us()
+            } else {
+                0.0
+            },
         });
     }
 
@@ -715,6 +762,18 @@ impl Engine {
             Ok(m) => {
                 moved |= m;
                 if r.sched.is_done() && r.inflight.is_empty() && r.blocked.is_empty() {
+                    if r.trace_us > 0.0 {
+                        let fp = &r.op.fp;
+                        let bytes = fp.count * fp.dtype.size() as u64;
+                        trace::record(
+                            fp.op.name(),
+                            trace::Lane::Collective,
+                            r.trace_us,
+                            fp.seq,
+                            bytes,
+                            None,
+                        );
+                    }
                     self.release(&mut r);
                     self.retire(r).finish(Ok(()));
                     moved = true;
@@ -755,7 +814,11 @@ impl Engine {
                 // swap_remove stays within the vector's capacity).
                 let f = r.inflight.swap_remove(i);
                 let Inflight {
-                    t, id, in_place, ..
+                    t,
+                    id,
+                    in_place,
+                    seg,
+                    ..
                 } = f;
                 match self.transports[t].test_in_place(f.req)? {
                     Landed::Pending(req) => {
@@ -764,16 +827,19 @@ impl Engine {
                             req,
                             id,
                             in_place,
+                            seg,
                         });
                         let last = r.inflight.len() - 1;
                         r.inflight.swap(i, last);
                         i += 1;
                     }
                     Landed::Written => {
+                        seg.landed(r.op.fp.seq);
                         r.sched.complete(id);
                         progressed = true;
                     }
                     Landed::InPlace { at, held } => {
+                        seg.landed(r.op.fp.seq);
                         self.consume_in_place(r, t, id, in_place, held, at)?;
                         progressed = true;
                     }
@@ -822,11 +888,17 @@ impl Engine {
                     ),
                     _ => (self.transports[t].irecv(peer, tag, mem, off, len)?, None),
                 };
+                let kind = if matches!(a, Action::Send { .. }) {
+                    "send"
+                } else {
+                    "recv"
+                };
                 r.inflight.push(Inflight {
                     t,
                     req,
                     id,
                     in_place,
+                    seg: Segment::new(kind, peer, len),
                 });
             }
             Action::Reduce {
@@ -868,6 +940,7 @@ impl Engine {
                     req,
                     id,
                     in_place: None,
+                    seg: Segment::new("write", peer, len),
                 });
             }
             Action::Landed { id, peer, imm, .. } => {

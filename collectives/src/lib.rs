@@ -25,6 +25,8 @@ pub mod persistent;
 pub mod put;
 pub mod reduce;
 mod sched_cache;
+pub mod size_curve;
+mod trace;
 
 pub use algo::{Algo, MAX_DEPTH};
 pub use comm_key::CommKey;

@@ -26,6 +26,7 @@
 //! run on different hardware.
 
 use crate::algo::Algo;
+pub use crate::size_curve::Curve;
 use gw_transport::{Error, Result};
 use std::path::PathBuf;
 
@@ -46,6 +47,10 @@ pub struct CostModel {
     pub shm: Link,
     /// Seconds per byte reduced (f32 sum, three operands).
     pub gamma: f64,
+    /// β of each link by message size, where calibration measured it;
+    /// empty: the link's `beta` at every size.
+    pub tcp_curve: Curve,
+    pub shm_curve: Curve,
 }
 
 /// The version of [`CostModel::encode`]'s format.
@@ -59,6 +64,11 @@ struct ModelFile {
     tcp: Link,
     shm: Link,
     gamma: f64,
+    /// `[[bytes, β], …]`; absent in files written before curves existed.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    tcp_curve: Vec<(u64, f64)>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    shm_curve: Vec<(u64, f64)>,
 }
 
 impl std::fmt::Display for CostModel {
@@ -80,7 +90,7 @@ pub enum LinkKind {
 }
 
 /// Where a communicator's ranks are, as far as the cost model cares.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq)]
 pub struct Shape {
     /// World size.
     pub n: usize,
@@ -91,6 +101,12 @@ pub struct Shape {
     /// Ranks per host when the ranks are grouped host by host in equal
     /// numbers (`n / local` hosts), else `None` (no hierarchical algorithm).
     pub local: Option<usize>,
+    /// Ranks on the busiest processor of the most crowded host (⌈ranks /
+    /// processors⌉, at least 1): every step of a collective waits for its
+    /// slowest rank, and ranks that share a processor take turns at moving
+    /// bytes, reducing them and answering messages, so α, β and γ all grow
+    /// by this factor.
+    pub oversubscription: f64,
 }
 
 impl Shape {
@@ -101,6 +117,7 @@ impl Shape {
             link,
             intra: link,
             local: None,
+            oversubscription: 1.0,
         }
     }
 
@@ -126,6 +143,8 @@ impl Default for CostModel {
                 beta: 1.0 / 2.4e9,
             },
             gamma: 1.0 / 10e9,
+            tcp_curve: Curve::default(),
+            shm_curve: Curve::default(),
         }
     }
 }
@@ -283,6 +302,22 @@ impl CostModel {
         }
     }
 
+    /// The model as `shape`'s ranks see it for a message of `bytes`: each
+    /// β read off its curve, α, β and γ scaled by the oversubscription.
+    fn on(&self, shape: Shape, bytes: usize) -> CostModel {
+        let k = shape.oversubscription.max(1.0);
+        let scale = |l: Link, c: &Curve| Link {
+            alpha: l.alpha * k,
+            beta: c.beta_at(l.beta, bytes) * k,
+        };
+        CostModel {
+            tcp: scale(self.tcp, &self.tcp_curve),
+            shm: scale(self.shm, &self.shm_curve),
+            gamma: self.gamma * k,
+            ..*self
+        }
+    }
+
     /// Hier's two levels on `shape`: the ranks of a host over the intra-host
     /// link, then the hosts over the slowest link; None without a layout.
     fn levels(&self, shape: Shape) -> Option<[Level; 2]> {
@@ -303,24 +338,26 @@ impl CostModel {
     /// Predicted seconds of an all-reduce of `bytes` on `shape`; infinite for
     /// hier where the shape has no host layout.
     pub fn predict(&self, shape: Shape, algo: Algo, bytes: usize) -> f64 {
+        let m = self.on(shape, bytes);
         match algo {
-            Algo::Hier => match self.levels(shape) {
+            Algo::Hier => match m.levels(shape) {
                 Some(_) if shape.n <= 1 => 0.0,
-                Some(l) => predict_levels(&l, self.gamma, bytes),
+                Some(l) => predict_levels(&l, m.gamma, bytes),
                 None => f64::INFINITY,
             },
-            flat => predict_flat(self.link(shape.link), self.gamma, shape.n, flat, bytes),
+            flat => predict_flat(m.link(shape.link), m.gamma, shape.n, flat, bytes),
         }
     }
 
     /// The fastest algorithm for `bytes` on `shape` and its predicted time
     /// (see [`choose_on`]).
     pub fn choose(&self, shape: Shape, bytes: usize) -> (Algo, f64) {
-        let levels = self.levels(shape);
+        let m = self.on(shape, bytes);
+        let levels = m.levels(shape);
         choose_on(
-            FlatLinks::same(self.link(shape.link)),
+            FlatLinks::same(m.link(shape.link)),
             levels.as_ref().map(|l| &l[..]),
-            self.gamma,
+            m.gamma,
             shape.n,
             bytes,
         )
@@ -334,6 +371,8 @@ impl CostModel {
             tcp: self.tcp,
             shm: self.shm,
             gamma: self.gamma,
+            tcp_curve: self.tcp_curve.points(),
+            shm_curve: self.shm_curve.points(),
         };
         // Serialising plain numbers cannot fail; the fallback keeps the
         // error visible to whoever reads the text.
@@ -355,10 +394,15 @@ impl CostModel {
                     f.gradwire_model
                 )));
             }
+            let curve = |name: &str, pts: &[(u64, f64)]| {
+                Curve::new(pts).map_err(|e| bad(format!("{name}: {e}")))
+            };
             let m = CostModel {
                 tcp: f.tcp,
                 shm: f.shm,
                 gamma: f.gamma,
+                tcp_curve: curve("tcp_curve", &f.tcp_curve)?,
+                shm_curve: curve("shm_curve", &f.shm_curve)?,
             };
             for (k, x) in [
                 ("tcp.alpha", m.tcp.alpha),
@@ -406,6 +450,7 @@ impl CostModel {
                 beta: get(3)?,
             },
             gamma: get(4)?,
+            ..CostModel::default()
         })
     }
 
@@ -514,6 +559,7 @@ mod tests {
                 beta: 0.0,
             },
             gamma: 1e-10,
+            ..CostModel::default()
         };
         let t = m.predict(Shape::flat(LinkKind::Tcp, 4), Algo::Ring, 4_000_000);
         let want = 6.0 * 1e-5 + 2.0 * 0.75 * 4e6 * 1e-9 + 0.75 * 4e6 * 1e-10;
@@ -535,6 +581,7 @@ mod tests {
             },
             intra: LinkKind::Shm,
             local: Some(local),
+            oversubscription: 1.0,
         }
     }
 
@@ -550,6 +597,7 @@ mod tests {
                 beta: 2e-10,
             },
             gamma: 1e-10,
+            ..CostModel::default()
         };
         let s = 6_000_000.0;
         let t = m.predict(grid(2, 3), Algo::Hier, 6_000_000);
@@ -560,6 +608,84 @@ mod tests {
         assert_eq!(
             m.predict(Shape::flat(LinkKind::Tcp, 4), Algo::Hier, 100),
             f64::INFINITY
+        );
+    }
+
+    #[test]
+    fn measured_curves_set_beta_by_size_and_survive_encoding() {
+        let m = CostModel {
+            shm_curve: Curve::new(&[(1 << 10, 1e-11), (1 << 20, 1e-10)]).expect("curve"),
+            ..CostModel::default()
+        };
+        let at = |beta: f64| CostModel {
+            shm: Link {
+                alpha: m.shm.alpha,
+                beta,
+            },
+            shm_curve: Curve::default(),
+            ..m
+        };
+        let shape = Shape::flat(LinkKind::Shm, 4);
+        // Below the first point the first β, above the last the last.
+        assert_eq!(
+            m.predict(shape, Algo::Ring, 512),
+            at(1e-11).predict(shape, Algo::Ring, 512)
+        );
+        assert_eq!(
+            m.predict(shape, Algo::Ring, 1 << 26),
+            at(1e-10).predict(shape, Algo::Ring, 1 << 26)
+        );
+        assert_eq!(m.choose(shape, 1 << 26), at(1e-10).choose(shape, 1 << 26));
+        // TCP has no curve: its one β.
+        let tcp = Shape::flat(LinkKind::Tcp, 4);
+        assert_eq!(
+            m.predict(tcp, Algo::Ring, 1 << 26),
+            CostModel::default().predict(tcp, Algo::Ring, 1 << 26)
+        );
+        let text = m.encode();
+        assert!(text.contains("\"shm_curve\":[[1024,"), "{text}");
+        assert!(!text.contains("tcp_curve"), "{text}");
+        assert_eq!(CostModel::decode(&text).ok(), Some(m));
+        let bad = text.replace("[[1024,", "[[4194304,");
+        let e = CostModel::decode(&bad)
+            .expect_err("decreasing sizes")
+            .to_string();
+        assert!(e.contains("shm_curve") && e.contains("increase"), "{e}");
+    }
+
+    #[test]
+    fn oversubscribed_ranks_pay_twice_per_byte_and_per_message() {
+        let m = CostModel::default();
+        let crowded = Shape {
+            oversubscription: 2.0,
+            ..Shape::flat(LinkKind::Shm, 4)
+        };
+        let doubled = CostModel {
+            shm: Link {
+                alpha: 2.0 * m.shm.alpha,
+                beta: 2.0 * m.shm.beta,
+            },
+            gamma: 2.0 * m.gamma,
+            ..m
+        };
+        for bytes in [8, 1 << 20] {
+            for algo in [Algo::Ring, Algo::Rhd, Algo::Rd] {
+                let want = doubled.predict(Shape::flat(LinkKind::Shm, 4), algo, bytes);
+                assert_eq!(m.predict(crowded, algo, bytes), want, "{algo:?} {bytes}");
+            }
+            assert_eq!(
+                m.choose(crowded, bytes),
+                doubled.choose(Shape::flat(LinkKind::Shm, 4), bytes)
+            );
+        }
+        // Below 1 means spare processors, which do not make bytes cheaper.
+        let roomy = Shape {
+            oversubscription: 0.25,
+            ..Shape::flat(LinkKind::Shm, 4)
+        };
+        assert_eq!(
+            m.predict(roomy, Algo::Ring, 1 << 20),
+            m.predict(Shape::flat(LinkKind::Shm, 4), Algo::Ring, 1 << 20)
         );
     }
 

@@ -18,9 +18,15 @@
 //! A `link`'s `gbit_s` is per device at level `node` (the NVLink or PCIe
 //! share one device sends at) and per NIC above it, a node having `nics` of
 //! them; `oversubscription` divides what a node gets through that level.
-//! `storage` is each node's read bandwidth. `racks` appends `count` racks
+//! `curve=BYTES:GBIT_S,…` gives the bandwidth measured at some all-reduce
+//! sizes (as `gwbench calibrate` measures β by size); between them it is
+//! interpolated as the live model does. `storage` is each node's read
+//! bandwidth. `racks` appends `count` racks
 //! of `nodes` equal nodes; `node` appends one node to rack `rack` (a new
-//! rack when `rack` is the next number).
+//! rack when `rack` is the next number). Either may say `cores=C` when the
+//! devices are CPU processes sharing C processors (as gradwire's own ranks
+//! on one machine are): α, β and γ then grow by ⌈devices / C⌉, as in the
+//! live communicator's model.
 
 use crate::lines::{FileError, split};
 use std::collections::BTreeMap;
@@ -63,14 +69,28 @@ impl Level {
     }
 }
 
-#[derive(Clone, Copy, Debug, PartialEq)]
+#[derive(Clone, Debug, PartialEq)]
 pub struct LinkSpec {
     pub alpha_s: f64,
-    /// Bytes/s one device gets at this level when every device of its node
-    /// sends at once (the node level: its own link; above: the node's NICs
-    /// shared by its devices, after oversubscription).
+    /// Bytes/s of the link: per device at the node level, per node (all
+    /// its NICs, after oversubscription) above.
     pub node_bytes_s: f64,
     pub per_device: bool,
+    /// The same bandwidth measured at some message sizes (`curve=`),
+    /// `(bytes, bytes/s)`; empty: `node_bytes_s` at every size.
+    pub curve: Vec<(u64, f64)>,
+}
+
+impl LinkSpec {
+    /// Bytes/s for all-reduces of `bytes`, off the curve when there is one
+    /// (interpolated as gw_collectives' β curves are).
+    pub fn bytes_s_at(&self, bytes: u64) -> f64 {
+        let pts: Vec<(u64, f64)> = self.curve.iter().map(|&(b, bw)| (b, 1.0 / bw)).collect();
+        match gw_collectives::model::Curve::new(&pts) {
+            Ok(c) => 1.0 / c.beta_at(1.0 / self.node_bytes_s, bytes as usize),
+            Err(_) => self.node_bytes_s,
+        }
+    }
 }
 
 #[derive(Clone, Debug, PartialEq)]
@@ -78,6 +98,8 @@ pub struct Node {
     /// Index into [`Cluster::devices`].
     pub device: usize,
     pub devices: usize,
+    /// Processors its devices share, when they are CPU ranks (`cores=`).
+    pub cores: Option<usize>,
 }
 
 #[derive(Clone, Debug, PartialEq)]
@@ -106,8 +128,18 @@ impl Cluster {
             .fold(0.0, f64::max)
     }
 
-    pub fn link(&self, level: Level) -> Option<LinkSpec> {
-        self.links[level as usize]
+    /// Devices on the busiest processor of the most crowded node,
+    /// ⌈devices / cores⌉, at least 1 (as the live communicator counts).
+    pub fn oversubscription(&self) -> f64 {
+        self.racks
+            .iter()
+            .flatten()
+            .filter_map(|n| n.cores.map(|c| n.devices.div_ceil(c) as f64))
+            .fold(1.0, f64::max)
+    }
+
+    pub fn link(&self, level: Level) -> Option<&LinkSpec> {
+        self.links[level as usize].as_ref()
     }
 
     /// Parses a cluster file; `file` names it in errors.
@@ -121,7 +153,7 @@ impl Cluster {
         let mut c = Cluster {
             name: String::new(),
             devices: Vec::new(),
-            links: [None; 3],
+            links: [None, None, None],
             storage_bytes_s: f64::INFINITY,
             racks: Vec::new(),
         };
@@ -175,10 +207,35 @@ impl Cluster {
                             l.number("oversubscription", Some(1.0), true)?,
                         )
                     };
+                    let mut curve = Vec::new();
+                    if let Some(text) = l.optional_text("curve") {
+                        for point in text.split(',') {
+                            let parsed = point.split_once(':').and_then(|(b, g)| {
+                                Some((b.parse::<u64>().ok()?, g.parse::<f64>().ok()?))
+                            });
+                            match parsed {
+                                Some((b, g)) if b > 0 && g.is_finite() && g > 0.0 => {
+                                    curve.push((b, g * 1e9 / 8.0 * nics / over));
+                                }
+                                _ => {
+                                    return Err(l.error(
+                                        "curve",
+                                        format!("{point:?} is not BYTES:GBIT_S with both > 0"),
+                                    ));
+                                }
+                            }
+                        }
+                        let betas: Vec<(u64, f64)> =
+                            curve.iter().map(|&(b, bw)| (b, 1.0 / bw)).collect();
+                        if let Err(e) = gw_collectives::model::Curve::new(&betas) {
+                            return Err(l.error("curve", e));
+                        }
+                    }
                     c.links[lv as usize] = Some(LinkSpec {
                         alpha_s,
                         node_bytes_s: bytes_s * nics / over,
                         per_device: lv == Level::Node,
+                        curve,
                     });
                 }
                 "storage" => {
@@ -193,21 +250,37 @@ impl Cluster {
                         ));
                     };
                     let devices = l.count("devices", None, 1)? as usize;
+                    let cores = match l.count("cores", Some(0), 1) {
+                        Ok(0) => None,
+                        Ok(c) => Some(c as usize),
+                        Err(e) => return Err(e),
+                    };
                     if l.keyword == "racks" {
                         let count = l.count("count", Some(1), 1)?;
                         let nodes = l.count("nodes", None, 1)? as usize;
                         for _ in 0..count {
-                            c.racks.push(vec![Node { device, devices }; nodes]);
+                            c.racks.push(vec![
+                                Node {
+                                    device,
+                                    devices,
+                                    cores
+                                };
+                                nodes
+                            ]);
                         }
                     } else {
                         let rack = l.count("rack", None, 0)? as usize;
                         match rack.cmp(&c.racks.len()) {
-                            std::cmp::Ordering::Less => {
-                                c.racks[rack].push(Node { device, devices })
-                            }
-                            std::cmp::Ordering::Equal => {
-                                c.racks.push(vec![Node { device, devices }])
-                            }
+                            std::cmp::Ordering::Less => c.racks[rack].push(Node {
+                                device,
+                                devices,
+                                cores,
+                            }),
+                            std::cmp::Ordering::Equal => c.racks.push(vec![Node {
+                                device,
+                                devices,
+                                cores,
+                            }]),
                             std::cmp::Ordering::Greater => {
                                 return Err(l.error(
                                     "rack",
@@ -285,6 +358,39 @@ mod tests {
         assert!((rack.alpha_s - 10e-6).abs() < 1e-18);
         assert_eq!(c.devices[0].memory_bytes, 16.0 * 1073741824.0);
         assert_eq!(c.devices[1].price_per_hour, 0.0);
+    }
+
+    #[test]
+    fn curves_and_shared_processors() {
+        let text = "cluster name=vm\n\
+            device type=cpu tflops=1 memory_gib=1 mem_gbytes_s=10\n\
+            link level=node alpha_us=1 gbit_s=8 curve=1024:80,1048576:8\n\
+            racks nodes=1 devices=3 type=cpu cores=2\n";
+        let c = Cluster::parse("vm", text).expect("parses");
+        // Three ranks on two processors: one processor runs two.
+        assert_eq!(c.oversubscription(), 2.0);
+        let node = c.link(Level::Node).expect("node link");
+        let near = |a: f64, b: f64| (a - b).abs() < 1e-9 * b;
+        assert!(near(node.bytes_s_at(1024), 10e9));
+        assert!(near(node.bytes_s_at(1 << 30), 1e9));
+        // Half way in log size between 1 KiB and 1 MiB: β half way too.
+        let mid = node.bytes_s_at(32 << 10);
+        assert!(
+            (1.0 / mid - 0.5 * (1.0 / 10e9 + 1.0 / 1e9)).abs() < 1e-21,
+            "{mid}"
+        );
+        for (bad, want) in [
+            ("curve=1024:80,512:8", "sizes must increase"),
+            ("curve=1024", "is not BYTES:GBIT_S"),
+            ("curve=0:8", "is not BYTES:GBIT_S"),
+        ] {
+            let e =
+                Cluster::parse("vm", &text.replace("curve=1024:80,1048576:8", bad)).expect_err(bad);
+            assert_eq!((e.line, e.field.as_str()), (3, "curve"), "{e}");
+            assert!(e.why.contains(want), "{e}");
+        }
+        let e = Cluster::parse("vm", &text.replace("cores=2", "cores=0")).expect_err("0 cores");
+        assert_eq!((e.line, e.field.as_str()), (4, "cores"));
     }
 
     #[test]

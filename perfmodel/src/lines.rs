@@ -108,6 +108,11 @@ impl<'a> Line<'a> {
         }
     }
 
+    /// The text of `key` if present.
+    pub fn optional_text(&mut self, key: &str) -> Option<&'a str> {
+        self.take(key)
+    }
+
     /// A finite number ≥ 0 (> 0 when `positive`), present or `default`.
     pub fn number(
         &mut self,

@@ -203,7 +203,8 @@ fn hier_simulation_equals_the_cost_formula_when_all_start_together() {
     let bytes = 64u64 << 20;
     let nodes = c.racks.iter().map(|r| r.len()).sum();
     let ends = net.hier_ends(&c, bytes, &vec![1.0; nodes]);
-    let t = predict_levels(&net.levels, gamma, bytes as usize);
+    let levels = net.levels(bytes);
+    let t = predict_levels(&levels, gamma, bytes as usize);
     assert!(
         ends.iter().all(|&e| close(e - 1.0, t)),
         "{} vs {t}",
@@ -213,9 +214,9 @@ fn hier_simulation_equals_the_cost_formula_when_all_start_together() {
     // The levels are node (8 per node), rack (16), spine (64), and a
     // device's share of the node's eight 200 Gb/s NICs across the spine is
     // halved by the oversubscription.
-    let sizes: Vec<usize> = net.levels.iter().map(|l| l.ranks).collect();
+    let sizes: Vec<usize> = levels.iter().map(|l| l.ranks).collect();
     assert_eq!(sizes, [8, 16, 64]);
-    let Link { beta, .. } = net.levels[2].link;
+    let Link { beta, .. } = levels[2].link;
     assert!(close(beta, 8.0 / (8.0 * 25e9 / 2.0)), "{beta}");
     // A late node delays everyone by at most its lateness.
     let mut ready = vec![1.0; nodes];

@@ -404,6 +404,7 @@ fn cases() -> Vec<Case> {
                     frame_bytes: 1 << 20,
                 },
                 ofi: String::new(),
+                cores: 0,
             }
             .encode()
             .into_bytes()

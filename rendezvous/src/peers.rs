@@ -33,6 +33,11 @@ pub struct PeerInfo {
     /// The rank's libfabric endpoint name (hex), under `GW_TRANSPORT=ofi`.
     #[serde(default)]
     pub ofi: String,
+    /// Processors the rank's host lets it run on (0: unknown). Ranks that
+    /// outnumber their host's processors share them, and the cost model
+    /// must know it to predict (and choose) the same on every rank.
+    #[serde(default)]
+    pub cores: u32,
 }
 
 /// A receiver's eager buffers (see [`PeerInfo::tcp_eager`]).
@@ -152,6 +157,7 @@ mod tests {
                 frame_bytes: 1 << 20,
             },
             ofi: "0a0b".into(),
+            cores: 8,
         }
     }
 
@@ -263,6 +269,7 @@ mod tests {
                         frame_bytes,
                     },
                     ofi: String::new(),
+                    cores: 0,
                 },
             )
     }

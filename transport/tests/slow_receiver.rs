@@ -183,6 +183,7 @@ fn tcp_pair() -> (TcpTransport, TcpTransport) {
             tcp: vec![t[r as usize].listen_addr()],
             tcp_eager: t[r as usize].eager(),
             ofi: String::new(),
+            cores: 0,
         })
         .collect();
     for x in &mut t {
@@ -226,6 +227,7 @@ fn a_slow_receiver_holds_no_more_than_its_buffers_over_shared_memory() {
             tcp: vec![],
             tcp_eager: Default::default(),
             ofi: String::new(),
+            cores: 0,
         })
         .collect();
     let mut a = ShmTransport::new(0, peers.clone(), cfg.clone()).expect("shm 0");

@@ -27,6 +27,7 @@ pub(super) fn infos(n: u32) -> Vec<PeerInfo> {
             tcp: vec![],
             tcp_eager: Default::default(),
             ofi: String::new(),
+            cores: 0,
         })
         .collect()
 }

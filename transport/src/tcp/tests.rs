@@ -46,6 +46,7 @@ fn pair_polled(cfg: TcpConfig, poll: Option<&mio::Poll>) -> (TcpTransport, TcpTr
             tcp: vec![t[r as usize].listen_addr()],
             tcp_eager: t[r as usize].eager(),
             ofi: String::new(),
+            cores: 0,
         })
         .collect();
     for x in &mut t {

@@ -1,0 +1,120 @@
+#!/usr/bin/env python3
+"""How well the cost model predicts all-reduce times on this machine.
+
+    python3 scripts/model-validate.py [-r ROUNDS] [-o OUT_DIR]
+
+1. `gwrun -n 2 gwbench calibrate` measures α, β and β's curve over size
+   (tcp and shm) and γ into a
+   fresh model file (GW_MODEL_FILE in OUT_DIR, so ~/.cache is untouched).
+2. For each transport and 2, 3 and 4 ranks, writes a one-node cluster file
+   with those parameters and this machine's processor count (`cores=`) and asks `gwbench model --allreduce` for its
+   prediction; `gwrun -n N gwbench allreduce` then measures the same sizes,
+   with rank 0 reading the same model file, and prints the live
+   communicator's prediction beside its measurement. The two predictions
+   must agree (one source of truth); the script fails if they do not.
+3. Repeats 1 and 2 ROUNDS times (calibration and measurement interleaved,
+   so each round's prediction comes from the machine's speed of that
+   moment), and prints per transport, ranks and size the median over rounds
+   of measured/predicted, each round's ratio, and the error
+   |measured − predicted| / measured of the median ratio.
+Needs release binaries: cargo build --release -p gw-bench -p gw-launch.
+"""
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+
+ROOT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..")
+BIN = os.path.join(ROOT, "target", "release")
+SIZES = [64 << 10, 256 << 10, 1 << 20, 4 << 20, 16 << 20, 64 << 20]
+
+
+def run(cmd, env=None):
+    out = subprocess.run(cmd, capture_output=True, text=True, env=env)
+    if out.returncode != 0:
+        sys.exit(f"{' '.join(cmd)}: exit {out.returncode}\n{out.stderr[-2000:]}")
+    return out.stdout
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("-r", "--rounds", type=int, default=5)
+    ap.add_argument("-o", "--out", default=os.path.join(ROOT, "target", "model-validate"))
+    a = ap.parse_args()
+    os.makedirs(a.out, exist_ok=True)
+    env = dict(os.environ, GW_MODEL_FILE=os.path.join(a.out, "model"))
+    gwrun, gwbench = os.path.join(BIN, "gwrun"), os.path.join(BIN, "gwbench")
+    ratios = {}
+    for rnd in range(a.rounds):
+        for t in ["tcp", "shm"]:
+            for n in [2, 3, 4]:
+                # Calibrated right before each measurement: the machine's
+                # speed drifts by 2-3x over minutes.
+                predicted = calibrate_and_predict(a, env, gwrun, gwbench, rnd, t, n)
+                measure(env, gwrun, gwbench, a, predicted, ratios, t, n)
+    report(ratios)
+
+
+def calibrate_and_predict(a, env, gwrun, gwbench, rnd, t, n):
+    """A fresh calibration, and gwbench model's predictions for transport t
+    on n ranks from it: a one-node cluster with the calibrated link, its
+    curve, γ and this machine's processor count."""
+    print(run([gwrun, "-n", "2", gwbench, "calibrate"], env).strip())
+    m = json.load(open(env["GW_MODEL_FILE"]))
+    print(f"# round {rnd} {t} {n}: model file {json.dumps(m)}")
+    link = m[t]
+    pts = m.get(f"{t}_curve", [])
+    curve = (" curve=" + ",".join(f"{b}:{8 / beta / 1e9!r}" for b, beta in pts)) if pts else ""
+    path = os.path.join(a.out, f"cluster-{t}-{n}")
+    with open(path, "w") as f:
+        f.write(f"cluster name=this-vm-{t}-{n}\n"
+                f"device type=cpu tflops=1 memory_gib=1 mem_gbytes_s=10 reduce_gbytes_s={1 / m['gamma'] / 1e9!r}\n"
+                f"link level=node alpha_us={link['alpha'] * 1e6!r} gbit_s={8 / link['beta'] / 1e9!r}{curve}\n"
+                f"racks count=1 nodes=1 devices={n} type=cpu cores={os.cpu_count()}\n")
+    sizes = ",".join(str(s) for s in SIZES)
+    rows = json.loads(run([gwbench, "model", "--cluster", path, "--allreduce", sizes, "--json"]))["allreduce"]
+    return {r["bytes"]: (r["algo"], r["time_s"] * 1e6) for r in rows}
+
+
+def measure(env, gwrun, gwbench, a, predicted, ratios, t, n):
+    """gwbench allreduce on one configuration; checks that the live
+    communicator predicted exactly what gwbench model did."""
+    j = os.path.join(a.out, f"run-{t}-{n}.json")
+    rows = []
+    # Iterations sized so that every size runs for a while.
+    for lo, hi, iters in [("64K", "1M", "300"), ("4M", "64M", "20")]:
+        run([gwrun, "-n", str(n), gwbench, "allreduce", "-b", lo, "-e", hi, "-f", "4",
+             "-n", iters, "-w", "5", "-c", "0", "-J", j], dict(env, GW_TRANSPORT=t))
+        rows += json.load(open(j))["rows"]
+    for r in rows:
+        algo, p = predicted[r["size"]]
+        live = r.get("predicted_us")
+        if r.get("algorithm") != algo or live is None or abs(live - p) > 1e-6 * p:
+            sys.exit(f"{t} {n} ranks {r['size']} B: gwbench model says {algo} {p} us, "
+                     f"the live communicator {r.get('algorithm')} {live} us")
+        ratios.setdefault((t, n, r["size"]), []).append((algo, p, r["out_of_place"]["time_us"]))
+
+
+def report(ratios):
+    print(f"{'transport':>9} {'ranks':>5} {'bytes':>9} {'algo':>5} {'predicted us':>12} {'measured us':>12} "
+          f"{'meas/pred':>9} {'error':>6}   per-round meas/pred")
+    errors = {}
+    for key in sorted(ratios):
+        t, n, s = key
+        rs = ratios[key]
+        med = statistics.median(m / p for _, p, m in rs)
+        err = abs(med - 1) / med
+        errors.setdefault((t, n), []).append(err)
+        per = " ".join(f"{m / p:.2f}" for _, p, m in rs)
+        pm = statistics.median(p for _, p, _ in rs)
+        mm = statistics.median(m for _, _, m in rs)
+        print(f"{t:>9} {n:>5} {s:>9} {rs[0][0]:>5} {pm:>12.1f} {mm:>12.1f} {med:>9.2f} {100 * err:>5.0f}%   {per}")
+    print("# median error per transport and ranks (64 KiB to 64 MiB):")
+    for (t, n), e in sorted(errors.items()):
+        print(f"#   {t} {n} ranks: {100 * statistics.median(e):.0f}% (worst {100 * max(e):.0f}%)")
+
+
+if __name__ == "__main__":
+    main()
