@@ -41,3 +41,15 @@ pub use gw_transport::{Error, Result};
 pub use op::{DType, Fingerprint, OpKind, RedOp};
 pub use persistent::{Persistent, PersistentAllReduce, RawPersistent};
 pub use put::PersistentPut;
+
+/// Under `GW_TRACE`, records a span of the program's own work that began at
+/// `started` and ends now — a training step's compute, say — on this rank's
+/// `compute` lane of the timeline, with `step` in its arguments, so that
+/// the trace shows what the collectives overlapped with. Free (one atomic
+/// load) when tracing is off or no communicator asked for it.
+pub fn trace_span(name: &'static str, started: std::time::Instant, step: u64) {
+    if trace::enabled() {
+        let start = trace::now_us() - started.elapsed().as_secs_f64() * 1e6;
+        trace::record(name, trace::Lane::Compute, start, step, 0, None);
+    }
+}

@@ -6,7 +6,9 @@
 //! and allocates nothing. On, the engine records complete ("X") events in
 //! memory — each collective (thread 0, with its sequence number and bytes),
 //! each send and receive from posting to completion (thread 1, with the
-//! peer and bytes), each wait of the caller (thread 2) — and the
+//! peer and bytes), each wait of the caller (thread 2), and the spans the
+//! program reports of its own work through [`crate::trace_span`], such as
+//! gwtrain's compute of each step (thread 3) — and the
 //! communicator appends them to FILE when it closes. Ranks are processes
 //! (`pid` = rank) on one clock (microseconds since the Unix epoch), so
 //! every rank's events land in one file. The format is Chrome's JSON array
@@ -43,6 +45,7 @@ pub(crate) enum Lane {
     Collective = 0,
     Transfer = 1,
     Wait = 2,
+    Compute = 3,
 }
 
 struct Event {
@@ -122,7 +125,12 @@ pub(crate) fn flush(path: &str) -> std::io::Result<()> {
     };
     let mut text = String::with_capacity(events.len() * 120 + 256);
     use std::fmt::Write as _;
-    for (lane, name) in [(0, "collectives"), (1, "transfers"), (2, "waits")] {
+    for (lane, name) in [
+        (0, "collectives"),
+        (1, "transfers"),
+        (2, "waits"),
+        (3, "compute"),
+    ] {
         let _ = writeln!(
             text,
             r#"{{"name":"thread_name","ph":"M","pid":{rank},"tid":{lane},"args":{{"name":"{name}"}}}},"#
@@ -172,6 +180,7 @@ mod tests {
         let t0 = now_us();
         record("all_reduce", Lane::Collective, t0, SEQ, 4096, None);
         record("send", Lane::Transfer, t0, SEQ, 2048, Some(1));
+        crate::trace_span("compute", std::time::Instant::now(), SEQ);
         flush(path).expect("flush");
         // A second rank appends to the same file.
         if let Ok(mut s) = STATE.lock() {
@@ -189,11 +198,15 @@ mod tests {
             .iter()
             .filter(|e| e["ph"] == "X" && e["args"]["seq"] == SEQ)
             .collect();
-        assert_eq!(events.len(), 3);
+        assert_eq!(events.len(), 4);
         assert_eq!(events[0]["name"], "all_reduce");
         assert_eq!(events[0]["args"]["bytes"], 4096);
         assert_eq!(events[1]["args"]["peer"], 1);
-        assert_eq!(events[2]["pid"], 1);
+        assert_eq!(
+            (&events[2]["name"], &events[2]["tid"]),
+            (&"compute".into(), &3.into())
+        );
+        assert_eq!(events[3]["pid"], 1);
         assert!(
             events
                 .iter()

@@ -311,6 +311,7 @@ pub fn train(comm: &Communicator, mut source: PlanSource, cfg: &TrainConfig) -> 
         }
         let local_sq: f64 = buf[..n].iter().map(|v| v * v).sum();
         let compute_s = tc.elapsed().as_secs_f64();
+        gw_collectives::trace_span("compute", tc, s);
         let tm = Instant::now();
         reduce_weighted(comm, &mut buf, plan.weight, &plan.algo)?;
         let comm_s = tm.elapsed().as_secs_f64();
