@@ -62,7 +62,7 @@ pub fn run(o: &ModelOpts) -> Result<String, String> {
 /// Predicted all-reduce times over the whole cluster, as nccl-tests would
 /// report them: algbw = size / time, busbw = algbw × 2(n−1)/n.
 fn allreduce(c: &Cluster, algo: Option<Algo>, sizes: &[usize], json: bool) -> String {
-    let net = Network::of(c, c.gamma());
+    let net = Network::of(c);
     let n = net.n as f64;
     let rows: Vec<(usize, &'static str, f64)> = sizes
         .iter()

@@ -29,6 +29,7 @@
 //! live communicator's model.
 
 use crate::lines::{FileError, split};
+use gw_collectives::model::Curve;
 use std::collections::BTreeMap;
 
 #[derive(Clone, Debug, PartialEq)]
@@ -76,20 +77,16 @@ pub struct LinkSpec {
     /// its NICs, after oversubscription) above.
     pub node_bytes_s: f64,
     pub per_device: bool,
-    /// The same bandwidth measured at some message sizes (`curve=`),
-    /// `(bytes, bytes/s)`; empty: `node_bytes_s` at every size.
-    pub curve: Vec<(u64, f64)>,
+    /// The same link measured at some message sizes (`curve=`), as seconds
+    /// per byte by size; empty: `node_bytes_s` at every size.
+    pub curve: Curve,
 }
 
 impl LinkSpec {
     /// Bytes/s for all-reduces of `bytes`, off the curve when there is one
     /// (interpolated as gw_collectives' β curves are).
     pub fn bytes_s_at(&self, bytes: u64) -> f64 {
-        let pts: Vec<(u64, f64)> = self.curve.iter().map(|&(b, bw)| (b, 1.0 / bw)).collect();
-        match gw_collectives::model::Curve::new(&pts) {
-            Ok(c) => 1.0 / c.beta_at(1.0 / self.node_bytes_s, bytes as usize),
-            Err(_) => self.node_bytes_s,
-        }
+        1.0 / self.curve.beta_at(1.0 / self.node_bytes_s, bytes as usize)
     }
 }
 
@@ -207,7 +204,7 @@ impl Cluster {
                             l.number("oversubscription", Some(1.0), true)?,
                         )
                     };
-                    let mut curve = Vec::new();
+                    let mut points = Vec::new();
                     if let Some(text) = l.optional_text("curve") {
                         for point in text.split(',') {
                             let parsed = point.split_once(':').and_then(|(b, g)| {
@@ -215,7 +212,7 @@ impl Cluster {
                             });
                             match parsed {
                                 Some((b, g)) if b > 0 && g.is_finite() && g > 0.0 => {
-                                    curve.push((b, g * 1e9 / 8.0 * nics / over));
+                                    points.push((b, 8.0 / (g * 1e9 * nics / over)));
                                 }
                                 _ => {
                                     return Err(l.error(
@@ -225,12 +222,8 @@ impl Cluster {
                                 }
                             }
                         }
-                        let betas: Vec<(u64, f64)> =
-                            curve.iter().map(|&(b, bw)| (b, 1.0 / bw)).collect();
-                        if let Err(e) = gw_collectives::model::Curve::new(&betas) {
-                            return Err(l.error("curve", e));
-                        }
                     }
+                    let curve = Curve::new(&points).map_err(|e| l.error("curve", e))?;
                     c.links[lv as usize] = Some(LinkSpec {
                         alpha_s,
                         node_bytes_s: bytes_s * nics / over,
@@ -250,11 +243,7 @@ impl Cluster {
                         ));
                     };
                     let devices = l.count("devices", None, 1)? as usize;
-                    let cores = match l.count("cores", Some(0), 1) {
-                        Ok(0) => None,
-                        Ok(c) => Some(c as usize),
-                        Err(e) => return Err(e),
-                    };
+                    let cores = l.optional_count("cores", 1)?.map(|c| c as usize);
                     if l.keyword == "racks" {
                         let count = l.count("count", Some(1), 1)?;
                         let nodes = l.count("nodes", None, 1)? as usize;

@@ -147,6 +147,14 @@ impl<'a> Line<'a> {
         Ok(x)
     }
 
+    /// A whole number ≥ `min` if present.
+    pub fn optional_count(&mut self, key: &str, min: u64) -> Result<Option<u64>, FileError> {
+        match self.fields.iter().any(|f| f.0 == key) {
+            true => self.count(key, None, min).map(Some),
+            false => Ok(None),
+        }
+    }
+
     /// Ok once every field has been read; else names the first unknown one.
     pub fn finish(self) -> Result<(), FileError> {
         match self.fields.iter().find(|f| !f.2) {

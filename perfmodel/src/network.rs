@@ -31,9 +31,9 @@ const NONE: Link = Link {
 };
 
 impl Network {
-    /// `gamma` is that of the slowest device ([`Cluster::gamma`]); it and
-    /// every α and β grow by the cluster's oversubscription.
-    pub fn of(cluster: &Cluster, gamma: f64) -> Network {
+    /// γ is the slowest device's ([`Cluster::gamma`]); it and every α and
+    /// β grow by the cluster's oversubscription.
+    pub fn of(cluster: &Cluster) -> Network {
         let k = cluster.oversubscription();
         let max_devices = cluster
             .racks
@@ -52,7 +52,7 @@ impl Network {
                 .collect(),
             max_devices,
             k,
-            gamma: gamma * k,
+            gamma: cluster.gamma() * k,
             n: cluster.device_count(),
         }
     }

@@ -304,7 +304,7 @@ pub fn predict(w: &Workload, c: &Cluster, o: &Options) -> Result<Prediction, Unf
         }
     });
 
-    let net = Network::of(c, c.gamma());
+    let net = Network::of(c);
     let buckets = bucket::buckets(
         &w.layers,
         w.grad_bytes,

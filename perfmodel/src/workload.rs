@@ -147,7 +147,7 @@ impl Workload {
                         return Err(l.error("model", "a second `model` line"));
                     }
                     name = Some(l.text("name")?.to_string());
-                    if let Some(p) = optional_count(&mut l, "params")? {
+                    if let Some(p) = l.optional_count("params", 1)? {
                         declared = Some((p, l.no));
                     }
                 }
@@ -231,12 +231,6 @@ fn once(seen: &mut bool, l: &Line) -> Result<(), FileError> {
         return Err(l.error(l.keyword, format!("a second `{}` line", l.keyword)));
     }
     Ok(())
-}
-
-fn optional_count(l: &mut Line, key: &str) -> Result<Option<u64>, FileError> {
-    // `count` with a sentinel default keeps parsing and errors in one place.
-    let v = l.count(key, Some(u64::MAX), 1)?;
-    Ok((v != u64::MAX).then_some(v))
 }
 
 #[cfg(test)]

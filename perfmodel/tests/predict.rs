@@ -199,7 +199,7 @@ fn what_does_not_fit_is_reported_not_predicted() {
 fn hier_simulation_equals_the_cost_formula_when_all_start_together() {
     let (_, c) = shipped_pair("resnet50", "reference");
     let gamma = c.devices[0].gamma;
-    let net = Network::of(&c, gamma);
+    let net = Network::of(&c);
     let bytes = 64u64 << 20;
     let nodes = c.racks.iter().map(|r| r.len()).sum();
     let ends = net.hier_ends(&c, bytes, &vec![1.0; nodes]);
