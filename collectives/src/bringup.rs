@@ -373,12 +373,11 @@ fn oversubscription(peers: &[PeerInfo]) -> f64 {
     for p in peers {
         let e = hosts.entry(p.host_id.as_str()).or_insert((0, 0));
         e.0 += 1;
-        // Ranks of one host report the same count; the fewest is safest.
-        e.1 = if e.1 == 0 {
-            p.cores
-        } else {
-            e.1.min(p.cores.max(1))
-        };
+        // Ranks of one host report the same count; the fewest is safest,
+        // and a rank that could not tell (0) says nothing.
+        if p.cores > 0 {
+            e.1 = if e.1 == 0 { p.cores } else { e.1.min(p.cores) };
+        }
     }
     hosts
         .values()
@@ -587,6 +586,11 @@ mod layout_tests {
         // Room to spare, or counts unknown (older peers): 1.
         assert_eq!(oversubscription(&peers[3..]), 1.0);
         assert_eq!(oversubscription(&[rank(0, "c", 0), rank(1, "c", 0)]), 1.0);
+        // One rank that could not count does not make its host one core.
+        assert_eq!(
+            oversubscription(&[rank(0, "d", 8), rank(1, "d", 0), rank(2, "d", 8)]),
+            1.0
+        );
     }
 
     #[test]
