@@ -49,7 +49,48 @@ impl std::fmt::Display for HttpError {
 
 impl std::error::Error for HttpError {}
 
-/// Sends `body` (or nothing, for GET) to `base` + `path` and decodes the reply.
+/// A client of the job server that keeps its connection between calls
+/// (HTTP keep-alive): a worker's two calls per step, or an agent's
+/// heartbeats, then cost no new TCP handshake, and the server no new
+/// connection each.
+#[derive(Clone, Debug)]
+pub struct Client {
+    agent: ureq::Agent,
+}
+
+impl Client {
+    /// A client whose every call gives up after `timeout`.
+    pub fn new(timeout: Duration) -> Client {
+        Client {
+            agent: ureq::AgentBuilder::new().timeout(timeout).build(),
+        }
+    }
+
+    /// Sends `body` (or nothing, for GET) to `base` + `path` and decodes
+    /// the reply.
+    pub fn call<B: Serialize, R: DeserializeOwned>(
+        &self,
+        method: &str,
+        base: &str,
+        path: &str,
+        token: &str,
+        body: Option<&B>,
+    ) -> Result<R, HttpError> {
+        let url = format!("{}{}", base.trim_end_matches('/'), path);
+        let req = self
+            .agent
+            .request(method, &url)
+            .set("Authorization", &format!("Bearer {token}"));
+        let res = match body {
+            Some(b) => req.send_json(b),
+            None => req.call(),
+        };
+        decode(url, res)
+    }
+}
+
+/// One call on a connection of its own (for one-off callers such as the
+/// `gwjob` command line).
 pub fn call<B: Serialize, R: DeserializeOwned>(
     method: &str,
     base: &str,
@@ -58,15 +99,13 @@ pub fn call<B: Serialize, R: DeserializeOwned>(
     body: Option<&B>,
     timeout: Duration,
 ) -> Result<R, HttpError> {
-    let url = format!("{}{}", base.trim_end_matches('/'), path);
-    let agent = ureq::AgentBuilder::new().timeout(timeout).build();
-    let req = agent
-        .request(method, &url)
-        .set("Authorization", &format!("Bearer {token}"));
-    let res = match body {
-        Some(b) => req.send_json(b),
-        None => req.call(),
-    };
+    Client::new(timeout).call(method, base, path, token, body)
+}
+
+fn decode<R: DeserializeOwned>(
+    url: String,
+    res: Result<ureq::Response, ureq::Error>,
+) -> Result<R, HttpError> {
     match res {
         Ok(r) => r.into_json::<R>().map_err(|e| HttpError::Decode {
             url,

@@ -19,7 +19,7 @@
 //!   answers (a step out of order, a bad rank) are returned at once as
 //!   [`StepError::Rejected`]: retrying a refusal cannot help.
 
-use crate::http::{HttpError, call};
+use crate::http::{Client, HttpError};
 use crate::types::{StepBegin, StepEnd, StepEndReply, StepPlan};
 use gw_rendezvous::launch_env::{JobServerEnv, var};
 use std::time::{Duration, Instant};
@@ -128,6 +128,8 @@ pub struct StepClient {
     backoff_first: Duration,
     backoff_max: Duration,
     call_timeout: Duration,
+    /// Kept across calls, so a step costs no new connection.
+    http: Client,
     rng: u64,
 }
 
@@ -195,6 +197,7 @@ impl StepClient {
             backoff_first: BACKOFF_FIRST,
             backoff_max: BACKOFF_MAX,
             call_timeout: CALL_TIMEOUT,
+            http: Client::new(CALL_TIMEOUT),
             rng: seed | 1,
         }
     }
@@ -215,6 +218,7 @@ impl StepClient {
     /// Limit of one HTTP exchange (a slower one is retried).
     pub fn with_call_timeout(mut self, t: Duration) -> StepClient {
         self.call_timeout = t;
+        self.http = Client::new(t);
         self
     }
 
@@ -296,17 +300,14 @@ impl StepClient {
         let start = Instant::now();
         let mut pause = self.backoff_first;
         loop {
-            let err = match call::<B, R>(
-                "POST",
-                &self.server,
-                path,
-                &self.token,
-                Some(body),
-                self.call_timeout,
-            ) {
-                Ok(r) => return Ok(r),
-                Err(e) => e,
-            };
+            let err =
+                match self
+                    .http
+                    .call::<B, R>("POST", &self.server, path, &self.token, Some(body))
+                {
+                    Ok(r) => return Ok(r),
+                    Err(e) => e,
+                };
             if let Some(reason) = stopped_reason(&self.job_id, &err) {
                 return Err(StepError::Stopped {
                     job_id: self.job_id.clone(),
@@ -418,6 +419,85 @@ mod tests {
             }
             seen
         })
+    }
+
+    /// Answers `n` requests, all on the first connection (keep-alive), and
+    /// returns how many further connections were attempted meanwhile.
+    fn serve_kept(
+        listener: TcpListener,
+        n: usize,
+        body: impl Fn(usize) -> String + Send + 'static,
+    ) -> JoinHandle<usize> {
+        std::thread::spawn(move || {
+            let (s, _) = listener.accept().unwrap();
+            let mut r = BufReader::new(s.try_clone().unwrap());
+            let mut w = s;
+            for i in 0..n {
+                let mut len = 0;
+                loop {
+                    let mut h = String::new();
+                    if r.read_line(&mut h).unwrap() == 0 {
+                        return usize::MAX;
+                    }
+                    if h.trim().is_empty() {
+                        break;
+                    }
+                    if let Some((k, v)) = h.split_once(':')
+                        && k.eq_ignore_ascii_case("content-length")
+                    {
+                        len = v.trim().parse().unwrap();
+                    }
+                }
+                let mut req = vec![0; len];
+                r.read_exact(&mut req).unwrap();
+                let b = body(i);
+                let reply = format!(
+                    "HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{b}",
+                    b.len()
+                );
+                w.write_all(reply.as_bytes()).unwrap();
+            }
+            listener.set_nonblocking(true).unwrap();
+            let mut more = 0;
+            while listener.accept().is_ok() {
+                more += 1;
+            }
+            more
+        })
+    }
+
+    #[test]
+    fn every_call_of_a_rank_goes_over_one_kept_connection() {
+        let l = TcpListener::bind("127.0.0.1:0").unwrap();
+        let addr = l.local_addr().unwrap();
+        let server = serve_kept(l, 10, |i| {
+            if i % 2 == 0 {
+                plan(i as u64 / 2)
+            } else {
+                String::from(r#"{"stop":false}"#)
+            }
+        });
+        // A second connection would never be answered: give up soon.
+        let mut c = client(addr)
+            .with_retry(Duration::from_secs(1))
+            .with_call_timeout(Duration::from_secs(1));
+        for step in 0..5 {
+            assert_eq!(c.begin().unwrap().step, step);
+            c.end(&StepReport {
+                samples: 16,
+                compute_s: 0.1,
+                comm_s: 0.01,
+                step_s: 0.11,
+                local_grad_sq: None,
+                global_grad_sq: None,
+            })
+            .unwrap();
+        }
+        assert_eq!(
+            server.join().unwrap(),
+            0,
+            "a call opened a second connection"
+        );
     }
 
     fn plan(step: u64) -> String {

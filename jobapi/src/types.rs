@@ -113,6 +113,10 @@ pub struct JobStatus {
     /// Gradient noise scale estimate, when workers report gradient norms.
     pub noise_scale: Option<f64>,
     pub ranks: Vec<RankStatus>,
+    /// Set when part of the job's stored state cannot be read: the fields
+    /// that depend on it are left empty, and only this job is affected.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub error: Option<String>,
 }
 
 /// `POST /v1/nodes/register` (admin token; agents use it).

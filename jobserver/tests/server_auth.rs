@@ -73,11 +73,26 @@ fn every_endpoint_class_needs_the_right_token() {
     let plan = s.step_begin(&job_a, &token_a, 0, 0).unwrap();
     assert_eq!(plan.local_batch, 8);
     assert!(s.step_begin(&job_b, &token_b, 0, 0).is_ok());
-    // Refusals are logged with the peer address and the path.
+    // Refusals are logged with the peer address and the path, at most one
+    // line a second, the next line counting those left out.
+    std::thread::sleep(std::time::Duration::from_millis(1100));
+    let r = s.call::<Value, Value>("GET", &format!("/v1/jobs/{job_b}"), "wrong", None);
+    assert_eq!(status_of(&r), 401);
     let log = s.stderr();
+    let lines: Vec<&str> = log.lines().filter(|l| l.contains("401 for ")).collect();
     assert!(
-        log.contains("401 for 127.0.0.1:") && log.contains(&format!("/v1/jobs/{job_a}/step/begin")),
+        lines[0].contains("401 for 127.0.0.1:") && lines[0].contains("POST /v1/jobs"),
         "{log}"
+    );
+    let last = lines.last().copied().unwrap_or("");
+    assert!(
+        last.contains(&format!("GET /v1/jobs/{job_b}")) && last.contains("more like it"),
+        "{log}"
+    );
+    assert!(
+        lines.len() < 33,
+        "33 refusals logged {} lines:\n{log}",
+        lines.len()
     );
     // A missing Authorization header (not just an empty token) is a 401 too.
     let raw = ureq::get(&format!("{}/v1/jobs", s.url)).call();

@@ -128,6 +128,41 @@ impl RankFit {
         if !(seconds.is_finite() && seconds >= 0.0) {
             return;
         }
+        // Extreme but finite inputs (1e308 s) could still overflow the
+        // moments; such an observation is dropped whole rather than leave a
+        // fit that predicts NaN and cannot be stored.
+        let before = self.clone();
+        self.observe_finite(batch, seconds);
+        if !self.is_finite() {
+            *self = before;
+        }
+    }
+
+    /// Whether every statistic is a finite number (always, after
+    /// [`RankFit::observe`]; a fit decoded from storage may not be).
+    pub fn is_finite(&self) -> bool {
+        [
+            self.weight,
+            self.mean_b,
+            self.mean_t,
+            self.m_bb,
+            self.m_bt,
+            self.m_tt,
+            self.scale_sum,
+            self.scale_weight,
+        ]
+        .iter()
+        .all(|x| x.is_finite())
+            && self
+                .suspects
+                .iter()
+                .all(|s| s.seconds.is_finite() && s.clipped.is_finite())
+            && self
+                .model()
+                .is_none_or(|m| m.a.is_finite() && m.c.is_finite())
+    }
+
+    fn observe_finite(&mut self, batch: u64, seconds: f64) {
         self.seen += 1;
         let Some(model) = self.model() else {
             self.fit(batch as f64, seconds);

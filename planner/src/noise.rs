@@ -102,6 +102,19 @@ impl NoiseScale {
     /// ignored when the slices differ in length or a value is NaN, infinite
     /// or negative (a squared norm cannot be).
     pub fn observe(&mut self, batches: &[u64], local_grad_sq: &[f64], global_grad_sq: f64) {
+        // Huge but finite norms could overflow the sums: such a step is
+        // dropped whole rather than leave an estimate that cannot be stored.
+        let before = self.clone();
+        self.observe_finite(batches, local_grad_sq, global_grad_sq);
+        if ![self.weight, self.trace_sum, self.grad_sq_sum]
+            .iter()
+            .all(|x| x.is_finite())
+        {
+            *self = before;
+        }
+    }
+
+    fn observe_finite(&mut self, batches: &[u64], local_grad_sq: &[f64], global_grad_sq: f64) {
         if batches.len() != local_grad_sq.len()
             || !(global_grad_sq.is_finite() && global_grad_sq >= 0.0)
         {

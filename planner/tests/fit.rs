@@ -202,3 +202,31 @@ fn serde_round_trip_predicts_identically() {
     }
     assert_eq!(back.observations(), fit.observations());
 }
+
+/// The sequence that once left a fit whose JSON was `null`: a finite but
+/// absurd time, then zero. Whatever finite times come, in any order and at
+/// any batch size, the fit stays finite and survives the JSON round trip.
+#[test]
+fn extreme_finite_times_never_leave_a_non_finite_fit() {
+    let mut fit = RankFit::new(0.95);
+    fit.observe(32, 1e308);
+    fit.observe(32, 0.0);
+    assert!(fit.is_finite(), "{fit:?}");
+    let json = serde_json::to_string(&fit).expect("serializes");
+    assert!(!json.contains("null"), "{json}");
+    let _: RankFit = serde_json::from_str(&json).expect("decodes");
+
+    let extremes = [0.0, 5e-324, 1e-300, 1e-3, 1.0, 1e6, 1e150, 1e300, f64::MAX];
+    let mut rng = StdRng::seed_from_u64(7);
+    for _ in 0..200 {
+        let mut fit = RankFit::new(rng.random_range(0.5..=1.0));
+        for _ in 0..rng.random_range(1..40) {
+            let b = [0, 1, 32, 1 << 20, u64::MAX][rng.random_range(0..5)];
+            fit.observe(b, extremes[rng.random_range(0..extremes.len())]);
+            assert!(fit.is_finite(), "{fit:?}");
+        }
+        let json = serde_json::to_string(&fit).expect("serializes");
+        let back: RankFit = serde_json::from_str(&json).expect("decodes");
+        assert_eq!(back.model(), fit.model());
+    }
+}

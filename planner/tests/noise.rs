@@ -158,3 +158,20 @@ fn serde_round_trip_keeps_the_estimate() {
     assert_eq!(back.estimate(), ours.estimate());
     assert_eq!(back.steps(), ours.steps());
 }
+
+/// Huge but finite norms are dropped whole: the estimator never holds a
+/// non-finite sum (which would be stored as JSON `null`).
+#[test]
+fn extreme_finite_norms_never_leave_a_non_finite_estimator() {
+    let mut n = NoiseScale::default();
+    n.observe(&[8, 8], &[1.0, 1.2], 1.0);
+    let good = n.estimate();
+    n.observe(&[8, 8], &[f64::MAX, 1e308], 1e308);
+    n.observe(&[u64::MAX, u64::MAX], &[1e300, 1e300], 0.0);
+    let json = serde_json::to_string(&n).expect("serializes");
+    assert!(!json.contains("null"), "{json}");
+    let back: NoiseScale = serde_json::from_str(&json).expect("decodes");
+    assert_eq!(back.estimate(), n.estimate());
+    // The normal step before them still stands.
+    assert_eq!(n.estimate(), good);
+}

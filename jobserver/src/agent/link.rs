@@ -11,7 +11,7 @@
 use std::net::{IpAddr, Ipv4Addr, SocketAddr, ToSocketAddrs, UdpSocket};
 use std::time::Duration;
 
-use gw_jobapi::http::{HttpError, call};
+use gw_jobapi::http::{Client, HttpError};
 use gw_jobapi::types::{
     Heartbeat, HeartbeatReply, RegisterNode, RegisterReply, StoreOpened, WorkerExit,
 };
@@ -24,6 +24,8 @@ pub struct Link {
     pub server: String,
     token: String,
     pub node: RegisterNode,
+    /// One kept-alive connection for every heartbeat.
+    http: Client,
 }
 
 impl Link {
@@ -32,31 +34,30 @@ impl Link {
             server: server.to_owned(),
             token: token.to_owned(),
             node,
+            http: Client::new(CALL_TIMEOUT),
         }
     }
 
     /// Registers the node; returns the heartbeat period the server wants.
     pub fn register(&self) -> Result<Duration, HttpError> {
-        let r: RegisterReply = call(
+        let r: RegisterReply = self.http.call(
             "POST",
             &self.server,
             "/v1/nodes/register",
             &self.token,
             Some(&self.node),
-            CALL_TIMEOUT,
         )?;
         // A zero or absurd period from a confused server must not make us spin.
         Ok(Duration::from_millis(r.heartbeat_ms.clamp(50, 60_000)))
     }
 
     pub fn heartbeat(&self, hb: &Heartbeat) -> Result<HeartbeatReply, HttpError> {
-        call(
+        self.http.call(
             "POST",
             &self.server,
             &format!("/v1/nodes/{}/heartbeat", self.node.node),
             &self.token,
             Some(hb),
-            CALL_TIMEOUT,
         )
     }
 }

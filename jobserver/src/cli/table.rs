@@ -110,6 +110,9 @@ pub fn job(j: &JobStatus, events: &[EventLine]) -> String {
     if let Some(r) = &j.reason {
         out.push_str(&format!("reason: {r}\n"));
     }
+    if let Some(e) = &j.error {
+        out.push_str(&format!("error: {e}\n"));
+    }
     out.push_str(&format!(
         "workers {}, planner {}, global batch {}, last completed step {}\n",
         j.workers,
@@ -213,6 +216,7 @@ mod tests {
                     exit: Some(-9),
                 },
             ],
+            error: None,
         }
     }
 

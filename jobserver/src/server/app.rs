@@ -44,14 +44,34 @@ fn body<T: DeserializeOwned>(c: &Call<'_>) -> ApiResult<T> {
 }
 
 impl App {
+    /// Routes `c` and checks its token, from the request head alone: run
+    /// before the body is read, so an unauthenticated client never gets a
+    /// body buffered. [`App::handle`] checks again; this only refuses early.
+    pub fn admit(&self, c: &Call<'_>) -> ApiResult<()> {
+        let route = routes::parse(c.method, c.url)?;
+        let token = auth::bearer(c.authorization)?;
+        match route.auth() {
+            Auth::Admin => self.check_admin(token),
+            Auth::Job(id) => self.db.tx(|tx| steps::authorize(tx, id, token).map(|_| ())),
+        }
+    }
+
+    fn check_admin(&self, token: &str) -> ApiResult<()> {
+        if auth::same(token, &self.admin_token) {
+            Ok(())
+        } else {
+            Err(ApiError::unauthorized(
+                "this endpoint needs the admin token",
+            ))
+        }
+    }
+
     /// Serves one request: the JSON reply, or the error to send.
     pub fn handle(&self, c: &Call<'_>) -> ApiResult<String> {
         let route = routes::parse(c.method, c.url)?;
         let token = auth::bearer(c.authorization)?;
-        if route.auth() == Auth::Admin && !auth::same(token, &self.admin_token) {
-            return Err(ApiError::unauthorized(
-                "this endpoint needs the admin token",
-            ));
+        if route.auth() == Auth::Admin {
+            self.check_admin(token)?;
         }
         let db = &self.db;
         match route {

@@ -5,6 +5,7 @@
 //! 2 having touched nothing.
 
 use crate::cli::flags::number;
+use crate::server::http::Limits;
 use clap::{Args, ValueHint};
 use std::path::PathBuf;
 use std::time::Duration;
@@ -82,6 +83,32 @@ pub struct ServeArgs {
         allow_hyphen_values = true
     )]
     threads: usize,
+
+    /// Open connections allowed, all clients together
+    #[arg(long = "max-connections", value_name = "N", default_value = "1024",
+          value_parser = number::<usize>(), allow_hyphen_values = true)]
+    max_connections: usize,
+
+    /// Open connections allowed from one IP address
+    #[arg(long = "max-connections-per-peer", value_name = "N", default_value = "256",
+          value_parser = number::<usize>(), allow_hyphen_values = true)]
+    max_per_peer: usize,
+
+    /// Time a client has to send a request's headers (and the longest a
+    /// keep-alive connection may wait for its next request)
+    #[arg(long = "header-timeout", value_name = "SECS", default_value = "10",
+          value_parser = number::<f64>(), allow_hyphen_values = true)]
+    header_timeout: f64,
+
+    /// Time a client has to send a request's body
+    #[arg(long = "body-timeout", value_name = "SECS", default_value = "10",
+          value_parser = number::<f64>(), allow_hyphen_values = true)]
+    body_timeout: f64,
+
+    /// A connection on which nothing moved for this long is closed
+    #[arg(long = "stall-timeout", value_name = "SECS", default_value = "30",
+          value_parser = number::<f64>(), allow_hyphen_values = true)]
+    stall_timeout: f64,
 }
 
 /// What `gwjob serve` runs with.
@@ -94,6 +121,7 @@ pub struct ServeOptions {
     pub heartbeat_ms: u64,
     pub advertise: Option<String>,
     pub threads: usize,
+    pub limits: Limits,
 }
 
 impl ServeArgs {
@@ -117,6 +145,14 @@ impl ServeArgs {
         if !(1..=64).contains(&self.threads) {
             return Err(format!("--threads must be 1..=64 (got {})", self.threads));
         }
+        let limits = Limits {
+            max_connections: count("--max-connections", self.max_connections)?,
+            max_per_peer: count("--max-connections-per-peer", self.max_per_peer)?,
+            header_timeout: secs("--header-timeout", self.header_timeout)?,
+            body_timeout: secs("--body-timeout", self.body_timeout)?,
+            stall_timeout: secs("--stall-timeout", self.stall_timeout)?,
+            ..Limits::default()
+        };
         if let Some(a) = &self.advertise
             && !(a.starts_with("http://") || a.starts_with("https://"))
         {
@@ -130,7 +166,24 @@ impl ServeArgs {
             heartbeat_ms,
             advertise: self.advertise,
             threads: self.threads,
+            limits,
         })
+    }
+}
+
+fn count(flag: &str, n: usize) -> Result<usize, String> {
+    if (1..=1 << 20).contains(&n) {
+        Ok(n)
+    } else {
+        Err(format!("{flag} must be 1..=1048576 (got {n})"))
+    }
+}
+
+fn secs(flag: &str, s: f64) -> Result<Duration, String> {
+    if s.is_finite() && (0.01..=3600.0).contains(&s) {
+        Ok(Duration::from_secs_f64(s))
+    } else {
+        Err(format!("{flag} must be 0.01..=3600 seconds (got {s})"))
     }
 }
 

@@ -27,10 +27,11 @@ pub fn admin_token(
     db: &Path,
 ) -> Result<(String, TokenSource), String> {
     if let Some(f) = file {
-        let t = read_token(f)?;
+        let t = read_server_token(f)?;
         return Ok((t, TokenSource::File(f.to_path_buf())));
     }
     if let Some(t) = env.map(|t| t.trim().to_owned()).filter(|t| !t.is_empty()) {
+        check_length(&t, "GW_ADMIN_TOKEN")?;
         return Ok((t, TokenSource::Env));
     }
     let dir = match db.parent() {
@@ -39,7 +40,7 @@ pub fn admin_token(
     };
     let path = dir.join("admin.token");
     if path.exists() {
-        let t = read_token(&path)?;
+        let t = read_server_token(&path)?;
         return Ok((t, TokenSource::Generated(path)));
     }
     let t = random_hex(16).map_err(|e| format!("cannot read /dev/urandom: {e}"))?;
@@ -53,6 +54,10 @@ pub fn admin_token(
     Ok((t, TokenSource::Generated(path)))
 }
 
+/// Shortest admin token accepted: 16 characters (a generated one has 32
+/// hex digits, 128 bits).
+pub const MIN_TOKEN_LEN: usize = 16;
+
 /// Reads a token file: the first line, trimmed; empty is an error.
 pub fn read_token(path: &Path) -> Result<String, String> {
     let text = std::fs::read_to_string(path)
@@ -62,6 +67,62 @@ pub fn read_token(path: &Path) -> Result<String, String> {
         return Err(format!("token file {} is empty", path.display()));
     }
     Ok(t)
+}
+
+/// The server's own token file: as [`read_token`], and only if the file is
+/// private (see [`check_private`]) and the token at least
+/// [`MIN_TOKEN_LEN`] long. (Clients send what they are given; the server
+/// decides what it accepts.)
+fn read_server_token(path: &Path) -> Result<String, String> {
+    check_private(path, "token file")?;
+    let t = read_token(path)?;
+    check_length(&t, &format!("the token in {}", path.display()))?;
+    Ok(t)
+}
+
+fn check_length(token: &str, what: &str) -> Result<(), String> {
+    if token.chars().count() < MIN_TOKEN_LEN {
+        return Err(format!(
+            "{what} has {} characters; at least {MIN_TOKEN_LEN} are needed \
+             (e.g. `head -c 16 /dev/urandom | xxd -p`)",
+            token.chars().count()
+        ));
+    }
+    Ok(())
+}
+
+/// A file holding secrets is used only if it is a regular file (not a
+/// link someone planted), owned by the user running the server, and
+/// neither group nor others may read or write it.
+pub fn check_private(path: &Path, what: &str) -> Result<(), String> {
+    use std::os::unix::fs::MetadataExt;
+    let m = std::fs::symlink_metadata(path)
+        .map_err(|e| format!("cannot stat {what} {}: {e}", path.display()))?;
+    if !m.file_type().is_file() {
+        return Err(format!(
+            "{what} {} is not a regular file (a symbolic link is refused)",
+            path.display()
+        ));
+    }
+    // SAFETY: geteuid has no preconditions and cannot fail.
+    let me = unsafe { libc::geteuid() };
+    if m.uid() != me {
+        return Err(format!(
+            "{what} {} is owned by uid {}, not by this server's uid {me}",
+            path.display(),
+            m.uid()
+        ));
+    }
+    if m.mode() & 0o077 != 0 {
+        return Err(format!(
+            "{what} {} has mode {:o}: group and others must have no access \
+             (chmod 600 {})",
+            path.display(),
+            m.mode() & 0o777,
+            path.display()
+        ));
+    }
+    Ok(())
 }
 
 /// The token of an `Authorization: Bearer TOKEN` header value.
@@ -125,10 +186,46 @@ mod tests {
         assert_eq!(mode & 0o777, 0o600);
         let (t2, _) = admin_token(None, None, &db).unwrap();
         assert_eq!(t1, t2);
-        let (t3, src) = admin_token(None, Some("xyz".into()), &db).unwrap();
-        assert_eq!((t3.as_str(), src), ("xyz", TokenSource::Env));
-        let (t4, _) = admin_token(Some(&path), Some("xyz".into()), &db).unwrap();
+        let env = "an-operator-chosen-token";
+        let (t3, src) = admin_token(None, Some(env.into()), &db).unwrap();
+        assert_eq!((t3.as_str(), src), (env, TokenSource::Env));
+        let (t4, _) = admin_token(Some(&path), Some(env.into()), &db).unwrap();
         assert_eq!(t4, t1);
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    #[test]
+    fn tokens_that_others_could_read_or_guess_are_refused() {
+        use std::os::unix::fs::PermissionsExt;
+        let dir = std::env::temp_dir().join(format!("gw-auth-bad-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).unwrap();
+        let db = dir.join("s.db");
+        let short = admin_token(None, Some("xyz".into()), &db).unwrap_err();
+        assert!(short.contains("GW_ADMIN_TOKEN has 3 characters"), "{short}");
+        // A pre-existing admin.token readable by others, or planted as a
+        // link, is not reused.
+        let path = dir.join("admin.token");
+        std::fs::write(&path, "0123456789abcdef0123456789abcdef\n").unwrap();
+        std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o644)).unwrap();
+        let open = admin_token(None, None, &db).unwrap_err();
+        assert!(
+            open.contains("mode 644") && open.contains("chmod 600"),
+            "{open}"
+        );
+        std::fs::remove_file(&path).unwrap();
+        let target = dir.join("elsewhere");
+        std::fs::write(&target, "0123456789abcdef0123456789abcdef\n").unwrap();
+        std::fs::set_permissions(&target, std::fs::Permissions::from_mode(0o600)).unwrap();
+        std::os::unix::fs::symlink(&target, &path).unwrap();
+        let link = admin_token(None, None, &db).unwrap_err();
+        assert!(link.contains("not a regular file"), "{link}");
+        // A private file with too short a token.
+        let f = dir.join("short.token");
+        std::fs::write(&f, "abc\n").unwrap();
+        std::fs::set_permissions(&f, std::fs::Permissions::from_mode(0o600)).unwrap();
+        let e = admin_token(Some(&f), None, &db).unwrap_err();
+        assert!(e.contains("at least 16"), "{e}");
         let _ = std::fs::remove_dir_all(&dir);
     }
 }

@@ -129,7 +129,9 @@ impl Db {
     pub fn open(path: &Path) -> Result<Db, String> {
         // The database holds every job's tokens: readable by its owner only
         // (SQLite gives the -wal and -shm files the same mode).
-        if !path.exists() {
+        if path.exists() {
+            crate::server::auth::check_private(path, "database")?;
+        } else {
             std::fs::OpenOptions::new()
                 .write(true)
                 .create_new(true)

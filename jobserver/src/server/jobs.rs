@@ -171,7 +171,7 @@ pub fn submit(tx: &Transaction<'_>, req: &SubmitRequest) -> ApiResult<SubmitRepl
         r.get(0)
     })?;
     let random = |n| random_hex(n).map_err(|e| ApiError::internal(format!("/dev/urandom: {e}")));
-    let id = format!("j{seq}-{}", random(3)?);
+    let id = format!("j{seq}-{}", random(12)?);
     let spec = to_json(req)?;
     tx.execute(
         "INSERT INTO jobs(seq, id, name, spec, workers, planner, state, job_token, store_token, submitted_at)

@@ -5,7 +5,7 @@
 //! and report their timings. Everything it knows is in SQLite (`db.rs`), so
 //! a `kill -9` and restart on the same database loses nothing.
 //!
-//! Layout: `args` (command line), `http` (tiny_http threads) → `app`
+//! Layout: `args` (command line), `http` (hyper on tokio, with every limit) → `app`
 //! (routing, auth, one transaction per request) → `jobs`, `nodes`, `steps`
 //! (the handlers) → `plan` and `placement` (pure policy) and `db`.
 
@@ -52,12 +52,11 @@ fn run(o: ServeOptions) -> Result<(), String> {
     }
     let up = db.tx(nodes::up_nodes).map_err(|e| e.message)?;
     let live = Liveness::new(o.node_timeout, up);
-    let server = tiny_http::Server::http(o.listen.as_str())
+    let listener = std::net::TcpListener::bind(o.listen.as_str())
         .map_err(|e| format!("cannot listen on {}: {e}", o.listen))?;
-    let addr = server
-        .server_addr()
-        .to_ip()
-        .ok_or_else(|| format!("{} is not an IP address", o.listen))?;
+    let addr = listener
+        .local_addr()
+        .map_err(|e| format!("cannot read the address of {}: {e}", o.listen))?;
     let listen_url = format!("http://{addr}");
     let app = Arc::new(App {
         db,
@@ -70,8 +69,7 @@ fn run(o: ServeOptions) -> Result<(), String> {
     start_liveness(app.clone())?;
     println!("gwjob: listening on {listen_url}");
     let _ = std::io::stdout().flush();
-    http::serve(app, Arc::new(server), o.threads);
-    Ok(())
+    http::serve(app, listener, o.threads, o.limits)
 }
 
 /// The thread that marks silent nodes lost, checking several times per

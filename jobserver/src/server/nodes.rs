@@ -133,11 +133,8 @@ pub fn register(
     if req.addr.trim().is_empty() {
         return Err(ApiError::bad_request("addr must not be empty"));
     }
-    if req.device_type.len() > 128 {
-        return Err(ApiError::bad_request(
-            "device_type is longer than 128 characters",
-        ));
-    }
+    crate::server::validate::printable("addr", &req.addr, 256)?;
+    crate::server::validate::printable("device_type", &req.device_type, 128)?;
     tx.execute(
         "INSERT INTO racks(name) VALUES (?1) ON CONFLICT(name) DO NOTHING",
         params![req.rack],

@@ -13,12 +13,39 @@ use serde::{Deserialize, Serialize};
 /// `GET /v1/jobs/{id}`.
 pub fn status(tx: &Transaction<'_>, id: &str) -> ApiResult<JobStatus> {
     let job = jobs::get(tx, id)?;
-    status_of(tx, &job)
+    Ok(status_or_error(tx, &job))
 }
 
 /// `GET /v1/jobs`: every job, oldest first.
 pub fn list(tx: &Transaction<'_>) -> ApiResult<Vec<JobStatus>> {
-    jobs::all(tx)?.iter().map(|j| status_of(tx, j)).collect()
+    Ok(jobs::all(tx)?
+        .iter()
+        .map(|j| status_or_error(tx, j))
+        .collect())
+}
+
+/// The job's status; if a row it is assembled from cannot be read, what
+/// the job row itself says, with the error — one damaged job must not hide
+/// the others, nor stop an operator from seeing or cancelling it.
+fn status_or_error(tx: &Transaction<'_>, job: &Job) -> JobStatus {
+    status_of(tx, job).unwrap_or_else(|e| {
+        tracing::error!("job {}: {}", job.id, e.message);
+        JobStatus {
+            job_id: job.id.clone(),
+            name: job.spec.name.clone(),
+            state: job.state,
+            reason: job.reason.clone(),
+            workers: job.workers(),
+            planner: job.spec.planner,
+            global_batch: job.spec.global_batch,
+            step: job.completed_step,
+            predicted_step_s: None,
+            measured_step_s: None,
+            noise_scale: None,
+            ranks: Vec::new(),
+            error: Some(e.message),
+        }
+    })
 }
 
 fn status_of(tx: &Transaction<'_>, job: &Job) -> ApiResult<JobStatus> {
@@ -79,6 +106,7 @@ fn status_of(tx: &Transaction<'_>, job: &Job) -> ApiResult<JobStatus> {
         measured_step_s: measured,
         noise_scale,
         ranks,
+        error: None,
     })
 }
 

@@ -15,6 +15,7 @@ use crate::server::error::{ApiError, ApiResult};
 use crate::server::jobs::{self, Job};
 use crate::server::plan::{self, Inputs, Plan};
 use crate::server::store;
+use crate::server::validate::MAX_BATCH;
 use gw_jobapi::types::{JobState, StepBegin, StepEnd, StepEndReply, StepPlan};
 use gw_planner::{NoiseScale, RankFit};
 use rusqlite::{Transaction, params};
@@ -22,13 +23,16 @@ use rusqlite::{Transaction, params};
 /// Completed steps whose all-reduce times feed the typical `comm_s`.
 const COMM_WINDOW: u32 = 20;
 
-/// The job, if `token` is its worker token (else 401; unknown job 404).
+/// The job, if `token` is its worker token. An unknown job gets the same
+/// 401 as a wrong token, so the step endpoints cannot be used to learn
+/// which job ids exist.
 pub fn authorize(tx: &Transaction<'_>, id: &str, token: &str) -> ApiResult<Job> {
-    let job = jobs::get(tx, id)?;
+    let refused = || ApiError::unauthorized(format!("no job {id} with this worker token"));
+    let Some(job) = jobs::find(tx, id)? else {
+        return Err(refused());
+    };
     if !auth::same(token, &job.job_token) {
-        return Err(ApiError::unauthorized(format!(
-            "not the worker token of job {id}"
-        )));
+        return Err(refused());
     }
     Ok(job)
 }
@@ -71,12 +75,7 @@ pub fn begin(tx: &Transaction<'_>, job: &Job, req: &StepBegin) -> ApiResult<Step
         return Err(ApiError::conflict(job.not_running()));
     }
     check_rank(job, req.rank)?;
-    if req.step > i64::MAX as u64 {
-        return Err(ApiError::bad_request(format!(
-            "step {} is too large",
-            req.step
-        )));
-    }
+    check_step(req.step)?;
     // The rank is alive: its launch need not be re-sent (see nodes.rs).
     tx.execute(
         "UPDATE ranks SET launched = 2 WHERE job_id = ?1 AND rank = ?2 AND launched = 1",
@@ -169,23 +168,62 @@ fn typical_comm(tx: &Transaction<'_>, id: &str) -> ApiResult<Option<f64>> {
     Ok(Some(v[v.len() / 2]))
 }
 
-fn check_time(what: &str, x: f64) -> ApiResult<()> {
-    if x.is_finite() && x >= 0.0 {
-        Ok(())
-    } else {
-        Err(ApiError::bad_request(format!(
-            "{what} = {x} must be a finite number of seconds >= 0"
-        )))
+/// Longest time a report may carry: eleven days of one step is already
+/// absurd, and anything larger could only overflow the timing fit's sums.
+pub const MAX_SECONDS: f64 = 1e6;
+/// Largest squared gradient norm a report may carry; real ones are many
+/// orders of magnitude below, and the noise scale's products stay finite.
+pub const MAX_NORM_SQ: f64 = 1e100;
+
+/// A reported time: in (0, MAX_SECONDS], or [0, MAX_SECONDS] when
+/// `zero_ok` (a world of one spends nothing in its all-reduce).
+fn check_time(what: &str, x: f64, zero_ok: bool) -> ApiResult<()> {
+    let low_ok = if zero_ok { x >= 0.0 } else { x > 0.0 };
+    if x.is_finite() && low_ok && x <= MAX_SECONDS {
+        return Ok(());
     }
+    let low = if zero_ok { "[0" } else { "(0" };
+    Err(ApiError::bad_request(format!(
+        "{what} = {x} is out of range: a time in seconds in {low}, {MAX_SECONDS:e}]"
+    )))
 }
 
 fn check_norm(what: &str, x: Option<f64>) -> ApiResult<()> {
     match x {
-        Some(v) if !(v.is_finite() && v >= 0.0) => Err(ApiError::bad_request(format!(
-            "{what} = {v} must be finite and >= 0"
-        ))),
+        Some(v) if !(v.is_finite() && (0.0..=MAX_NORM_SQ).contains(&v)) => {
+            Err(ApiError::bad_request(format!(
+                "{what} = {v} is out of range: a squared norm in [0, {MAX_NORM_SQ:e}]"
+            )))
+        }
         _ => Ok(()),
     }
+}
+
+fn check_report(job: &Job, req: &StepEnd) -> ApiResult<()> {
+    check_rank(job, req.rank)?;
+    check_step(req.step)?;
+    if req.samples > MAX_BATCH {
+        return Err(ApiError::bad_request(format!(
+            "samples = {} is out of range: at most {MAX_BATCH}",
+            req.samples
+        )));
+    }
+    check_time("compute_s", req.compute_s, false)?;
+    check_time("comm_s", req.comm_s, true)?;
+    check_time("step_s", req.step_s, false)?;
+    check_norm("local_grad_sq", req.local_grad_sq)?;
+    check_norm("global_grad_sq", req.global_grad_sq)
+}
+
+/// Steps are stored as SQLite integers.
+fn check_step(step: u64) -> ApiResult<()> {
+    if step > i64::MAX as u64 {
+        return Err(ApiError::bad_request(format!(
+            "step = {step} is out of range: at most {}",
+            i64::MAX
+        )));
+    }
+    Ok(())
 }
 
 /// `POST /v1/jobs/{id}/step/end`.
@@ -193,12 +231,7 @@ pub fn end(tx: &Transaction<'_>, job: &Job, req: &StepEnd) -> ApiResult<StepEndR
     if job.state != JobState::Running {
         return Ok(StepEndReply { stop: true });
     }
-    check_rank(job, req.rank)?;
-    check_time("compute_s", req.compute_s)?;
-    check_time("comm_s", req.comm_s)?;
-    check_time("step_s", req.step_s)?;
-    check_norm("local_grad_sq", req.local_grad_sq)?;
-    check_norm("global_grad_sq", req.global_grad_sq)?;
+    check_report(job, req)?;
     let Some(plan) = store::load_plan(tx, &job.id, req.step)? else {
         return Err(ApiError::conflict(format!(
             "step {} of job {} was never planned (call step/begin first)",

@@ -122,7 +122,8 @@ pub fn ranks(tx: &Transaction<'_>, id: &str) -> ApiResult<Vec<RankRow>> {
             Ok(RankRow {
                 rank,
                 node,
-                fit: serde_json::from_str(&fit).map_err(|e| corrupt("rank fit", e))?,
+                fit: serde_json::from_str(&fit)
+                    .map_err(|e| corrupt(&format!("rank fit of job {id} rank {rank}"), e))?,
                 last_compute_s: last,
                 exit: match (exited, code, signal) {
                     (false, _, _) => None,

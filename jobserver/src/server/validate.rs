@@ -15,6 +15,26 @@ pub const MAX_BATCH: u64 = 1 << 40;
 /// override them.
 pub const RESERVED_ENV: &[&str] = gw_rendezvous::launch_env::var::RESERVED;
 
+/// Text that ends up in the event log and on operators' terminals: 1..=max
+/// bytes, no control characters (a newline would forge a log line) and no
+/// bidirectional overrides (which make a line read other than it is).
+pub fn printable(what: &str, s: &str, max: usize) -> ApiResult<()> {
+    let bidi = |c: char| matches!(c, '\u{061C}' | '\u{200E}' | '\u{200F}' | '\u{202A}'..='\u{202E}' | '\u{2066}'..='\u{2069}');
+    if s.is_empty() || s.len() > max {
+        return Err(ApiError::bad_request(format!(
+            "{what} must be 1..={max} bytes (got {})",
+            s.len()
+        )));
+    }
+    if let Some(c) = s.chars().find(|&c| c.is_control() || bidi(c)) {
+        return Err(ApiError::bad_request(format!(
+            "{what} must be printable: it holds {:?}",
+            c
+        )));
+    }
+    Ok(())
+}
+
 /// Checks `req`; the error text says which field is wrong and why.
 pub fn submission(req: &SubmitRequest) -> ApiResult<()> {
     let bad = |m: String| Err(ApiError::bad_request(m));
@@ -27,10 +47,8 @@ pub fn submission(req: &SubmitRequest) -> ApiResult<()> {
             req.workers
         ));
     }
-    if let Some(name) = &req.name
-        && (name.is_empty() || name.len() > 128 || name.chars().any(char::is_control))
-    {
-        return bad("name must be 1..=128 printable characters".into());
+    if let Some(name) = &req.name {
+        printable("name", name, 128)?;
     }
     if req.batch_lo == 0 {
         return bad("batch_lo must be at least 1 (got 0)".into());

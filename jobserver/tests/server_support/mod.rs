@@ -15,6 +15,12 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 pub const GWJOB: &str = env!("CARGO_BIN_EXE_gwjob");
+
+/// The `gwjob` under test: this build's, or `GW_TEST_GWJOB` (to run the
+/// same tests against another build, e.g. to see a test fail before a fix).
+pub fn gwjob() -> String {
+    std::env::var("GW_TEST_GWJOB").unwrap_or_else(|_| GWJOB.to_owned())
+}
 pub const T: Duration = Duration::from_secs(10);
 
 #[path = "../common/tempdir.rs"]
@@ -47,7 +53,7 @@ impl Server {
     /// must keep its address for real agents to find it again).
     pub fn start_on(dir: &Path, listen: &str, extra: &[&str]) -> Server {
         let db = dir.join("server.db");
-        let mut child = Command::new(GWJOB)
+        let mut child = Command::new(gwjob())
             .arg("serve")
             .arg("--listen")
             .arg(listen)
