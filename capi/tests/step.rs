@@ -248,7 +248,7 @@ impl Drop for Serve {
     }
 }
 
-const ADMIN: &str = "capi-step-admin";
+const ADMIN: &str = "capi-step-admin-token";
 
 fn serve() -> Serve {
     let gwjob = profile_dir().join("gwjob");

@@ -245,7 +245,7 @@ impl Cluster {
     /// Starts `gwjob serve --listen LISTEN --db DIR/gw.db`.
     pub fn start(tag: &str, listen: &str, prefix: &[&str]) -> Cluster {
         let dir = TempDir::new(tag);
-        let token = format!("e2e-admin-{}", std::process::id());
+        let token = format!("e2e-admin-token-{}", std::process::id());
         let prefix: Vec<String> = prefix.iter().map(|s| s.to_string()).collect();
         let (server, url) = Self::serve(dir.path(), &token, &prefix, listen, 0);
         Cluster {
