@@ -2,8 +2,10 @@
 //! agents, the `gwjob` client and the workers (Rust, C ABI, Python) cannot
 //! drift apart. `docs/jobserver.md` documents each endpoint with these bodies.
 //!
-//! Every request carries `Authorization: Bearer TOKEN`: the admin token for
-//! submit/status/cancel and for agents, a job's own token for its workers.
+//! Every request carries `Authorization: Bearer TOKEN`: a submit token (or
+//! the admin token) for submit/status/cancel, a node's own token (or the
+//! admin token) for its agent, a job's own token for its workers, and the
+//! admin token alone to issue and revoke tokens ([`Role`]).
 //! Errors come back as a non-2xx status with an [`ErrorBody`].
 
 use serde::{Deserialize, Serialize};
@@ -31,7 +33,7 @@ pub struct BatchChange {
     pub global_batch: u64,
 }
 
-/// `POST /v1/jobs` (admin).
+/// `POST /v1/jobs` (submit or admin token).
 #[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
 pub struct SubmitRequest {
     pub name: Option<String>,
@@ -60,7 +62,8 @@ pub struct SubmitReply {
     pub job_id: String,
 }
 
-/// `POST /v1/jobs/{id}/global_batch` (admin): set B from `step` on.
+/// `POST /v1/jobs/{id}/global_batch` (submit or admin token): set B from
+/// `step` on.
 pub type SetGlobalBatch = BatchChange;
 
 /// Lifecycle of a job.
@@ -94,7 +97,8 @@ pub struct RankStatus {
     pub exit: Option<i32>,
 }
 
-/// `GET /v1/jobs/{id}` (admin); `GET /v1/jobs` returns a list of these.
+/// `GET /v1/jobs/{id}` (submit or admin token); `GET /v1/jobs` returns a
+/// list of these.
 #[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
 pub struct JobStatus {
     pub job_id: String,
@@ -119,7 +123,7 @@ pub struct JobStatus {
     pub error: Option<String>,
 }
 
-/// `POST /v1/nodes/register` (admin token; agents use it).
+/// `POST /v1/nodes/register` (the node's own token, or the admin token).
 #[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
 pub struct RegisterNode {
     pub node: String,
@@ -135,9 +139,62 @@ pub struct RegisterNode {
 pub struct RegisterReply {
     /// How often the agent must heartbeat, milliseconds.
     pub heartbeat_ms: u64,
+    /// The rights of the token the agent registered with, so an agent
+    /// running with the admin token can say so (absent from servers that
+    /// predate per-node tokens).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub role: Option<Role>,
 }
 
-/// `POST /v1/nodes/{node}/heartbeat` (admin token). Also carries the agent's
+/// What a token may do. The admin token does everything; a submit token
+/// submits, reads and cancels jobs; a node token acts only as its own node
+/// (register and heartbeat). Workers' job tokens are not roles: they sign
+/// only their own job's step protocol.
+#[derive(Clone, Copy, Debug, Serialize, Deserialize, PartialEq, Eq, Hash)]
+#[serde(rename_all = "lowercase")]
+pub enum Role {
+    Admin,
+    Submit,
+    Node,
+}
+
+impl Role {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Role::Admin => "admin",
+            Role::Submit => "submit",
+            Role::Node => "node",
+        }
+    }
+}
+
+/// `POST /v1/tokens` (admin): issue a token of `role` (node or submit)
+/// named `name` (for a node token, the node's name). Issuing again for the
+/// same role and name replaces the old token, which stops working.
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
+pub struct IssueToken {
+    pub role: Role,
+    pub name: String,
+}
+
+/// Reply to [`IssueToken`]: the only time the server shows the token (it
+/// keeps only a hash).
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
+pub struct IssuedToken {
+    pub role: Role,
+    pub name: String,
+    pub token: String,
+}
+
+/// Reply to `DELETE /v1/tokens/{role}/{name}` (admin): the token revoked.
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
+pub struct RevokedToken {
+    pub role: Role,
+    pub name: String,
+}
+
+/// `POST /v1/nodes/{node}/heartbeat` (that node's token, or the admin
+/// token). Also carries the agent's
 /// news: store addresses it opened and workers that ended.
 #[derive(Clone, Debug, Default, Serialize, Deserialize, PartialEq)]
 pub struct Heartbeat {
@@ -252,4 +309,33 @@ pub struct StepEndReply {
     /// True when the server stopped the job (cancel or failure elsewhere):
     /// the worker should exit.
     pub stop: bool,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn register_reply_from_a_server_without_roles_still_decodes() {
+        let old: RegisterReply = serde_json::from_str(r#"{"heartbeat_ms": 500}"#).unwrap();
+        assert_eq!(old.role, None);
+        let new = RegisterReply {
+            heartbeat_ms: 500,
+            role: Some(Role::Admin),
+        };
+        let text = serde_json::to_string(&new).unwrap();
+        assert_eq!(text, r#"{"heartbeat_ms":500,"role":"admin"}"#);
+    }
+
+    #[test]
+    fn roles_are_lowercase_words_and_nothing_else() {
+        let req: IssueToken = serde_json::from_str(r#"{"role":"node","name":"n1"}"#).unwrap();
+        assert_eq!((req.role, req.name.as_str()), (Role::Node, "n1"));
+        for role in [Role::Admin, Role::Submit, Role::Node] {
+            let v = serde_json::to_value(role).unwrap();
+            assert_eq!(v, serde_json::Value::from(role.as_str()));
+        }
+        assert!(serde_json::from_str::<IssueToken>(r#"{"role":"root","name":"n1"}"#).is_err());
+        assert!(serde_json::from_str::<IssueToken>(r#"{"role":"Node","name":"n1"}"#).is_err());
+    }
 }

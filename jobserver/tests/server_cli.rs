@@ -186,7 +186,7 @@ fn mistakes_exit_nonzero_with_a_message() {
         .output()
         .unwrap();
     assert_eq!(o.status.code(), Some(1));
-    assert!(err(&o).contains("no admin token"), "{}", err(&o));
+    assert!(err(&o).contains("no token"), "{}", err(&o));
     // No server there.
     let o = Command::new(GWJOB)
         .args(["status", "--server", "http://127.0.0.1:1"])

@@ -1,9 +1,9 @@
 //! `gwjob agent` command line.
 //!
 //! Parsed in full before anything starts, so a typo exits 2 without having
-//! registered a half-configured node. The admin token never appears on the
-//! command line (where `ps` shows it): it comes from `--token-file` or
-//! `GW_ADMIN_TOKEN`.
+//! registered a half-configured node. The token never appears on the
+//! command line (where `ps` shows it): it comes from `--token-file` (the
+//! node's own token, from `gwjob node-token`) or `GW_ADMIN_TOKEN`.
 //!
 //! clap collects the flags ([`AgentArgs`], the `agent` subcommand of
 //! [`crate::cli::command::Gwjob`]) as text; [`AgentArgs::options`] checks
@@ -28,9 +28,14 @@ with the GW_* variables, and reports how they exit.
 Workers run in their own process groups and die with the agent. SIGINT or
 SIGTERM stops them (SIGKILL after 5 s) and exits. A server that is down does
 not stop running workers: the agent retries with backoff and registers
-again when the server no longer knows the node.";
+again when the server no longer knows the node.
 
-/// Where the admin token comes from when `--token-file` is absent.
+Give each agent its own node token (gwjob node-token --node NAME --out FILE,
+then --token-file FILE): it lets the agent act as that node only. An agent
+given the admin token works, but whoever controls the node then controls
+every node.";
+
+/// Where the token comes from when `--token-file` is absent.
 pub const TOKEN_ENV: &str = "GW_ADMIN_TOKEN";
 
 /// `gwjob agent`'s flags as typed.
@@ -62,7 +67,8 @@ pub struct AgentArgs {
     #[arg(long, value_name = "IP", allow_hyphen_values = true)]
     addr: Option<String>,
 
-    /// File holding the admin token (default: $GW_ADMIN_TOKEN)
+    /// File holding this node's token, from `gwjob node-token` (default:
+    /// $GW_ADMIN_TOKEN, which works but gives the agent admin rights)
     #[arg(
         long = "token-file",
         value_name = "PATH",
@@ -127,7 +133,7 @@ impl AgentArgs {
                 Some(t) if !t.is_empty() => t,
                 _ => {
                     return Err(format!(
-                        "no admin token: pass --token-file PATH or set {TOKEN_ENV}"
+                        "no token: pass --token-file PATH (this node's token, from gwjob node-token) or set {TOKEN_ENV}"
                     ));
                 }
             },

@@ -13,7 +13,7 @@ use std::time::Duration;
 
 use gw_jobapi::http::{Client, HttpError};
 use gw_jobapi::types::{
-    Heartbeat, HeartbeatReply, RegisterNode, RegisterReply, StoreOpened, WorkerExit,
+    Heartbeat, HeartbeatReply, RegisterNode, RegisterReply, Role, StoreOpened, WorkerExit,
 };
 
 /// Limit of one call to the server; a hung server is treated as a down one.
@@ -38,8 +38,9 @@ impl Link {
         }
     }
 
-    /// Registers the node; returns the heartbeat period the server wants.
-    pub fn register(&self) -> Result<Duration, HttpError> {
+    /// Registers the node; returns the heartbeat period the server wants
+    /// and the role the server gave this agent's token (if it says).
+    pub fn register(&self) -> Result<(Duration, Option<Role>), HttpError> {
         let r: RegisterReply = self.http.call(
             "POST",
             &self.server,
@@ -48,7 +49,8 @@ impl Link {
             Some(&self.node),
         )?;
         // A zero or absurd period from a confused server must not make us spin.
-        Ok(Duration::from_millis(r.heartbeat_ms.clamp(50, 60_000)))
+        let period = Duration::from_millis(r.heartbeat_ms.clamp(50, 60_000));
+        Ok((period, r.role))
     }
 
     pub fn heartbeat(&self, hb: &Heartbeat) -> Result<HeartbeatReply, HttpError> {

@@ -30,7 +30,7 @@ use std::path::Path;
 use std::time::{Duration, Instant};
 
 use gw_jobapi::http::HttpError;
-use gw_jobapi::types::{HeartbeatReply, RegisterNode, StoreOpened};
+use gw_jobapi::types::{HeartbeatReply, RegisterNode, Role, StoreOpened};
 
 use gw_launch::remove_shm_files;
 use gw_launch::signals::{Signals, signal_name};
@@ -190,13 +190,22 @@ impl Agent {
     fn contact(&mut self) -> Result<(), String> {
         if !self.registered {
             match self.link.register() {
-                Ok(period) => {
+                Ok((period, role)) => {
                     tracing::info!(
                         "registered node {} with {} (heartbeat every {} ms)",
                         self.link.node.node,
                         self.link.server,
                         period.as_millis()
                     );
+                    if role == Some(Role::Admin) {
+                        // Whoever breaks into this node gets the whole
+                        // cluster: the admin token runs programs everywhere.
+                        tracing::warn!(
+                            "this agent runs with the admin token, which can run any program \
+                             on every node; give it its own with `gwjob node-token --node {}`",
+                            self.link.node.node
+                        );
+                    }
                     self.registered = true;
                     self.ever_registered = true;
                     self.period = period;

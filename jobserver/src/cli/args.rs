@@ -10,7 +10,7 @@
 use crate::cli::flags::number;
 use clap::builder::{PossibleValuesParser, TypedValueParser};
 use clap::{Args, ValueHint};
-use gw_jobapi::types::{BatchChange, PlannerKind, SubmitRequest};
+use gw_jobapi::types::{BatchChange, PlannerKind, Role, SubmitRequest};
 use std::path::PathBuf;
 
 /// Where the server is and how to sign requests (shared by all three).
@@ -19,7 +19,8 @@ pub struct Conn {
     /// The job server (default: $GW_JOB_SERVER_URL, else http://127.0.0.1:7070)
     #[arg(long, value_name = "URL", allow_hyphen_values = true, value_hint = ValueHint::Url)]
     pub server: Option<String>,
-    /// File holding the admin token (default: $GW_ADMIN_TOKEN)
+    /// File holding a submit token or the admin token (default:
+    /// $GW_ADMIN_TOKEN)
     #[arg(long = "token-file", value_name = "PATH", allow_hyphen_values = true)]
     pub token_file: Option<PathBuf>,
 }
@@ -34,6 +35,19 @@ pub enum Client {
         json: bool,
     },
     Cancel(Conn, String),
+    /// `node-token` or `token`: issue a token, printed or written to `out`.
+    Issue {
+        conn: Conn,
+        role: Role,
+        name: String,
+        out: Option<PathBuf>,
+    },
+    /// `node-token --revoke` or `token --revoke`.
+    Revoke {
+        conn: Conn,
+        role: Role,
+        name: String,
+    },
 }
 
 impl Client {
@@ -43,6 +57,10 @@ impl Client {
             Client::Submit(..) => "submit",
             Client::Status { .. } => "status",
             Client::Cancel(..) => "cancel",
+            Client::Issue { role, .. } | Client::Revoke { role, .. } => match role {
+                Role::Node => "node-token",
+                _ => "token",
+            },
         }
     }
 }

@@ -13,6 +13,7 @@ use crate::agent::args::{self as agent_args, AgentArgs};
 use crate::cli::args::{CancelArgs, Client, StatusArgs, SubmitArgs};
 use crate::cli::args::{SUBMIT_AFTER_HELP, SUBMIT_USAGE};
 use crate::cli::flags;
+use crate::cli::token_args::{NODE_TOKEN_AFTER_HELP, NodeTokenArgs, TOKEN_AFTER_HELP, TokenArgs};
 use crate::server::args::{self as serve_args, ServeArgs, ServeOptions};
 use clap::error::{ContextKind, ContextValue, ErrorKind};
 use clap::{ArgAction, CommandFactory, FromArgMatches, Parser, Subcommand};
@@ -90,6 +91,14 @@ enum Cmd {
     #[command(long_about = None, args_override_self = true)]
     Cancel(CancelArgs),
 
+    /// Issue (or revoke) a node agent's own token
+    #[command(long_about = None, after_help = NODE_TOKEN_AFTER_HELP, args_override_self = true)]
+    NodeToken(NodeTokenArgs),
+
+    /// Issue (or revoke) a submit token
+    #[command(long_about = None, after_help = TOKEN_AFTER_HELP, args_override_self = true)]
+    Token(TokenArgs),
+
     /// Print a completion script for SHELL on stdout
     #[command(long_about = None)]
     Completions {
@@ -107,7 +116,7 @@ pub enum Gwjob {
     Completions(Shell),
     Serve(ServeOptions),
     Agent(agent_args::Options),
-    /// `submit`, `status` or `cancel`.
+    /// `submit`, `status`, `cancel`, `node-token` or `token`.
     Client(Client),
 }
 
@@ -171,6 +180,8 @@ pub fn parse(
         Cmd::Submit(a) => a.request().map(Gwjob::Client).map_err(usage),
         Cmd::Status(a) => Ok(Gwjob::Client(a.request())),
         Cmd::Cancel(a) => Ok(Gwjob::Client(a.request())),
+        Cmd::NodeToken(a) => a.request().map(Gwjob::Client).map_err(usage),
+        Cmd::Token(a) => a.request().map(Gwjob::Client).map_err(usage),
         Cmd::Completions { shell } => Ok(Gwjob::Completions(shell)),
     }
 }
@@ -262,6 +273,7 @@ mod tests {
             "submit",
             "status",
             "cancel",
+            "node-token",
             "completions",
             "Exit status",
         ] {
@@ -296,6 +308,19 @@ mod tests {
             ),
             ("status", &["[JOB]", "--json", "--server <URL>"]),
             ("cancel", &["<JOB>", "--token-file <PATH>"]),
+            (
+                "node-token",
+                &[
+                    "--node <NAME>",
+                    "--revoke <NAME>",
+                    "--out <PATH>",
+                    "as that node and nothing else",
+                ],
+            ),
+            (
+                "token",
+                &["--role <ROLE>", "--name <NAME>", "run any program there"],
+            ),
         ] {
             let text = printed(&[sub, "--help"]);
             assert_eq!(printed(&[sub, "-h"]), text, "{sub}");
@@ -344,7 +369,7 @@ mod tests {
             (
                 &[][..],
                 "gwjob",
-                "missing COMMAND (serve, agent, submit, status, cancel, completions)",
+                "missing COMMAND (serve, agent, submit, status, cancel, node-token, token, completions)",
             ),
             (&["frobnicate"], "gwjob", "unknown command \"frobnicate\""),
             (&["sumbit"], "gwjob", "(did you mean submit?)"),

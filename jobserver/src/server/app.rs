@@ -2,7 +2,9 @@
 //! decode the body, run the handler in one database transaction. Kept apart
 //! from the HTTP library so it reads as the list of endpoints it is.
 
+use crate::server::access::{self, Principal};
 use crate::server::auth;
+use crate::server::credentials;
 use crate::server::db::Db;
 use crate::server::db::to_json;
 use crate::server::error::{ApiError, ApiResult};
@@ -12,7 +14,8 @@ use crate::server::routes::{self, Auth, Route};
 use crate::server::status;
 use crate::server::steps;
 use gw_jobapi::types::{
-    Heartbeat, RegisterNode, SetGlobalBatch, StepBegin, StepEnd, SubmitRequest,
+    Heartbeat, IssueToken, RegisterNode, RevokedToken, Role, SetGlobalBatch, StepBegin, StepEnd,
+    SubmitRequest,
 };
 use serde::de::DeserializeOwned;
 
@@ -50,19 +53,23 @@ impl App {
     pub fn admit(&self, c: &Call<'_>) -> ApiResult<()> {
         let route = routes::parse(c.method, c.url)?;
         let token = auth::bearer(c.authorization)?;
-        match route.auth() {
-            Auth::Admin => self.check_admin(token),
-            Auth::Job(id) => self.db.tx(|tx| steps::authorize(tx, id, token).map(|_| ())),
-        }
+        self.authorize(&route, token).map(|_| ())
     }
 
-    fn check_admin(&self, token: &str) -> ApiResult<()> {
-        if auth::same(token, &self.admin_token) {
-            Ok(())
-        } else {
-            Err(ApiError::unauthorized(
-                "this endpoint needs the admin token",
-            ))
+    /// Who signed a request for `route` with `token`, if they may call it;
+    /// `None` for the step endpoints, signed by a job's worker token.
+    fn authorize(&self, route: &Route<'_>, token: &str) -> ApiResult<Option<Principal>> {
+        match route.auth() {
+            Auth::Job(id) => self
+                .db
+                .tx(|tx| steps::authorize(tx, id, token).map(|_| None)),
+            need => {
+                let who = self
+                    .db
+                    .tx(|tx| access::identify(tx, &self.admin_token, token))?;
+                access::allow(&who, need)?;
+                Ok(Some(who))
+            }
         }
     }
 
@@ -70,9 +77,7 @@ impl App {
     pub fn handle(&self, c: &Call<'_>) -> ApiResult<String> {
         let route = routes::parse(c.method, c.url)?;
         let token = auth::bearer(c.authorization)?;
-        if route.auth() == Auth::Admin {
-            self.check_admin(token)?;
-        }
+        let who = self.authorize(&route, token)?;
         let db = &self.db;
         match route {
             Route::Submit => {
@@ -103,12 +108,38 @@ impl App {
             })?),
             Route::Register => {
                 let req: RegisterNode = body(c)?;
-                to_json(&db.tx(|tx| nodes::register(tx, &self.live, &req, self.heartbeat_ms))?)
+                let role = who.as_ref().map(Principal::role);
+                if let Some(who) = &who {
+                    access::allow(who, Auth::Node(Some(&req.node)))?;
+                }
+                let mut reply =
+                    db.tx(|tx| nodes::register(tx, &self.live, &req, self.heartbeat_ms))?;
+                if role == Some(Role::Admin) {
+                    tracing::warn!(
+                        "node {} registered with the admin token, which can run any program on \
+                         every node: give its agent its own (gwjob node-token --node {})",
+                        req.node,
+                        req.node
+                    );
+                }
+                reply.role = role;
+                to_json(&reply)
             }
             Route::Heartbeat(node) => {
                 let req: Heartbeat = body(c)?;
                 let url = self.server_url(c.host);
                 to_json(&db.tx(|tx| nodes::heartbeat(tx, &self.live, node, &req, &url))?)
+            }
+            Route::IssueToken => {
+                let req: IssueToken = body(c)?;
+                to_json(&db.tx(|tx| credentials::issue(tx, req.role, &req.name))?)
+            }
+            Route::RevokeToken(role, name) => {
+                db.tx(|tx| credentials::revoke(tx, role, name))?;
+                to_json(&RevokedToken {
+                    role,
+                    name: name.to_owned(),
+                })
             }
         }
     }

@@ -1,6 +1,8 @@
-//! Who may call what: the admin token (operators, `gwjob` clients, agents)
-//! and each job's own worker token (its workers' step protocol only). Tokens
-//! are compared in constant time; every refusal is logged with the peer.
+//! The admin token — where it comes from, which files holding it are
+//! trusted, how long it must be — and the parts of checking any token:
+//! reading the `Authorization` header and comparing in constant time. Which
+//! token may call which endpoint is `access.rs`; tokens the server issues
+//! to nodes and submitters are `credentials.rs`.
 
 use crate::server::error::{ApiError, ApiResult};
 use gw_rendezvous::token::random_hex;

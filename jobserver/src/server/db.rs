@@ -1,10 +1,11 @@
 //! The job server's only durable state: one SQLite database in WAL mode.
 //!
 //! Everything a restarted server needs (nodes, racks, jobs with their specs
-//! and tokens, rank placement and launch delivery, per-step plans, step
-//! reports, per-rank timing fits, the noise-scale estimator, events) is a row
-//! here, and every request changes it in one `BEGIN IMMEDIATE` transaction, so
-//! a `kill -9` at any instant leaves either the whole change or none of it.
+//! and tokens, the hashes of issued node and submit tokens, rank placement
+//! and launch delivery, per-step plans, step reports, per-rank timing fits,
+//! the noise-scale estimator, events) is a row here, and every request
+//! changes it in one `BEGIN IMMEDIATE` transaction, so a `kill -9` at any
+//! instant leaves either the whole change or none of it.
 //! The only in-memory state is the time each node last heartbeated, which
 //! deliberately restarts from zero with the server (see `nodes.rs`).
 
@@ -17,7 +18,9 @@ use std::sync::Mutex;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 /// Bumped whenever the schema changes incompatibly; a database written by a
-/// different version is refused instead of misread.
+/// different version is refused instead of misread. (A new table is not an
+/// incompatible change: `CREATE TABLE IF NOT EXISTS` adds it to an older
+/// database when it is opened.)
 pub const SCHEMA_VERSION: i64 = 1;
 
 const SCHEMA: &str = "
@@ -116,6 +119,13 @@ CREATE TABLE IF NOT EXISTS events (
     message TEXT NOT NULL
 );
 CREATE INDEX IF NOT EXISTS events_by_job ON events(job_id, id);
+CREATE TABLE IF NOT EXISTS credentials (
+    role       TEXT NOT NULL CHECK (role IN ('node', 'submit')),
+    name       TEXT NOT NULL,
+    hash       TEXT NOT NULL UNIQUE,
+    issued_at  REAL NOT NULL,
+    PRIMARY KEY (role, name)
+);
 ";
 
 /// The database behind one lock: requests are small, so serialising them is

@@ -5,13 +5,17 @@
 //! and report their timings. Everything it knows is in SQLite (`db.rs`), so
 //! a `kill -9` and restart on the same database loses nothing.
 //!
-//! Layout: `args` (command line), `http` (hyper on tokio, with every limit) → `app`
-//! (routing, auth, one transaction per request) → `jobs`, `nodes`, `steps`
-//! (the handlers) → `plan` and `placement` (pure policy) and `db`.
+//! Layout: `args` (command line), `http` (hyper on tokio, with every limit)
+//! → `app` (routing, auth, one transaction per request; `access` says which
+//! token may call what, `credentials` keeps the issued node and submit
+//! tokens) → `jobs`, `nodes`, `steps` (the handlers) → `plan` and
+//! `placement` (pure policy) and `db`.
 
+pub mod access;
 pub mod app;
 pub mod args;
 pub mod auth;
+pub mod credentials;
 pub mod db;
 pub mod error;
 pub mod http;

@@ -99,7 +99,7 @@ pub fn up_nodes(tx: &Transaction<'_>) -> ApiResult<Vec<String>> {
 
 /// Node names travel in URL paths and environment variables: keep them to
 /// hostname characters.
-fn check_name(what: &str, s: &str) -> ApiResult<()> {
+pub(crate) fn check_name(what: &str, s: &str) -> ApiResult<()> {
     let ok = !s.is_empty()
         && s.len() <= 128
         && s.chars()
@@ -162,7 +162,10 @@ pub fn register(
     )?;
     workers_lost_with_agent(tx, &req.node)?;
     jobs::place_pending(tx)?;
-    Ok(RegisterReply { heartbeat_ms })
+    Ok(RegisterReply {
+        heartbeat_ms,
+        role: None,
+    })
 }
 
 /// A node registers again when a new agent process starts there, and an

@@ -2,6 +2,7 @@
 //! single `match` and every endpoint's auth class is decided in one place.
 
 use crate::server::error::ApiError;
+use gw_jobapi::types::Role;
 
 /// One endpoint, with the ids taken from its path.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -16,12 +17,20 @@ pub enum Route<'a> {
     StepEnd(&'a str),
     Register,
     Heartbeat(&'a str),
+    IssueToken,
+    RevokeToken(Role, &'a str),
 }
 
-/// Who must sign a request.
+/// Who must sign a request (see `access.rs` for who passes each).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Auth<'a> {
+    /// Issuing and revoking tokens: the admin token alone.
     Admin,
+    /// Jobs: a submit token or the admin token.
+    Submit,
+    /// A node agent's calls: that node's token or the admin token. `None`
+    /// when the node is named in the body (register), checked once decoded.
+    Node(Option<&'a str>),
     /// The worker token of this job.
     Job(&'a str),
 }
@@ -30,7 +39,15 @@ impl Route<'_> {
     pub fn auth(&self) -> Auth<'_> {
         match self {
             Route::StepBegin(id) | Route::StepEnd(id) => Auth::Job(id),
-            _ => Auth::Admin,
+            Route::Submit
+            | Route::ListJobs
+            | Route::GetJob(_)
+            | Route::Events(_)
+            | Route::Cancel(_)
+            | Route::SetGlobalBatch(_) => Auth::Submit,
+            Route::Register => Auth::Node(None),
+            Route::Heartbeat(node) => Auth::Node(Some(node)),
+            Route::IssueToken | Route::RevokeToken(..) => Auth::Admin,
         }
     }
 }
@@ -51,6 +68,9 @@ pub fn parse<'a>(method: &str, url: &'a str) -> Result<Route<'a>, ApiError> {
         ["v1", "jobs", id, "step", "end"] => (Route::StepEnd(id), "POST"),
         ["v1", "nodes", "register"] => (Route::Register, "POST"),
         ["v1", "nodes", node, "heartbeat"] => (Route::Heartbeat(node), "POST"),
+        ["v1", "tokens"] => (Route::IssueToken, "POST"),
+        ["v1", "tokens", "node", name] => (Route::RevokeToken(Role::Node, name), "DELETE"),
+        ["v1", "tokens", "submit", name] => (Route::RevokeToken(Role::Submit, name), "DELETE"),
         _ => return Err(ApiError::not_found(format!("no endpoint {path}"))),
     };
     if let Route::GetJob(id)
@@ -59,7 +79,8 @@ pub fn parse<'a>(method: &str, url: &'a str) -> Result<Route<'a>, ApiError> {
     | Route::SetGlobalBatch(id)
     | Route::StepBegin(id)
     | Route::StepEnd(id)
-    | Route::Heartbeat(id) = &route
+    | Route::Heartbeat(id)
+    | Route::RevokeToken(_, id) = &route
         && id.is_empty()
     {
         return Err(ApiError::not_found(format!("no endpoint {path}")));
@@ -93,8 +114,20 @@ mod tests {
         assert_eq!(ok("POST", "/v1/jobs/j1/step/end"), Route::StepEnd("j1"));
         assert_eq!(ok("POST", "/v1/nodes/register"), Route::Register);
         assert_eq!(ok("POST", "/v1/nodes/n1/heartbeat"), Route::Heartbeat("n1"));
+        assert_eq!(ok("POST", "/v1/tokens"), Route::IssueToken);
+        assert_eq!(
+            ok("DELETE", "/v1/tokens/node/n1"),
+            Route::RevokeToken(Role::Node, "n1")
+        );
+        assert_eq!(
+            ok("DELETE", "/v1/tokens/submit/ci"),
+            Route::RevokeToken(Role::Submit, "ci")
+        );
         assert_eq!(Route::StepEnd("j1").auth(), Auth::Job("j1"));
-        assert_eq!(Route::Cancel("j1").auth(), Auth::Admin);
+        assert_eq!(Route::Cancel("j1").auth(), Auth::Submit);
+        assert_eq!(Route::Register.auth(), Auth::Node(None));
+        assert_eq!(Route::Heartbeat("n1").auth(), Auth::Node(Some("n1")));
+        assert_eq!(Route::IssueToken.auth(), Auth::Admin);
     }
 
     #[test]
@@ -107,5 +140,8 @@ mod tests {
         assert_eq!(status("DELETE", "/v1/jobs"), 405);
         assert_eq!(status("POST", "/v1/jobs/j1"), 405);
         assert_eq!(status("GET", "/v1/nodes/register"), 405);
+        assert_eq!(status("DELETE", "/v1/tokens/admin/x"), 404);
+        assert_eq!(status("DELETE", "/v1/tokens/node/"), 404);
+        assert_eq!(status("GET", "/v1/tokens/node/n1"), 405);
     }
 }

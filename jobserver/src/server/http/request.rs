@@ -123,11 +123,14 @@ fn reply(peer: SocketAddr, head: &Head, result: ApiResult<String>) -> Response<F
         Ok(json) => (200, json),
         Err(e) => {
             let (method, path) = (&head.method, head.url.split('?').next().unwrap_or(""));
-            if e.status == 401 {
+            // A 403 is a real token used beyond its role: as worth a line
+            // as a wrong token.
+            if e.status == 401 || e.status == 403 {
                 let mut limit = REFUSED.lock().unwrap_or_else(|p| p.into_inner());
                 if let Some(n) = limit.admit() {
                     tracing::warn!(
-                        "401 for {peer}: {method} {path}: {}{}",
+                        "{} for {peer}: {method} {path}: {}{}",
+                        e.status,
                         e.message,
                         super::suppressed(n)
                     );
