@@ -402,4 +402,15 @@ fn agents_run_jobs_with_their_node_token_and_the_admin_token_still_works() {
         log.contains("403") && log.contains("node a") && log.contains("node c"),
         "{log}"
     );
+
+    // Revoked, agent a is refused from its next heartbeat on, and says why
+    // (it keeps retrying, as for a server that is down).
+    let o = gwjob_admin(&s, dir.path(), &["node-token", "--revoke", "a"]);
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    let refused = wait_for(LONG, || {
+        read(&a_log)
+            .contains("the job server refuses this agent's token")
+            .then_some(())
+    });
+    assert!(refused.is_some(), "{}", read(&a_log));
 }

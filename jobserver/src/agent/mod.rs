@@ -296,9 +296,24 @@ impl Agent {
     fn failed(&mut self, e: &HttpError) {
         let now = Instant::now();
         if self.down_since.is_none() {
-            tracing::warn!(
-                "job server unreachable ({e}); retrying with backoff, workers keep running"
-            );
+            if matches!(
+                e,
+                HttpError::Status {
+                    status: 401 | 403,
+                    ..
+                }
+            ) {
+                // After a revocation the operator needs to know it is the
+                // token, not the network, that keeps this node out.
+                tracing::warn!(
+                    "the job server refuses this agent's token ({e}): revoked or replaced? \
+                     retrying with backoff, workers keep running"
+                );
+            } else {
+                tracing::warn!(
+                    "job server unreachable ({e}); retrying with backoff, workers keep running"
+                );
+            }
             self.down_since = Some(now);
         }
         self.next_contact = now + self.backoff.fail();
