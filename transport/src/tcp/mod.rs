@@ -150,11 +150,38 @@ struct Conn {
     announced: VecDeque<Announced>,
     next_announce: u64,
     next_lane: usize,
+    /// A control frame to the peer found its socket closed while nothing
+    /// of ours was going its way: it finished and left. Nothing is written
+    /// to it again; what it sent before leaving is still read.
+    gone: bool,
 }
 
 impl Conn {
     fn ready(&self) -> bool {
         self.lanes.iter().all(Option::is_some)
+    }
+
+    /// Whether every frame queued to the peer is a control frame: no
+    /// message of ours is on its way to it or announced to it.
+    fn only_control_queued(&self) -> bool {
+        self.announced.is_empty()
+            && self
+                .lanes
+                .iter()
+                .flatten()
+                .all(|l| l.sendq.iter().all(|s| s.req == CONTROL))
+    }
+
+    /// Refuses a message to a peer that has left (see `gone`).
+    fn check_sendable(&self, peer: Rank) -> Result<()> {
+        if self.gone {
+            return Err(Error::Remote {
+                rank: peer,
+                addr: self.addr.clone(),
+                what: "closed its connection earlier (it finished or exited): nothing more can be sent to it".into(),
+            });
+        }
+        Ok(())
     }
 }
 
@@ -337,6 +364,15 @@ impl TcpTransport {
         Ok(())
     }
 
+    /// As [`TcpTransport::check_post`], for a message to `peer`.
+    fn check_send(&self, peer: Rank, what: &str) -> Result<()> {
+        self.check_post(peer, what)?;
+        match self.conns.get(&peer) {
+            Some(c) => c.check_sendable(peer),
+            None => Err(vanished(peer)),
+        }
+    }
+
     /// What this rank buffers of each TCP peer's early frames, for its
     /// published record ([`PeerInfo::tcp_eager`]).
     pub fn eager(&self) -> Eager {
@@ -365,6 +401,7 @@ impl TcpTransport {
             announced: VecDeque::with_capacity(crate::seam::POSTED_RESERVED),
             next_announce: 0,
             next_lane: 0,
+            gone: false,
         })
     }
 
@@ -630,6 +667,9 @@ impl TcpTransport {
     /// not yet started: an announcement, a clearance or credits should not
     /// wait behind megabytes of data.
     fn queue_control(conn: &mut Conn, hdr: FrameHeader) {
+        if conn.gone {
+            return;
+        }
         let Some(lane) = conn.lanes[0].as_mut() else {
             return;
         };
@@ -671,75 +711,109 @@ impl TcpTransport {
         let always = self.registry.is_none();
         let credit = self.control(FrameKind::Credit);
         for (&peer, conn) in self.conns.iter_mut() {
+            if conn.gone {
+                continue;
+            }
             let half = (conn.core.credits() as u32).div_ceil(2).max(1);
             if conn.core.owed() >= half
                 && conn.lanes[0].as_ref().is_some_and(|l| l.sendq.is_empty())
             {
                 Self::queue_control(conn, credit);
             }
-            let Conn {
-                lanes, core, addr, ..
-            } = conn;
-            for lane in lanes.iter_mut().flatten() {
-                while lane.writable || always {
-                    let Some(seg) = lane.sendq.front_mut() else {
+            for li in 0..conn.lanes.len() {
+                let Conn { lanes, core, .. } = &mut *conn;
+                let Some(lane) = lanes[li].as_mut() else {
+                    continue;
+                };
+                match Self::send_lane(lane, core, &mut self.reqs, always) {
+                    Ok(m) => moved |= m,
+                    Err(e) if severed(&e) && conn.only_control_queued() => {
+                        // The peer finished and closed while we still owed
+                        // it credits (or a clearance it no longer needs):
+                        // nothing of ours is lost, so nothing fails here.
+                        // Whatever is posted to it later fails instead.
+                        tracing::info!(
+                            "tcp: rank {peer} ({}) has closed its connection ({e}); nothing was going its way, so this rank carries on",
+                            conn.addr
+                        );
+                        conn.gone = true;
+                        for lane in conn.lanes.iter_mut().flatten() {
+                            lane.sendq.clear();
+                        }
+                        moved = true;
                         break;
-                    };
-                    if !seg.stamped {
-                        // Once: a write that took nothing leaves the frame
-                        // (and the credits it carries) queued.
-                        seg.stamped = true;
-                        let n = core.take_owed(1);
-                        if n > 0 {
-                            seg.hdr[6..8].copy_from_slice(&n.to_le_bytes());
-                        }
                     }
-                    let total = HEADER_LEN + seg.len;
-                    let res = if seg.done < HEADER_LEN {
-                        let payload: &[u8] = if seg.len == 0 {
-                            // A zero-length message may carry a null pointer.
-                            &[]
-                        } else {
-                            // SAFETY: the segment lies in registered memory that outlives the send.
-                            unsafe { std::slice::from_raw_parts(seg.ptr.0, seg.len) }
-                        };
-                        nosignal::send_vectored(
-                            &lane.sock,
-                            &[IoSlice::new(&seg.hdr[seg.done..]), IoSlice::new(payload)],
-                        )
-                    } else {
-                        let from = seg.done - HEADER_LEN;
-                        // SAFETY: as above; from < len because done < total.
-                        let payload = unsafe {
-                            std::slice::from_raw_parts(seg.ptr.0.add(from), seg.len - from)
-                        };
-                        nosignal::send(&lane.sock, payload)
-                    };
-                    match res {
-                        Ok(0) => {
-                            return Err(Error::Remote {
-                                rank: peer,
-                                addr: addr.clone(),
-                                what: "connection closed while sending".into(),
-                            });
-                        }
-                        Ok(n) => {
-                            moved = true;
-                            seg.done += n;
-                            if seg.done == total {
-                                let req = seg.req;
-                                lane.sendq.pop_front();
-                                Self::complete_send_segment(&mut self.reqs, req);
-                            }
-                        }
-                        Err(e) if would_block(&e) => {
-                            lane.writable = false;
-                            break;
-                        }
-                        Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
-                        Err(e) => return Err(peer_io_error(peer, addr, "sending", e)),
+                    Err(e) => return Err(peer_io_error(peer, &conn.addr, "sending", e)),
+                }
+            }
+        }
+        Ok(moved)
+    }
+
+    /// Writes what `lane` has queued while the socket takes it. A write
+    /// that takes nothing is `ErrorKind::WriteZero`.
+    fn send_lane(
+        lane: &mut Lane,
+        core: &mut RecvCore<()>,
+        reqs: &mut ReqMap<ReqState>,
+        always: bool,
+    ) -> io::Result<bool> {
+        let mut moved = false;
+        while lane.writable || always {
+            let Some(seg) = lane.sendq.front_mut() else {
+                break;
+            };
+            if !seg.stamped {
+                // Once: a write that took nothing leaves the frame
+                // (and the credits it carries) queued.
+                seg.stamped = true;
+                let n = core.take_owed(1);
+                if n > 0 {
+                    seg.hdr[6..8].copy_from_slice(&n.to_le_bytes());
+                }
+            }
+            let total = HEADER_LEN + seg.len;
+            let res = if seg.done < HEADER_LEN {
+                let payload: &[u8] = if seg.len == 0 {
+                    // A zero-length message may carry a null pointer.
+                    &[]
+                } else {
+                    // SAFETY: the segment lies in registered memory that outlives the send.
+                    unsafe { std::slice::from_raw_parts(seg.ptr.0, seg.len) }
+                };
+                nosignal::send_vectored(
+                    &lane.sock,
+                    &[IoSlice::new(&seg.hdr[seg.done..]), IoSlice::new(payload)],
+                )
+            } else {
+                let from = seg.done - HEADER_LEN;
+                // SAFETY: as above; from < len because done < total.
+                let payload =
+                    unsafe { std::slice::from_raw_parts(seg.ptr.0.add(from), seg.len - from) };
+                nosignal::send(&lane.sock, payload)
+            };
+            match res {
+                Ok(0) => {
+                    return Err(io::Error::new(
+                        io::ErrorKind::WriteZero,
+                        "the connection closed",
+                    ));
+                }
+                Ok(n) => {
+                    moved = true;
+                    seg.done += n;
+                    if seg.done == total {
+                        let req = seg.req;
+                        lane.sendq.pop_front();
+                        Self::complete_send_segment(reqs, req);
                     }
                 }
+                Err(e) if would_block(&e) => {
+                    lane.writable = false;
+                    break;
+                }
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                Err(e) => return Err(e),
             }
         }
         Ok(moved)
@@ -1153,6 +1227,14 @@ fn would_block(e: &io::Error) -> bool {
     e.kind() == io::ErrorKind::WouldBlock
 }
 
+/// A write failed because the peer's end of the socket is closed.
+fn severed(e: &io::Error) -> bool {
+    matches!(
+        e.kind(),
+        io::ErrorKind::BrokenPipe | io::ErrorKind::ConnectionReset | io::ErrorKind::WriteZero
+    )
+}
+
 fn closed(peer: Rank, addr: &str, mid_frame: bool) -> Error {
     Error::Remote {
         rank: peer,
@@ -1261,7 +1343,7 @@ impl Transport for TcpTransport {
         offset: usize,
         len: usize,
     ) -> Result<Request> {
-        self.check_post(peer, "isend to")?;
+        self.check_send(peer, "isend to")?;
         let base = self.mem(mem, offset, len)?;
         let seg = self.cfg.segment_bytes;
         let nseg = len.div_ceil(seg).max(1);
@@ -1433,7 +1515,7 @@ impl Transport for TcpTransport {
     }
 
     fn write_imm(&mut self, peer: Rank, w: &WriteImm) -> Result<Request> {
-        self.check_post(peer, "write_imm to")?;
+        self.check_send(peer, "write_imm to")?;
         let src = self.mem(w.mem, w.offset, w.len)?;
         if w.remote.rank != peer {
             return Err(Error::InvalidArgument(format!(
