@@ -19,8 +19,10 @@
 
 mod iface;
 mod lane;
+mod listen;
 
 pub use iface::{choose_bind_ip, interface_addrs};
+pub use listen::AcceptLimits;
 
 use crate::error::{Error, Result};
 use crate::recv_core::{Credits, DEFAULT_EAGER_FRAMES, Posted, Posting, RecvCore};
@@ -34,10 +36,11 @@ use gw_rendezvous::PeerInfo;
 use gw_rendezvous::nosignal;
 use gw_rendezvous::peers::Eager;
 use lane::{HELLO_LEN, Hello, Lane, OutSeg, Rx, Stage};
-use mio::net::{TcpListener, TcpStream};
+use listen::{Hailed, Listener};
+use mio::net::TcpStream;
 use mio::{Interest, Registry, Token};
 use std::collections::{HashMap, VecDeque};
-use std::io::{self, IoSlice, Read};
+use std::io::{self, IoSlice};
 use std::net::{IpAddr, SocketAddr};
 
 /// Messages up to this size travel on lane 0 (see `poke`): what one read
@@ -127,14 +130,6 @@ struct Dial {
     written: usize,
 }
 
-/// An accepted socket whose hello has not arrived yet.
-struct Incoming {
-    sock: TcpStream,
-    addr: SocketAddr,
-    buf: [u8; HELLO_LEN],
-    got: usize,
-}
-
 struct Conn {
     addr: String,
     lanes: Vec<Option<Lane>>,
@@ -191,11 +186,9 @@ pub struct TcpTransport {
     id: TransportId,
     me: Rank,
     cfg: TcpConfig,
-    listener: TcpListener,
-    listen_addr: SocketAddr,
+    listener: Listener,
     peers: Vec<PeerInfo>,
     conns: HashMap<Rank, Conn>,
-    incoming: Vec<Incoming>,
     mems: Vec<Option<(MemPtr, usize)>>,
     /// Per registration slot: how many times it was handed out, so that a
     /// peer's write into a slot registered anew since is refused.
@@ -235,14 +228,10 @@ impl TcpTransport {
             )));
         }
         let (ip, why) = choose_bind_ip(cfg.ifname.as_deref(), cfg.store_ip)?;
-        let bind = SocketAddr::new(ip, 0);
-        let listener = TcpListener::bind(bind)
-            .map_err(|e| Error::sys("bind", format!("data-plane listener on {bind}"), e))?;
-        let listen_addr = listener
-            .local_addr()
-            .map_err(|e| Error::sys("getsockname", "data-plane listener", e))?;
+        let listener = Listener::bind(SocketAddr::new(ip, 0))?;
         tracing::info!(
-            "tcp: listening on {listen_addr} ({why}), {} lane(s)",
+            "tcp: listening on {} ({why}), {} lane(s)",
+            listener.addr(),
             cfg.lanes
         );
         Ok(TcpTransport {
@@ -250,10 +239,8 @@ impl TcpTransport {
             me,
             cfg,
             listener,
-            listen_addr,
             peers: Vec::new(),
             conns: HashMap::new(),
-            incoming: Vec::new(),
             mems: Vec::new(),
             mem_gens: Vec::new(),
             free_mems: Vec::new(),
@@ -275,7 +262,18 @@ impl TcpTransport {
 
     /// The address peers dial.
     pub fn listen_addr(&self) -> SocketAddr {
-        self.listen_addr
+        self.listener.addr()
+    }
+
+    /// Bounds what connections that have not sent their hello may hold
+    /// (see [`AcceptLimits`]); refuses a limit of 0 for either.
+    pub fn set_accept_limits(&mut self, limits: AcceptLimits) -> Result<()> {
+        self.listener.set_limits(limits)
+    }
+
+    /// Accepted connections waiting for their hello now.
+    pub fn waiting_connections(&self) -> usize {
+        self.listener.waiting()
     }
 
     /// Frames that came in before their receive was posted, and were read
@@ -501,65 +499,20 @@ impl TcpTransport {
         Ok(moved)
     }
 
-    /// Accepts sockets and reads their hellos.
+    /// Accepts sockets and admits those whose hello came in.
     fn progress_accepts(&mut self) -> Result<bool> {
-        let mut moved = false;
-        loop {
-            match self.listener.accept() {
-                Ok((sock, addr)) => {
-                    self.incoming.push(Incoming {
-                        sock,
-                        addr,
-                        buf: [0; HELLO_LEN],
-                        got: 0,
-                    });
-                    moved = true;
-                }
-                Err(e) if would_block(&e) => break,
-                Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
-                Err(e) => {
-                    return Err(Error::sys(
-                        "accept",
-                        format!("data-plane listener {}", self.listen_addr),
-                        e,
-                    ));
-                }
-            }
-        }
-        let mut i = 0;
-        while i < self.incoming.len() {
-            let inc = &mut self.incoming[i];
-            let res = inc.sock.read(&mut inc.buf[inc.got..]);
-            match res {
-                Ok(0) => {
-                    tracing::warn!("tcp: connection from {} closed before its hello", inc.addr);
-                    self.incoming.swap_remove(i);
-                    continue;
-                }
-                Ok(n) => inc.got += n,
-                Err(e) if would_block(&e) => {}
-                Err(e) => {
-                    tracing::warn!(
-                        "tcp: connection from {} failed before its hello: {e}",
-                        inc.addr
-                    );
-                    self.incoming.swap_remove(i);
-                    continue;
-                }
-            }
-            if inc.got < HELLO_LEN {
-                i += 1;
-                continue;
-            }
-            let inc = self.incoming.swap_remove(i);
-            moved = true;
-            self.admit(inc)?;
+        let mut hailed = Vec::new();
+        let moved = self
+            .listener
+            .progress(&mut hailed, self.registry.is_none())?;
+        for h in hailed {
+            self.admit(h)?;
         }
         Ok(moved)
     }
 
-    fn admit(&mut self, inc: Incoming) -> Result<()> {
-        let Some(h) = Hello::decode(&inc.buf) else {
+    fn admit(&mut self, inc: Hailed) -> Result<()> {
+        let Some(h) = Hello::decode(&inc.hello) else {
             tracing::warn!(
                 "tcp: refused connection from {}: not a gradwire hello",
                 inc.addr
@@ -1273,8 +1226,7 @@ impl Transport for TcpTransport {
         let reg = registry
             .try_clone()
             .map_err(|e| Error::sys("dup", "cloning the poll registry", e))?;
-        reg.register(&mut self.listener, Token(token_base), Interest::READABLE)
-            .map_err(|e| Error::sys("epoll_ctl", "registering the TCP listener", e))?;
+        self.listener.register(&reg, Token(token_base))?;
         self.registry = Some(reg);
         self.token_base = token_base;
         Ok(())
@@ -1438,7 +1390,7 @@ impl Transport for TcpTransport {
             return Ok(false);
         }
         let mut moved = false;
-        if !self.incoming.is_empty()
+        if self.listener.busy()
             || self.registry.is_none()
             || self.conns.values().any(|c| !c.ready())
         {
@@ -1477,7 +1429,10 @@ impl Transport for TcpTransport {
     fn on_event(&mut self, event: &mio::event::Event) -> Result<()> {
         let off = event.token().0 - self.token_base;
         if off == 0 {
-            return Ok(()); // the listener: accepted in progress()
+            // Accepted in progress(), so that a stranger costs the job's
+            // own work at most one bounded call at a time.
+            self.listener.mark_readable();
+            return Ok(());
         }
         if let Some(&(peer, li)) = self.tokens.get(&off)
             && let Some(lane) = self.conns.get_mut(&peer).and_then(|c| c.lanes[li].as_mut())
