@@ -3,7 +3,9 @@
 //! One listener per rank; the lower rank of each pair dials, the higher rank
 //! accepts, so that exactly one connection of `lanes` sockets joins a pair no
 //! matter which side asks first. Each socket opens with a [`lane::Hello`]
-//! naming the dialer's rank and carrying a key derived from the job token.
+//! naming the dialer's rank and carrying a key derived from the job token;
+//! until it has, a connection is a stranger, and `listen` bounds what
+//! strangers may hold.
 //! Messages are cut into segments of `segment_bytes`; segments are spread
 //! over the lanes so that several sockets fill a link one socket cannot.
 //!
