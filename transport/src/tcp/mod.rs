@@ -3,7 +3,9 @@
 //! One listener per rank; the lower rank of each pair dials, the higher rank
 //! accepts, so that exactly one connection of `lanes` sockets joins a pair no
 //! matter which side asks first. Each socket opens with a [`lane::Hello`]
-//! naming the dialer's rank and carrying a key derived from the job token.
+//! naming the dialer's rank and carrying a key derived from the job token;
+//! until it has, a connection is a stranger, and `listen` bounds what
+//! strangers may hold.
 //! Messages are cut into segments of `segment_bytes`; segments are spread
 //! over the lanes so that several sockets fill a link one socket cannot.
 //!
@@ -19,8 +21,10 @@
 
 mod iface;
 mod lane;
+mod listen;
 
 pub use iface::{choose_bind_ip, interface_addrs};
+pub use listen::AcceptLimits;
 
 use crate::error::{Error, Result};
 use crate::recv_core::{Credits, DEFAULT_EAGER_FRAMES, Posted, Posting, RecvCore};
@@ -34,10 +38,11 @@ use gw_rendezvous::PeerInfo;
 use gw_rendezvous::nosignal;
 use gw_rendezvous::peers::Eager;
 use lane::{HELLO_LEN, Hello, Lane, OutSeg, Rx, Stage};
-use mio::net::{TcpListener, TcpStream};
+use listen::{Hailed, Listener};
+use mio::net::TcpStream;
 use mio::{Interest, Registry, Token};
 use std::collections::{HashMap, VecDeque};
-use std::io::{self, IoSlice, Read};
+use std::io::{self, IoSlice};
 use std::net::{IpAddr, SocketAddr};
 
 /// Messages up to this size travel on lane 0 (see `poke`): what one read
@@ -127,14 +132,6 @@ struct Dial {
     written: usize,
 }
 
-/// An accepted socket whose hello has not arrived yet.
-struct Incoming {
-    sock: TcpStream,
-    addr: SocketAddr,
-    buf: [u8; HELLO_LEN],
-    got: usize,
-}
-
 struct Conn {
     addr: String,
     lanes: Vec<Option<Lane>>,
@@ -150,11 +147,38 @@ struct Conn {
     announced: VecDeque<Announced>,
     next_announce: u64,
     next_lane: usize,
+    /// A control frame to the peer found its socket closed while nothing
+    /// of ours was going its way: it finished and left. Nothing is written
+    /// to it again; what it sent before leaving is still read.
+    gone: bool,
 }
 
 impl Conn {
     fn ready(&self) -> bool {
         self.lanes.iter().all(Option::is_some)
+    }
+
+    /// Whether every frame queued to the peer is a control frame: no
+    /// message of ours is on its way to it or announced to it.
+    fn only_control_queued(&self) -> bool {
+        self.announced.is_empty()
+            && self
+                .lanes
+                .iter()
+                .flatten()
+                .all(|l| l.sendq.iter().all(|s| s.req == CONTROL))
+    }
+
+    /// Refuses a message to a peer that has left (see `gone`).
+    fn check_sendable(&self, peer: Rank) -> Result<()> {
+        if self.gone {
+            return Err(Error::Remote {
+                rank: peer,
+                addr: self.addr.clone(),
+                what: "closed its connection earlier (it finished or exited): nothing more can be sent to it".into(),
+            });
+        }
+        Ok(())
     }
 }
 
@@ -164,11 +188,9 @@ pub struct TcpTransport {
     id: TransportId,
     me: Rank,
     cfg: TcpConfig,
-    listener: TcpListener,
-    listen_addr: SocketAddr,
+    listener: Listener,
     peers: Vec<PeerInfo>,
     conns: HashMap<Rank, Conn>,
-    incoming: Vec<Incoming>,
     mems: Vec<Option<(MemPtr, usize)>>,
     /// Per registration slot: how many times it was handed out, so that a
     /// peer's write into a slot registered anew since is refused.
@@ -208,14 +230,10 @@ impl TcpTransport {
             )));
         }
         let (ip, why) = choose_bind_ip(cfg.ifname.as_deref(), cfg.store_ip)?;
-        let bind = SocketAddr::new(ip, 0);
-        let listener = TcpListener::bind(bind)
-            .map_err(|e| Error::sys("bind", format!("data-plane listener on {bind}"), e))?;
-        let listen_addr = listener
-            .local_addr()
-            .map_err(|e| Error::sys("getsockname", "data-plane listener", e))?;
+        let listener = Listener::bind(SocketAddr::new(ip, 0))?;
         tracing::info!(
-            "tcp: listening on {listen_addr} ({why}), {} lane(s)",
+            "tcp: listening on {} ({why}), {} lane(s)",
+            listener.addr(),
             cfg.lanes
         );
         Ok(TcpTransport {
@@ -223,10 +241,8 @@ impl TcpTransport {
             me,
             cfg,
             listener,
-            listen_addr,
             peers: Vec::new(),
             conns: HashMap::new(),
-            incoming: Vec::new(),
             mems: Vec::new(),
             mem_gens: Vec::new(),
             free_mems: Vec::new(),
@@ -248,7 +264,18 @@ impl TcpTransport {
 
     /// The address peers dial.
     pub fn listen_addr(&self) -> SocketAddr {
-        self.listen_addr
+        self.listener.addr()
+    }
+
+    /// Bounds what connections that have not sent their hello may hold
+    /// (see [`AcceptLimits`]); refuses a limit of 0 for either.
+    pub fn set_accept_limits(&mut self, limits: AcceptLimits) -> Result<()> {
+        self.listener.set_limits(limits)
+    }
+
+    /// Accepted connections waiting for their hello now.
+    pub fn waiting_connections(&self) -> usize {
+        self.listener.waiting()
     }
 
     /// Frames that came in before their receive was posted, and were read
@@ -337,6 +364,15 @@ impl TcpTransport {
         Ok(())
     }
 
+    /// As [`TcpTransport::check_post`], for a message to `peer`.
+    fn check_send(&self, peer: Rank, what: &str) -> Result<()> {
+        self.check_post(peer, what)?;
+        match self.conns.get(&peer) {
+            Some(c) => c.check_sendable(peer),
+            None => Err(vanished(peer)),
+        }
+    }
+
     /// What this rank buffers of each TCP peer's early frames, for its
     /// published record ([`PeerInfo::tcp_eager`]).
     pub fn eager(&self) -> Eager {
@@ -365,6 +401,7 @@ impl TcpTransport {
             announced: VecDeque::with_capacity(crate::seam::POSTED_RESERVED),
             next_announce: 0,
             next_lane: 0,
+            gone: false,
         })
     }
 
@@ -464,65 +501,20 @@ impl TcpTransport {
         Ok(moved)
     }
 
-    /// Accepts sockets and reads their hellos.
+    /// Accepts sockets and admits those whose hello came in.
     fn progress_accepts(&mut self) -> Result<bool> {
-        let mut moved = false;
-        loop {
-            match self.listener.accept() {
-                Ok((sock, addr)) => {
-                    self.incoming.push(Incoming {
-                        sock,
-                        addr,
-                        buf: [0; HELLO_LEN],
-                        got: 0,
-                    });
-                    moved = true;
-                }
-                Err(e) if would_block(&e) => break,
-                Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
-                Err(e) => {
-                    return Err(Error::sys(
-                        "accept",
-                        format!("data-plane listener {}", self.listen_addr),
-                        e,
-                    ));
-                }
-            }
-        }
-        let mut i = 0;
-        while i < self.incoming.len() {
-            let inc = &mut self.incoming[i];
-            let res = inc.sock.read(&mut inc.buf[inc.got..]);
-            match res {
-                Ok(0) => {
-                    tracing::warn!("tcp: connection from {} closed before its hello", inc.addr);
-                    self.incoming.swap_remove(i);
-                    continue;
-                }
-                Ok(n) => inc.got += n,
-                Err(e) if would_block(&e) => {}
-                Err(e) => {
-                    tracing::warn!(
-                        "tcp: connection from {} failed before its hello: {e}",
-                        inc.addr
-                    );
-                    self.incoming.swap_remove(i);
-                    continue;
-                }
-            }
-            if inc.got < HELLO_LEN {
-                i += 1;
-                continue;
-            }
-            let inc = self.incoming.swap_remove(i);
-            moved = true;
-            self.admit(inc)?;
+        let mut hailed = Vec::new();
+        let moved = self
+            .listener
+            .progress(&mut hailed, self.registry.is_none())?;
+        for h in hailed {
+            self.admit(h)?;
         }
         Ok(moved)
     }
 
-    fn admit(&mut self, inc: Incoming) -> Result<()> {
-        let Some(h) = Hello::decode(&inc.buf) else {
+    fn admit(&mut self, inc: Hailed) -> Result<()> {
+        let Some(h) = Hello::decode(&inc.hello) else {
             tracing::warn!(
                 "tcp: refused connection from {}: not a gradwire hello",
                 inc.addr
@@ -630,6 +622,9 @@ impl TcpTransport {
     /// not yet started: an announcement, a clearance or credits should not
     /// wait behind megabytes of data.
     fn queue_control(conn: &mut Conn, hdr: FrameHeader) {
+        if conn.gone {
+            return;
+        }
         let Some(lane) = conn.lanes[0].as_mut() else {
             return;
         };
@@ -671,75 +666,109 @@ impl TcpTransport {
         let always = self.registry.is_none();
         let credit = self.control(FrameKind::Credit);
         for (&peer, conn) in self.conns.iter_mut() {
+            if conn.gone {
+                continue;
+            }
             let half = (conn.core.credits() as u32).div_ceil(2).max(1);
             if conn.core.owed() >= half
                 && conn.lanes[0].as_ref().is_some_and(|l| l.sendq.is_empty())
             {
                 Self::queue_control(conn, credit);
             }
-            let Conn {
-                lanes, core, addr, ..
-            } = conn;
-            for lane in lanes.iter_mut().flatten() {
-                while lane.writable || always {
-                    let Some(seg) = lane.sendq.front_mut() else {
+            for li in 0..conn.lanes.len() {
+                let Conn { lanes, core, .. } = &mut *conn;
+                let Some(lane) = lanes[li].as_mut() else {
+                    continue;
+                };
+                match Self::send_lane(lane, core, &mut self.reqs, always) {
+                    Ok(m) => moved |= m,
+                    Err(e) if severed(&e) && conn.only_control_queued() => {
+                        // The peer finished and closed while we still owed
+                        // it credits (or a clearance it no longer needs):
+                        // nothing of ours is lost, so nothing fails here.
+                        // Whatever is posted to it later fails instead.
+                        tracing::info!(
+                            "tcp: rank {peer} ({}) has closed its connection ({e}); nothing was going its way, so this rank carries on",
+                            conn.addr
+                        );
+                        conn.gone = true;
+                        for lane in conn.lanes.iter_mut().flatten() {
+                            lane.sendq.clear();
+                        }
+                        moved = true;
                         break;
-                    };
-                    if !seg.stamped {
-                        // Once: a write that took nothing leaves the frame
-                        // (and the credits it carries) queued.
-                        seg.stamped = true;
-                        let n = core.take_owed(1);
-                        if n > 0 {
-                            seg.hdr[6..8].copy_from_slice(&n.to_le_bytes());
-                        }
                     }
-                    let total = HEADER_LEN + seg.len;
-                    let res = if seg.done < HEADER_LEN {
-                        let payload: &[u8] = if seg.len == 0 {
-                            // A zero-length message may carry a null pointer.
-                            &[]
-                        } else {
-                            // SAFETY: the segment lies in registered memory that outlives the send.
-                            unsafe { std::slice::from_raw_parts(seg.ptr.0, seg.len) }
-                        };
-                        nosignal::send_vectored(
-                            &lane.sock,
-                            &[IoSlice::new(&seg.hdr[seg.done..]), IoSlice::new(payload)],
-                        )
-                    } else {
-                        let from = seg.done - HEADER_LEN;
-                        // SAFETY: as above; from < len because done < total.
-                        let payload = unsafe {
-                            std::slice::from_raw_parts(seg.ptr.0.add(from), seg.len - from)
-                        };
-                        nosignal::send(&lane.sock, payload)
-                    };
-                    match res {
-                        Ok(0) => {
-                            return Err(Error::Remote {
-                                rank: peer,
-                                addr: addr.clone(),
-                                what: "connection closed while sending".into(),
-                            });
-                        }
-                        Ok(n) => {
-                            moved = true;
-                            seg.done += n;
-                            if seg.done == total {
-                                let req = seg.req;
-                                lane.sendq.pop_front();
-                                Self::complete_send_segment(&mut self.reqs, req);
-                            }
-                        }
-                        Err(e) if would_block(&e) => {
-                            lane.writable = false;
-                            break;
-                        }
-                        Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
-                        Err(e) => return Err(peer_io_error(peer, addr, "sending", e)),
+                    Err(e) => return Err(peer_io_error(peer, &conn.addr, "sending", e)),
+                }
+            }
+        }
+        Ok(moved)
+    }
+
+    /// Writes what `lane` has queued while the socket takes it. A write
+    /// that takes nothing is `ErrorKind::WriteZero`.
+    fn send_lane(
+        lane: &mut Lane,
+        core: &mut RecvCore<()>,
+        reqs: &mut ReqMap<ReqState>,
+        always: bool,
+    ) -> io::Result<bool> {
+        let mut moved = false;
+        while lane.writable || always {
+            let Some(seg) = lane.sendq.front_mut() else {
+                break;
+            };
+            if !seg.stamped {
+                // Once: a write that took nothing leaves the frame
+                // (and the credits it carries) queued.
+                seg.stamped = true;
+                let n = core.take_owed(1);
+                if n > 0 {
+                    seg.hdr[6..8].copy_from_slice(&n.to_le_bytes());
+                }
+            }
+            let total = HEADER_LEN + seg.len;
+            let res = if seg.done < HEADER_LEN {
+                let payload: &[u8] = if seg.len == 0 {
+                    // A zero-length message may carry a null pointer.
+                    &[]
+                } else {
+                    // SAFETY: the segment lies in registered memory that outlives the send.
+                    unsafe { std::slice::from_raw_parts(seg.ptr.0, seg.len) }
+                };
+                nosignal::send_vectored(
+                    &lane.sock,
+                    &[IoSlice::new(&seg.hdr[seg.done..]), IoSlice::new(payload)],
+                )
+            } else {
+                let from = seg.done - HEADER_LEN;
+                // SAFETY: as above; from < len because done < total.
+                let payload =
+                    unsafe { std::slice::from_raw_parts(seg.ptr.0.add(from), seg.len - from) };
+                nosignal::send(&lane.sock, payload)
+            };
+            match res {
+                Ok(0) => {
+                    return Err(io::Error::new(
+                        io::ErrorKind::WriteZero,
+                        "the connection closed",
+                    ));
+                }
+                Ok(n) => {
+                    moved = true;
+                    seg.done += n;
+                    if seg.done == total {
+                        let req = seg.req;
+                        lane.sendq.pop_front();
+                        Self::complete_send_segment(reqs, req);
                     }
                 }
+                Err(e) if would_block(&e) => {
+                    lane.writable = false;
+                    break;
+                }
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                Err(e) => return Err(e),
             }
         }
         Ok(moved)
@@ -1153,6 +1182,14 @@ fn would_block(e: &io::Error) -> bool {
     e.kind() == io::ErrorKind::WouldBlock
 }
 
+/// A write failed because the peer's end of the socket is closed.
+fn severed(e: &io::Error) -> bool {
+    matches!(
+        e.kind(),
+        io::ErrorKind::BrokenPipe | io::ErrorKind::ConnectionReset | io::ErrorKind::WriteZero
+    )
+}
+
 fn closed(peer: Rank, addr: &str, mid_frame: bool) -> Error {
     Error::Remote {
         rank: peer,
@@ -1191,8 +1228,7 @@ impl Transport for TcpTransport {
         let reg = registry
             .try_clone()
             .map_err(|e| Error::sys("dup", "cloning the poll registry", e))?;
-        reg.register(&mut self.listener, Token(token_base), Interest::READABLE)
-            .map_err(|e| Error::sys("epoll_ctl", "registering the TCP listener", e))?;
+        self.listener.register(&reg, Token(token_base))?;
         self.registry = Some(reg);
         self.token_base = token_base;
         Ok(())
@@ -1261,7 +1297,7 @@ impl Transport for TcpTransport {
         offset: usize,
         len: usize,
     ) -> Result<Request> {
-        self.check_post(peer, "isend to")?;
+        self.check_send(peer, "isend to")?;
         let base = self.mem(mem, offset, len)?;
         let seg = self.cfg.segment_bytes;
         let nseg = len.div_ceil(seg).max(1);
@@ -1356,7 +1392,7 @@ impl Transport for TcpTransport {
             return Ok(false);
         }
         let mut moved = false;
-        if !self.incoming.is_empty()
+        if self.listener.busy()
             || self.registry.is_none()
             || self.conns.values().any(|c| !c.ready())
         {
@@ -1395,7 +1431,10 @@ impl Transport for TcpTransport {
     fn on_event(&mut self, event: &mio::event::Event) -> Result<()> {
         let off = event.token().0 - self.token_base;
         if off == 0 {
-            return Ok(()); // the listener: accepted in progress()
+            // Accepted in progress(), so that a stranger costs the job's
+            // own work at most one bounded call at a time.
+            self.listener.mark_readable();
+            return Ok(());
         }
         if let Some(&(peer, li)) = self.tokens.get(&off)
             && let Some(lane) = self.conns.get_mut(&peer).and_then(|c| c.lanes[li].as_mut())
@@ -1433,7 +1472,7 @@ impl Transport for TcpTransport {
     }
 
     fn write_imm(&mut self, peer: Rank, w: &WriteImm) -> Result<Request> {
-        self.check_post(peer, "write_imm to")?;
+        self.check_send(peer, "write_imm to")?;
         let src = self.mem(w.mem, w.offset, w.len)?;
         if w.remote.rank != peer {
             return Err(Error::InvalidArgument(format!(

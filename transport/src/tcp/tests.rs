@@ -441,3 +441,5 @@ mod put_frames {
         }
     }
 }
+
+mod gone;
