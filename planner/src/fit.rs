@@ -43,6 +43,18 @@
 //! forever (or absorbed only as fast as forgetting allows). Set-aside
 //! residuals raise the scale only once they prove isolated, so the run
 //! that announces a change cannot inflate the threshold and hide it.
+//!
+//! **Bursts.** Four slow steps in a row are also what a passing burst looks
+//! like (another process taking the core for a fraction of a second, a
+//! checkpoint written over several steps). The fit restarted from the burst
+//! then describes a rank that no longer exists, and the planner, which
+//! moves work off the "slow" rank at once, hands it batch sizes the burst
+//! never ran; forgetting would take dozens of steps to wash the burst out.
+//! So the fit as it was before a restart is kept for [`PROBATION`] steps:
+//! if [`RETURNED`] steps in a row fall within its limits and nearer its
+//! prediction than the restarted fit's, the burst is over and the old fit
+//! comes back (the burst stays counted as outliers). A rank that really
+//! changed lands far from the old fit on every step, so it never returns.
 
 use serde::{Deserialize, Serialize};
 
@@ -62,6 +74,11 @@ const WARM: f64 = 3.0;
 /// Largest standard error of c, relative to the mean time, for which the
 /// two-parameter fit is trusted.
 const MAX_REL_SE: f64 = 0.1;
+/// Steps after a restart during which the fit from before it may return.
+const PROBATION: u32 = 2 * CONFIRM as u32;
+/// Steps in a row that the fit from before a restart must explain better
+/// than the restarted one for it to return.
+const RETURNED: u32 = 2;
 /// Online per-rank fit of compute time vs local batch: recursive least
 /// squares with a forgetting factor, robust to outliers, serializable.
 #[derive(Clone, Debug, Serialize, Deserialize)]
@@ -83,6 +100,18 @@ pub struct RankFit {
     /// Consecutive same-side outliers, kept to be fitted if they turn out
     /// to be a change.
     suspects: Vec<Suspect>,
+    /// The fit before the last restart, while the change may yet prove a
+    /// burst (see the module comment). Absent in fits stored before it
+    /// existed, as in fits past their probation.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    before_restart: Option<Box<RankFit>>,
+    /// Steps seen since the last restart, while `before_restart` is kept.
+    #[serde(default)]
+    since_restart: u32,
+    /// Of those, the latest ones in a row that `before_restart` explained
+    /// better than the current fit.
+    #[serde(default)]
+    returning: u32,
 }
 
 /// An observation set aside as an outlier, pending the verdict.
@@ -118,6 +147,9 @@ impl RankFit {
             seen: 0,
             outliers: 0,
             suspects: Vec::new(),
+            before_restart: None,
+            since_restart: 0,
+            returning: 0,
         }
     }
 
@@ -160,18 +192,19 @@ impl RankFit {
             && self
                 .model()
                 .is_none_or(|m| m.a.is_finite() && m.c.is_finite())
+            && self.before_restart.as_ref().is_none_or(|b| b.is_finite())
     }
 
     fn observe_finite(&mut self, batch: u64, seconds: f64) {
         self.seen += 1;
+        self.probation(batch, seconds);
         let Some(model) = self.model() else {
             self.fit(batch as f64, seconds);
             return;
         };
         // Timing noise grows with the time itself, so residuals are judged
         // relative to the prediction.
-        let predicted = model.time(batch);
-        let residual = (seconds - predicted) / predicted.max(f64::MIN_POSITIVE);
+        let residual = (seconds - model.time(batch)) / model.time(batch).max(f64::MIN_POSITIVE);
         // Without a trusted slope, a new batch size's residual mixes in the
         // unknown intercept: it cannot be judged, and it must not move the
         // scale either.
@@ -181,7 +214,7 @@ impl RankFit {
             self.fit(batch as f64, seconds);
             return;
         }
-        let limit = REJECT * self.scale().max(JITTER);
+        let limit = self.limit();
         let warm = self.scale_weight >= WARM;
         if warm && residual.abs() > limit {
             self.outliers += 1;
@@ -209,6 +242,48 @@ impl RankFit {
         // cannot make the scale infinite.
         self.record_scale(residual.abs().min(if warm { limit } else { 1.0 }));
         self.fit(batch as f64, seconds);
+    }
+
+    /// During the probation after a restart: brings the fit from before it
+    /// back if the latest steps say the change was a burst that has ended,
+    /// or lets it go once the probation is over.
+    fn probation(&mut self, batch: u64, seconds: f64) {
+        let Some(before) = self.before_restart.as_deref() else {
+            return;
+        };
+        let old = before.relative_residual(batch, seconds);
+        let new = self.relative_residual(batch, seconds);
+        let explained = match (old, new) {
+            (Some(old), Some(new)) => old.abs() <= before.limit() && old.abs() < new.abs(),
+            _ => false,
+        };
+        self.returning = if explained { self.returning + 1 } else { 0 };
+        self.since_restart += 1;
+        if self.returning >= RETURNED {
+            let Some(before) = self.before_restart.take() else {
+                return;
+            };
+            let (seen, outliers) = (self.seen, self.outliers);
+            *self = *before;
+            self.seen = seen;
+            self.outliers = outliers;
+        } else if self.since_restart >= PROBATION {
+            self.before_restart = None;
+            self.since_restart = 0;
+            self.returning = 0;
+        }
+    }
+
+    /// (t − prediction) / prediction for a step of `batch` samples that
+    /// took `seconds`; None before any observation.
+    fn relative_residual(&self, batch: u64, seconds: f64) -> Option<f64> {
+        let predicted = self.model()?.time(batch);
+        Some((seconds - predicted) / predicted.max(f64::MIN_POSITIVE))
+    }
+
+    /// The relative residual beyond which a step is set aside.
+    fn limit(&self) -> f64 {
+        REJECT * self.scale().max(JITTER)
     }
 
     /// The current line. None before any observation. With only one distinct
@@ -337,7 +412,17 @@ impl RankFit {
     /// the suspects. So does the robust scale: a fit from four points
     /// extrapolates poorly, and judging the next steps against the old
     /// noise level would set them aside and restart again and again.
+    /// The fit as it was before the suspects is kept for the probation;
+    /// a restart within a probation keeps the fit from before the first,
+    /// which is the one learnt over many steps.
     fn restart(&mut self) {
+        if self.before_restart.is_none() {
+            let mut before = self.clone();
+            before.suspects.clear();
+            self.before_restart = Some(Box::new(before));
+        }
+        self.since_restart = 0;
+        self.returning = 0;
         self.scale_sum = 0.0;
         self.scale_weight = 0.0;
         self.weight = 0.0;

@@ -230,3 +230,95 @@ fn extreme_finite_times_never_leave_a_non_finite_fit() {
         assert_eq!(back.model(), fit.model());
     }
 }
+
+/// One rank's times with 1% noise: planned at `b`, it runs through a burst
+/// of `burst` steps at twice its time (long enough to be confirmed as a
+/// change), the planner meanwhile moving it to `after`, and then runs
+/// normally at `after` again.
+fn burst_then_normal(fit: &mut RankFit, rng: &mut StdRng, b: u64, after: u64, burst: usize) {
+    let slow = Linear {
+        a: 2.0 * TRUE.a,
+        c: 2.0 * TRUE.c,
+    };
+    for i in 0..burst {
+        let size = if i < 4 { b } else { after };
+        fit.observe(size, slow.time(size) * (1.0 + 0.01 * common::normal(rng)));
+    }
+}
+
+fn quiet_history(rng: &mut StdRng) -> RankFit {
+    let mut fit = RankFit::new(0.95);
+    for _ in 0..200 {
+        let b = SIZES[rng.random_range(0..SIZES.len())];
+        fit.observe(b, TRUE.time(b) * (1.0 + 0.01 * common::normal(rng)));
+    }
+    fit
+}
+
+/// The demo's case: a few steps of a rank slowed by another process are a
+/// confirmed change when they end, and the planner has moved the rank to
+/// a smaller batch. Two normal steps later the fit is the rank's own again
+/// (without the fit from before the burst, the four burst steps stay in
+/// the restarted fit and skew it for dozens of steps).
+#[test]
+fn a_burst_that_ends_gives_the_fit_back() {
+    let mut rng = StdRng::seed_from_u64(21);
+    let mut fit = quiet_history(&mut rng);
+    burst_then_normal(&mut fit, &mut rng, 128, 64, 5);
+    let during = model(&fit);
+    assert!(
+        rel(during.time(128), 2.0 * TRUE.time(128)) < 0.1,
+        "{during:?}"
+    );
+    for _ in 0..2 {
+        fit.observe(64, TRUE.time(64) * (1.0 + 0.01 * common::normal(&mut rng)));
+    }
+    let m = model(&fit);
+    for b in SIZES {
+        assert!(rel(m.time(b), TRUE.time(b)) < 0.03, "{m:?} at {b}");
+    }
+    // The four steps that confirmed the "change"; the fifth, at a size the
+    // restarted fit could not judge yet, was fitted.
+    assert_eq!(fit.outliers(), 4);
+}
+
+/// A change that lasts is kept: after the probation the fit from before it
+/// is gone, and normal-looking steps then are judged as outliers of the
+/// new rank instead of bringing the old one back.
+#[test]
+fn a_change_that_outlasts_the_probation_stays() {
+    let mut rng = StdRng::seed_from_u64(22);
+    let mut fit = quiet_history(&mut rng);
+    burst_then_normal(&mut fit, &mut rng, 128, 64, 4 + 12);
+    fit.observe(64, TRUE.time(64));
+    fit.observe(64, TRUE.time(64));
+    let m = model(&fit);
+    assert!(rel(m.time(64), 2.0 * TRUE.time(64)) < 0.1, "{m:?}");
+}
+
+/// A fit stored mid-probation (the job server keeps fits in SQLite) comes
+/// back in the same state, and one stored before probation existed (no
+/// such fields in its JSON) still reads.
+#[test]
+fn a_fit_in_probation_survives_storage_and_old_fits_still_read() {
+    let mut rng = StdRng::seed_from_u64(23);
+    let mut fit = quiet_history(&mut rng);
+    burst_then_normal(&mut fit, &mut rng, 128, 64, 5);
+    let json = serde_json::to_string(&fit).expect("serializes");
+    let mut back: RankFit = serde_json::from_str(&json).expect("deserializes");
+    for _ in 0..2 {
+        let t = TRUE.time(64);
+        fit.observe(64, t);
+        back.observe(64, t);
+    }
+    assert_eq!(back.model(), fit.model());
+    assert!(rel(model(&back).time(64), TRUE.time(64)) < 0.03);
+
+    let mut old: serde_json::Value = serde_json::from_str(&json).expect("json");
+    let obj = old.as_object_mut().expect("an object");
+    for k in ["before_restart", "since_restart", "returning"] {
+        assert!(obj.remove(k).is_some(), "{k} is stored");
+    }
+    let old: RankFit = serde_json::from_value(old).expect("an old fit reads");
+    assert!(old.model().is_some());
+}
