@@ -123,14 +123,17 @@ pub(crate) fn rendezvous(
 ) -> Result<Met> {
     let (me, world) = (env.rank, env.world);
     let store_server = if env.host_store && me == 0 {
-        let port = env
-            .store
-            .rsplit(':')
-            .next()
-            .and_then(|p| p.parse::<u16>().ok())
-            .unwrap_or(0);
+        // Without a token the launch environment only lets a loopback
+        // store through, and it is bound to loopback alone.
+        let bind = env.store_bind()?;
+        if env.token.is_empty() {
+            tracing::warn!(
+                "GW_TOKEN is not set: any process on this host can join the store on {bind}; \
+                 set the same GW_TOKEN for every rank to keep other users out"
+            );
+        }
         Some(StoreServer::start(
-            std::net::SocketAddr::from(([0, 0, 0, 0], port)),
+            bind,
             &env.token,
             StoreConfig::default(),
         )?)
