@@ -2,11 +2,11 @@
 //!
 //! Each unordered pair of ranks `{lo, hi}` shares one segment, a file in
 //! `/dev/shm` whose name only the job's ranks can derive (see `names.rs`),
-//! holding two single-producer single-consumer
-//! slot rings (`lo -> hi` and `hi -> lo`, see `ring.rs` and the segment
-//! layout in `segment.rs`). The lower rank creates it on `connect`; the higher
-//! rank maps it once it exists and removes the name, so nothing is left behind
-//! if a process dies later.
+//! holding two single-producer single-consumer slot rings (`lo -> hi` and
+//! `hi -> lo`, see `ring.rs` and the segment layout in `segment.rs`). The
+//! lower rank creates it on `connect`; the higher rank maps it once it
+//! exists and removes the name, so nothing is left behind if a process dies
+//! later.
 //!
 //! A send is copied into ring slots, one segment of at most `slot_bytes` per
 //! slot, each behind a 64-byte [`FrameHeader`]; the request completes once the

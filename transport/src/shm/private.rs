@@ -13,9 +13,10 @@ use std::io;
 use std::os::unix::fs::{FileTypeExt, MetadataExt, OpenOptionsExt};
 use std::path::Path;
 
-/// Opens `path` read-write without following a symbolic link, and checks
-/// that the file is private to this user. `Ok(None)`: nothing is there.
-pub(crate) fn open_private(path: &Path) -> Result<Option<File>> {
+/// Opens `path`, the segment of ranks `pair`, read-write without following
+/// a symbolic link, and checks that the file is private to this user.
+/// `Ok(None)`: nothing is there.
+pub(crate) fn open_private(path: &Path, pair: (u32, u32)) -> Result<Option<File>> {
     let file = match OpenOptions::new()
         .read(true)
         .write(true)
@@ -26,29 +27,30 @@ pub(crate) fn open_private(path: &Path) -> Result<Option<File>> {
         Ok(f) => f,
         Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(None),
         Err(e) if e.raw_os_error() == Some(libc::ELOOP) => {
-            return Err(refusal(path, "a symbolic link".into()));
+            return Err(refusal(path, pair, "a symbolic link".into()));
         }
         Err(e) => return Err(Error::sys("open", format!("opening {}", path.display()), e)),
     };
     let meta = file
         .metadata()
         .map_err(|e| Error::sys("fstat", path.display().to_string(), e))?;
-    check_private(path, &meta)?;
+    check_private(path, pair, &meta)?;
     Ok(Some(file))
 }
 
-/// Checks what already sits at `path` (found by a create that failed with
-/// `EEXIST`) before it is taken for a leftover of ours and removed.
-pub(crate) fn check_existing(path: &Path) -> Result<()> {
+/// Checks what already sits at `path`, the segment of ranks `pair` (found
+/// by a create that failed with `EEXIST`), before it is taken for a
+/// leftover of ours and removed.
+pub(crate) fn check_existing(path: &Path, pair: (u32, u32)) -> Result<()> {
     match std::fs::symlink_metadata(path) {
-        Ok(meta) => check_private(path, &meta),
+        Ok(meta) => check_private(path, pair, &meta),
         // Gone meanwhile: the create is simply tried again.
         Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(()),
         Err(e) => Err(Error::sys("lstat", path.display().to_string(), e)),
     }
 }
 
-fn check_private(path: &Path, meta: &Metadata) -> Result<()> {
+fn check_private(path: &Path, pair: (u32, u32), meta: &Metadata) -> Result<()> {
     let ft = meta.file_type();
     let kind = if ft.is_symlink() {
         Some("a symbolic link")
@@ -64,23 +66,24 @@ fn check_private(path: &Path, meta: &Metadata) -> Result<()> {
         None
     };
     if let Some(kind) = kind {
-        return Err(refusal(path, kind.into()));
+        return Err(refusal(path, pair, kind.into()));
     }
     let mode = meta.mode() & 0o7777;
     if meta.uid() != euid() || mode & 0o077 != 0 {
         return Err(refusal(
             path,
+            pair,
             format!("owned by uid {} with mode {mode:04o}", meta.uid()),
         ));
     }
     Ok(())
 }
 
-fn refusal(path: &Path, what: String) -> Error {
+fn refusal(path: &Path, (lo, hi): (u32, u32), what: String) -> Error {
     Error::Config(format!(
-        "refusing shared segment {}: it is {what}, but gradwire maps only regular files of \
-         this user (uid {}) that no one else may open (mode 0600); another local user may \
-         have created it: remove it, or set GW_TRANSPORT=tcp",
+        "refusing {} as the shared segment of ranks {lo} and {hi}: it is {what}, but gradwire \
+         maps only regular files of this user (uid {}) that no one else may open (mode 0600); \
+         another local user may have created it: remove it, or set GW_TRANSPORT=tcp",
         path.display(),
         euid()
     ))
@@ -131,11 +134,11 @@ mod tests {
     #[test]
     fn private_files_of_ours_are_opened_and_absent_ones_are_none() {
         let s = Scratch::new("ok");
-        assert!(open_private(&s.0).expect("absent").is_none());
+        assert!(open_private(&s.0, (0, 1)).expect("absent").is_none());
         std::fs::write(&s.0, b"x").expect("write");
         std::fs::set_permissions(&s.0, std::fs::Permissions::from_mode(0o600)).expect("chmod");
-        assert!(open_private(&s.0).expect("ours").is_some());
-        check_existing(&s.0).expect("ours");
+        assert!(open_private(&s.0, (0, 1)).expect("ours").is_some());
+        check_existing(&s.0, (0, 1)).expect("ours");
     }
 
     #[test]
@@ -145,19 +148,19 @@ mod tests {
         std::fs::set_permissions(&target.0, std::fs::Permissions::from_mode(0o600)).expect("chmod");
         let link = Scratch::new("link");
         std::os::unix::fs::symlink(&target.0, &link.0).expect("symlink");
-        refused(open_private(&link.0), &link.0, "a symbolic link");
-        refused(check_existing(&link.0), &link.0, "a symbolic link");
+        refused(open_private(&link.0, (0, 1)), &link.0, "a symbolic link");
+        refused(check_existing(&link.0, (0, 1)), &link.0, "a symbolic link");
 
         let dir = Scratch::new("dir");
         std::fs::create_dir(&dir.0).expect("mkdir");
-        refused(check_existing(&dir.0), &dir.0, "a directory");
+        refused(check_existing(&dir.0, (0, 1)), &dir.0, "a directory");
 
         let open = Scratch::new("open");
         std::fs::write(&open.0, b"x").expect("write");
         std::fs::set_permissions(&open.0, std::fs::Permissions::from_mode(0o644)).expect("chmod");
         let mode = format!("owned by uid {} with mode 0644", euid());
-        refused(open_private(&open.0), &open.0, &mode);
-        refused(check_existing(&open.0), &open.0, &mode);
+        refused(open_private(&open.0, (0, 1)), &open.0, &mode);
+        refused(check_existing(&open.0, (0, 1)), &open.0, &mode);
 
         // Another user's private file: only root can make one to test with.
         if euid() == 0 {
@@ -167,8 +170,8 @@ mod tests {
                 .expect("chmod");
             std::os::unix::fs::chown(&theirs.0, Some(65534), None).expect("chown");
             let what = "owned by uid 65534 with mode 0600";
-            refused(open_private(&theirs.0), &theirs.0, what);
-            refused(check_existing(&theirs.0), &theirs.0, what);
+            refused(open_private(&theirs.0, (0, 1)), &theirs.0, what);
+            refused(check_existing(&theirs.0, (0, 1)), &theirs.0, what);
         }
     }
 }

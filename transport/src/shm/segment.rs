@@ -1,12 +1,12 @@
 //! The shared segment of one pair of ranks: a file in `/dev/shm`, mapped by both.
 //!
 //! The lower rank creates `/dev/shm/<name>` (`O_CREAT|O_EXCL`, mode 0600; the
-//! name is known only to the job's ranks, see `names.rs`), reserves its space with `posix_fallocate` (so that a too-small
-//! `/dev/shm` is an error now, not a `SIGBUS` mid-training), writes the header
-//! and sets the ready magic with Release. The higher rank opens it once it
-//! exists and is ready (Acquire), checks that both agree on the layout, maps
-//! it, and unlinks the name: from then on nothing is left in `/dev/shm` if
-//! either process dies. Whoever still holds a name at drop unlinks it. A
+//! name is known only to the job's ranks, see `names.rs`), reserves its space
+//! with `posix_fallocate` (so that a too-small `/dev/shm` is an error now,
+//! not a `SIGBUS` mid-training), writes the header and sets the ready magic
+//! with Release. The higher rank opens it once it exists and is ready
+//! (Acquire), checks that both agree on the layout, maps it, and unlinks the
+//! name: from then on nothing is left in `/dev/shm` if either process dies. Whoever still holds a name at drop unlinks it. A
 //! file found at the name is used, or removed as a leftover, only if it is
 //! private to this user (see `private.rs`).
 //!
@@ -246,7 +246,7 @@ impl Segment {
         let file = match create_file(path) {
             Err(e) if e.kind() == io::ErrorKind::AlreadyExists => {
                 // Someone else's file is neither removed nor written over.
-                check_existing(path)?;
+                check_existing(path, (lo, hi))?;
                 if is_stale(path, Duration::ZERO) {
                     tracing::warn!(
                         "removing stale shared segment {} left by a dead process",
@@ -312,7 +312,7 @@ impl Segment {
         creator: &str,
         creator_pid: u32,
     ) -> Result<Opened> {
-        let Some(file) = open_private(path)? else {
+        let Some(file) = open_private(path, (lo, hi))? else {
             return Ok(Opened::Pending);
         };
         let size = file

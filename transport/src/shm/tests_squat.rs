@@ -33,6 +33,7 @@ fn refused(e: Error, path: &Path, what: &str) {
     assert!(matches!(e, Error::Config(_)), "{text}");
     assert!(text.contains(&path.display().to_string()), "{text}");
     assert!(text.contains(what), "{text} should say {what}");
+    assert!(text.contains("ranks 0 and 1"), "{text}");
 }
 
 /// Names built from the job id alone (how segments and doorbells were named
