@@ -1,10 +1,11 @@
-//! A torchrun-style launch (`RANK`, `WORLD_SIZE`, `MASTER_ADDR`,
-//! `MASTER_PORT`; rank 0 hosts the store) with and without `GW_TOKEN`, in
-//! two real rank processes: this test executable started again as each
-//! rank. On loopback no token is needed; a store address other hosts could
-//! reach (0.0.0.0 here, which is not loopback but still local) is refused
-//! by every rank without one, with a message saying how to set it, and
-//! works with one.
+//! A torchrun-style launch (`RANK`, `WORLD_SIZE`, `LOCAL_WORLD_SIZE`,
+//! `MASTER_ADDR`, `MASTER_PORT`; rank 0 hosts the store) with and without
+//! `GW_TOKEN`, in two real rank processes: this test executable started
+//! again as each rank. A job on one host (a loopback `MASTER_ADDR`, or both
+//! ranks local) needs no token and keeps its store on loopback. A job that
+//! says it spans hosts (one local rank each; both are on this host really,
+//! and 0.0.0.0 reaches the store from here) is refused by every rank
+//! without a token, with a message saying how to set one, and runs with one.
 
 use gw_collectives::{CommKey, Communicator, Config, LaunchEnv, RedOp};
 use std::io::Read;
@@ -51,10 +52,10 @@ fn free_port() -> u16 {
         .port()
 }
 
-/// Starts two ranks with torchrun's variables (and `GW_TOKEN` if given),
-/// and returns each one's exit success and output, killing any still
-/// running after two minutes.
-fn launch(master: &str, token: Option<&str>) -> Vec<(bool, String)> {
+/// Starts two ranks with torchrun's variables, `local` of them a host (and
+/// `GW_TOKEN` if given), and returns each one's exit success and output,
+/// killing any still running after two minutes.
+fn launch(master: &str, local: u32, token: Option<&str>) -> Vec<(bool, String)> {
     let exe = std::env::current_exe().expect("test executable");
     let port = free_port().to_string();
     let children: Vec<_> = (0..2)
@@ -64,8 +65,8 @@ fn launch(master: &str, token: Option<&str>) -> Vec<(bool, String)> {
                 .env(CHILD, "1")
                 .env("RANK", rank.to_string())
                 .env("WORLD_SIZE", "2")
-                .env("LOCAL_RANK", rank.to_string())
-                .env("LOCAL_WORLD_SIZE", "2")
+                .env("LOCAL_RANK", (rank % local).to_string())
+                .env("LOCAL_WORLD_SIZE", local.to_string())
                 .env("MASTER_ADDR", master)
                 .env("MASTER_PORT", &port)
                 .stdout(Stdio::piped())
@@ -113,16 +114,28 @@ fn launch(master: &str, token: Option<&str>) -> Vec<(bool, String)> {
         .collect()
 }
 
-#[test]
-fn a_loopback_store_runs_without_a_token() {
-    for (rank, (ok, out)) in launch("127.0.0.1", None).into_iter().enumerate() {
+fn all_ran(runs: Vec<(bool, String)>) {
+    for (rank, (ok, out)) in runs.into_iter().enumerate() {
         assert!(ok && out.contains("sum=3"), "rank {rank}:\n{out}");
     }
 }
 
 #[test]
+fn a_loopback_store_runs_without_a_token() {
+    all_ran(launch("127.0.0.1", 1, None));
+}
+
+/// torchrun sets MASTER_ADDR to the host's name even on one host; with
+/// every rank local the store moves to loopback, so the name is not even
+/// looked up (this one would not resolve).
+#[test]
+fn a_one_host_job_keeps_its_store_on_loopback_without_a_token() {
+    all_ran(launch("node-a.invalid", 2, None));
+}
+
+#[test]
 fn a_reachable_store_without_a_token_is_refused_by_every_rank() {
-    for (rank, (ok, out)) in launch("0.0.0.0", None).into_iter().enumerate() {
+    for (rank, (ok, out)) in launch("0.0.0.0", 1, None).into_iter().enumerate() {
         assert!(!ok, "rank {rank} ran without a token:\n{out}");
         assert!(
             out.contains("GW_TOKEN is not set") && out.contains("export GW_TOKEN="),
@@ -134,7 +147,5 @@ fn a_reachable_store_without_a_token_is_refused_by_every_rank() {
 #[test]
 fn a_reachable_store_with_a_token_runs() {
     let token = gw_rendezvous::token::random_hex(16).expect("/dev/urandom");
-    for (rank, (ok, out)) in launch("0.0.0.0", Some(&token)).into_iter().enumerate() {
-        assert!(ok && out.contains("sum=3"), "rank {rank}:\n{out}");
-    }
+    all_ran(launch("0.0.0.0", 1, Some(&token)));
 }

@@ -12,10 +12,10 @@
 //! Neither Slurm nor torchrun hands its tasks anything secret (job ids, run
 //! ids and ports show in `squeue` and `ps`), and a token cannot be drawn at
 //! random by each rank, since all must present the same. So under them the
-//! token is `GW_TOKEN`, set by the user for every rank; without one, rank 0
-//! hosts the store only when its address is loopback (one host, where it
-//! binds loopback alone), and a launch whose store other hosts could reach
-//! is refused, saying how to set `GW_TOKEN`.
+//! token is `GW_TOKEN`, set by the user for every rank. Without one, a job
+//! on one host (a loopback store address, or as many local ranks as ranks)
+//! keeps its store on loopback, and a job across hosts is refused, with a
+//! message saying how to set `GW_TOKEN`.
 
 use crate::error::{Error, Result};
 use std::net::{IpAddr, Ipv4Addr, SocketAddr};
@@ -178,9 +178,6 @@ impl LaunchEnv {
                 var::STORE
             )));
         }
-        if host_store && token.is_empty() && !is_loopback(store_host(&store)) {
-            return Err(no_token(launcher, &store));
-        }
         if world == 0 {
             return Err(Error::Config("world size is 0".into()));
         }
@@ -194,6 +191,11 @@ impl LaunchEnv {
                 "local rank {local_rank} is not below the local size {local_size}"
             )));
         }
+        let store = if host_store && token.is_empty() {
+            tokenless_store(launcher, store, world, local_size)?
+        } else {
+            store
+        };
         let job_id = match env(var::JOB_ID) {
             Some(j) if !j.is_empty() => sanitize(&j),
             _ => format!("{:016x}", fnv1a(&[&store, &token])),
@@ -259,12 +261,34 @@ fn is_loopback(host: &str) -> bool {
         || host.parse::<IpAddr>().is_ok_and(|ip| ip.is_loopback())
 }
 
+/// Where a store rank 0 hosts without a token may listen: only where no
+/// other host reaches it. That is the store's own address when it is
+/// loopback, or loopback when the launcher says every rank is on this host
+/// (all ranks read the same variables, so all agree on the address). A
+/// store the ranks of several hosts must reach is refused.
+fn tokenless_store(
+    launcher: Launcher,
+    store: String,
+    world: u32,
+    local_size: u32,
+) -> Result<String> {
+    if is_loopback(store_host(&store)) {
+        return Ok(store);
+    }
+    if local_size == world {
+        let port = store.rsplit_once(':').map_or("", |(_, p)| p);
+        return Ok(format!("127.0.0.1:{port}"));
+    }
+    Err(no_token(launcher, &store))
+}
+
 fn no_token(launcher: Launcher, store: &str) -> Error {
     let l = launcher.as_str();
     Error::Config(format!(
-        "{} is not set: under {l}, rank 0 hosts the rendezvous store at {store}, which other \
-         hosts can reach, and nothing {l} provides is secret, so any process that can reach it \
-         could join the job; give every rank the same secret, e.g. \
+        "{} is not set: under {l}, rank 0 hosts the rendezvous store at {store}, which the \
+         ranks of other hosts must reach (so can anyone else there), and nothing {l} provides \
+         is secret, so any process that can reach it could join the job; give every rank the \
+         same secret, e.g. \
          `export {}=$(od -An -N16 -tx1 /dev/urandom | tr -d ' \\n')` before running {}",
         var::TOKEN,
         var::TOKEN,
@@ -646,6 +670,8 @@ mod tests {
 
     /// On one host the store can stay on loopback, out of other hosts'
     /// reach: no token is needed there, and rank 0 binds loopback alone.
+    /// (These launches say nothing of local ranks, so count as one rank a
+    /// host.)
     #[test]
     fn a_loopback_store_needs_no_token_and_binds_loopback_only() {
         for (addr, bind) in [
@@ -666,6 +692,27 @@ mod tests {
             assert!(b.host_store && b.token.is_empty(), "{addr}");
             assert_eq!(b.store_bind().unwrap(), bind.parse().unwrap(), "{addr}");
         }
+        // Every rank on this host (as many local ranks as ranks): the store
+        // moves to loopback whatever MASTER_ADDR says (torchrun sets the
+        // host's name), unless a token lets it stay where it was put.
+        let one_host = |token: Option<&str>| {
+            let mut v = vec![
+                ("SLURM_PROCID", "1"),
+                ("SLURM_NTASKS", "2"),
+                ("SLURM_LOCALID", "1"),
+                ("SLURM_NTASKS_PER_NODE", "2"),
+                ("MASTER_ADDR", "node-a.example.com"),
+                ("MASTER_PORT", "29500"),
+            ];
+            if let Some(t) = token {
+                v.push(("GW_TOKEN", t));
+            }
+            boot(&v).unwrap()
+        };
+        let b = one_host(None);
+        assert_eq!(b.store, "127.0.0.1:29500");
+        assert_eq!(b.store_bind().unwrap(), "127.0.0.1:29500".parse().unwrap());
+        assert_eq!(one_host(Some("t")).store, "node-a.example.com:29500");
         // Addresses that merely look local are not loopback.
         for addr in ["0.0.0.0", "localhost.example.com", "10.127.0.1"] {
             let e = boot(&[
