@@ -101,6 +101,9 @@ pub(crate) struct Met {
     pub peers: Vec<PeerInfo>,
     /// Rank 0's cost model, which every rank chooses algorithms with.
     pub model: CostModel,
+    /// What shared-memory names are derived from: drawn by rank 0, known
+    /// only to the ranks (see `gw_transport::shm`'s `names.rs`).
+    pub shm_secret: String,
 }
 
 /// Job-wide key under which each rank says which communicator it is
@@ -120,14 +123,17 @@ pub(crate) fn rendezvous(
 ) -> Result<Met> {
     let (me, world) = (env.rank, env.world);
     let store_server = if env.host_store && me == 0 {
-        let port = env
-            .store
-            .rsplit(':')
-            .next()
-            .and_then(|p| p.parse::<u16>().ok())
-            .unwrap_or(0);
+        // Without a token the launch environment only lets a loopback
+        // store through, and it is bound to loopback alone.
+        let bind = env.store_bind()?;
+        if env.token.is_empty() {
+            tracing::warn!(
+                "GW_TOKEN is not set: any process on this host can join the store on {bind}; \
+                 set the same GW_TOKEN for every rank to keep other users out"
+            );
+        }
         Some(StoreServer::start(
-            std::net::SocketAddr::from(([0, 0, 0, 0], port)),
+            bind,
             &env.token,
             StoreConfig::default(),
         )?)
@@ -167,6 +173,11 @@ pub(crate) fn rendezvous(
         let (model, source) = CostModel::load()?;
         tracing::info!("cost model from {source}: {model}");
         store.set(&format!("{prefix}/model"), model.encode().as_bytes())?;
+        // Through the store, which only holders of the job's token can read,
+        // never from anything a local user could see or guess.
+        let secret = gw_rendezvous::token::random_hex(16)
+            .map_err(|e| Error::sys("read", "/dev/urandom for the shared-memory name secret", e))?;
+        store.set(&format!("{prefix}/shm-secret"), secret.as_bytes())?;
     }
     store.set(&format!("{prefix}/peer/{me}"), info.encode().as_bytes())?;
     let keys: Vec<String> = (0..world).map(|r| format!("{prefix}/peer/{r}")).collect();
@@ -213,6 +224,16 @@ pub(crate) fn rendezvous(
             ));
         }
     };
+    let shm_secret = match store.get(&format!("{prefix}/shm-secret"))? {
+        Some(v) => String::from_utf8(v).map_err(|_| {
+            Error::Protocol("rank 0's shared-memory name secret is not text".into())
+        })?,
+        None => {
+            return Err(Error::Protocol(
+                "rank 0 published no shared-memory name secret at init".into(),
+            ));
+        }
+    };
     let mut peers = Vec::with_capacity(world as usize);
     for (r, v) in values.iter().enumerate() {
         let p = PeerInfo::decode(&String::from_utf8_lossy(v))?;
@@ -230,6 +251,7 @@ pub(crate) fn rendezvous(
         prefix,
         peers,
         model,
+        shm_secret,
     })
 }
 
@@ -254,6 +276,7 @@ pub(crate) fn route(
     cfg: &Config,
     opened: Opened,
     peers: &[PeerInfo],
+    shm_secret: &str,
 ) -> Result<Routes> {
     let Opened { tcp, ofi } = opened;
     let me = env.rank;
@@ -276,6 +299,7 @@ pub(crate) fn route(
             peers.to_vec(),
             ShmConfig {
                 job_id: format!("{}-{key}", env.job_id),
+                name_secret: shm_secret.to_owned(),
                 slot_bytes: cfg.shm_slot_bytes.value,
                 slots: cfg.shm_slots.value,
                 pull_bytes: shm_pull_bytes(cfg, env.local_size),

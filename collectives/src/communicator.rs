@@ -247,7 +247,7 @@ impl Communicator {
 
         let opened = bringup::listen(&env, &cfg)?;
         let met = bringup::rendezvous(&env, &key, &opened, timeout, deadline)?;
-        let mut routes = bringup::route(&env, &key, &cfg, opened, &met.peers)?;
+        let mut routes = bringup::route(&env, &key, &cfg, opened, &met.peers, &met.shm_secret)?;
         let board = Board::new(
             StoreClient::connect(&env.store, &env.token, deadline)?,
             met.prefix.clone(),

@@ -8,8 +8,17 @@
 //! `SLURM_LOCALID`) or torchrun (`RANK`, `WORLD_SIZE`, `LOCAL_RANK`,
 //! `MASTER_ADDR`, `MASTER_PORT`) are read too; those launchers run no store,
 //! so rank 0 hosts it, as torch's TCPStore does.
+//!
+//! Neither Slurm nor torchrun hands its tasks anything secret (job ids, run
+//! ids and ports show in `squeue` and `ps`), and a token cannot be drawn at
+//! random by each rank, since all must present the same. So under them the
+//! token is `GW_TOKEN`, set by the user for every rank. Without one, a job
+//! on one host (a loopback store address, or as many local ranks as ranks)
+//! keeps its store on loopback, and a job across hosts is refused, with a
+//! message saying how to set `GW_TOKEN`.
 
 use crate::error::{Error, Result};
+use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 use std::time::Duration;
 
 /// The name of every variable of the contract.
@@ -182,6 +191,11 @@ impl LaunchEnv {
                 "local rank {local_rank} is not below the local size {local_size}"
             )));
         }
+        let store = if host_store && token.is_empty() {
+            tokenless_store(launcher, store, world, local_size)?
+        } else {
+            store
+        };
         let job_id = match env(var::JOB_ID) {
             Some(j) if !j.is_empty() => sanitize(&j),
             _ => format!("{:016x}", fnv1a(&[&store, &token])),
@@ -204,6 +218,85 @@ impl LaunchEnv {
             host_store,
         })
     }
+}
+
+impl LaunchEnv {
+    /// Where rank 0 binds the store it hosts (`host_store`): the store's own
+    /// address when that is loopback, so that no other host can reach it,
+    /// else every interface.
+    pub fn store_bind(&self) -> Result<SocketAddr> {
+        let host = store_host(&self.store);
+        let port = self
+            .store
+            .rsplit_once(':')
+            .and_then(|(_, p)| p.parse::<u16>().ok())
+            .ok_or_else(|| {
+                Error::Config(format!(
+                    "store address {:?} does not end in :port",
+                    self.store
+                ))
+            })?;
+        let ip = if host.eq_ignore_ascii_case("localhost") {
+            IpAddr::V4(Ipv4Addr::LOCALHOST)
+        } else {
+            match host.parse::<IpAddr>() {
+                Ok(ip) if ip.is_loopback() => ip,
+                _ => IpAddr::V4(Ipv4Addr::UNSPECIFIED),
+            }
+        };
+        Ok(SocketAddr::new(ip, port))
+    }
+}
+
+/// The host part of a `host:port` store address, without IPv6 brackets.
+fn store_host(store: &str) -> &str {
+    let host = store.rsplit_once(':').map_or(store, |(h, _)| h);
+    host.trim_start_matches('[').trim_end_matches(']')
+}
+
+/// Whether `host` names this machine's loopback interface, which other
+/// hosts cannot reach.
+fn is_loopback(host: &str) -> bool {
+    host.eq_ignore_ascii_case("localhost")
+        || host.parse::<IpAddr>().is_ok_and(|ip| ip.is_loopback())
+}
+
+/// Where a store rank 0 hosts without a token may listen: only where no
+/// other host reaches it. That is the store's own address when it is
+/// loopback, or loopback when the launcher says every rank is on this host
+/// (all ranks read the same variables, so all agree on the address). A
+/// store the ranks of several hosts must reach is refused.
+fn tokenless_store(
+    launcher: Launcher,
+    store: String,
+    world: u32,
+    local_size: u32,
+) -> Result<String> {
+    if is_loopback(store_host(&store)) {
+        return Ok(store);
+    }
+    if local_size == world {
+        let port = store.rsplit_once(':').map_or("", |(_, p)| p);
+        return Ok(format!("127.0.0.1:{port}"));
+    }
+    Err(no_token(launcher, &store))
+}
+
+fn no_token(launcher: Launcher, store: &str) -> Error {
+    let l = launcher.as_str();
+    Error::Config(format!(
+        "{} is not set: under {l}, rank 0 hosts the rendezvous store at {store}, which the \
+         ranks of other hosts must reach (so can anyone else there), and nothing {l} provides \
+         is secret, so any process that can reach it could join the job; give every rank the \
+         same secret, e.g. \
+         `export {}=$(od -An -N16 -tx1 /dev/urandom | tr -d ' \\n')` before running {}",
+        var::TOKEN,
+        var::TOKEN,
+        match launcher {
+            Launcher::Slurm => "srun (which passes the environment on)",
+            _ => "torchrun (on every node)",
+        }
+    ))
 }
 
 /// A launch variable that is missing or malformed.
@@ -511,22 +604,126 @@ mod tests {
             ("SLURM_NTASKS_PER_NODE", "2"),
             ("MASTER_ADDR", "10.0.0.1"),
             ("MASTER_PORT", "29500"),
+            ("GW_TOKEN", "s3cret"),
         ])
         .unwrap();
         assert_eq!(
             (s.rank, s.world, s.launcher, s.host_store),
             (1, 2, Launcher::Slurm, true)
         );
-        assert_eq!(s.store, "10.0.0.1:29500");
+        assert_eq!(
+            (s.store.as_str(), s.token.as_str()),
+            ("10.0.0.1:29500", "s3cret")
+        );
         let t = boot(&[
             ("RANK", "0"),
             ("WORLD_SIZE", "3"),
             ("LOCAL_RANK", "0"),
             ("MASTER_ADDR", "h"),
             ("MASTER_PORT", "1"),
+            ("GW_TOKEN", "t"),
         ])
         .unwrap();
         assert_eq!((t.rank, t.world, t.launcher), (0, 3, Launcher::Torchrun));
+    }
+
+    /// Slurm and torchrun give their tasks nothing secret: a store other
+    /// hosts could reach needs GW_TOKEN, and the error says how to set it.
+    #[test]
+    fn a_reachable_store_without_a_token_is_refused() {
+        let slurm = [
+            ("SLURM_PROCID", "0"),
+            ("SLURM_NTASKS", "2"),
+            ("MASTER_ADDR", "10.0.0.1"),
+            ("MASTER_PORT", "29500"),
+        ];
+        let torch = [
+            ("RANK", "1"),
+            ("WORLD_SIZE", "2"),
+            ("MASTER_ADDR", "node-a"),
+            ("MASTER_PORT", "29500"),
+        ];
+        for (env, launcher, how) in [
+            (&slurm[..], "slurm", "srun"),
+            (&torch[..], "torchrun", "torchrun"),
+        ] {
+            let e = boot(env).unwrap_err().to_string();
+            assert!(e.contains("GW_TOKEN is not set"), "{e}");
+            assert!(e.contains(&format!("under {launcher}")), "{e}");
+            assert!(e.contains("export GW_TOKEN="), "{e}");
+            assert!(e.contains(how), "{e}");
+            // An empty GW_TOKEN is no token either.
+            let mut empty = env.to_vec();
+            empty.push(("GW_TOKEN", ""));
+            assert!(boot(&empty).unwrap_err().to_string().contains("GW_TOKEN"));
+            let mut with = env.to_vec();
+            with.push(("GW_TOKEN", "00112233445566778899aabbccddeeff"));
+            let b = boot(&with).unwrap();
+            assert_eq!(b.token, "00112233445566778899aabbccddeeff");
+            assert_eq!(b.store_bind().unwrap(), "0.0.0.0:29500".parse().unwrap());
+        }
+        // A store someone else runs (GW_STORE) is not rank 0's to open up.
+        let mut given = slurm.to_vec();
+        given.push(("GW_STORE", "10.0.0.2:7"));
+        assert!(!boot(&given).unwrap().host_store);
+    }
+
+    /// On one host the store can stay on loopback, out of other hosts'
+    /// reach: no token is needed there, and rank 0 binds loopback alone.
+    /// (These launches say nothing of local ranks, so count as one rank a
+    /// host.)
+    #[test]
+    fn a_loopback_store_needs_no_token_and_binds_loopback_only() {
+        for (addr, bind) in [
+            ("127.0.0.1", "127.0.0.1:29500"),
+            ("localhost", "127.0.0.1:29500"),
+            ("LocalHost", "127.0.0.1:29500"),
+            ("127.0.0.2", "127.0.0.2:29500"),
+            ("::1", "[::1]:29500"),
+            ("[::1]", "[::1]:29500"),
+        ] {
+            let b = boot(&[
+                ("RANK", "0"),
+                ("WORLD_SIZE", "2"),
+                ("MASTER_ADDR", addr),
+                ("MASTER_PORT", "29500"),
+            ])
+            .unwrap_or_else(|e| panic!("{addr}: {e}"));
+            assert!(b.host_store && b.token.is_empty(), "{addr}");
+            assert_eq!(b.store_bind().unwrap(), bind.parse().unwrap(), "{addr}");
+        }
+        // Every rank on this host (as many local ranks as ranks): the store
+        // moves to loopback whatever MASTER_ADDR says (torchrun sets the
+        // host's name), unless a token lets it stay where it was put.
+        let one_host = |token: Option<&str>| {
+            let mut v = vec![
+                ("SLURM_PROCID", "1"),
+                ("SLURM_NTASKS", "2"),
+                ("SLURM_LOCALID", "1"),
+                ("SLURM_NTASKS_PER_NODE", "2"),
+                ("MASTER_ADDR", "node-a.example.com"),
+                ("MASTER_PORT", "29500"),
+            ];
+            if let Some(t) = token {
+                v.push(("GW_TOKEN", t));
+            }
+            boot(&v).unwrap()
+        };
+        let b = one_host(None);
+        assert_eq!(b.store, "127.0.0.1:29500");
+        assert_eq!(b.store_bind().unwrap(), "127.0.0.1:29500".parse().unwrap());
+        assert_eq!(one_host(Some("t")).store, "node-a.example.com:29500");
+        // Addresses that merely look local are not loopback.
+        for addr in ["0.0.0.0", "localhost.example.com", "10.127.0.1"] {
+            let e = boot(&[
+                ("RANK", "0"),
+                ("WORLD_SIZE", "2"),
+                ("MASTER_ADDR", addr),
+                ("MASTER_PORT", "29500"),
+            ])
+            .unwrap_err();
+            assert!(e.to_string().contains("GW_TOKEN is not set"), "{addr}: {e}");
+        }
     }
 
     #[test]

@@ -216,7 +216,10 @@ fn a_slow_receiver_holds_no_more_than_its_buffers_over_shared_memory() {
         slot_bytes: 4096,
         pull_bytes: 0,
         eager_frames: 2,
-        ..ShmConfig::new(job)
+        ..ShmConfig::new(
+            job,
+            gw_rendezvous::token::random_hex(16).expect("/dev/urandom"),
+        )
     };
     let peers: Vec<PeerInfo> = (0..2)
         .map(|r| PeerInfo {

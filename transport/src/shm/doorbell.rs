@@ -1,19 +1,23 @@
 //! Wakeups for shared memory: one datagram socket per rank.
 //!
 //! A peer writing into shared memory raises no poller event by itself, so each
-//! rank binds a Unix datagram socket at the abstract address
-//! `"\0gw-<job>-<rank>"` and registers it with the engine's `mio::Poll`. A
-//! side that finds its partner asleep (a flag in the ring header) sends it one
-//! byte. Abstract addresses leave no file behind and vanish with the process.
+//! rank binds a Unix datagram socket at an abstract address (named from the
+//! job's name secret, see `names.rs`) and registers it with the engine's
+//! `mio::Poll`. A side that finds its partner asleep (a flag in the ring
+//! header) sends it one byte. Abstract addresses leave no file behind and
+//! vanish with the process. Any local process can send to one; a stray
+//! byte only wakes the engine to look at its rings, which it then finds as
+//! they were.
 
+use super::names::doorbell_name;
 use crate::error::{Error, Result};
 use std::io;
 use std::os::linux::net::SocketAddrExt;
 use std::os::unix::net::{SocketAddr, UnixDatagram};
 
-/// The doorbell address of `rank` in job `job_id` (abstract namespace).
-pub(crate) fn doorbell_addr(job_id: &str, rank: u32) -> Result<SocketAddr> {
-    let name = format!("gw-{job_id}-{rank}");
+/// The doorbell address of `rank` for the job's name `secret` (abstract namespace).
+pub(crate) fn doorbell_addr(secret: &str, rank: u32) -> Result<SocketAddr> {
+    let name = doorbell_name(secret, rank);
     SocketAddr::from_abstract_name(name.as_bytes())
         .map_err(|e| Error::sys("socket address", format!("abstract name {name:?}"), e))
 }
@@ -60,7 +64,7 @@ impl Doorbell {
         }
         let sock = UnixDatagram::bind_addr(addr).map_err(|e| {
             let hint = if e.kind() == io::ErrorKind::AddrInUse {
-                " (is another process using the same job id and rank?)"
+                " (this rank was started twice, or another process took the name)"
             } else {
                 ""
             };

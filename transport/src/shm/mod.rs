@@ -1,11 +1,12 @@
 //! Same-host transport over shared memory.
 //!
-//! Each unordered pair of ranks `{lo, hi}` shares one segment,
-//! `/dev/shm/gw-<job>-<lo>-<hi>`, holding two single-producer single-consumer
-//! slot rings (`lo -> hi` and `hi -> lo`, see `ring.rs` and the segment
-//! layout in `segment.rs`). The lower rank creates it on `connect`; the higher
-//! rank maps it once it exists and removes the name, so nothing is left behind
-//! if a process dies later.
+//! Each unordered pair of ranks `{lo, hi}` shares one segment, a file in
+//! `/dev/shm` whose name only the job's ranks can derive (see `names.rs`),
+//! holding two single-producer single-consumer slot rings (`lo -> hi` and
+//! `hi -> lo`, see `ring.rs` and the segment layout in `segment.rs`). The
+//! lower rank creates it on `connect`; the higher rank maps it once it
+//! exists and removes the name, so nothing is left behind if a process dies
+//! later.
 //!
 //! A send is copied into ring slots, one segment of at most `slot_bytes` per
 //! slot, each behind a 64-byte [`FrameHeader`]; the request completes once the
@@ -42,7 +43,9 @@
 //! transport works by polling alone.
 
 mod doorbell;
+mod names;
 mod one_sided;
+mod private;
 mod pull;
 mod ring;
 mod segment;
@@ -55,6 +58,8 @@ mod tests_in_place;
 mod tests_now;
 #[cfg(test)]
 mod tests_one_sided;
+#[cfg(test)]
+mod tests_squat;
 
 use self::doorbell::{Doorbell, doorbell_addr};
 use self::pull::RENDEZVOUS_LEN;
@@ -90,8 +95,13 @@ const MAX_ABORT_TEXT: usize = 4096;
 /// Settings of the shared-memory transport; every rank of a job must use the same.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct ShmConfig {
-    /// Names the segments and doorbells; `[A-Za-z0-9_-]`, unique per job.
+    /// Names the job in logs; `[A-Za-z0-9_-]`.
     pub job_id: String,
+    /// What the names of segments and doorbells are derived from: 32 to 128
+    /// hex digits from a random source (rank 0 draws them and hands them out
+    /// through the authenticated store), so that no one outside the job can
+    /// know a name before it is used.
+    pub name_secret: String,
     /// Payload bytes per slot (default 512 KiB); larger messages are cut.
     pub slot_bytes: usize,
     /// Slots per ring (default 8).
@@ -108,10 +118,11 @@ pub struct ShmConfig {
 }
 
 impl ShmConfig {
-    /// The default geometry for job `job_id`.
-    pub fn new(job_id: impl Into<String>) -> ShmConfig {
+    /// The default geometry for job `job_id`, whose ranks share `name_secret`.
+    pub fn new(job_id: impl Into<String>, name_secret: impl Into<String>) -> ShmConfig {
         ShmConfig {
             job_id: job_id.into(),
+            name_secret: name_secret.into(),
             slot_bytes: DEFAULT_SLOT_BYTES,
             slots: DEFAULT_SLOTS,
             pull_bytes: DEFAULT_PULL_BYTES,
@@ -136,6 +147,7 @@ impl ShmConfig {
                 "shm job id {id:?} must be 1 to {MAX_JOB_ID} characters of [A-Za-z0-9_-]"
             )));
         }
+        names::validate_secret(&self.name_secret)?;
         if !(1..=MAX_SLOT_BYTES).contains(&self.slot_bytes) {
             return Err(Error::InvalidArgument(format!(
                 "shm slot size {} must be between 1 and {MAX_SLOT_BYTES} bytes",
@@ -397,7 +409,7 @@ impl ShmTransport {
             }
             let rank = info.rank;
             ps.push(Peer {
-                bell: doorbell_addr(&cfg.job_id, info.rank)?,
+                bell: doorbell_addr(&cfg.name_secret, info.rank)?,
                 info,
                 conn: None,
                 wanted: false,
@@ -658,7 +670,7 @@ impl ShmTransport {
             }
             // The lower rank creates at once; the higher one waits for the file.
             return self.me < p.info.rank
-                || segment_path(&self.cfg.job_id, p.info.rank, self.me).exists();
+                || segment_path(&self.cfg.name_secret, p.info.rank, self.me).exists();
         };
         if p.closed {
             // Nothing follows a close; queued sends are an error progress reports.
@@ -1289,7 +1301,7 @@ impl Transport for ShmTransport {
 
     fn attach(&mut self, registry: &mio::Registry, token_base: usize) -> Result<()> {
         let token = mio::Token(token_base);
-        let addr = doorbell_addr(&self.cfg.job_id, self.me)?;
+        let addr = doorbell_addr(&self.cfg.name_secret, self.me)?;
         self.bell.attach(&addr, registry, token)?;
         self.token = Some(token);
         Ok(())
@@ -1299,7 +1311,7 @@ impl Transport for ShmTransport {
         self.check_peer(peer)?;
         let me = self.me;
         let (lo, hi) = (me.min(peer), me.max(peer));
-        let path = segment_path(&self.cfg.job_id, lo, hi);
+        let path = segment_path(&self.cfg.name_secret, lo, hi);
         let layout = self.layout;
         let creator = &self.peers[lo as usize];
         let (creator_who, creator_pid) = (creator.who(), creator.info.pid);

@@ -1,12 +1,14 @@
 //! The shared segment of one pair of ranks: a file in `/dev/shm`, mapped by both.
 //!
-//! The lower rank creates `/dev/shm/gw-<job>-<lo>-<hi>` (`O_CREAT|O_EXCL`, mode
-//! 0600), reserves its space with `posix_fallocate` (so that a too-small
-//! `/dev/shm` is an error now, not a `SIGBUS` mid-training), writes the header
-//! and sets the ready magic with Release. The higher rank opens it once it
-//! exists and is ready (Acquire), checks that both agree on the layout, maps
-//! it, and unlinks the name: from then on nothing is left in `/dev/shm` if
-//! either process dies. Whoever still holds a name at drop unlinks it.
+//! The lower rank creates `/dev/shm/<name>` (`O_CREAT|O_EXCL`, mode 0600; the
+//! name is known only to the job's ranks, see `names.rs`), reserves its space
+//! with `posix_fallocate` (so that a too-small `/dev/shm` is an error now,
+//! not a `SIGBUS` mid-training), writes the header and sets the ready magic
+//! with Release. The higher rank opens it once it exists and is ready
+//! (Acquire), checks that both agree on the layout, maps it, and unlinks the
+//! name: from then on nothing is left in `/dev/shm` if either process dies. Whoever still holds a name at drop unlinks it. A
+//! file found at the name is used, or removed as a leftover, only if it is
+//! private to this user (see `private.rs`).
 //!
 //! ```text
 //!   0  magic        u64  "GWSHMSG1" once initialised (Release by the creator)
@@ -21,6 +23,8 @@
 //!      ring hi -> lo
 //! ```
 
+use super::names::segment_name;
+use super::private::{check_existing, open_private};
 use super::ring::{RingRef, ring_bytes};
 use crate::error::{Error, Result};
 use std::fs::{File, OpenOptions};
@@ -49,9 +53,9 @@ const OFF_SLOT_BYTES: usize = 32;
 const OFF_TOTAL: usize = 40;
 const OFF_OPENED: usize = 48;
 
-/// The file name of the segment of ranks `lo < hi` in job `job_id`.
-pub(crate) fn segment_path(job_id: &str, lo: u32, hi: u32) -> PathBuf {
-    Path::new(SHM_DIR).join(format!("gw-{job_id}-{lo}-{hi}"))
+/// The path of the segment of ranks `lo < hi` for the job's name `secret`.
+pub(crate) fn segment_path(secret: &str, lo: u32, hi: u32) -> PathBuf {
+    Path::new(SHM_DIR).join(segment_name(secret, lo, hi))
 }
 
 /// Ring geometry; both ranks of a pair must agree on it.
@@ -240,21 +244,23 @@ impl Segment {
     pub(crate) fn create(path: &Path, layout: Layout, lo: u32, hi: u32) -> Result<Segment> {
         sweep_stale_segments();
         let file = match create_file(path) {
-            Err(e)
-                if e.kind() == io::ErrorKind::AlreadyExists && is_stale(path, Duration::ZERO) =>
-            {
-                tracing::warn!(
-                    "removing stale shared segment {} left by a dead process",
-                    path.display()
-                );
-                let _ = std::fs::remove_file(path);
+            Err(e) if e.kind() == io::ErrorKind::AlreadyExists => {
+                // Someone else's file is neither removed nor written over.
+                check_existing(path, (lo, hi))?;
+                if is_stale(path, Duration::ZERO) {
+                    tracing::warn!(
+                        "removing stale shared segment {} left by a dead process",
+                        path.display()
+                    );
+                    let _ = std::fs::remove_file(path);
+                }
                 create_file(path)
             }
             r => r,
         }
         .map_err(|e| {
             let hint = if e.kind() == io::ErrorKind::AlreadyExists {
-                " (another live job is using the same job id?)"
+                " (a live process of this user holds it: was this rank started twice?)"
             } else {
                 " (set GW_TRANSPORT=tcp to avoid shared memory)"
             };
@@ -306,15 +312,8 @@ impl Segment {
         creator: &str,
         creator_pid: u32,
     ) -> Result<Opened> {
-        let file = match OpenOptions::new()
-            .read(true)
-            .write(true)
-            .custom_flags(libc::O_CLOEXEC)
-            .open(path)
-        {
-            Ok(f) => f,
-            Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(Opened::Pending),
-            Err(e) => return Err(Error::sys("open", format!("opening {}", path.display()), e)),
+        let Some(file) = open_private(path, (lo, hi))? else {
+            return Ok(Opened::Pending);
         };
         let size = file
             .metadata()
@@ -432,7 +431,11 @@ fn create_file(path: &Path) -> io::Result<File> {
 /// A segment whose creator is gone, or that never got initialised and is
 /// older than `min_age` (an initialisation takes milliseconds).
 fn is_stale(path: &Path, min_age: Duration) -> bool {
-    let Ok(f) = File::open(path) else {
+    let Ok(f) = OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC | libc::O_NONBLOCK)
+        .open(path)
+    else {
         return false;
     };
     let mut h = [0u8; SEG_HEADER_LEN];
@@ -554,13 +557,18 @@ mod tests {
         assert!(!pid_alive((1 << 22) + 1));
     }
 
-    fn unique(name: &str) -> PathBuf {
-        segment_path(&format!("segtest-{}-{name}", std::process::id()), 0, 1)
+    /// A segment path no other test (or test run) uses.
+    fn unique() -> PathBuf {
+        segment_path(
+            &gw_rendezvous::token::random_hex(16).expect("urandom"),
+            0,
+            1,
+        )
     }
 
     #[test]
     fn create_open_unlinks_and_checks_layout() {
-        let path = unique("a");
+        let path = unique();
         let layout = Layout {
             slots: 2,
             slot_bytes: 100,
@@ -591,7 +599,7 @@ mod tests {
 
     #[test]
     fn creator_drop_unlinks() {
-        let path = unique("b");
+        let path = unique();
         let layout = Layout {
             slots: 1,
             slot_bytes: 8,
@@ -607,7 +615,7 @@ mod tests {
 
     #[test]
     fn staleness() {
-        let path = unique("d");
+        let path = unique();
         std::fs::write(&path, b"").unwrap();
         // Uninitialised: stale only once old enough.
         assert!(is_stale(&path, Duration::ZERO));
@@ -635,8 +643,11 @@ mod tests {
 
     #[test]
     fn stale_leftover_is_replaced() {
-        let path = unique("c");
+        let path = unique();
+        // A leftover of ours: private, as `create_file` makes it.
         std::fs::write(&path, b"junk").unwrap();
+        std::fs::set_permissions(&path, std::os::unix::fs::PermissionsExt::from_mode(0o600))
+            .unwrap();
         let a = Segment::create(
             &path,
             Layout {

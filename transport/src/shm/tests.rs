@@ -32,6 +32,17 @@ pub(super) fn infos(n: u32) -> Vec<PeerInfo> {
         .collect()
 }
 
+/// The name secret of test job `j`: every rank of a test (and a child
+/// process given `j`) derives the same one, and no two jobs share it.
+pub(super) fn secret(j: &str) -> String {
+    let mut s: String = j.bytes().map(|b| format!("{b:02x}")).collect();
+    while s.len() < names::MIN_SECRET {
+        s.push('0');
+    }
+    s.truncate(names::MAX_SECRET);
+    s
+}
+
 /// Slot geometry without single-copy pulls: every byte goes through slots.
 pub(super) fn cfg(job_id: &str, slots: usize, slot_bytes: usize) -> ShmConfig {
     cfg_pull(job_id, slots, slot_bytes, 0)
@@ -40,6 +51,7 @@ pub(super) fn cfg(job_id: &str, slots: usize, slot_bytes: usize) -> ShmConfig {
 fn cfg_pull(job_id: &str, slots: usize, slot_bytes: usize, pull_bytes: usize) -> ShmConfig {
     ShmConfig {
         job_id: job_id.into(),
+        name_secret: secret(job_id),
         slot_bytes,
         slots,
         pull_bytes,
@@ -324,7 +336,7 @@ fn dead_peer_is_reported() {
 #[test]
 fn segment_files_are_removed() {
     let j = job("files");
-    let path = segment_path(&j, 0, 1);
+    let path = segment_path(&secret(&j), 0, 1);
     let mut a = ShmTransport::new(0, infos(2), cfg(&j, 2, 64)).unwrap();
     let mut b = ShmTransport::new(1, infos(2), cfg(&j, 2, 64)).unwrap();
     assert_eq!(b.connect(0).unwrap(), Readiness::Pending);
@@ -346,7 +358,7 @@ fn segment_files_are_removed() {
 
     // A creator whose peer never came removes the name itself.
     let j = job("files2");
-    let path = segment_path(&j, 0, 1);
+    let path = segment_path(&secret(&j), 0, 1);
     let mut a = ShmTransport::new(0, infos(2), cfg(&j, 2, 64)).unwrap();
     a.connect(1).unwrap();
     assert!(path.exists());
@@ -366,7 +378,7 @@ fn progress_connects_the_higher_rank() {
     // Posting before connect is fine: progress brings the pair up.
     let rb = Outstanding::new(b.irecv(0, tag(1, 0), md, 0, 20).unwrap());
     assert!(!b.progress().unwrap());
-    assert!(!b.prepare_sleep() || !segment_path(&j, 0, 1).exists());
+    assert!(!b.prepare_sleep() || !segment_path(&secret(&j), 0, 1).exists());
     let ra = Outstanding::new(a.isend(1, tag(1, 0), ms, 0, 20).unwrap());
     run(&mut a, &mut b, vec![ra], vec![rb]);
     assert_eq!(dst, src);
@@ -816,7 +828,7 @@ fn echo_with_child(name: &str, mode: &str, pull: usize) {
     assert!(child.wait().unwrap().success());
     t.progress().unwrap(); // reads the close notice
     t.check_peers().unwrap();
-    assert!(!segment_path(&j, 0, 1).exists());
+    assert!(!segment_path(&secret(&j), 0, 1).exists());
 }
 
 #[test]
@@ -836,7 +848,7 @@ fn two_processes_crash_is_noticed() {
         "{e}"
     );
     assert!(
-        !segment_path(&j, 0, 1).exists(),
+        !segment_path(&secret(&j), 0, 1).exists(),
         "the child unlinked the name"
     );
 }
