@@ -26,6 +26,7 @@ use crate::error::{Error, FiCall, Result};
 use crate::fabric::{Domain, DomainCore};
 use crate::ffi::{self, CQ_BATCH, Fid, FidAv, FidCq, FidEp, GwCqErr, GwCqe};
 use crate::info::Info;
+use crate::linger::{self, Closable, Registry};
 use crate::mr::{Mr, MrDesc, register};
 use crate::{c_text, fi_call};
 use std::cell::UnsafeCell;
@@ -101,6 +102,9 @@ pub(crate) struct EpCore {
     av: *mut FidAv,
     // Dropped after Drop::drop closed the endpoint.
     slots: Box<[CtxSlot]>,
+    /// Its id in [`LINGERING`], for providers whose endpoints linger (see
+    /// `linger.rs`).
+    linger_id: Option<u64>,
 }
 
 // SAFETY: the endpoint, its CQ and AV are used only under the domain's
@@ -110,25 +114,57 @@ unsafe impl Send for EpCore {}
 // SAFETY: as above.
 unsafe impl Sync for EpCore {}
 
+impl EpCore {
+    /// The endpoint's address (fi_getname).
+    fn name(&self) -> Result<Vec<u8>> {
+        let mut buf = vec![0u8; 256];
+        for _ in 0..2 {
+            let mut len = buf.len();
+            let ret = {
+                let _g = self.domain.lock();
+                // SAFETY: ep is live; buf is writable for len bytes.
+                unsafe { ffi::gw_ofi_getname(self.ep, buf.as_mut_ptr().cast(), &mut len) }
+            };
+            if ret == 0 {
+                buf.truncate(len);
+                return Ok(buf);
+            }
+            if len <= buf.len() {
+                return Err(Error::GetName(fi_call("fi_getname", ret as isize)));
+            }
+            buf.resize(len, 0);
+        }
+        Err(Error::GetName(fi_call(
+            "fi_getname",
+            -(ffi::FI_ETOOSMALL as isize),
+        )))
+    }
+}
+
 impl Drop for EpCore {
     fn drop(&mut self) {
-        let _g = self.domain.lock();
-        for (what, fid) in [
-            ("fi_close(ep)", self.ep.cast::<Fid>()),
-            ("fi_close(av)", self.av.cast::<Fid>()),
-            ("fi_close(cq)", self.cq.cast::<Fid>()),
-        ] {
-            if fid.is_null() {
-                continue;
-            }
-            // SAFETY: each object was opened on this domain and is closed
-            // once, the endpoint first (it is bound to the other two).
-            let ret = unsafe { ffi::gw_ofi_close(fid) };
-            if ret != 0 {
-                tracing::warn!("{}", fi_call(what, ret as isize));
-            }
+        let ep = Closable {
+            domain: self.domain.clone(),
+            ep: std::mem::replace(&mut self.ep, std::ptr::null_mut()),
+            av: std::mem::replace(&mut self.av, std::ptr::null_mut()),
+            cq: std::mem::replace(&mut self.cq, std::ptr::null_mut()),
+            slots: std::mem::take(&mut self.slots),
+        };
+        match self.linger_id {
+            Some(id) => LINGERING.close(id, ep),
+            None => ep.close(),
         }
     }
+}
+
+/// Endpoints of providers that reach same-process peers through their
+/// memory, closed only once none of them is open (see `linger.rs`).
+static LINGERING: Registry<Box<[CtxSlot]>> = Registry::new();
+
+/// Endpoints closed by their owner but kept open while an open endpoint of
+/// this process has them as a peer (see `linger.rs`).
+pub fn lingering_endpoints() -> usize {
+    LINGERING.lingering()
 }
 
 /// An RDM endpoint bound to one completion queue and one address vector.
@@ -172,6 +208,7 @@ impl Endpoint {
             cq: std::ptr::null_mut(),
             av: std::ptr::null_mut(),
             slots,
+            linger_id: None,
         };
         let cq_size = config
             .cq_size
@@ -222,6 +259,9 @@ impl Endpoint {
                 )));
             }
         }
+        if linger::needed(&info.provider) {
+            core.linger_id = Some(LINGERING.opened(core.name()?));
+        }
         Ok(Endpoint {
             core: Arc::new(core),
             wait_fd,
@@ -267,31 +307,14 @@ impl Endpoint {
 
     /// This endpoint's address, to publish to peers.
     pub fn name(&self) -> Result<Vec<u8>> {
-        let mut buf = vec![0u8; 256];
-        for _ in 0..2 {
-            let mut len = buf.len();
-            let ret = {
-                let _g = self.core.domain.lock();
-                // SAFETY: ep is live; buf is writable for len bytes.
-                unsafe { ffi::gw_ofi_getname(self.core.ep, buf.as_mut_ptr().cast(), &mut len) }
-            };
-            if ret == 0 {
-                buf.truncate(len);
-                return Ok(buf);
-            }
-            if len <= buf.len() {
-                return Err(Error::GetName(fi_call("fi_getname", ret as isize)));
-            }
-            buf.resize(len, 0);
-        }
-        Err(Error::GetName(fi_call(
-            "fi_getname",
-            -(ffi::FI_ETOOSMALL as isize),
-        )))
+        self.core.name()
     }
 
     /// Adds a peer's [`Self::name`] to the address vector.
     pub fn insert_peer(&mut self, name: &[u8]) -> Result<FiAddr> {
+        if let Some(id) = self.core.linger_id {
+            LINGERING.peer_added(id, name);
+        }
         let mut out = 0u64;
         let ret = {
             let _g = self.core.domain.lock();

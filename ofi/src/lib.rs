@@ -28,11 +28,12 @@ mod fabric;
 mod ffi;
 mod flags;
 mod info;
+mod linger;
 mod mr;
 mod stale;
 
 pub use cache::RegCache;
-pub use endpoint::{Completion, Endpoint, EpConfig, FiAddr, Remote};
+pub use endpoint::{Completion, Endpoint, EpConfig, FiAddr, Remote, lingering_endpoints};
 pub use error::{Error, FiCall, Result};
 pub use fabric::{Domain, Fabric};
 pub use flags::*;
