@@ -503,10 +503,14 @@ impl TcpTransport {
 
     /// Accepts sockets and admits those whose hello came in.
     fn progress_accepts(&mut self) -> Result<bool> {
+        // While a peer is still to connect, its connection is looked for on
+        // every call, as a caller driving its own operation reads no poller
+        // events (the engine thread, which would, is parked meanwhile).
+        let connecting = self.conns.values().any(|c| !c.ready());
         let mut hailed = Vec::new();
         let moved = self
             .listener
-            .progress(&mut hailed, self.registry.is_none())?;
+            .progress(&mut hailed, self.registry.is_none() || connecting)?;
         for h in hailed {
             self.admit(h)?;
         }
