@@ -163,7 +163,7 @@ fn sresp<B: From<Vec<u8>>>(r: &Response) -> SResp<B> {
             max_key_bytes,
             max_value_bytes,
         },
-        Response::Refused(m) => SResp::Refused(m),
+        Response::Refused(m) | Response::Busy(m) => SResp::Refused(m),
         Response::Ok => SResp::Ok,
         Response::Value(v) => SResp::Value(v.map(Into::into)),
         Response::Values(v) => SResp::Values(v.into_iter().map(Into::into).collect()),

@@ -5,6 +5,10 @@
 //! or wedged server is an error, never a hang), errors name the store's
 //! address, and a timed-out `wait` names the keys that never appeared, which
 //! is usually the list of ranks that did not start.
+//!
+//! A store at its connection cap answers `Busy` (or, racing with our Hello,
+//! just closes); the client then reconnects with backoff until its deadline,
+//! so a job whose ranks all arrive at once still comes up.
 
 use super::codec::{
     Decoder, Limits, MAX_TOKEN_BYTES, Message, PROTOCOL_VERSION, Request, Response,
@@ -28,6 +32,9 @@ const ATTEMPT_MAX: Duration = Duration::from_secs(5);
 const READ_CHUNK: usize = 64 * 1024;
 /// Stand-in for "forever" where a deadline must be an `Instant`.
 const FAR: Duration = Duration::from_secs(100 * 365 * 24 * 3600);
+/// First and longest pause between reconnects (unreachable or busy store).
+const BACKOFF_MIN: Duration = Duration::from_millis(10);
+const BACKOFF_MAX: Duration = Duration::from_millis(500);
 
 /// A blocking connection to a [`super::StoreServer`].
 pub struct StoreClient {
@@ -51,6 +58,26 @@ impl StoreClient {
                 token.len()
             )));
         }
+        let mut retry = Retry::new(deadline);
+        loop {
+            match Self::connect_once(addr, token, deadline)? {
+                Ok(c) => return Ok(c),
+                Err(reason) => retry.after_failure(|n| {
+                    format!(
+                        "connecting to the rendezvous store at {addr}: turned away {n} times; last: {reason}"
+                    )
+                })?,
+            }
+        }
+    }
+
+    /// One connection and Hello. The inner `Err` is a turn-away worth
+    /// retrying (the store is busy), with the store's reason.
+    fn connect_once(
+        addr: &str,
+        token: &str,
+        deadline: Instant,
+    ) -> Result<std::result::Result<StoreClient, String>> {
         let stream = connect_with_retry(addr, deadline)?;
         stream
             .set_nodelay(true)
@@ -68,7 +95,15 @@ impl StoreClient {
             token: token.to_owned(),
         };
         let hello_deadline = deadline.max(Instant::now() + HELLO_MIN);
-        match c.call(&hello, hello_deadline)? {
+        let reply = match c.call(&hello, hello_deadline) {
+            Ok(r) => r,
+            // A busy store may close before our Hello arrives, and the close
+            // then resets the connection, taking its `Busy` reply with it.
+            Err(e) if turned_away(&e) => return Ok(Err(e.to_string())),
+            Err(e) => return Err(e),
+        };
+        match reply {
+            Response::Busy(reason) => Ok(Err(reason)),
             Response::Welcome {
                 max_key_bytes,
                 max_value_bytes,
@@ -77,7 +112,7 @@ impl StoreClient {
                     max_key_bytes: usize::try_from(max_key_bytes).unwrap_or(usize::MAX),
                     max_value_bytes: usize::try_from(max_value_bytes).unwrap_or(usize::MAX),
                 });
-                Ok(c)
+                Ok(Ok(c))
             }
             Response::Refused(reason) => Err(Error::Store(format!("{addr} refused: {reason}"))),
             other => Err(c.unexpected(&hello, other)),
@@ -301,7 +336,7 @@ impl StoreClient {
             match self.stream.read(&mut self.buf) {
                 Ok(0) => {
                     return Err(Error::Store(format!(
-                        "connection to {} closed by the server while waiting for the reply to {name}",
+                        "connection to {} {CLOSED_BY_SERVER} while waiting for the reply to {name}",
                         self.addr
                     )));
                 }
@@ -325,6 +360,21 @@ impl StoreClient {
     }
 }
 
+/// Whether a failed Hello looks like a store that closed on us before
+/// answering (what a busy store does when our Hello races its close).
+fn turned_away(e: &Error) -> bool {
+    match e {
+        Error::Sys { source, .. } => matches!(
+            source.kind(),
+            io::ErrorKind::ConnectionReset | io::ErrorKind::BrokenPipe
+        ),
+        Error::Store(m) => m.contains(CLOSED_BY_SERVER),
+        _ => false,
+    }
+}
+
+const CLOSED_BY_SERVER: &str = "closed by the server";
+
 /// Time to `deadline` as a socket timeout, which must be non-zero.
 fn left(deadline: Instant) -> Duration {
     deadline
@@ -343,12 +393,9 @@ fn is_timeout(e: &io::Error) -> bool {
 /// the store's process may simply not be listening (or resolvable) yet. At
 /// least one attempt is made even if the deadline has passed.
 fn connect_with_retry(addr: &str, deadline: Instant) -> Result<TcpStream> {
-    let start = Instant::now();
-    let mut attempts = 0u32;
-    let mut backoff = Duration::from_millis(10);
+    let mut retry = Retry::new(deadline);
     let mut last = String::from("no attempt made");
     loop {
-        attempts += 1;
         match addr.to_socket_addrs() {
             Err(e) if e.kind() == io::ErrorKind::InvalidInput => {
                 return Err(Error::InvalidArgument(format!(
@@ -368,17 +415,47 @@ fn connect_with_retry(addr: &str, deadline: Instant) -> Result<TcpStream> {
                 }
             }
         }
+        retry.after_failure(|n| {
+            format!(
+                "connecting to the rendezvous store at {addr} ({n} attempts; last error: {last})"
+            )
+        })?;
+    }
+}
+
+/// Paces the retries of one `connect` up to its deadline, with doubling
+/// pauses so a store that is slow to start or busy is not hammered.
+struct Retry {
+    start: Instant,
+    deadline: Instant,
+    backoff: Duration,
+    failures: u32,
+}
+
+impl Retry {
+    fn new(deadline: Instant) -> Self {
+        Retry {
+            start: Instant::now(),
+            deadline,
+            backoff: BACKOFF_MIN,
+            failures: 0,
+        }
+    }
+
+    /// Counts a failed try and pauses before the next one; past the
+    /// deadline, the timeout instead, described by `what(failures so far)`.
+    fn after_failure(&mut self, what: impl FnOnce(u32) -> String) -> Result<()> {
+        self.failures += 1;
         let now = Instant::now();
-        if now >= deadline {
+        if now >= self.deadline {
             return Err(Error::Timeout {
-                secs: start.elapsed().as_secs_f64(),
-                what: format!(
-                    "connecting to the rendezvous store at {addr} ({attempts} attempts; last error: {last})"
-                ),
+                secs: self.start.elapsed().as_secs_f64(),
+                what: what(self.failures),
             });
         }
-        std::thread::sleep(backoff.min(deadline - now));
-        backoff = (backoff * 2).min(Duration::from_millis(500));
+        std::thread::sleep(self.backoff.min(self.deadline - now));
+        self.backoff = (self.backoff * 2).min(BACKOFF_MAX);
+        Ok(())
     }
 }
 

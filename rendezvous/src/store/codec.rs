@@ -12,7 +12,12 @@
 //!
 //! Size caps are checked on the frame header, as soon as its five bytes have
 //! arrived, so a peer that announces an oversized value is refused before any
-//! memory is set aside for it.
+//! memory is set aside for it. Before a connection has authenticated, the
+//! server's decoder admits only frames as small as a Hello
+//! ([`Decoder::hello_only`]), so a stranger cannot make it buffer a value.
+//! Nothing is allocated for a count or a length beyond what the bytes already
+//! received could hold: lists reserve at most [`RESERVE_MAX`] entries up front
+//! and grow as their items decode.
 
 use crate::error::{Error, Result};
 use std::marker::PhantomData;
@@ -25,6 +30,12 @@ pub const HEADER_LEN: usize = 5;
 pub const MAX_TOKEN_BYTES: usize = 4096;
 /// Longest error or refusal message a server may send.
 pub const MAX_MESSAGE_BYTES: usize = 64 * 1024;
+/// Largest body (tag included) of a Hello frame: version, token length and
+/// the longest token. The most a server buffers from an unauthenticated peer.
+pub const MAX_HELLO_BODY: usize = 1 + 4 + 4 + MAX_TOKEN_BYTES;
+/// Most entries a decoded list reserves before its items arrive: a forged
+/// count then costs at most this many slots, not 24 bytes per 4 received.
+pub const RESERVE_MAX: usize = 1024;
 
 /// Size caps a decoder enforces.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -96,6 +107,9 @@ pub enum Response {
     },
     /// Rejects a hello; the server closes the connection after sending it.
     Refused(String),
+    /// The server is at its connection cap; the client may retry later. Sent
+    /// before anything is read, so it answers whatever the client sent first.
+    Busy(String),
     Ok,
     Value(Option<Vec<u8>>),
     Values(Vec<Vec<u8>>),
@@ -128,6 +142,7 @@ mod tag {
     pub const COUNTER: u8 = 0x87;
     pub const DELETED: u8 = 0x88;
     pub const ERROR: u8 = 0x89;
+    pub const BUSY: u8 = 0x8a;
 }
 
 /// A message type that travels in frames.
@@ -297,7 +312,7 @@ impl<'a> Body<'a> {
 
     fn keys(&mut self, limits: &Limits) -> Result<Vec<String>> {
         let n = self.count(4)?;
-        let mut keys = Vec::with_capacity(n);
+        let mut keys = reserve(n);
         for _ in 0..n {
             keys.push(self.string(limits.max_key_bytes, "key")?);
         }
@@ -323,7 +338,7 @@ impl Message for Request {
     fn frame_cap(t: u8, l: &Limits) -> Result<usize> {
         let key = 4usize.saturating_add(l.max_key_bytes);
         let cap = match t {
-            tag::HELLO => 4 + 4 + MAX_TOKEN_BYTES,
+            tag::HELLO => MAX_HELLO_BODY - 1,
             tag::SET => key.saturating_add(4).saturating_add(l.max_value_bytes),
             tag::GET | tag::DELETE => key,
             tag::ADD => key.saturating_add(8),
@@ -468,6 +483,7 @@ fn response_name(t: u8) -> &'static str {
         tag::COUNTER => "Counter",
         tag::DELETED => "Deleted",
         tag::ERROR => "Error",
+        tag::BUSY => "Busy",
         _ => "unknown response",
     }
 }
@@ -478,7 +494,7 @@ impl Message for Response {
     fn frame_cap(t: u8, l: &Limits) -> Result<usize> {
         let cap = match t {
             tag::WELCOME => 16,
-            tag::REFUSED | tag::ERROR => 4 + MAX_MESSAGE_BYTES,
+            tag::REFUSED | tag::ERROR | tag::BUSY => 4 + MAX_MESSAGE_BYTES,
             tag::OK => 0,
             tag::VALUE => 5usize.saturating_add(l.max_value_bytes),
             // Many values at once: bounded only by the u32 length; each value
@@ -524,6 +540,7 @@ impl Message for Response {
                 max_value_bytes: b.u64()?,
             },
             tag::REFUSED => Response::Refused(b.string(MAX_MESSAGE_BYTES, "message")?),
+            tag::BUSY => Response::Busy(b.string(MAX_MESSAGE_BYTES, "message")?),
             tag::OK => Response::Ok,
             tag::VALUE => {
                 if b.bool()? {
@@ -534,7 +551,7 @@ impl Message for Response {
             }
             tag::VALUES => {
                 let n = b.count(4)?;
-                let mut vals = Vec::with_capacity(n);
+                let mut vals = reserve(n);
                 for _ in 0..n {
                     vals.push(b.bytes(l.max_value_bytes, "value")?.to_vec());
                 }
@@ -545,7 +562,7 @@ impl Message for Response {
             },
             tag::EXISTS => {
                 let n = b.count(1)?;
-                let mut v = Vec::with_capacity(n);
+                let mut v = reserve(n);
                 for _ in 0..n {
                     v.push(b.bool()?);
                 }
@@ -571,11 +588,11 @@ impl Message for Response {
                 o.extend_from_slice(&max_value_bytes.to_le_bytes());
                 o
             }
-            Response::Refused(m) | Response::Error(m) => {
-                let t = if matches!(self, Response::Refused(_)) {
-                    tag::REFUSED
-                } else {
-                    tag::ERROR
+            Response::Refused(m) | Response::Error(m) | Response::Busy(m) => {
+                let t = match self {
+                    Response::Refused(_) => tag::REFUSED,
+                    Response::Busy(_) => tag::BUSY,
+                    _ => tag::ERROR,
                 };
                 // Messages are advisory; cut rather than refuse to send them.
                 let m = truncate_utf8(m, MAX_MESSAGE_BYTES);
@@ -629,6 +646,7 @@ impl Message for Response {
         match self {
             Response::Welcome { .. } => "Welcome",
             Response::Refused(_) => "Refused",
+            Response::Busy(_) => "Busy",
             Response::Ok => "Ok",
             Response::Value(_) => "Value",
             Response::Values(_) => "Values",
@@ -639,6 +657,12 @@ impl Message for Response {
             Response::Error(_) => "Error",
         }
     }
+}
+
+/// An empty list with room for `n` items, but never more than
+/// [`RESERVE_MAX`]: the count is the peer's claim, the items are not yet read.
+fn reserve<T>(n: usize) -> Vec<T> {
+    Vec::with_capacity(n.min(RESERVE_MAX))
 }
 
 fn truncate_utf8(s: &str, max: usize) -> &str {
@@ -663,6 +687,8 @@ pub struct Decoder<M> {
     /// [`Decoder::any_cap`]), computed when the limits are set: asking all
     /// 256 tags on every frame cost 10 µs a frame.
     any_cap: usize,
+    /// Until the peer has authenticated, no frame may be larger than a Hello.
+    hello_only: bool,
     failed: Option<Error>,
     _msg: PhantomData<fn() -> M>,
 }
@@ -673,9 +699,33 @@ impl<M: Message> Decoder<M> {
             buf: Vec::new(),
             limits,
             any_cap: Self::any_cap(&limits),
+            hello_only: false,
             failed: None,
             _msg: PhantomData,
         }
+    }
+
+    /// A decoder for a peer that has not authenticated yet: every frame over
+    /// [`MAX_HELLO_BODY`] is refused on its length, so at most a Hello's worth
+    /// of a stranger's bytes is ever buffered. [`Decoder::authenticated`]
+    /// lifts this.
+    pub fn hello_only(limits: Limits) -> Self {
+        let mut d = Self::new(limits);
+        d.hello_only = true;
+        d
+    }
+
+    /// The peer has authenticated: frames up to the configured limits.
+    pub fn authenticated(&mut self) {
+        self.hello_only = false;
+    }
+
+    /// Most bytes to read next before calling [`Decoder::next_frame`] again,
+    /// if the decoder must not buffer more than one frame could hold:
+    /// before authentication, what is left of the largest Hello.
+    pub fn read_budget(&self) -> Option<usize> {
+        self.hello_only
+            .then(|| (4 + MAX_HELLO_BODY).saturating_sub(self.buf.len()))
     }
 
     /// Changes the caps for frames not yet decoded (the client learns the
@@ -693,9 +743,22 @@ impl<M: Message> Decoder<M> {
     /// after every push so that an oversized header is caught before the
     /// frame's body accumulates.
     pub fn push(&mut self, bytes: &[u8]) {
-        if self.failed.is_none() {
-            self.buf.extend_from_slice(bytes);
+        if self.failed.is_some() {
+            return;
         }
+        let need = self.buf.len().saturating_add(bytes.len());
+        if need > self.buf.capacity() {
+            // Double as `Vec` would (so a large frame costs few copies), but
+            // never past the end of the frame being received: a 16 MiB value
+            // then holds 16 MiB, not the 32 MiB the doubling would reach.
+            let doubled = self.buf.capacity().saturating_mul(2).max(need);
+            let target = match len_at(&self.buf, 0) {
+                Some(len) => doubled.min(len.saturating_add(4)).max(need),
+                None => doubled,
+            };
+            self.buf.reserve_exact(target - self.buf.len());
+        }
+        self.buf.extend_from_slice(bytes);
     }
 
     /// Whether part of a frame is buffered (a disconnect now is abrupt).
@@ -734,6 +797,12 @@ impl<M: Message> Decoder<M> {
         let len = u32::from_le_bytes([len[0], len[1], len[2], len[3]]) as usize;
         if len == 0 {
             return Err(proto(format!("empty {} frame (no tag)", M::KIND)));
+        }
+        if self.hello_only && len > MAX_HELLO_BODY {
+            return Err(proto(format!(
+                "{} frame of {len} bytes before authentication; only a Hello (at most {MAX_HELLO_BODY} bytes) is accepted until the job token is presented",
+                M::KIND
+            )));
         }
         let any = self.any_cap;
         if len > any {
@@ -837,6 +906,7 @@ mod tests {
                 }
             }),
             ".{0,40}".prop_map(Response::Refused),
+            ".{0,40}".prop_map(Response::Busy),
             Just(Response::Ok),
             prop::option::of(value()).prop_map(Response::Value),
             prop::collection::vec(value(), 0..4).prop_map(Response::Values),
@@ -890,7 +960,76 @@ mod tests {
             .collect()
     }
 
+    /// Frames whose header is right and whose tag is usually a known one,
+    /// with arbitrary bodies: far likelier to decode than arbitrary bytes.
+    fn framed_junk() -> impl Strategy<Value = Vec<u8>> {
+        let t = prop_oneof![0x01u8..=0x07, 0x80u8..=0x8a, any::<u8>()];
+        let frame = (t, prop::collection::vec(any::<u8>(), 0..48)).prop_map(|(t, body)| {
+            let mut f = ((body.len() + 1) as u32).to_le_bytes().to_vec();
+            f.push(t);
+            f.extend_from_slice(&body);
+            f
+        });
+        prop::collection::vec(frame, 1..6).prop_map(|fs| fs.concat())
+    }
+
+    /// Feeds `bytes` the way the server does before authentication: never
+    /// more than the decoder's read budget, in pieces of at most `chunk`.
+    /// Returns what a reader sees and the most the decoder ever buffered.
+    fn hello_only_feed(bytes: &[u8], chunk: usize) -> ((Vec<Request>, Option<String>), usize) {
+        let mut d = Decoder::<Request>::hello_only(SMALL);
+        let (mut out, mut most, mut at) = (Vec::new(), 0, 0);
+        while at < bytes.len() {
+            let budget = d.read_budget().unwrap_or(usize::MAX).max(1);
+            let n = chunk.max(1).min(budget).min(bytes.len() - at);
+            d.push(&bytes[at..at + n]);
+            at += n;
+            most = most.max(d.buf.len());
+            let (mut got, err) = drain(&mut d);
+            out.append(&mut got);
+            if err.is_some() {
+                return ((out, err), most);
+            }
+        }
+        ((out, None), most)
+    }
+
     proptest! {
+        #[test]
+        fn decoded_frames_reencode_to_the_bytes_they_came_from(
+            junk in framed_junk(),
+            raw in prop::collection::vec(any::<u8>(), 0..200),
+        ) {
+            for bytes in [&junk, &raw] {
+                let (reqs, _) = whole::<Request>(bytes);
+                prop_assert!(bytes.starts_with(&concat(&reqs)));
+                let (resps, _) = whole::<Response>(bytes);
+                prop_assert!(bytes.starts_with(&concat(&resps)));
+            }
+        }
+
+        #[test]
+        fn hello_only_decoder_never_holds_more_than_a_hello(
+            junk in framed_junk(),
+            len in any::<u32>(),
+            tag in any::<u8>(),
+            tail in prop::collection::vec(any::<u8>(), 0..9000),
+            chunk in 1usize..70_000,
+        ) {
+            // Any announced length, any tag, and up to twice a Hello of body.
+            let mut forged = len.to_le_bytes().to_vec();
+            forged.push(tag);
+            forged.extend_from_slice(&tail);
+            for bytes in [&junk, &forged] {
+                let (seen, most) = hello_only_feed(bytes, chunk);
+                prop_assert!(most <= 4 + MAX_HELLO_BODY, "buffered {} bytes", most);
+                // Pacing by the budget changes nothing about what decodes.
+                let mut d = Decoder::<Request>::hello_only(SMALL);
+                d.push(bytes);
+                prop_assert_eq!(seen, drain(&mut d));
+            }
+        }
+
         #[test]
         fn request_roundtrip(msgs in prop::collection::vec(request(), 1..5)) {
             let bytes = concat(&msgs);
@@ -1001,6 +1140,48 @@ mod tests {
         // The failure sticks: framing is lost.
         d.push(&Request::Get { key: "a".into() }.encode().unwrap());
         assert!(d.next_frame().is_err());
+    }
+
+    #[test]
+    fn hello_only_refuses_a_large_frame_on_its_length_and_accepts_a_hello() {
+        let mut d = Decoder::<Request>::hello_only(Limits::default());
+        d.push(&((16u32 << 20) + 13).to_le_bytes());
+        let err = d.next_frame().unwrap_err().to_string();
+        assert!(err.contains("before authentication"), "{err}");
+        // The largest Hello still fits, and after it the configured caps hold.
+        let hello = Request::Hello {
+            version: PROTOCOL_VERSION,
+            token: "t".repeat(MAX_TOKEN_BYTES),
+        };
+        let set = Request::Set {
+            key: "k".into(),
+            value: vec![1; 100_000],
+        };
+        let mut d = Decoder::<Request>::hello_only(Limits::default());
+        let hb = hello.encode().unwrap();
+        assert_eq!(hb.len(), 4 + MAX_HELLO_BODY);
+        d.push(&hb);
+        assert_eq!(d.next_frame().unwrap(), Some(hello));
+        d.authenticated();
+        assert_eq!(d.read_budget(), None);
+        d.push(&set.encode().unwrap());
+        assert_eq!(d.next_frame().unwrap(), Some(set));
+    }
+
+    #[test]
+    fn buffer_grows_no_further_than_the_frame_being_received() {
+        let set = Request::Set {
+            key: "k".into(),
+            value: vec![3; (1 << 20) + 100],
+        };
+        let bytes = set.encode().unwrap();
+        let mut d = Decoder::<Request>::new(Limits::default());
+        for c in bytes.chunks(64 * 1024) {
+            d.push(c);
+            // Doubling alone would reach 2 MiB for this 1 MiB frame.
+            assert!(d.buf.capacity() <= bytes.len(), "{}", d.buf.capacity());
+        }
+        assert_eq!(d.next_frame().unwrap(), Some(set));
     }
 
     #[test]

@@ -12,6 +12,7 @@
 //! The wire format lives in [`codec`] (pure, no I/O); [`server`] and [`client`]
 //! are thin socket drivers around it.
 
+mod admission;
 pub mod client;
 pub mod codec;
 pub mod server;
@@ -30,8 +31,15 @@ pub struct StoreConfig {
     pub max_value_bytes: usize,
     /// Longest key (default 4096 bytes).
     pub max_key_bytes: usize,
-    /// How long a new connection may take to present the job token (default 10 s).
+    /// How long a new connection may take to present the job token (default
+    /// 10 s): the whole Hello must arrive by then, however it is trickled.
     pub auth_timeout: Duration,
+    /// Most connections open at once, authenticated or not (default 16384);
+    /// each costs a thread and a descriptor.
+    pub max_connections: usize,
+    /// Most connections from one IP address that have not yet presented the
+    /// job token (default 64), so one host cannot hold every slot open.
+    pub max_unauthenticated_per_ip: usize,
 }
 
 impl Default for StoreConfig {
@@ -41,6 +49,8 @@ impl Default for StoreConfig {
             max_value_bytes: l.max_value_bytes,
             max_key_bytes: l.max_key_bytes,
             auth_timeout: Duration::from_secs(10),
+            max_connections: 16384,
+            max_unauthenticated_per_ip: 64,
         }
     }
 }
@@ -68,6 +78,12 @@ impl StoreConfig {
             return Err(Error::InvalidArgument(format!(
                 "store max_key_bytes {} must be between 1 and {MAX_FIELD}",
                 self.max_key_bytes
+            )));
+        }
+        if self.max_connections == 0 || self.max_unauthenticated_per_ip == 0 {
+            return Err(Error::InvalidArgument(format!(
+                "store max_connections ({}) and max_unauthenticated_per_ip ({}) must be positive",
+                self.max_connections, self.max_unauthenticated_per_ip
             )));
         }
         if self.auth_timeout.is_zero() {

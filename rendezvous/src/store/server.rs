@@ -4,16 +4,23 @@
 //! threads are simpler and easier to reason about than an event loop. The
 //! server's job beyond answering requests is to stay up: whatever one client
 //! sends (garbage, an oversized value, half a frame) ends only that client's
-//! connection, and every refusal is logged with the peer's address because a
+//! connection, and refusals are logged with the peer's address because a
 //! refused rank is usually a misconfigured launch that someone must find.
+//!
+//! Strangers are kept cheap: [`super::admission`] caps the connections, and
+//! until a connection presents the job token the server reads no more than
+//! one Hello's worth of its bytes, gives it `auth_timeout` for the whole
+//! Hello, and logs refusals at most once a second (with a count of the rest).
 //!
 //! Shutdown must never wait on a client: the accept thread is woken through a
 //! mio waker, connection threads blocked in `read` are woken by shutting their
 //! sockets down, and threads parked in a server-side `wait` by the condvar.
 
 use super::StoreConfig;
-use super::codec::{Decoder, Message, PROTOCOL_VERSION, Request, Response};
+use super::admission::{Admission, Ticket};
+use super::codec::{Decoder, MAX_HELLO_BODY, Message, PROTOCOL_VERSION, Request, Response};
 use crate::error::{Error, Result};
+use crate::ratelimit::{RateLimited, suppressed};
 use mio::{Events, Interest, Poll, Token, Waker};
 use std::collections::HashMap;
 use std::io::{self, Read};
@@ -37,6 +44,9 @@ const WRITE_TIMEOUT: Duration = Duration::from_secs(60);
 /// whatever the peer sends.
 const MAX_WAIT: Duration = Duration::from_secs(7 * 24 * 3600);
 const READ_CHUNK: usize = 64 * 1024;
+/// Refusals of strangers logged at most this often; the next line counts the
+/// ones left out.
+const REFUSAL_LOG_PERIOD: Duration = Duration::from_secs(1);
 /// What [`read_request`] reports when its deadline passes.
 const TIMED_OUT: &str = "timed out";
 
@@ -55,6 +65,8 @@ struct Shared {
     changed: Condvar,
     stopping: AtomicBool,
     conns: Mutex<Conns>,
+    admission: Arc<Admission>,
+    refusals: Mutex<RateLimited>,
 }
 
 #[derive(Default)]
@@ -105,11 +117,13 @@ impl StoreServer {
         );
         let shared = Arc::new(Shared {
             token: token.as_bytes().to_vec(),
-            cfg,
             data: Mutex::new(HashMap::new()),
             changed: Condvar::new(),
             stopping: AtomicBool::new(false),
             conns: Mutex::new(Conns::default()),
+            admission: Admission::new(cfg.max_connections, cfg.max_unauthenticated_per_ip),
+            refusals: Mutex::new(RateLimited::new(REFUSAL_LOG_PERIOD)),
+            cfg,
         });
         let sh = Arc::clone(&shared);
         let accept = std::thread::Builder::new()
@@ -199,6 +213,18 @@ fn accept_loop(shared: &Arc<Shared>, mut poll: Poll, listener: mio::net::TcpList
 
 fn admit(shared: &Arc<Shared>, stream: mio::net::TcpStream, peer: SocketAddr) {
     let stream = TcpStream::from(OwnedFd::from(stream));
+    let ticket = match shared.admission.admit(peer.ip()) {
+        Ok(t) => t,
+        Err(reason) => {
+            // Still non-blocking: a reply this small fits in the socket's
+            // buffer, and the accept thread must never wait on a stranger.
+            if let Ok(bytes) = Response::Busy(reason.clone()).encode() {
+                let _ = crate::nosignal::send(&stream, &bytes);
+            }
+            log_refusal(shared, peer, &reason);
+            return;
+        }
+    };
     let setup = stream
         .set_nonblocking(false)
         .and_then(|()| stream.set_nodelay(true))
@@ -229,7 +255,7 @@ fn admit(shared: &Arc<Shared>, stream: mio::net::TcpStream, peer: SocketAddr) {
     let sh = Arc::clone(shared);
     let spawned = std::thread::Builder::new()
         .name("gw-store-conn".into())
-        .spawn(move || serve(&sh, stream, peer, id));
+        .spawn(move || serve(&sh, stream, peer, id, ticket));
     match spawned {
         Ok(t) => {
             conns.open.insert(id, clone);
@@ -239,12 +265,22 @@ fn admit(shared: &Arc<Shared>, stream: mio::net::TcpStream, peer: SocketAddr) {
     }
 }
 
-fn serve(shared: &Shared, mut stream: TcpStream, peer: SocketAddr, id: u64) {
-    match session(shared, &mut stream, peer) {
+/// Logs a refused stranger, at most once per [`REFUSAL_LOG_PERIOD`]: each
+/// refusal is one connection anyone can open, so unthrottled lines would let
+/// any process fill the job's output.
+fn log_refusal(shared: &Shared, peer: SocketAddr, reason: &str) {
+    if let Some(n) = lock(&shared.refusals).admit() {
+        warn!(
+            "store: refused connection from {peer}: {reason}{}",
+            suppressed(n)
+        );
+    }
+}
+
+fn serve(shared: &Shared, mut stream: TcpStream, peer: SocketAddr, id: u64, ticket: Ticket) {
+    match session(shared, &mut stream, peer, ticket) {
         Ok(()) => info!("store: client {peer} disconnected"),
-        Err(End::Refused(reason)) => {
-            warn!("store: refused connection from {peer}: {reason}")
-        }
+        Err(End::Refused(reason)) => log_refusal(shared, peer, &reason),
         Err(End::Dropped(reason)) => {
             if !shared.stopping.load(Ordering::SeqCst) {
                 warn!("store: dropped client {peer}: {reason}");
@@ -262,15 +298,23 @@ enum End {
     Dropped(String),
 }
 
-fn session(shared: &Shared, stream: &mut TcpStream, peer: SocketAddr) -> Result<(), End> {
-    let mut dec = Decoder::<Request>::new(shared.cfg.limits());
-    let mut buf = vec![0u8; READ_CHUNK];
+fn session(
+    shared: &Shared,
+    stream: &mut TcpStream,
+    peer: SocketAddr,
+    mut ticket: Ticket,
+) -> Result<(), End> {
+    let mut dec = Decoder::<Request>::hello_only(shared.cfg.limits());
+    // A stranger gets a Hello-sized buffer; the full one comes with the token.
+    let mut buf = vec![0u8; 4 + MAX_HELLO_BODY];
     let auth_deadline = Instant::now() + shared.cfg.auth_timeout;
     let refuse = |stream: &mut TcpStream, reason: String| {
         let _ = send(stream, &Response::Refused(reason.clone()));
         Err(End::Refused(reason))
     };
-    match read_request(stream, &mut dec, &mut buf, Some(auth_deadline)) {
+    let hello = read_request(stream, &mut dec, &mut buf, Some(auth_deadline));
+    ticket.hello_done();
+    match hello {
         Ok(Some(Request::Hello { version, token })) => {
             if version != PROTOCOL_VERSION {
                 return refuse(
@@ -309,6 +353,8 @@ fn session(shared: &Shared, stream: &mut TcpStream, peer: SocketAddr) -> Result<
         },
     )
     .map_err(End::Dropped)?;
+    dec.authenticated();
+    buf.resize(READ_CHUNK, 0);
     // Authenticated clients may sit idle for the whole job; shutdown wakes
     // them by closing the socket, not by a timeout.
     stream
@@ -356,7 +402,10 @@ fn read_request(
                 .set_read_timeout(Some(left))
                 .map_err(|e| format!("setsockopt: {e}"))?;
         }
-        match stream.read(buf) {
+        // Before authentication read no further than the Hello could reach,
+        // so a stranger's bytes beyond it are never taken in.
+        let want = dec.read_budget().unwrap_or(buf.len()).clamp(1, buf.len());
+        match stream.read(&mut buf[..want]) {
             Ok(0) if dec.is_mid_frame() => {
                 return Err("disconnected in the middle of a request".into());
             }
