@@ -17,10 +17,11 @@ mod request;
 mod watched;
 
 use crate::server::app::App;
+use gw_rendezvous::ratelimit::{RateLimited, suppressed};
 use std::collections::HashMap;
 use std::net::{IpAddr, SocketAddr};
 use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 use tokio::net::TcpListener;
 use tokio::sync::Semaphore;
 
@@ -142,14 +143,6 @@ async fn accept_loop(
     }
 }
 
-pub(crate) fn suppressed(n: u64) -> String {
-    if n == 0 {
-        String::new()
-    } else {
-        format!(" ({n} more like it since the last report)")
-    }
-}
-
 /// Open connections per peer IP address.
 #[derive(Default)]
 struct PeerCount(Mutex<HashMap<IpAddr, usize>>);
@@ -187,59 +180,9 @@ impl Drop for PeerSlot {
     }
 }
 
-/// At most one report per `period`: a flood of refused clients must not
-/// become a flood of log lines.
-pub(crate) struct RateLimited {
-    period: Duration,
-    last: Option<Instant>,
-    suppressed: u64,
-}
-
-impl RateLimited {
-    pub(crate) const fn new(period: Duration) -> Self {
-        RateLimited {
-            period,
-            last: None,
-            suppressed: 0,
-        }
-    }
-
-    /// `Some(suppressed since the last report)` when this one may be
-    /// logged, else `None` (and it is counted).
-    pub(crate) fn admit(&mut self) -> Option<u64> {
-        self.admit_at(Instant::now())
-    }
-
-    fn admit_at(&mut self, now: Instant) -> Option<u64> {
-        match self.last {
-            Some(t) if now.duration_since(t) < self.period => {
-                self.suppressed += 1;
-                None
-            }
-            _ => {
-                self.last = Some(now);
-                Some(std::mem::take(&mut self.suppressed))
-            }
-        }
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn refusal_reports_are_rate_limited_and_count_what_they_skipped() {
-        let mut r = RateLimited::new(Duration::from_secs(10));
-        let t0 = Instant::now();
-        assert_eq!(r.admit_at(t0), Some(0));
-        for i in 1..=5 {
-            assert_eq!(r.admit_at(t0 + Duration::from_secs(i)), None);
-        }
-        assert_eq!(r.admit_at(t0 + Duration::from_secs(10)), Some(5));
-        assert_eq!(r.admit_at(t0 + Duration::from_secs(11)), None);
-        assert_eq!(r.admit_at(t0 + Duration::from_secs(25)), Some(1));
-    }
 
     #[test]
     fn peer_slots_are_counted_per_address_and_given_back() {

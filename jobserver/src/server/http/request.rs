@@ -7,6 +7,7 @@ use super::Limits;
 use crate::server::app::{App, Call};
 use crate::server::error::{ApiError, ApiResult};
 use gw_jobapi::types::ErrorBody;
+use gw_rendezvous::ratelimit::{RateLimited, suppressed};
 use http_body_util::{BodyExt, Full, LengthLimitError, Limited};
 use hyper::body::{Bytes, Incoming};
 use hyper::header::{self, HeaderMap, HeaderName, HeaderValue};
@@ -18,8 +19,7 @@ use std::time::Duration;
 
 /// Refused tokens are logged with the peer, but at most one line a second:
 /// a client guessing tokens must not fill the operator's log.
-static REFUSED: Mutex<super::RateLimited> =
-    Mutex::new(super::RateLimited::new(Duration::from_secs(1)));
+static REFUSED: Mutex<RateLimited> = Mutex::new(RateLimited::new(Duration::from_secs(1)));
 
 /// The parts of a request head the handlers use, owned so they can move
 /// to the blocking pool.
@@ -132,7 +132,7 @@ fn reply(peer: SocketAddr, head: &Head, result: ApiResult<String>) -> Response<F
                         "{} for {peer}: {method} {path}: {}{}",
                         e.status,
                         e.message,
-                        super::suppressed(n)
+                        suppressed(n)
                     );
                 }
             } else if e.status >= 500 {
