@@ -213,6 +213,33 @@ fn c_unique_id_init_and_killed_peer_is_a_remote_error() {
     assert!(text.contains("killed peer reported as: rank 1"), "{text}");
 }
 
+/// Where /dev/urandom gives nothing, gwGetUniqueId fails naming it: a
+/// token derived from the time and pid instead (as the C ABI once did)
+/// would let anyone on the host guess the job's store token. The program
+/// runs in a mount namespace of its own with /dev/null mounted over
+/// /dev/urandom, which needs root (as this suite runs in CI); elsewhere the
+/// test says loudly that it could not run.
+#[test]
+fn c_unique_id_without_urandom_is_a_system_error() {
+    let exe = compile(&manifest().join("tests/c/errors.c"), "errors_c_nourandom");
+    let script = "mount --bind /dev/null /dev/urandom && exec \"$0\" nourandom";
+    let probe = Command::new("unshare")
+        .args(["--mount", "true"])
+        .output()
+        .is_ok_and(|o| o.status.success());
+    if !probe {
+        eprintln!(
+            "SKIPPED c_unique_id_without_urandom_is_a_system_error: cannot unshare a mount namespace here (needs root)"
+        );
+        return;
+    }
+    let (out, text) = run(Command::new("unshare")
+        .args(["--mount", "sh", "-c", script])
+        .arg(&exe));
+    assert!(out.status.success(), "{text}");
+    assert!(text.contains("errors.c: nourandom rank 0 ok"), "{text}");
+}
+
 #[test]
 fn c_persistent_all_reduce_at_2_and_3_ranks() {
     let exe = compile(&manifest().join("tests/c/persistent.c"), "persistent_c");

@@ -9,6 +9,9 @@
  *                      gwCommInitRankConfig, all-reduce once, rank 1 kills
  *                      itself, and rank 0's next all-reduce must return
  *                      gwRemoteError naming rank 1.
+ *   errors nourandom   run where /dev/urandom gives no bytes: gwGetUniqueId
+ *                      must fail with gwSystemError naming /dev/urandom,
+ *                      never fall back to a token anyone could guess.
  *
  * Prints "errors.c: <mode> rank R ok" on success.
  */
@@ -236,10 +239,20 @@ static int kill_mode(const char* self, const char* hexid) {
   return 0;
 }
 
+static int nourandom_mode(void) {
+  gwUniqueId id;
+  EXPECT(gwGetUniqueId(&id), gwSystemError);
+  EXPECT_MSG(NULL, "/dev/urandom");
+  if (failures) return 1;
+  printf("errors.c: nourandom rank 0 ok\n");
+  return 0;
+}
+
 int main(int argc, char** argv) {
   if (argc >= 2 && !strcmp(argv[1], "args")) return args_mode();
   if (argc >= 2 && !strcmp(argv[1], "kill")) return kill_mode(argv[0], NULL);
   if (argc >= 3 && !strcmp(argv[1], "child")) return kill_mode(argv[0], argv[2]);
-  fprintf(stderr, "usage: errors args|kill\n");
+  if (argc >= 2 && !strcmp(argv[1], "nourandom")) return nourandom_mode();
+  fprintf(stderr, "usage: errors args|kill|nourandom\n");
   return 2;
 }
