@@ -8,8 +8,8 @@
 //! the job's utility for the round,
 //! min(1, Δ · e(m+1) · (r + r') / R) − min(1, Δ · e(m) · r / R),
 //! where r is the job's rate over its m copies so far and r' the new
-//! copy's. The slots are ones no job took even at Hadar's floor price, so
-//! they cost nothing this round. Jobs are served in Hadar's order, each
+//! copy's. The slots are ones left after Hadar's pass, where no waiting job
+//! fits whole, so they cost nothing this round. Jobs are served in Hadar's order, each
 //! getting at most one copy per device type, as large as the idle slots
 //! there allow up to its worker count.
 
