@@ -10,7 +10,8 @@
 
 pub mod bucket;
 pub mod cluster;
-mod lines;
+// The line format is shared with the scheduler's trace and cluster files.
+use gw_linefile as lines;
 pub mod network;
 pub mod predict;
 pub mod report;

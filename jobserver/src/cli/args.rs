@@ -8,6 +8,7 @@
 //! are applied by [`SubmitArgs::request`].
 
 use crate::cli::flags::number;
+use crate::cli::sim_args::{GenTrace, Simulate};
 use clap::builder::{PossibleValuesParser, TypedValueParser};
 use clap::{Args, ValueHint};
 use gw_jobapi::types::{BatchChange, PlannerKind, Role, SubmitRequest};
@@ -48,6 +49,10 @@ pub enum Client {
         role: Role,
         name: String,
     },
+    /// `simulate`: runs offline, no server.
+    Simulate(Simulate),
+    /// `gen-trace`: runs offline, no server.
+    GenTrace(GenTrace),
 }
 
 impl Client {
@@ -57,6 +62,8 @@ impl Client {
             Client::Submit(..) => "submit",
             Client::Status { .. } => "status",
             Client::Cancel(..) => "cancel",
+            Client::Simulate(..) => "simulate",
+            Client::GenTrace(..) => "gen-trace",
             Client::Issue { role, .. } | Client::Revoke { role, .. } => match role {
                 Role::Node => "node-token",
                 _ => "token",

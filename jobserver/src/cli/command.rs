@@ -13,6 +13,7 @@ use crate::agent::args::{self as agent_args, AgentArgs};
 use crate::cli::args::{CancelArgs, Client, StatusArgs, SubmitArgs};
 use crate::cli::args::{SUBMIT_AFTER_HELP, SUBMIT_USAGE};
 use crate::cli::flags;
+use crate::cli::sim_args::{GEN_TRACE_AFTER_HELP, GenTraceArgs, SIMULATE_AFTER_HELP, SimulateArgs};
 use crate::cli::token_args::{NODE_TOKEN_AFTER_HELP, NodeTokenArgs, TOKEN_AFTER_HELP, TokenArgs};
 use crate::server::args::{self as serve_args, ServeArgs, ServeOptions};
 use clap::error::{ContextKind, ContextValue, ErrorKind};
@@ -99,6 +100,14 @@ enum Cmd {
     #[command(long_about = None, after_help = TOKEN_AFTER_HELP, args_override_self = true)]
     Token(TokenArgs),
 
+    /// Replay a job trace on a cluster under a scheduling policy
+    #[command(long_about = None, after_help = SIMULATE_AFTER_HELP, args_override_self = true)]
+    Simulate(SimulateArgs),
+
+    /// Write a synthetic job trace
+    #[command(long_about = None, after_help = GEN_TRACE_AFTER_HELP, args_override_self = true)]
+    GenTrace(GenTraceArgs),
+
     /// Print a completion script for SHELL on stdout
     #[command(long_about = None)]
     Completions {
@@ -116,7 +125,8 @@ pub enum Gwjob {
     Completions(Shell),
     Serve(ServeOptions),
     Agent(agent_args::Options),
-    /// `submit`, `status`, `cancel`, `node-token` or `token`.
+    /// `submit`, `status`, `cancel`, `node-token`, `token`, `simulate` or
+    /// `gen-trace`.
     Client(Client),
 }
 
@@ -182,6 +192,8 @@ pub fn parse(
         Cmd::Cancel(a) => Ok(Gwjob::Client(a.request())),
         Cmd::NodeToken(a) => a.request().map(Gwjob::Client).map_err(usage),
         Cmd::Token(a) => a.request().map(Gwjob::Client).map_err(usage),
+        Cmd::Simulate(a) => a.request().map(Gwjob::Client).map_err(usage),
+        Cmd::GenTrace(a) => a.request().map(Gwjob::Client).map_err(usage),
         Cmd::Completions { shell } => Ok(Gwjob::Completions(shell)),
     }
 }
@@ -321,6 +333,27 @@ mod tests {
                 "token",
                 &["--role <ROLE>", "--name <NAME>", "run any program there"],
             ),
+            (
+                "simulate",
+                &[
+                    "--trace <FILE>",
+                    "--cluster <FILE>",
+                    "--policy <POLICY>",
+                    "hadare",
+                    "--round <SECS>",
+                    "--json",
+                ],
+            ),
+            (
+                "gen-trace",
+                &[
+                    "--jobs <N>",
+                    "--seed <S>",
+                    "--arrival-rate <R>",
+                    "--out <FILE>",
+                    "Poisson",
+                ],
+            ),
         ] {
             let text = printed(&[sub, "--help"]);
             assert_eq!(printed(&[sub, "-h"]), text, "{sub}");
@@ -369,10 +402,11 @@ mod tests {
             (
                 &[][..],
                 "gwjob",
-                "missing COMMAND (serve, agent, submit, status, cancel, node-token, token, completions)",
+                "missing COMMAND (serve, agent, submit, status, cancel, node-token, token, simulate, gen-trace, completions)",
             ),
             (&["frobnicate"], "gwjob", "unknown command \"frobnicate\""),
-            (&["sumbit"], "gwjob", "(did you mean submit?)"),
+            // clap also offers simulate, which is as many edits away.
+            (&["sumbit"], "gwjob", "(did you mean simulate or submit?)"),
             (&["--frob"], "gwjob", "unknown option --frob for gwjob"),
             (&["-V"], "gwjob", "unknown option -V"),
             (

@@ -1,6 +1,7 @@
 //! `gwjob submit|status|cancel|node-token|token`: the operator's client of
 //! the job server. It only turns a command line into one or two API calls
-//! and the reply into text; all policy lives in the server.
+//! and the reply into text; all policy lives in the server. `gwjob
+//! simulate|gen-trace` ([`sim`]) run the scheduler offline.
 //!
 //! [`command`] is the whole of gwjob's command line (the server's and the
 //! agent's subcommands too), [`args`] and [`token_args`] the client
@@ -11,6 +12,8 @@
 pub mod args;
 pub mod command;
 pub mod flags;
+pub mod sim;
+pub mod sim_args;
 pub mod table;
 pub mod token_args;
 
@@ -55,6 +58,8 @@ fn connect(conn: &Conn) -> Result<(String, String), String> {
 /// reached: exit 1).
 pub fn run(client: Client) -> Result<String, String> {
     match client {
+        Client::Simulate(s) => sim::run_simulate(&s),
+        Client::GenTrace(g) => sim::run_gen_trace(&g),
         Client::Submit(conn, req) => {
             let (server, token) = connect(&conn)?;
             let r: SubmitReply = call("POST", &server, "/v1/jobs", &token, Some(&req), TIMEOUT)

@@ -1,5 +1,6 @@
-//! The line format that model and cluster files share, so that every bad
-//! field is reported as `FILE line N, field F: why` by one piece of code.
+//! The line format that perfmodel's model and cluster files and the
+//! scheduler's trace and cluster files share, so that every bad field is
+//! reported as `FILE line N, field F: why` by one piece of code.
 //!
 //! A line is a keyword followed by `key=value` fields; `#` starts a comment
 //! and blank lines are skipped. Every field a keyword knows must be read
@@ -8,7 +9,7 @@
 
 use std::fmt;
 
-/// A bad model or cluster file: where, which field, and why.
+/// A bad line file: where, which field, and why.
 #[derive(Clone, Debug, PartialEq)]
 pub struct FileError {
     pub file: String,
