@@ -1251,6 +1251,14 @@ impl Transport for TcpTransport {
         } else {
             self.conn_entry(peer);
         }
+        if peer < self.me {
+            // The peer dials us, which shows only as the listener's
+            // readiness: edge triggered, and seen only by a thread watching
+            // the poller. A caller driving an operation itself does not, and
+            // would wait for this peer until it timed out; looking at the
+            // accept queue costs one accept(2).
+            self.listener.mark_readable();
+        }
         self.progress()?;
         Ok(if self.conns.get(&peer).is_some_and(Conn::ready) {
             Readiness::Ready
