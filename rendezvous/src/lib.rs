@@ -12,6 +12,7 @@ pub mod error;
 pub mod launch_env;
 pub mod nosignal;
 pub mod peers;
+pub mod slurm;
 pub mod store;
 pub mod token;
 
