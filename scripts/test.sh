@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Runs every gradwire test: installs what the tests need (iproute2 for the
-# network-namespace tests, gcc for the C ABI tests, libfabric and rdma-core's
+# network-namespace tests, slurm-wlm and munge for the two-node Slurm
+# cluster, gcc for the C ABI tests, libfabric and rdma-core's
 # headers for the RDMA transports, numpy/scikit-learn/pytest for the Python
 # ones), builds every binary the multi-process tests launch,
 # then runs the tests in tiers:
@@ -24,6 +25,9 @@ command -v fi_info >/dev/null 2>&1 || need+=(libfabric-bin)
 [[ -e /usr/include/infiniband/verbs.h ]] || need+=(libibverbs-dev)
 [[ -e /usr/include/rdma/rdma_cma.h ]] || need+=(librdmacm-dev)
 compgen -G '/usr/lib/llvm-*/lib/libclang.so*' >/dev/null || need+=(libclang-dev)
+# Slurm and munge for the two-node cluster tests (scripts/slurm-cluster.sh).
+command -v slurmctld >/dev/null 2>&1 || need+=(slurm-wlm)
+command -v munged >/dev/null 2>&1 || need+=(munge)
 if ((${#need[@]})); then
   echo "installing: ${need[*]}"
   apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${need[@]}"
@@ -35,6 +39,10 @@ probe="gwprobe$$"
 if ip netns add "$probe" 2>/dev/null; then
   ip netns del "$probe"
   export GW_TEST_NETNS=required
+  # With namespaces and Slurm here, the Slurm cluster tests must run too.
+  if command -v slurmctld >/dev/null 2>&1; then
+    export GW_TEST_SLURM=required
+  fi
 else
   echo "test.sh: WARNING: cannot create network namespaces here; the multi-host tests will be SKIPPED" >&2
 fi
@@ -69,6 +77,9 @@ echo "== tier 2: the C ABI built without the step protocol"
 cargo test -p gw-capi --lib 2>&1 | tee -a "$log"
 capi_status=${PIPESTATUS[0]}
 
+# Before tier 3: the Slurm test runs the Python example under srun.
+./scripts/python-deps.sh || { echo "test.sh: scripts/python-deps.sh failed" >&2; exit 1; }
+
 echo "== tier 3: integration and doc tests"
 # The multi-process tests start several rank processes each; two test threads
 # keep a 2-core machine busy without starving ranks of CPU for minutes.
@@ -81,7 +92,6 @@ set -e
 echo "== tier 4: Python"
 # The binding and the data-parallel training example load
 # target/debug/libgradwire.so, built above.
-./scripts/python-deps.sh
 set +e
 python3 -m pytest -q python/tests 2>&1 | tee -a "$log"
 py_status=${PIPESTATUS[0]}
