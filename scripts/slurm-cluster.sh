@@ -10,7 +10,9 @@
 # do not separate). Everything the daemons write lives under the state
 # directory.
 #
-#   scripts/slurm-cluster.sh up       install Slurm and munge if missing, start it all
+#   scripts/slurm-cluster.sh install  install Slurm and munge if missing (Debian's
+#                                     packages, without their recommends)
+#   scripts/slurm-cluster.sh up       install if missing, start it all
 #   scripts/slurm-cluster.sh down     stop every daemon, delete the namespaces
 #   scripts/slurm-cluster.sh status   daemons and sinfo
 #   scripts/slurm-cluster.sh exec CMD...   run CMD on the login node (srun, sbatch, ...)
@@ -233,6 +235,7 @@ status() {
 }
 
 case "${1:-}" in
+  install) install ;;
   up) up ;;
   down) down ;;
   status) status ;;
@@ -248,5 +251,5 @@ case "${1:-}" in
     shift 2
     on "$node" "$@"
     ;;
-  *) die "usage: $0 up|down|status|exec CMD...|on NODE CMD..." ;;
+  *) die "usage: $0 install|up|down|status|exec CMD...|on NODE CMD..." ;;
 esac
