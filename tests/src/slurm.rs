@@ -90,6 +90,18 @@ impl Cluster {
         )
     }
 
+    /// The command line that runs what follows it on the login node, for
+    /// helpers that take a prefix (`gw_tests::jobs`).
+    pub fn login_prefix(&self) -> Vec<String> {
+        vec![
+            "env".into(),
+            format!("GW_SLURM_DIR={}", self.dir.display()),
+            format!("GW_SLURM_NS={}", self.prefix),
+            self.script.display().to_string(),
+            "exec".into(),
+        ]
+    }
+
     /// A command to run on the login node, with `env` added to this
     /// process's environment (which srun and sbatch pass on to the job).
     pub fn login(&self, args: &[&str], env: &[(&str, &str)]) -> Command {

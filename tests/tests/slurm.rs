@@ -51,7 +51,7 @@ fn gradwire_runs_under_a_two_node_slurm_cluster() {
     let tok = token();
     let timeout = GW_TIMEOUT_S.to_string();
     let env = [("GW_TOKEN", tok.as_str()), ("GW_TIMEOUT", timeout.as_str())];
-    let cases: [(&str, &dyn Fn()); 8] = [
+    let cases: [(&str, &dyn Fn()); 9] = [
         ("allreduce", &|| srun_allreduce(&cluster, &env)),
         ("other collectives", &|| {
             srun_other_collectives(&cluster, &env)
@@ -62,6 +62,7 @@ fn gradwire_runs_under_a_two_node_slurm_cluster() {
         ("scancel", &|| cancelled_step_ends(&cluster, &env)),
         ("time limit", &|| time_limit_ends_ranks(&cluster, &env)),
         ("sbatch", &|| sbatch_runs_the_example_script(&cluster)),
+        ("agents", &|| agents_started_by_srun_run_a_job(&cluster)),
     ];
     let mut timings = Vec::new();
     for (what, case) in cases {
@@ -466,4 +467,86 @@ fn sbatch_runs_the_example_script(c: &Cluster) {
         2,
         "{job_out}"
     );
+}
+
+/// The job server's agents started by Slurm, one per node of an allocation,
+/// with nothing but the server's address on their command line: each
+/// registers its node as Slurm sees it (name and the job's CPUs there), and
+/// a 4-worker gwtrain job submitted to the server runs two workers on each
+/// node and succeeds.
+fn agents_started_by_srun_run_a_job(c: &Cluster) {
+    let login = c.login_prefix();
+    let mut prefix = login.clone();
+    prefix.extend(
+        [
+            "srun",
+            "-N",
+            "2",
+            "--ntasks-per-node=1",
+            "--exclusive",
+            "--label",
+        ]
+        .map(String::from),
+    );
+    let login: Vec<&str> = login.iter().map(String::as_str).collect();
+    let mut server = gw_tests::jobs::Cluster::start("slurm", "198.18.210.1:0", &login);
+    let args = ["agent".to_string(), "--server".into(), server.url.clone()];
+    let mut agents = gw_tests::jobs::Daemon::spawn(
+        "srun gwjob agent",
+        &prefix,
+        &bin("gwjob"),
+        &args,
+        &[("GW_ADMIN_TOKEN".into(), server.token.clone())],
+        server.dir.path().join("agents.log"),
+    );
+    for node in ["gwnode1", "gwnode2"] {
+        agents.wait_for(Duration::from_secs(60), |out| {
+            out.contains(&format!("node {node} (rack default, 2 slots, cpu)"))
+                .then_some(())
+        });
+        agents.wait_for(Duration::from_secs(60), |out| {
+            out.contains(&format!("registered node {node}"))
+                .then_some(())
+        });
+    }
+    let out = server.dir.path().join("train");
+    let out_s = path_of(&out);
+    let job = server.submit_gwtrain(
+        &[
+            "--workers",
+            "4",
+            "--global-batch",
+            "128",
+            "--planner",
+            "even",
+        ],
+        &[
+            "--steps",
+            "20",
+            "--dims",
+            "32,64,10",
+            "--seed",
+            "3",
+            "--print-every",
+            "0",
+            "--out",
+            &out_s,
+        ],
+    );
+    let (state, status) = server.wait_end(&job, Duration::from_secs(300));
+    let log = agents.output();
+    assert_eq!(state, "succeeded", "{status}\n{log}\n{}", server.logs());
+    // Two workers on each node: the srun label is the node's task.
+    for task in ["0", "1"] {
+        let started = log
+            .lines()
+            .filter(|l| {
+                l.starts_with(&format!("{task}: "))
+                    && l.contains(&format!("started job {job} rank "))
+            })
+            .count();
+        assert_eq!(started, 2, "agent task {task}: {log}");
+    }
+    agents.stop(Duration::from_secs(20));
+    server.shutdown();
 }
