@@ -28,8 +28,9 @@ fn repo() -> PathBuf {
 
 impl Cluster {
     /// Brings the cluster up, or returns `None` after a loud SKIPPED line
-    /// where this machine cannot make network namespaces or has no Slurm
-    /// and neither `GW_TEST_NETNS` nor [`REQUIRE_VAR`] says it must.
+    /// where this machine cannot make network namespaces (a failure instead
+    /// where `GW_TEST_NETNS` or [`REQUIRE_VAR`] is `required`) or has no
+    /// Slurm (where [`REQUIRE_VAR`] is `required`, `up` installs it).
     pub fn up_or_skip(test: &str) -> Option<Cluster> {
         let id = std::process::id();
         let cluster = Cluster {
@@ -38,9 +39,10 @@ impl Cluster {
             prefix: format!("gws{id}"),
         };
         let required = |var: &str| std::env::var(var).is_ok_and(|v| v == "required");
-        let skip = |why: String| {
-            if required(REQUIRE_VAR) || required(crate::netns::REQUIRE_VAR) {
-                panic!("{test}: the Slurm cluster is required here, but {why}");
+        // Skips unless one of `vars` says this machine can do what failed.
+        let skip = |why: String, vars: &[&str]| {
+            if let Some(var) = vars.iter().find(|v| required(v)) {
+                panic!("{test}: {var}=required, but {why}");
             }
             println!(
                 "SKIPPED {test}: {why}; set {REQUIRE_VAR}=required to make this a failure \
@@ -49,10 +51,16 @@ impl Cluster {
             None
         };
         if let Err(why) = crate::netns::Namespaces::create("sp", 211) {
-            return skip(format!("network namespaces cannot be made here ({why})"));
+            return skip(
+                format!("network namespaces cannot be made here ({why})"),
+                &[REQUIRE_VAR, crate::netns::REQUIRE_VAR],
+            );
         }
         if which("slurmctld").is_none() && !required(REQUIRE_VAR) {
-            return skip("Slurm is not installed (apt-get install slurm-wlm munge)".into());
+            return skip(
+                "Slurm is not installed (scripts/slurm-cluster.sh install)".into(),
+                &[REQUIRE_VAR],
+            );
         }
         let up = cluster.script(&["up"], Duration::from_secs(600));
         if !up.status.success() {
