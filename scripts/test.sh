@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Runs every gradwire test: installs what the tests need (iproute2 for the
-# network-namespace tests, gcc for the C ABI tests, libfabric and rdma-core's
+# network-namespace tests, slurm-wlm and munge for the two-node Slurm
+# cluster, gcc for the C ABI tests, libfabric and rdma-core's
 # headers for the RDMA transports, numpy/scikit-learn/pytest for the Python
 # ones), builds every binary the multi-process tests launch,
 # then runs the tests in tiers:
@@ -35,6 +36,15 @@ probe="gwprobe$$"
 if ip netns add "$probe" 2>/dev/null; then
   ip netns del "$probe"
   export GW_TEST_NETNS=required
+  # Slurm and munge for the two-node cluster test (9 packages, about 4 MB;
+  # installed by the cluster's script, which leaves out their recommends,
+  # some 30 packages the test does not need). Where they install, the test
+  # must run.
+  if scripts/slurm-cluster.sh install; then
+    export GW_TEST_SLURM=required
+  else
+    echo "test.sh: WARNING: cannot install Slurm here; the Slurm cluster test will be SKIPPED" >&2
+  fi
 else
   echo "test.sh: WARNING: cannot create network namespaces here; the multi-host tests will be SKIPPED" >&2
 fi
@@ -69,6 +79,9 @@ echo "== tier 2: the C ABI built without the step protocol"
 cargo test -p gw-capi --lib 2>&1 | tee -a "$log"
 capi_status=${PIPESTATUS[0]}
 
+# Before tier 3: the Slurm test runs the Python example under srun.
+./scripts/python-deps.sh || { echo "test.sh: scripts/python-deps.sh failed" >&2; exit 1; }
+
 echo "== tier 3: integration and doc tests"
 # The multi-process tests start several rank processes each; two test threads
 # keep a 2-core machine busy without starving ranks of CPU for minutes.
@@ -81,7 +94,6 @@ set -e
 echo "== tier 4: Python"
 # The binding and the data-parallel training example load
 # target/debug/libgradwire.so, built above.
-./scripts/python-deps.sh
 set +e
 python3 -m pytest -q python/tests 2>&1 | tee -a "$log"
 py_status=${PIPESTATUS[0]}

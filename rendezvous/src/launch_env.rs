@@ -5,9 +5,12 @@
 //! spelled once, in [`var`], and both directions go through [`LaunchEnv`], so
 //! a producer and a consumer can never disagree about a name or a format.
 //! Programs started by Slurm (`SLURM_PROCID`, `SLURM_NTASKS`,
-//! `SLURM_LOCALID`) or torchrun (`RANK`, `WORLD_SIZE`, `LOCAL_RANK`,
-//! `MASTER_ADDR`, `MASTER_PORT`) are read too; those launchers run no store,
-//! so rank 0 hosts it, as torch's TCPStore does.
+//! `SLURM_LOCALID`, and where the ranks are from `SLURM_NODEID`,
+//! `SLURM_STEP_NODELIST` and `SLURM_STEP_TASKS_PER_NODE`: see [`slurm`]) or
+//! torchrun (`RANK`, `WORLD_SIZE`, `LOCAL_RANK`, `MASTER_ADDR`,
+//! `MASTER_PORT`) are read too; those launchers run no store, so rank 0
+//! hosts it, as torch's TCPStore does: at `MASTER_ADDR:MASTER_PORT`, or
+//! under Slurm without `MASTER_ADDR`, on the step's first node.
 //!
 //! Neither Slurm nor torchrun hands its tasks anything secret (job ids, run
 //! ids and ports show in `squeue` and `ps`), and a token cannot be drawn at
@@ -18,6 +21,7 @@
 //! message saying how to set `GW_TOKEN`.
 
 use crate::error::{Error, Result};
+use crate::slurm;
 use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 use std::time::Duration;
 
@@ -161,8 +165,12 @@ impl LaunchEnv {
             rank = need(num(env, "SLURM_PROCID")?, "SLURM_PROCID", launcher)?;
             world = need(num(env, "SLURM_NTASKS")?, "SLURM_NTASKS", launcher)?;
             local_rank = num(env, "SLURM_LOCALID")?.unwrap_or(0);
-            local_size = num(env, "SLURM_NTASKS_PER_NODE")?.unwrap_or(1);
-            (store, host_store) = store_from_master(env, launcher)?;
+            local_size = slurm::local_size(env)?.unwrap_or(1);
+            (store, host_store) = if env(var::STORE).is_none() && env("MASTER_ADDR").is_none() {
+                (slurm::store_from_nodelist(env, rank)?, true)
+            } else {
+                store_from_master(env, launcher)?
+            };
         } else if env("RANK").is_some() || env("WORLD_SIZE").is_some() {
             launcher = Launcher::Torchrun;
             rank = need(num(env, "RANK")?, "RANK", launcher)?;
@@ -398,7 +406,7 @@ pub fn job_vars(
     v
 }
 
-fn num(env: Lookup<'_>, name: &str) -> Result<Option<u32>> {
+pub(crate) fn num(env: Lookup<'_>, name: &str) -> Result<Option<u32>> {
     match env(name) {
         None => Ok(None),
         Some(v) => v
@@ -467,11 +475,12 @@ fn store_from_master(env: Lookup<'_>, launcher: Launcher) -> Result<(String, boo
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
     use std::collections::HashMap;
 
-    fn lookup(pairs: &[(&str, &str)]) -> impl Fn(&str) -> Option<String> + use<> {
+    /// A variable lookup over fixed pairs.
+    pub(crate) fn lookup(pairs: &[(&str, &str)]) -> impl Fn(&str) -> Option<String> + use<> {
         let m: HashMap<String, String> = pairs
             .iter()
             .map(|(k, v)| (k.to_string(), v.to_string()))
@@ -625,6 +634,61 @@ mod tests {
         ])
         .unwrap();
         assert_eq!((t.rank, t.world, t.launcher), (0, 3, Launcher::Torchrun));
+    }
+
+    /// What srun hands task 3 of `srun -N 2 -n 4` on a cluster of two
+    /// 4-CPU nodes (copied from a real step): no MASTER_ADDR, three tasks on
+    /// the first node and one on the second.
+    #[test]
+    fn srun_variables_alone_place_the_store_on_the_first_node() {
+        let task = |procid: &'static str, nodeid: &'static str, localid: &'static str| {
+            vec![
+                ("SLURM_PROCID", procid),
+                ("SLURM_NTASKS", "4"),
+                ("SLURM_NODEID", nodeid),
+                ("SLURM_LOCALID", localid),
+                ("SLURM_STEP_NODELIST", "gwnode[1-2]"),
+                ("SLURM_STEP_TASKS_PER_NODE", "3,1"),
+                ("SLURM_TASKS_PER_NODE", "3,1"),
+                ("SLURM_JOB_ID", "1"),
+                ("SLURM_STEP_ID", "0"),
+            ]
+        };
+        let with_token = |mut v: Vec<(&'static str, &'static str)>| {
+            v.push(("GW_TOKEN", "0123abcd"));
+            v
+        };
+        let last = boot(&with_token(task("3", "1", "0"))).unwrap();
+        assert_eq!(
+            (last.rank, last.world, last.local_rank, last.local_size),
+            (3, 4, 0, 1)
+        );
+        assert!(
+            last.host_store && last.store.starts_with("gwnode1:"),
+            "{last:?}"
+        );
+        let first = boot(&with_token(task("0", "0", "0"))).unwrap();
+        assert_eq!((first.local_rank, first.local_size), (0, 3));
+        assert_eq!(first.store, last.store);
+        assert_eq!(first.job_id, last.job_id);
+        assert!(first.store_bind().unwrap().ip().is_unspecified());
+        // Across nodes without a token: refused, saying how to set one.
+        let e = boot(&task("2", "0", "2")).unwrap_err().to_string();
+        assert!(
+            e.contains("GW_TOKEN is not set") && e.contains("srun"),
+            "{e}"
+        );
+        // A step on one node needs none: the store stays on loopback.
+        let one = boot(&[
+            ("SLURM_PROCID", "1"),
+            ("SLURM_NTASKS", "2"),
+            ("SLURM_NODEID", "0"),
+            ("SLURM_LOCALID", "1"),
+            ("SLURM_STEP_NODELIST", "gwnode2"),
+            ("SLURM_STEP_TASKS_PER_NODE", "2"),
+        ])
+        .unwrap();
+        assert!(one.store.starts_with("127.0.0.1:"), "{one:?}");
     }
 
     /// Slurm and torchrun give their tasks nothing secret: a store other

@@ -13,6 +13,7 @@ pub mod launch_env;
 pub mod nosignal;
 pub mod peers;
 pub mod ratelimit;
+pub mod slurm;
 pub mod store;
 pub mod token;
 

@@ -7,6 +7,7 @@
 pub mod coll;
 pub mod jobs;
 pub mod netns;
+pub mod slurm;
 
 use gw_rendezvous::{StoreConfig, StoreServer};
 use std::io::Read;

@@ -17,7 +17,7 @@ use std::path::PathBuf;
 
 pub const ABOUT: &str = "Run a node's agent";
 
-/// clap would write `[OPTIONS]`; three flags are required.
+/// clap would write `[OPTIONS]`; three flags are required (outside Slurm).
 pub const USAGE: &str = "gwjob agent --server URL --node NAME --slots N [OPTIONS]";
 
 pub const AFTER_HELP: &str = "\
@@ -29,6 +29,11 @@ Workers run in their own process groups and die with the agent. SIGINT or
 SIGTERM stops them (SIGKILL after 5 s) and exits. A server that is down does
 not stop running workers: the agent retries with backoff and registers
 again when the server no longer knows the node.
+
+Under Slurm (srun --ntasks-per-node=1 --exclusive gwjob agent --server URL
+...) --node, --slots and --device-type default to Slurm's view of the node:
+SLURMD_NODENAME, and the job's GPUs there (SLURM_JOB_GPUS, type gpu) or else
+its CPUs there (SLURM_JOB_CPUS_PER_NODE, or SLURM_CPUS_ON_NODE).
 
 Give each agent its own node token (gwjob node-token --node NAME --out FILE,
 then --token-file FILE): it lets the agent act as that node only. An agent
@@ -91,9 +96,91 @@ pub struct Options {
     pub token: String,
 }
 
+/// A variable lookup: the process environment, or a map in tests.
+type Lookup<'a> = &'a dyn Fn(&str) -> Option<String>;
+
+/// What Slurm tells a task about the node it runs on, so that a site can
+/// start one agent per node of an allocation
+/// (`srun --ntasks-per-node=1 --exclusive gwjob agent --server URL ...`)
+/// and let each describe its node as Slurm sees it: the node's name
+/// (`SLURMD_NODENAME`), and as slots the GPUs the job holds there
+/// (`SLURM_JOB_GPUS`, device type `gpu`) or else its CPUs there
+/// ([`job_cpus_here`], or `SLURM_CPUS_ON_NODE`). A flag given on the line
+/// wins.
+#[derive(Debug, Default, PartialEq)]
+struct SlurmNode {
+    name: Option<String>,
+    slots: Option<u32>,
+    device_type: Option<String>,
+}
+
+impl SlurmNode {
+    fn from_lookup(env: Lookup<'_>) -> Result<SlurmNode, String> {
+        let set = |k: &str| {
+            env(k)
+                .map(|v| v.trim().to_owned())
+                .filter(|v| !v.is_empty())
+        };
+        let mut node = SlurmNode {
+            name: set("SLURMD_NODENAME"),
+            ..SlurmNode::default()
+        };
+        if let Some(gpus) = set("SLURM_JOB_GPUS") {
+            // GPU indices, e.g. "0,1,3".
+            let n = gpus.split(',').filter(|g| !g.trim().is_empty()).count();
+            node.slots = u32::try_from(n).ok().filter(|&n| n > 0);
+            node.device_type = node.slots.map(|_| "gpu".to_owned());
+        }
+        if node.slots.is_none() {
+            node.slots = job_cpus_here(env, node.name.as_deref())?;
+        }
+        if node.slots.is_none()
+            && let Some(cpus) = set("SLURM_CPUS_ON_NODE")
+        {
+            node.slots = Some(match cpus.parse::<u32>() {
+                Ok(n) if n > 0 => n,
+                _ => {
+                    return Err(format!(
+                        "SLURM_CPUS_ON_NODE={cpus:?} is not a positive number"
+                    ));
+                }
+            });
+        }
+        Ok(node)
+    }
+}
+
+/// The job's CPUs on node `name`: its entry in `SLURM_JOB_CPUS_PER_NODE`
+/// (`2(x3),1`) at the node's place in `SLURM_JOB_NODELIST`. Not
+/// `SLURM_CPUS_ON_NODE`, which in a step srun started is the step's share
+/// (one CPU for one task), where the agent's workers may use all the job's.
+fn job_cpus_here(env: Lookup<'_>, name: Option<&str>) -> Result<Option<u32>, String> {
+    use gw_rendezvous::slurm::{expand_hostlist, expand_tasks_per_node};
+    let (Some(name), Some(nodes), Some(cpus)) = (
+        name,
+        env("SLURM_JOB_NODELIST"),
+        env("SLURM_JOB_CPUS_PER_NODE"),
+    ) else {
+        return Ok(None);
+    };
+    let nodes = expand_hostlist(&nodes).map_err(|e| format!("SLURM_JOB_NODELIST: {e}"))?;
+    let cpus = expand_tasks_per_node(&cpus).map_err(|e| format!("SLURM_JOB_CPUS_PER_NODE: {e}"))?;
+    Ok(nodes
+        .iter()
+        .position(|n| n == name)
+        .and_then(|i| cpus.get(i).copied())
+        .filter(|&n| n > 0))
+}
+
 impl AgentArgs {
-    /// The agent's settings; `env_token` is `$GW_ADMIN_TOKEN`.
+    /// The agent's settings; `env_token` is `$GW_ADMIN_TOKEN`. Under Slurm
+    /// the node's name, slots and device type default to Slurm's view.
     pub fn options(self, env_token: Option<String>) -> Result<Options, String> {
+        self.options_in(env_token, &|k| std::env::var(k).ok())
+    }
+
+    fn options_in(self, env_token: Option<String>, env: Lookup<'_>) -> Result<Options, String> {
+        let slurm = SlurmNode::from_lookup(env)?;
         let server = self.server.ok_or("--server URL is required")?;
         let server = server.trim_end_matches('/').to_owned();
         if !server.starts_with("http://") || server.len() <= "http://".len() {
@@ -101,16 +188,30 @@ impl AgentArgs {
                 "--server: '{server}' is not an http:// URL (e.g. http://10.0.0.1:7070)"
             ));
         }
-        let node = self.node.ok_or("--node NAME is required")?;
+        let node = self
+            .node
+            .or(slurm.name)
+            .ok_or("--node NAME is required (srun sets it from SLURMD_NODENAME)")?;
         check_name("--node", &node)?;
         let rack = self.rack.unwrap_or_else(|| "default".into());
         check_name("--rack", &rack)?;
-        let device_type = self.device_type.unwrap_or_else(|| "cpu".into());
+        let device_type = self
+            .device_type
+            .or(slurm.device_type)
+            .unwrap_or_else(|| "cpu".into());
         check_name("--device-type", &device_type)?;
-        let slots = self.slots.ok_or("--slots N is required")?;
-        let slots = match slots.parse::<u32>() {
-            Ok(n) if n > 0 => n,
-            _ => return Err(format!("--slots: '{slots}' is not a positive number")),
+        let slots = match (self.slots, slurm.slots) {
+            (Some(slots), _) => match slots.parse::<u32>() {
+                Ok(n) if n > 0 => n,
+                _ => return Err(format!("--slots: '{slots}' is not a positive number")),
+            },
+            (None, Some(n)) => n,
+            (None, None) => {
+                return Err(
+                    "--slots N is required (srun sets it from SLURM_JOB_GPUS or SLURM_CPUS_ON_NODE)"
+                        .into(),
+                );
+            }
         };
         let addr = match self.addr {
             None => None,
@@ -248,6 +349,83 @@ mod tests {
         assert!(e("--server http://h --node a --slots 1 stray").contains(r#"argument "stray""#));
         let none = run("--server http://h --node a --slots 1", None).expect_err("no token");
         assert!(none.contains("GW_ADMIN_TOKEN"), "{none}");
+    }
+
+    /// As srun starts `gwjob agent --server URL` on gwnode2 of a job: the
+    /// node's name and slots come from Slurm, flags on the line win.
+    #[test]
+    fn under_slurm_the_node_describes_itself_as_slurm_sees_it() {
+        use std::collections::HashMap;
+        let args = |node: Option<&str>, slots: Option<&str>, device: Option<&str>| AgentArgs {
+            server: Some("http://198.18.210.1:7070".into()),
+            node: node.map(Into::into),
+            slots: slots.map(Into::into),
+            rack: None,
+            device_type: device.map(Into::into),
+            addr: None,
+            token_file: None,
+        };
+        let with = |pairs: &[(&str, &str)], a: AgentArgs| {
+            let m: HashMap<String, String> = pairs
+                .iter()
+                .map(|(k, v)| (k.to_string(), v.to_string()))
+                .collect();
+            a.options_in(Some("t".into()), &move |k| m.get(k).cloned())
+        };
+        let cpu_task = [("SLURMD_NODENAME", "gwnode2"), ("SLURM_CPUS_ON_NODE", "2")];
+        let o = with(&cpu_task, args(None, None, None)).expect("slurm defaults");
+        assert_eq!(
+            (o.node.as_str(), o.slots, o.device_type.as_str()),
+            ("gwnode2", 2, "cpu")
+        );
+        // srun -N 3 --ntasks-per-node=1 --exclusive: the step's task has one
+        // CPU, the job all of the node's (seen on a real cluster).
+        let exclusive = [
+            ("SLURMD_NODENAME", "gwnode2"),
+            ("SLURM_CPUS_ON_NODE", "1"),
+            ("SLURM_JOB_NODELIST", "gwnode[1-3]"),
+            ("SLURM_JOB_CPUS_PER_NODE", "4,2(x2)"),
+        ];
+        let o = with(&exclusive, args(None, None, None)).expect("slurm defaults");
+        assert_eq!((o.node.as_str(), o.slots), ("gwnode2", 2));
+        let mut bad = exclusive.to_vec();
+        bad[3] = ("SLURM_JOB_CPUS_PER_NODE", "4(x");
+        let e = with(&bad, args(None, None, None)).expect_err("bad list");
+        assert!(e.contains("SLURM_JOB_CPUS_PER_NODE"), "{e}");
+        let gpu_task = [
+            ("SLURMD_NODENAME", "gpu7"),
+            ("SLURM_CPUS_ON_NODE", "64"),
+            ("SLURM_JOB_GPUS", "0,1,3"),
+        ];
+        let o = with(&gpu_task, args(None, None, None)).expect("slurm defaults");
+        assert_eq!(
+            (o.node.as_str(), o.slots, o.device_type.as_str()),
+            ("gpu7", 3, "gpu")
+        );
+        let o = with(&gpu_task, args(Some("n1"), Some("2"), Some("a100"))).expect("flags");
+        assert_eq!(
+            (o.node.as_str(), o.slots, o.device_type.as_str()),
+            ("n1", 2, "a100")
+        );
+        // Outside Slurm the flags are required, and the error says where
+        // Slurm would have found them.
+        let e = with(&[], args(Some("n1"), None, None)).expect_err("no slots");
+        assert!(
+            e.contains("--slots N is required") && e.contains("SLURM_CPUS_ON_NODE"),
+            "{e}"
+        );
+        let e = with(&[], args(None, Some("1"), None)).expect_err("no node");
+        assert!(
+            e.contains("--node NAME is required") && e.contains("SLURMD_NODENAME"),
+            "{e}"
+        );
+        let e = with(&[("SLURM_CPUS_ON_NODE", "x")], args(Some("n"), None, None))
+            .expect_err("bad cpus");
+        assert!(e.contains("SLURM_CPUS_ON_NODE=\"x\""), "{e}");
+        // A name Slurm gives is checked like a flag's.
+        let e =
+            with(&[("SLURMD_NODENAME", "a/b")], args(None, Some("1"), None)).expect_err("bad name");
+        assert!(e.contains("--node"), "{e}");
     }
 
     #[test]

@@ -443,3 +443,53 @@ mod put_frames {
 }
 
 mod gone;
+
+/// Rank 1 watches a poller but nobody polls it (a caller drives the
+/// operation itself, as a small all-reduce does), and it asks for the
+/// connection before rank 0 dials: its first look at the accept queue finds
+/// it empty. Rank 0's dial must still be accepted; its readiness event,
+/// edge triggered, waits in the unpolled poller (found by a four-rank job
+/// under Slurm whose ranks timed out "connecting to" a lower rank).
+#[test]
+fn a_caller_that_does_not_poll_accepts_a_dial_that_comes_later() {
+    let poll = mio::Poll::new().unwrap();
+    let cfg = TcpConfig {
+        store_ip: Some(Ipv4Addr::LOCALHOST.into()),
+        lanes: 2,
+        ..TcpConfig::default()
+    };
+    let mut a = TcpTransport::new(0, cfg.clone()).unwrap();
+    let mut b = TcpTransport::new(1, cfg).unwrap();
+    b.attach(poll.registry(), 0).unwrap();
+    let infos: Vec<PeerInfo> = [&a, &b]
+        .iter()
+        .enumerate()
+        .map(|(r, t)| PeerInfo {
+            rank: r as u32,
+            host_id: format!("host{r}"),
+            hostname: format!("host{r}"),
+            pid: std::process::id(),
+            tcp: vec![t.listen_addr()],
+            tcp_eager: t.eager(),
+            ofi: String::new(),
+            cores: 0,
+        })
+        .collect();
+    a.set_peers(infos.clone());
+    b.set_peers(infos);
+    assert_eq!(b.connect(0).unwrap(), Readiness::Pending);
+    let start = Instant::now();
+    loop {
+        let ra = a.connect(1).unwrap();
+        let rb = b.connect(0).unwrap();
+        if ra == Readiness::Ready && rb == Readiness::Ready {
+            break;
+        }
+        a.progress().unwrap();
+        assert!(
+            start.elapsed() < Duration::from_secs(10),
+            "rank 1 never accepted rank 0's dial without polling"
+        );
+        std::thread::sleep(Duration::from_millis(1));
+    }
+}
