@@ -278,6 +278,10 @@ fn log_refusal(shared: &Shared, peer: SocketAddr, reason: &str) {
 }
 
 fn serve(shared: &Shared, mut stream: TcpStream, peer: SocketAddr, id: u64, ticket: Ticket) {
+    // The accept thread records this connection (and may grow its tables)
+    // while holding `conns`; waiting for it here keeps that bookkeeping
+    // ahead of the Welcome, like everything else the store does for it.
+    drop(lock(&shared.conns));
     match session(shared, &mut stream, peer, ticket) {
         Ok(()) => info!("store: client {peer} disconnected"),
         Err(End::Refused(reason)) => log_refusal(shared, peer, &reason),
@@ -344,6 +348,18 @@ fn session(
         }
         Err(reason) => return refuse(stream, format!("no valid job token: {reason}")),
     }
+    // Everything this connection sets up is done before the Welcome: once
+    // the client has it, its rank goes on to train, and a store hosted in
+    // the rank's own process must not be allocating while it does (the
+    // process-wide no_alloc test saw this 64 KiB buffer land in its window).
+    dec.authenticated();
+    buf.resize(READ_CHUNK, 0);
+    // Authenticated clients may sit idle for the whole job; shutdown wakes
+    // them by closing the socket, not by a timeout.
+    stream
+        .set_read_timeout(None)
+        .map_err(|e| End::Dropped(format!("setsockopt: {e}")))?;
+    info!("store: client {peer} joined");
     let limits = shared.cfg.limits();
     send(
         stream,
@@ -353,14 +369,6 @@ fn session(
         },
     )
     .map_err(End::Dropped)?;
-    dec.authenticated();
-    buf.resize(READ_CHUNK, 0);
-    // Authenticated clients may sit idle for the whole job; shutdown wakes
-    // them by closing the socket, not by a timeout.
-    stream
-        .set_read_timeout(None)
-        .map_err(|e| End::Dropped(format!("setsockopt: {e}")))?;
-    info!("store: client {peer} joined");
     loop {
         let req = match read_request(stream, &mut dec, &mut buf, None) {
             Ok(Some(r)) => r,
