@@ -78,14 +78,7 @@ fn every_policy_simulates_the_shipped_files_the_same_way_twice() {
         assert_eq!(v["jobs"], 12);
         assert_eq!(v["seed"], 4);
         assert_eq!(v["round_s"], 300.0);
-        for key in [
-            "avg_jct_s",
-            "p99_jct_s",
-            "makespan_s",
-            "avg_queue_s",
-            "utilization",
-            "ftf",
-        ] {
+        for key in gw_scheduler::report::METRIC_KEYS {
             let x = v[key].as_f64().unwrap_or(-1.0);
             assert!(x > 0.0, "{policy}: {key} = {}", v[key]);
         }

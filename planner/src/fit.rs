@@ -202,9 +202,7 @@ impl RankFit {
             self.fit(batch as f64, seconds);
             return;
         };
-        // Timing noise grows with the time itself, so residuals are judged
-        // relative to the prediction.
-        let residual = (seconds - model.time(batch)) / model.time(batch).max(f64::MIN_POSITIVE);
+        let residual = model.relative_residual(batch, seconds);
         // Without a trusted slope, a new batch size's residual mixes in the
         // unknown intercept: it cannot be judged, and it must not move the
         // scale either.
@@ -277,8 +275,7 @@ impl RankFit {
     /// (t − prediction) / prediction for a step of `batch` samples that
     /// took `seconds`; None before any observation.
     fn relative_residual(&self, batch: u64, seconds: f64) -> Option<f64> {
-        let predicted = self.model()?.time(batch);
-        Some((seconds - predicted) / predicted.max(f64::MIN_POSITIVE))
+        Some(self.model()?.relative_residual(batch, seconds))
     }
 
     /// The relative residual beyond which a step is set aside.

@@ -26,6 +26,13 @@ impl Linear {
         self.a * batch as f64 + self.c
     }
 
+    /// (seconds − prediction) / prediction: timing noise grows with the
+    /// time itself, so the fit judges steps relative to what it predicted.
+    pub fn relative_residual(&self, batch: u64, seconds: f64) -> f64 {
+        let predicted = self.time(batch);
+        (seconds - predicted) / predicted.max(f64::MIN_POSITIVE)
+    }
+
     /// Ok if the model can describe a real rank: both coefficients finite
     /// and non-negative (-0.0 counts as 0).
     pub(crate) fn validate(&self, rank: usize) -> Result<(), PlanError> {

@@ -8,6 +8,34 @@
 
 use serde::Serialize;
 
+/// The keys of [`Report::json`], in order: what scripts and tests read.
+pub const REPORT_KEYS: [&str; 12] = [
+    "policy",
+    "jobs",
+    "avg_jct_s",
+    "p99_jct_s",
+    "makespan_s",
+    "avg_queue_s",
+    "utilization",
+    "ftf",
+    "ftf_max",
+    "rounds",
+    "round_s",
+    "seed",
+];
+
+/// The keys among [`REPORT_KEYS`] that measure the schedule (all positive
+/// once any job ran).
+pub const METRIC_KEYS: [&str; 7] = [
+    "avg_jct_s",
+    "p99_jct_s",
+    "makespan_s",
+    "avg_queue_s",
+    "utilization",
+    "ftf",
+    "ftf_max",
+];
+
 /// The summary; field names are the JSON keys.
 #[derive(Clone, Debug, PartialEq, Serialize)]
 pub struct Report {
@@ -107,5 +135,38 @@ mod tests {
         assert_eq!(percentile(&xs[..10], 99.0), 10.0);
         assert_eq!(percentile(&[3.0], 50.0), 3.0);
         assert_eq!(percentile(&[], 99.0), 0.0);
+    }
+
+    #[test]
+    fn the_key_lists_are_the_json_keys() {
+        let r = Report {
+            policy: "fifo".into(),
+            jobs: 1,
+            avg_jct_s: 1.0,
+            p99_jct_s: 1.0,
+            makespan_s: 1.0,
+            avg_queue_s: 0.0,
+            utilization: 0.5,
+            ftf: 1.0,
+            ftf_max: 1.0,
+            rounds: 1,
+            round_s: 60.0,
+            seed: 0,
+            decide_ms: (0.0, 0.0),
+            per_job: Vec::new(),
+        };
+        let v: serde_json::Value = serde_json::from_str(&r.json()).expect("JSON");
+        let keys: Vec<&str> = v
+            .as_object()
+            .expect("an object")
+            .keys()
+            .map(String::as_str)
+            .collect();
+        let mut want = REPORT_KEYS.to_vec();
+        let mut got = keys.clone();
+        want.sort_unstable();
+        got.sort_unstable();
+        assert_eq!(got, want);
+        assert!(METRIC_KEYS.iter().all(|k| REPORT_KEYS.contains(k)));
     }
 }

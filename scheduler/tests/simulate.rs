@@ -35,16 +35,7 @@ fn same_seed_same_json() {
         let a = run(11);
         assert_eq!(a, run(11), "{name}");
         assert_ne!(a, run(12), "{name}: the seed must matter");
-        for key in [
-            "policy",
-            "jobs",
-            "avg_jct_s",
-            "p99_jct_s",
-            "makespan_s",
-            "avg_queue_s",
-            "utilization",
-            "ftf",
-        ] {
+        for key in gw_scheduler::report::REPORT_KEYS {
             assert!(
                 a.contains(&format!("\"{key}\"")),
                 "{name}: {key} missing in {a}"

@@ -26,6 +26,11 @@ thread_local! {
 }
 
 fn note(size: usize) {
+    // The backtrace printer's own allocations are not the code's: counting
+    // them turned one stray allocation into thousands.
+    if IN_TRACE.try_with(Cell::get).unwrap_or(false) {
+        return;
+    }
     ALLOCS.fetch_add(1, Ordering::Relaxed);
     BYTES.fetch_add(size as u64, Ordering::Relaxed);
     if TRACE.load(Ordering::Relaxed) && IN_TRACE.try_with(|t| !t.replace(true)).unwrap_or(false) {

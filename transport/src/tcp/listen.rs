@@ -12,6 +12,7 @@
 
 use super::lane::HELLO_LEN;
 use crate::error::{Error, Result};
+use gw_rendezvous::ratelimit::{RateLimited, suppressed};
 use mio::net::{TcpListener, TcpStream};
 use mio::{Interest, Registry, Token};
 use std::collections::VecDeque;
@@ -117,25 +118,15 @@ pub(crate) struct Listener {
     warned: Warned,
 }
 
-/// When the last warning went out, and how many were left out since.
-struct Warned {
-    at: Option<Instant>,
-    quiet: u64,
-}
+/// The listener's warnings, at most one per [`WARN_EVERY`] (strangers can
+/// cause them), through the project's one limiter.
+struct Warned(RateLimited);
 
 impl Warned {
     fn warn(&mut self, text: impl FnOnce() -> String) {
-        let now = Instant::now();
-        if self.at.is_some_and(|t| now.duration_since(t) < WARN_EVERY) {
-            self.quiet += 1;
-            return;
+        if let Some(n) = self.0.admit() {
+            tracing::warn!("tcp: {}{}", text(), suppressed(n));
         }
-        let text = text();
-        match std::mem::take(&mut self.quiet) {
-            0 => tracing::warn!("tcp: {text}"),
-            n => tracing::warn!("tcp: {text} ({n} more such since the last warning)"),
-        }
-        self.at = Some(now);
     }
 }
 
@@ -154,7 +145,7 @@ impl Listener {
             readable: true,
             retry_at: None,
             next_look: Instant::now(),
-            warned: Warned { at: None, quiet: 0 },
+            warned: Warned(RateLimited::new(WARN_EVERY)),
         })
     }
 
