@@ -158,7 +158,9 @@ pub struct Communicator {
     cfg: Config,
     pub(crate) comm_id: u64,
     key: CommKey,
-    pub(crate) seq: AtomicU64,
+    /// Shared with deferred persistent rounds, which the engine thread
+    /// may have to number (`deferred.rs`).
+    pub(crate) seq: Arc<AtomicU64>,
     p2p_seq: Mutex<(Vec<u64>, Vec<u64>)>,
     tx: mailbox::Sender,
     /// Completions of earlier operations, reused once nothing refers to them.
@@ -264,7 +266,7 @@ impl Communicator {
             comm_id,
             key,
             cfg,
-            seq: AtomicU64::new(0),
+            seq: Arc::new(AtomicU64::new(0)),
             p2p_seq: Mutex::new((vec![0; world as usize], vec![0; world as usize])),
             tx: started.tx,
             // Filled now: a pool grown on demand would keep as few as the
@@ -456,7 +458,24 @@ impl Communicator {
     /// reused. `Arc::get_mut` proves that exclusivity, so a handle kept
     /// around, or an engine that has not dropped its reference yet, never
     /// sees its completion reused under it; a new one is made instead.
-    fn completion(&self) -> Arc<Completion> {
+    /// The next collective sequence number, after a deferred persistent
+    /// round (started earlier) has drawn its own.
+    pub(crate) fn next_seq(&self) -> Result<u64> {
+        self.flush_deferred()?;
+        Ok(self.seq.fetch_add(1, Ordering::Relaxed))
+    }
+
+    /// A handle to an operation that is already over, with result `r`.
+    pub(crate) fn finished(&self, r: Result<()>) -> Handle {
+        let done = self.completion();
+        done.finish(r);
+        Handle {
+            done,
+            driver: self.driver.clone(),
+        }
+    }
+
+    pub(crate) fn completion(&self) -> Arc<Completion> {
         let mut pool = self.completions.lock().unwrap_or_else(|p| p.into_inner());
         for c in pool.iter_mut() {
             if let Some(free) = Arc::get_mut(c) {
@@ -473,6 +492,23 @@ impl Communicator {
     /// caller is about to turn the engine itself.
     #[allow(clippy::too_many_arguments)]
     pub(crate) fn submit(
+        &self,
+        fp: Fingerprint,
+        plan: Plan,
+        kernel: Kernel,
+        op: &RawOp,
+        send_bytes: usize,
+        recv_bytes: usize,
+        kick: bool,
+    ) -> Result<Handle> {
+        self.flush_deferred()?;
+        self.enqueue(fp, plan, kernel, op, send_bytes, recv_bytes, kick)
+    }
+
+    /// [`Communicator::submit`] without first handing a deferred
+    /// persistent round to the engine (`deferred.rs` queues that one).
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) fn enqueue(
         &self,
         fp: Fingerprint,
         plan: Plan,
@@ -560,6 +596,8 @@ impl Communicator {
             && algo == Algo::Rd
             && let Some(rounds) = algo::direct_rounds(&spec)
         {
+            // A persistent round left for its wait goes first.
+            self.flush_deferred()?;
             let mut direct = DirectOp {
                 fp,
                 kernel,
@@ -589,7 +627,7 @@ impl Communicator {
                 return Ok(Submitted::Done(r));
             }
         }
-        fp.seq = self.seq.fetch_add(1, Ordering::Relaxed);
+        fp.seq = self.next_seq()?;
         self.submit(
             fp,
             Plan::Collective(spec, algo),
@@ -1226,6 +1264,9 @@ impl Communicator {
 
 impl Drop for Communicator {
     fn drop(&mut self) {
+        // A started round still runs before the engine shuts down, as
+        // its peers expect (an error was the round's to report).
+        let _ = self.flush_deferred();
         let _ = self.tx.send(Msg::Shutdown);
         self.driver.kick();
         if let Some(t) = self.thread.take() {

@@ -18,9 +18,10 @@
 //! in the poller, and parks (off the poller) while a caller drives.
 //! `GW_INLINE=0` turns caller driving off.
 
+use crate::deferred::Deferrable;
 use crate::engine::{Completion, DirectOp, Engine, Turn, TurnState};
 use mio::{Events, Poll, Waker};
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::mpsc::SyncSender;
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::time::Duration;
@@ -67,6 +68,12 @@ pub(crate) struct Driver {
     /// How long a driving caller polls without progress before it hands
     /// over (at least the engine's `spin_us`; see [`CALLER_SPIN`]).
     drive_spin: Duration,
+    /// A persistent round started but left for its `wait` to run
+    /// (`deferred.rs`), and whether there is one (looked at without the
+    /// lock by every submission). Here rather than in the communicator so
+    /// that the engine thread can take it over.
+    pub(crate) deferred: Mutex<Option<Arc<Deferrable>>>,
+    pub(crate) has_deferred: AtomicBool,
     /// The communicator's span: whoever turns the engine is inside it, so
     /// the engine's log lines carry the rank and communicator id.
     span: tracing::Span,
@@ -88,8 +95,15 @@ impl Driver {
             waker,
             inline,
             drive_spin,
+            deferred: Mutex::new(None),
+            has_deferred: AtomicBool::new(false),
             span,
         })
+    }
+
+    /// Whether callers drive their blocking operations (`GW_INLINE`).
+    pub fn inline(&self) -> bool {
+        self.inline
     }
 
     fn lock(&self) -> MutexGuard<'_, Engine> {
@@ -178,8 +192,14 @@ impl Driver {
         res
     }
 
-    /// Waits until kicked, or until `PARK_MAX` passed.
-    fn park(&self) {
+    /// Queues `op` behind everything already submitted (see
+    /// `deferred::take_over`).
+    pub(crate) fn queue_after_submitted(&self, op: crate::engine::OpDesc) {
+        self.lock().queue_after_submitted(op);
+    }
+
+    /// Waits until kicked, or until `PARK_MAX` passed; whether kicked.
+    fn park(&self) -> bool {
         let mut k = self.kicked.lock().unwrap_or_else(|p| p.into_inner());
         if !*k {
             k = self
@@ -188,7 +208,7 @@ impl Driver {
                 .unwrap_or_else(|p| p.into_inner())
                 .0;
         }
-        *k = false;
+        std::mem::take(&mut *k)
     }
 }
 
@@ -238,7 +258,12 @@ pub(crate) fn engine_thread(driver: Arc<Driver>, mut poll: Poll, started: SyncSe
                 // this thread to fight the caller for the lock. Whatever
                 // needs the engine thread kicks it.
                 drop(e);
-                driver.park();
+                if !driver.park() {
+                    // Nobody needed the engine for `PARK_MAX`: a persistent
+                    // round left for a `wait` that has not come runs now,
+                    // so peers waiting for it are not held up further.
+                    crate::deferred::take_over(&driver);
+                }
                 st.woke();
             }
             Turn::Sleep { timeout, .. } => {

@@ -423,6 +423,13 @@ impl Engine {
 
     /// Whether nothing is running or queued (submissions still in the
     /// channel count as queued).
+    /// Queues an operation behind every one already submitted (a deferred
+    /// persistent round the engine thread takes over).
+    pub(crate) fn queue_after_submitted(&mut self, op: OpDesc) {
+        self.drain_messages();
+        self.queue.push_back(op);
+    }
+
     pub fn is_idle(&mut self) -> bool {
         self.drain_messages();
         self.current.is_none() && self.queue.is_empty()

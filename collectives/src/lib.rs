@@ -13,6 +13,7 @@ mod bringup;
 pub mod comm_key;
 pub mod communicator;
 pub mod config;
+mod deferred;
 mod drive;
 pub mod element;
 mod engine;

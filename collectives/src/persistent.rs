@@ -35,6 +35,7 @@
 use crate::algo::{self, Action, ActionId, Algo, Buf, Loc, Schedule};
 use crate::communicator::{Communicator, Handle, Planned, RawOp};
 use crate::config::OneSided;
+use crate::deferred::{self, Deferrable, Round, RoundSlot};
 use crate::drive::Driver;
 use crate::element::Element;
 use crate::engine::{Plan, Published};
@@ -45,13 +46,20 @@ use gw_transport::{Error, Rank, Result};
 use std::marker::PhantomData;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 /// Largest one-sided write of a persistent all-reduce: small enough that
 /// the reduction of one segment overlaps the write of the next, large
 /// enough that a 256 MiB buffer on 8 ranks stays within the chunks an
 /// immediate can name.
 const ONE_SIDED_SEGMENT_BYTES: usize = 256 << 10;
+
+/// Rounds up to this size that the direct path cannot run are queued at
+/// `start` without waking the engine thread: the caller's `wait` (or
+/// `test`) drives them, as a blocking call would, and the wake-up (two
+/// thread crossings, tens of microseconds on a VM) is saved. Larger rounds
+/// wake it, so that they progress while the caller computes.
+const LAZY_START_BYTES: usize = 1 << 20;
 
 /// Ids of persistent operations, process-wide (the engine looks them up).
 static NEXT_ID: AtomicU64 = AtomicU64::new(1);
@@ -72,8 +80,14 @@ pub struct RawPersistent {
     op: RawOp,
     send_bytes: usize,
     recv_bytes: usize,
-    /// The round running, or finished and not yet tested or waited for.
-    round: Mutex<Option<Handle>>,
+    /// The round running, or finished and not yet tested or waited for,
+    /// or deferred (shared with the communicator while it is).
+    round: RoundSlot,
+    /// Set where rounds are small enough for the caller's direct path:
+    /// they are then run at `wait` (see `deferred.rs`).
+    deferrable: Option<Arc<Deferrable>>,
+    /// Rounds move by one-sided writes into published buffers (GDRAA).
+    one_sided: bool,
     freed: AtomicBool,
 }
 
@@ -117,6 +131,8 @@ impl Communicator {
             algo,
             spec,
             fp,
+            count,
+            bytes,
             ..
         } = self.plan_collective(&op, algo)?;
         let op = RawOp { redop, ..op };
@@ -143,16 +159,13 @@ impl Communicator {
         } else {
             None
         };
-        let peers = peers_of(sched.as_mut());
+        let peers = peers_of(sched.as_mut())?;
         // Whom the one-sided schedule writes to and hears from: whom its
-        // descriptors go to (the engine rewinds it).
-        let os_peers = one_sided.as_mut().map(|s| peers_of(s.as_mut()));
-        if !sched.reset() {
-            return Err(Error::Internal(format!(
-                "the {} schedule cannot be rewound, so it cannot be persistent",
-                algo.name()
-            )));
-        }
+        // descriptors go to.
+        let os_peers = match one_sided.as_mut() {
+            Some(s) => Some(peers_of(s.as_mut())?),
+            None => None,
+        };
         tracing::debug!(
             "persistent {} of {} B: {} to {} peers",
             op.kind.name(),
@@ -169,7 +182,8 @@ impl Communicator {
             recv_bytes,
         };
         let offloaded_only = mode == OneSided::Auto;
-        let (p, published) = self.prepare_plan(parts, Some(sched), one_sided, offloaded_only)?;
+        let (mut p, published) =
+            self.prepare_plan(parts, Some(sched), one_sided, offloaded_only)?;
         let shaken = if published.one_sided {
             tracing::debug!("persistent all-reduce {id}: one-sided ring");
             let os_peers = os_peers.unwrap_or_default();
@@ -180,6 +194,26 @@ impl Communicator {
         if let Err(e) = shaken {
             let _ = p.free(self);
             return Err(e);
+        }
+        // Rounds the direct path can run are run by `wait` (`deferred.rs`).
+        if algo == Algo::Rd
+            && !published.one_sided
+            && self.driver.inline()
+            && let Some(rounds) = algo::direct_rounds(&spec)
+        {
+            p.deferrable = Some(Arc::new(Deferrable {
+                id,
+                fp,
+                kernel,
+                op,
+                send_bytes,
+                recv_bytes,
+                count,
+                bytes,
+                rounds,
+                round: p.round.clone(),
+                seq: self.seq.clone(),
+            }));
         }
         Ok(p)
     }
@@ -222,10 +256,16 @@ impl Communicator {
             op,
             send_bytes,
             recv_bytes,
-            round: Mutex::new(None),
+            round: RoundSlot::default(),
+            deferrable: None,
+            one_sided: false,
             freed: AtomicBool::new(false),
         };
         let published = std::mem::take(&mut *out.lock().unwrap_or_else(|p| p.into_inner()));
+        let p = RawPersistent {
+            one_sided: published.one_sided,
+            ..p
+        };
         Ok((p, published))
     }
 
@@ -307,7 +347,7 @@ impl Communicator {
         recv_bytes: usize,
     ) -> Result<()> {
         let fp = Fingerprint {
-            seq: self.seq.fetch_add(1, Ordering::Relaxed),
+            seq: self.next_seq()?,
             ..p.fp
         };
         let op = RawOp {
@@ -338,9 +378,9 @@ pub(crate) fn next_id() -> u64 {
 }
 
 /// Every peer `sched` sends to or receives from, in rank order, found by
-/// running it with every action completing at once (it must be rewound
-/// after).
-pub(crate) fn peers_of(sched: &mut dyn Schedule) -> Vec<Rank> {
+/// running it with every action completing at once, then rewinding it
+/// (left run through, the next look would find no peers at all).
+pub(crate) fn peers_of(sched: &mut dyn Schedule) -> Result<Vec<Rank>> {
     let mut peers = Vec::new();
     while let Some(a) = sched.next_action() {
         if let Action::Send { peer, .. }
@@ -354,7 +394,13 @@ pub(crate) fn peers_of(sched: &mut dyn Schedule) -> Vec<Rank> {
     }
     peers.sort_unstable();
     peers.dedup();
-    peers
+    if !sched.reset() {
+        return Err(Error::Internal(format!(
+            "a schedule waiting for {} cannot be rewound, so it cannot be persistent",
+            sched.waiting_for()
+        )));
+    }
+    Ok(peers)
 }
 
 /// A send of element 0 of `Buf::Send` to each peer and a receive from each
@@ -443,13 +489,19 @@ impl RawPersistent {
         Ok(())
     }
 
-    fn round(&self) -> MutexGuard<'_, Option<Handle>> {
-        self.round.lock().unwrap_or_else(|p| p.into_inner())
+    fn round(&self) -> MutexGuard<'_, Round> {
+        deferred::lock(&self.round)
     }
 
     /// Whether a round was started and has not finished yet.
     pub fn is_running(&self) -> bool {
-        self.round().as_ref().is_some_and(|h| !h.done.is_ready())
+        self.round().running()
+    }
+
+    /// Whether rounds move by one-sided writes into the peers' published
+    /// buffers (`GW_ONE_SIDED`), rather than by sends and receives.
+    pub fn is_one_sided(&self) -> bool {
+        self.one_sided
     }
 
     /// Begins one round: reads the send buffer now, writes the receive
@@ -463,18 +515,20 @@ impl RawPersistent {
     /// completes ([`RawPersistent::test`] or [`RawPersistent::wait`]).
     pub unsafe fn start(&self, comm: &Communicator) -> Result<()> {
         self.check(comm, "start")?;
+        if let Some(d) = &self.deferrable {
+            if self.is_running() {
+                return Err(self.still_running());
+            }
+            return comm.defer(d);
+        }
         let mut round = self.round();
-        if round.as_ref().is_some_and(|h| !h.done.is_ready()) {
-            return Err(Error::InvalidUsage(format!(
-                "start: the previous round of this persistent {} is still running; \
-                 wait for it (or test it until done) before starting the next",
-                self.fp.op.name()
-            )));
+        if round.running() {
+            return Err(self.still_running());
         }
         // The last handle goes first, so its completion can go back to the pool.
-        *round = None;
+        round.handle = None;
         let fp = Fingerprint {
-            seq: comm.seq.fetch_add(1, Ordering::Relaxed),
+            seq: comm.next_seq()?,
             ..self.fp
         };
         let h = comm.submit(
@@ -484,24 +538,35 @@ impl RawPersistent {
             &self.op,
             self.send_bytes,
             self.recv_bytes,
-            true,
+            self.send_bytes.max(self.recv_bytes) > LAZY_START_BYTES,
         )?;
-        *round = Some(h);
+        round.handle = Some(h);
         Ok(())
+    }
+
+    fn still_running(&self) -> Error {
+        Error::InvalidUsage(format!(
+            "start: the previous round of this persistent {} is still running; \
+             wait for it (or test it until done) before starting the next",
+            self.fp.op.name()
+        ))
     }
 
     /// Whether no round is running (true when none was started), without
     /// blocking; a finished round's error is returned once.
     pub fn test(&self, comm: &Communicator) -> Result<bool> {
         self.check(comm, "test")?;
+        if let Some(d) = &self.deferrable {
+            comm.release_deferred(d);
+        }
         let mut round = self.round();
-        let Some(h) = round.as_ref() else {
-            return Ok(true);
+        let Some(h) = round.handle.as_ref() else {
+            return Ok(!round.deferred);
         };
         match h.test() {
             None => Ok(false),
             Some(r) => {
-                *round = None;
+                round.handle = None;
                 r.map(|_| true)
             }
         }
@@ -521,9 +586,28 @@ impl RawPersistent {
 
     fn wait_for(&self, comm: &Communicator, timeout: Option<Duration>) -> Result<bool> {
         self.check(comm, "wait")?;
+        if let Some(d) = &self.deferrable {
+            let deadline = timeout.map(|t| Instant::now() + t);
+            match timeout {
+                None => {
+                    if let Some(r) = comm.run_deferred(d) {
+                        return r.map(|_| true);
+                    }
+                }
+                Some(_) => comm.release_deferred(d),
+            }
+            // Still marked deferred and not queued: another thread's wait is
+            // running it on the direct path (and gets its result).
+            while self.round().deferred {
+                if deadline.is_some_and(|t| Instant::now() >= t) {
+                    return Ok(false);
+                }
+                std::thread::yield_now();
+            }
+        }
         // Wait on a second handle to the round, without the lock, so that
         // `test` from another thread does not block behind the wait.
-        let h = match self.round().as_ref() {
+        let h = match self.round().handle.as_ref() {
             None => return Ok(true),
             Some(h) => Handle {
                 done: h.done.clone(),
@@ -539,10 +623,11 @@ impl RawPersistent {
         };
         let mut round = self.round();
         if round
+            .handle
             .as_ref()
             .is_some_and(|r| Arc::ptr_eq(&r.done, &h.done))
         {
-            *round = None;
+            round.handle = None;
         }
         res.map(|_| true)
     }
@@ -744,6 +829,11 @@ impl<T: Element> Persistent<'_, T> {
     /// Blocks at most `timeout`; `Ok(false)` if the round is still running.
     pub fn wait_timeout(&mut self, timeout: Duration) -> Result<bool> {
         self.raw.wait_timeout(self.comm, timeout)
+    }
+
+    /// See [`RawPersistent::is_one_sided`].
+    pub fn is_one_sided(&self) -> bool {
+        self.raw.is_one_sided()
     }
 
     /// Whether a round was started and has not finished.

@@ -95,12 +95,7 @@ impl Engine {
         let mut unreachable = None;
         let one_sided = match one_sided {
             Some((mut os, offloaded_only)) => {
-                let peers = super::super::persistent::peers_of(os.as_mut());
-                if !os.reset() {
-                    return Err(Error::Internal(format!(
-                        "persistent operation {id}'s one-sided schedule cannot be rewound"
-                    )));
-                }
+                let peers = super::super::persistent::peers_of(os.as_mut())?;
                 unreachable = peers.into_iter().find(|&p| {
                     !self.route.get(p as usize).is_some_and(|&t| {
                         self.one_sided[t] && (self.offloaded[t] || !offloaded_only)

@@ -1,0 +1,246 @@
+//! Small persistent rounds are run by their `wait` on the caller's direct
+//! path (`deferred.rs`): this checks that they are, and that a round left
+//! with the communicator still meets every other way a program can go on —
+//! another request started, an ordinary collective called, `test` polled
+//! on one rank while the other waits, a timed wait — with every element of
+//! every round checked, at 2 and 4 ranks over shared memory and TCP.
+//!
+//! Its own binary: the direct-call counter is process-wide.
+
+mod common;
+
+use common::on_each_rank;
+use gw_collectives::local::local_world;
+use gw_collectives::{Communicator, Error, RedOp, TransportChoice, direct_calls};
+use std::time::Duration;
+
+const ROUNDS: usize = 40;
+
+fn world(n: u32, t: TransportChoice, key: &str) -> (gw_rendezvous::StoreServer, Vec<Communicator>) {
+    local_world(n, key, |_, cfg| cfg.transport.set(t)).expect("communicators")
+}
+
+/// Rank `r`'s element `i` of round `k` for request `which` (each request
+/// its own calls of the shared inputs).
+fn input(which: usize, r: u32, k: usize, i: usize) -> f64 {
+    f64::from(common::input(r, 3 * k + which, i))
+}
+
+fn expect(buf: &[f64], which: usize, n: u32, k: usize, what: &str) -> Result<(), String> {
+    for (i, &got) in buf.iter().enumerate() {
+        let want = f64::from(common::expected(n, 3 * k + which, i));
+        if !common::right(RedOp::Sum, n, 3 * k + which, i, got as f32) || got != want {
+            return Err(format!("{what}: round {k} element {i}: {got}, want {want}"));
+        }
+    }
+    Ok(())
+}
+
+/// Every way a deferred round can be completed or overtaken, `ROUNDS`
+/// times, on one world.
+fn interleavings(t: TransportChoice, n: u32, key: &'static str) {
+    let (_store, comms) = world(n, t, key);
+    on_each_rank(comms, key, move |c| {
+        let (r, n) = (c.rank(), c.size());
+        let err = |e: Error| format!("{key} rank {r}: {e}");
+        let (mut a, mut b) = (vec![0f64; 33], vec![0f64; 1000]);
+        let mut b_out = vec![0f64; 1000];
+        let mut ra = c
+            .all_reduce_init_in_place(&mut a, RedOp::Sum)
+            .map_err(err)?;
+        let mut rb = c
+            .all_reduce_init(&mut b, &mut b_out, RedOp::Sum)
+            .map_err(err)?;
+        for k in 0..ROUNDS {
+            for (i, x) in ra.send_mut().map_err(err)?.iter_mut().enumerate() {
+                *x = input(0, r, k, i);
+            }
+            for (i, x) in rb.send_mut().map_err(err)?.iter_mut().enumerate() {
+                *x = input(1, r, k, i);
+            }
+            ra.start().map_err(err)?;
+            match k % 5 {
+                // Started, then waited for: the direct path.
+                0 => ra.wait().map_err(err)?,
+                // A second request overtakes the first's wait.
+                1 => {
+                    rb.start().map_err(err)?;
+                    rb.wait().map_err(err)?;
+                    ra.wait().map_err(err)?;
+                }
+                // An ordinary collective between start and wait.
+                2 => {
+                    let mut x = [r as f64 + 1.0; 3];
+                    c.all_reduce_in_place(&mut x, RedOp::Sum).map_err(err)?;
+                    let want = (n * (n + 1) / 2) as f64;
+                    if x != [want; 3] {
+                        return Err(format!("round {k}: the ordinary call gave {x:?}"));
+                    }
+                    ra.wait().map_err(err)?;
+                }
+                // Rank 0 polls with test while the others wait.
+                3 => {
+                    if r == 0 {
+                        while !ra.test().map_err(err)? {
+                            std::thread::yield_now();
+                        }
+                    } else {
+                        ra.wait().map_err(err)?;
+                    }
+                }
+                // A timed wait, then an untimed one.
+                _ => {
+                    if !ra.wait_timeout(Duration::from_secs(30)).map_err(err)? {
+                        return Err(format!("round {k}: a timed wait of 30 s ran out"));
+                    }
+                }
+            }
+            expect(
+                ra.recv().map_err(err)?,
+                0,
+                n,
+                k,
+                &format!("{key} rank {r} a"),
+            )?;
+            if k % 5 == 1 {
+                expect(
+                    rb.recv().map_err(err)?,
+                    1,
+                    n,
+                    k,
+                    &format!("{key} rank {r} b"),
+                )?;
+            }
+        }
+        Ok(())
+    });
+}
+
+#[test]
+fn deferred_rounds_meet_every_other_call() {
+    interleavings(TransportChoice::Shm, 2, "pd-shm2");
+    interleavings(TransportChoice::Shm, 4, "pd-shm4");
+    interleavings(TransportChoice::Tcp, 2, "pd-tcp2");
+    interleavings(TransportChoice::Tcp, 4, "pd-tcp4");
+}
+
+/// Start + wait of a small request runs on the direct path, not the engine:
+/// every rank's wait counts one direct call.
+#[test]
+fn small_rounds_run_on_the_direct_path() {
+    let (_store, comms) = world(2, TransportChoice::Shm, "pd-count");
+    let before = direct_calls();
+    on_each_rank(comms, "count", |c| {
+        let r = c.rank();
+        let err = |e: Error| format!("rank {r}: {e}");
+        let mut buf = vec![0f64; 64];
+        let mut req = c
+            .all_reduce_init_in_place(&mut buf, RedOp::Sum)
+            .map_err(err)?;
+        for k in 0..ROUNDS {
+            for (i, x) in req.send_mut().map_err(err)?.iter_mut().enumerate() {
+                *x = input(2, r, k, i);
+            }
+            req.start().map_err(err)?;
+            req.wait().map_err(err)?;
+            expect(req.recv().map_err(err)?, 2, 2, k, &format!("rank {r}"))?;
+        }
+        Ok(())
+    });
+    let ran = direct_calls() - before;
+    // Every wait of both ranks; the engine may take a round only when busy,
+    // which nothing else here makes it.
+    assert!(
+        ran >= 2 * ROUNDS as u64,
+        "{ran} direct calls for {} persistent waits",
+        2 * ROUNDS
+    );
+}
+
+/// `GW_ONE_SIDED=auto` keeps rounds two-sided where the transport only
+/// emulates one-sided writes (shared memory, TCP), and `1` makes them
+/// one-sided there. (Init once walked the one-sided schedule to find its
+/// peers without rewinding it, so the engine found no peer it could not
+/// write to and chose one-sided rounds everywhere.)
+#[test]
+fn auto_keeps_emulated_transports_two_sided() {
+    for (t, always, key) in [
+        (TransportChoice::Shm, false, "pd-os-shm-auto"),
+        (TransportChoice::Shm, true, "pd-os-shm-1"),
+        (TransportChoice::Tcp, false, "pd-os-tcp-auto"),
+        (TransportChoice::Tcp, true, "pd-os-tcp-1"),
+    ] {
+        let (_store, comms) = local_world(2, key, |_, cfg| {
+            cfg.transport.set(t);
+            if always {
+                cfg.one_sided.set(gw_collectives::OneSided::Always);
+            }
+        })
+        .expect("communicators");
+        on_each_rank(comms, key, move |c| {
+            let mut buf = vec![1f64; 5000];
+            let mut req = c
+                .all_reduce_init_in_place(&mut buf, RedOp::Sum)
+                .map_err(|e| format!("{key}: {e}"))?;
+            if req.is_one_sided() != always {
+                return Err(format!(
+                    "{key}: one-sided {}, want {always}",
+                    req.is_one_sided()
+                ));
+            }
+            req.start().map_err(|e| format!("{key}: {e}"))?;
+            req.wait().map_err(|e| format!("{key}: {e}"))?;
+            match req.recv().map_err(|e| format!("{key}: {e}"))? {
+                r if r.iter().all(|&x| x == 2.0) => Ok(()),
+                r => Err(format!("{key}: got {:?}...", &r[..4])),
+            }
+        });
+    }
+}
+
+/// MPI's progress rule: a started round completes while its rank is blocked
+/// in another communicator's call. Rank 0 starts a small round on one
+/// communicator and then blocks in an all-reduce on a second; rank 1 waits
+/// for the round before it joins that all-reduce. The engine thread of rank
+/// 0's first communicator takes the deferred round over (within its park
+/// time, 1 s) and both finish.
+#[test]
+fn a_deferred_round_progresses_while_its_rank_blocks_elsewhere() {
+    let (_s1, first) = world(2, TransportChoice::Shm, "pd-progress-1");
+    let (_s2, second) = world(2, TransportChoice::Shm, "pd-progress-2");
+    let pairs: Vec<_> = first.into_iter().zip(second).collect();
+    let threads: Vec<_> = pairs
+        .into_iter()
+        .map(|(c1, c2)| {
+            std::thread::spawn(move || -> Result<(), String> {
+                let r = c1.rank();
+                let err = |e: Error| format!("rank {r}: {e}");
+                let mut buf = vec![r as f64 + 1.0; 16];
+                let mut req = c1
+                    .all_reduce_init_in_place(&mut buf, RedOp::Sum)
+                    .map_err(err)?;
+                req.start().map_err(err)?;
+                let mut other = [r as f64 + 1.0; 4];
+                if r == 0 {
+                    c2.all_reduce_in_place(&mut other, RedOp::Sum)
+                        .map_err(err)?;
+                    req.wait().map_err(err)?;
+                } else {
+                    req.wait().map_err(err)?;
+                    c2.all_reduce_in_place(&mut other, RedOp::Sum)
+                        .map_err(err)?;
+                }
+                if other != [3.0; 4] {
+                    return Err(format!("rank {r}: the second communicator gave {other:?}"));
+                }
+                match req.recv().map_err(err)? {
+                    got if got.iter().all(|&x| x == 3.0) => Ok(()),
+                    got => Err(format!("rank {r}: the round gave {:?}", &got[..2])),
+                }
+            })
+        })
+        .collect();
+    for t in threads {
+        t.join().expect("rank thread").expect("both ranks finish");
+    }
+}
