@@ -248,6 +248,18 @@ extern "C" {
 gwResult_t gwGetVersion(int *version);
 
 /**
+ * Under `GW_TRACE`, records a span of the program's own work (a step's
+ * forward and backward pass, say) on this rank's `compute` lane of the
+ * timeline: it lasted `seconds` and ends now, and `step` goes in its
+ * arguments, so the trace shows what the collectives overlapped with. A
+ * no-op when tracing is off, but the arguments are checked either way:
+ * `name` is 1 to 64 letters, digits and `_ - . : /` (copied; the first 64
+ * distinct names are kept, later new ones are recorded as "compute"), and
+ * `seconds` is finite, at least 0 and under 86400. Thread-safe.
+ */
+gwResult_t gwTraceSpan(const char *name, double seconds, uint64_t step);
+
+/**
  * Starts a rendezvous store in this process (alive until the process exits)
  * and describes it in `*uniqueId`: its address, a random job token and a job
  * id. Call it in one process and send the id to every rank (including this

@@ -589,6 +589,33 @@ pub unsafe extern "C" fn gwGetVersion(version: *mut c_int) -> gwResult_t {
     })
 }
 
+/// Under `GW_TRACE`, records a span of the program's own work (a step's
+/// forward and backward pass, say) on this rank's `compute` lane of the
+/// timeline: it lasted `seconds` and ends now, and `step` goes in its
+/// arguments, so the trace shows what the collectives overlapped with. A
+/// no-op when tracing is off, but the arguments are checked either way:
+/// `name` is 1 to 64 letters, digits and `_ - . : /` (copied; the first 64
+/// distinct names are kept, later new ones are recorded as "compute"), and
+/// `seconds` is finite, at least 0 and under 86400. Thread-safe.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn gwTraceSpan(name: *const c_char, seconds: f64, step: u64) -> gwResult_t {
+    guard(std::ptr::null_mut(), || {
+        if name.is_null() {
+            return fail(gwInvalidArgument, "invalid argument: name is NULL");
+        }
+        // SAFETY: non-null; the caller passes a NUL-terminated string.
+        let name = unsafe { CStr::from_ptr(name) };
+        let Ok(name) = name.to_str() else {
+            return fail(
+                gwInvalidArgument,
+                "invalid argument: name is not UTF-8 (use letters, digits and _ - . : /)",
+            );
+        };
+        gw_collectives::trace_span_named(name, seconds, step)?;
+        Ok(())
+    })
+}
+
 /// Starts a rendezvous store in this process (alive until the process exits)
 /// and describes it in `*uniqueId`: its address, a random job token and a job
 /// id. Call it in one process and send the id to every rank (including this

@@ -118,6 +118,7 @@ fn shared_library_exports_only_gw_symbols() {
     }
     for want in [
         "gwGetVersion",
+        "gwTraceSpan",
         "gwGetUniqueId",
         "gwCommInitRank",
         "gwCommInitFromEnv",
@@ -254,5 +255,49 @@ fn c_persistent_all_reduce_at_2_and_3_ranks() {
                 "{n} ranks: rank {r} did not report ok:\n{text}"
             );
         }
+    }
+}
+
+/// `gwTraceSpan` puts a C program's compute on the `GW_TRACE` timeline
+/// beside its collectives, on every rank, and refuses bad arguments.
+#[test]
+fn c_compute_spans_land_in_the_trace() {
+    let exe = compile(&manifest().join("tests/c/trace.c"), "trace_c");
+    let trace = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("trace_c.json");
+    let (out, text) = run(Command::new(gwrun())
+        .args(["-n", "2", "--timeout", "60"])
+        .env("GW_TRACE", &trace)
+        .arg(&exe));
+    assert!(out.status.success(), "{text}");
+    for r in 0..2 {
+        assert!(text.contains(&format!("trace.c: rank {r} ok")), "{text}");
+    }
+    let body = std::fs::read_to_string(&trace).expect("the trace file");
+    // Chrome's array format leaves the closing `]` optional.
+    let json = format!("{}]", body.trim_end().trim_end_matches(','));
+    let events: serde_json::Value = serde_json::from_str(&json).expect("a JSON array");
+    let events = events.as_array().expect("an array");
+    for r in 0..2 {
+        let mine = |name: &str| {
+            events
+                .iter()
+                .filter(|e| e["ph"] == "X" && e["pid"] == r && e["name"] == name)
+                .collect::<Vec<_>>()
+        };
+        let fwd = mine("forward");
+        assert_eq!(fwd.len(), 1, "rank {r}: one forward span in {body}");
+        assert_eq!(fwd[0]["tid"], 3, "rank {r}: on the compute lane");
+        assert_eq!(fwd[0]["args"]["seq"], 7, "rank {r}: step 7");
+        let dur = fwd[0]["dur"].as_f64().unwrap_or(0.0);
+        assert!(
+            (19_000.0..10_000_000.0).contains(&dur),
+            "rank {r}: a 20 ms span lasted {dur} us"
+        );
+        assert!(
+            !mine("all_reduce").is_empty(),
+            "rank {r}: the all-reduce is there too"
+        );
+        // The refused calls recorded nothing.
+        assert!(mine("ok").is_empty(), "rank {r}");
     }
 }

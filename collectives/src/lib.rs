@@ -54,3 +54,38 @@ pub fn trace_span(name: &'static str, started: std::time::Instant, step: u64) {
         trace::record(name, trace::Lane::Compute, start, step, 0, None);
     }
 }
+
+/// [`trace_span`] for callers whose names are not compiled in (the C ABI's
+/// `gwTraceSpan`, Python): a span of `seconds` that ends now. Names are
+/// kept for the process's life, so at most [`TRACE_NAMES`] distinct ones
+/// are; spans under further names are recorded as `compute`. A name must
+/// be 1 to 64 letters, digits and `_ - . : /` (it goes into JSON as is);
+/// `seconds` must be finite, at least 0 and under a day. Checked whether or
+/// not tracing is on, so that a wrong call shows at once.
+pub fn trace_span_named(name: &str, seconds: f64, step: u64) -> Result<()> {
+    let ok_char = |c: char| c.is_ascii_alphanumeric() || "_-.:/".contains(c);
+    if name.is_empty() || name.len() > 64 || !name.chars().all(ok_char) {
+        return Err(Error::InvalidArgument(format!(
+            "trace span name {name:?}: use 1 to 64 letters, digits and _ - . : /"
+        )));
+    }
+    if !(seconds.is_finite() && (0.0..86_400.0).contains(&seconds)) {
+        return Err(Error::InvalidArgument(format!(
+            "trace span {name:?} of {seconds} seconds: give a duration from 0 to 86400"
+        )));
+    }
+    if trace::enabled() {
+        let start = trace::now_us() - seconds * 1e6;
+        trace::record(
+            trace::intern(name),
+            trace::Lane::Compute,
+            start,
+            step,
+            0,
+            None,
+        );
+    }
+    Ok(())
+}
+
+pub use trace::MAX_NAMES as TRACE_NAMES;

@@ -30,6 +30,27 @@ static STATE: Mutex<State> = Mutex::new(State {
 });
 static CLOCK: OnceLock<(Instant, f64)> = OnceLock::new();
 
+/// Distinct names [`intern`] keeps (each leaked once, for the process).
+pub const MAX_NAMES: usize = 64;
+static NAMES: Mutex<Vec<&'static str>> = Mutex::new(Vec::new());
+
+/// `name` as a `&'static str`: the first [`MAX_NAMES`] distinct names are
+/// kept for good; any other is `compute`.
+pub(crate) fn intern(name: &str) -> &'static str {
+    let Ok(mut names) = NAMES.lock() else {
+        return "compute";
+    };
+    if let Some(n) = names.iter().find(|n| **n == name) {
+        return n;
+    }
+    if names.len() >= MAX_NAMES {
+        return "compute";
+    }
+    let kept: &'static str = Box::leak(name.to_owned().into_boxed_str());
+    names.push(kept);
+    kept
+}
+
 /// Events kept per process; past it they are counted, not stored.
 const MAX_EVENTS: usize = 1 << 20;
 
@@ -214,5 +235,31 @@ mod tests {
         );
         ON.store(false, Ordering::Relaxed);
         let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    #[test]
+    fn names_are_kept_once_and_bounded() {
+        let a = intern("unit-forward");
+        assert_eq!(a, "unit-forward");
+        assert!(std::ptr::eq(a, intern("unit-forward")), "kept once");
+        // Fill the table (other tests may have added names): the rest are
+        // recorded as `compute`.
+        for i in 0..MAX_NAMES {
+            let _ = intern(&format!("unit-fill-{i}"));
+        }
+        assert_eq!(intern("unit-one-too-many"), "compute");
+        assert!(NAMES.lock().map(|n| n.len()).unwrap_or(0) <= MAX_NAMES);
+        assert_eq!(intern("unit-forward"), "unit-forward");
+    }
+
+    #[test]
+    fn named_spans_check_their_arguments() {
+        for bad in ["", "a\"b", "tab\there", &"x".repeat(65)] {
+            assert!(crate::trace_span_named(bad, 0.1, 0).is_err(), "{bad:?}");
+        }
+        for secs in [-1.0, f64::NAN, f64::INFINITY, 86_400.0] {
+            assert!(crate::trace_span_named("ok", secs, 0).is_err(), "{secs}");
+        }
+        assert!(crate::trace_span_named("fwd:layer-1/part_2.x", 0.0, 3).is_ok());
     }
 }

@@ -100,6 +100,7 @@ def declare(lib):
     pint, pvp = ctypes.POINTER(c_int), ctypes.POINTER(vp)
     sigs = {
         "gwGetVersion": [pint],
+        "gwTraceSpan": [ctypes.c_char_p, c_double, ctypes.c_uint64],
         "gwGetUniqueId": [ctypes.POINTER(UniqueId)],
         "gwCommInitRank": [pvp, c_int, UniqueId, c_int],
         "gwCommInitFromEnv": [pvp],

@@ -274,6 +274,25 @@ def persistent(c):
     c.barrier()
 
 
+def trace(c):
+    """Compute reported with gradwire.trace_span lands in GW_TRACE's file
+    (read back by test_trace.py); bad names and durations are refused."""
+    import time
+
+    with gradwire.trace_span("forward", step=7):
+        time.sleep(0.02)
+    x = np.ones(4, np.float32)
+    c.allreduce(x, out=x)
+    for bad in ["", 'a"b', "x" * 65]:
+        try:
+            with gradwire.trace_span(bad):
+                pass
+        except gradwire.InvalidArgumentError as e:
+            assert "trace span name" in e.message, e.message
+        else:
+            raise AssertionError(f"trace_span({bad!r}) was accepted")
+
+
 def main():
     scenario = sys.argv[1]
     c = gradwire.init()
@@ -281,7 +300,8 @@ def main():
         abort(c)
     else:
         with c:
-            {"ops": ops, "async": async_, "errors": errors, "persistent": persistent}[scenario](c)
+            {"ops": ops, "async": async_, "errors": errors, "persistent": persistent,
+             "trace": trace}[scenario](c)
     print(f"OK {scenario}", flush=True)
 
 
