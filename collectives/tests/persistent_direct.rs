@@ -244,3 +244,129 @@ fn a_deferred_round_progresses_while_its_rank_blocks_elsewhere() {
         t.join().expect("rank thread").expect("both ranks finish");
     }
 }
+
+/// Stress: three requests of random sizes (some small enough to be
+/// deferred, some not) started and finished in a random order mixed with
+/// blocking and non-blocking ordinary collectives, the same seeded program
+/// on every rank, at 2, 3 and 4 ranks over shm and 2 and 4 over TCP; every
+/// element of every round checked.
+#[test]
+fn random_programs_of_persistent_and_ordinary_calls() {
+    for (t, n, seed) in [
+        (TransportChoice::Shm, 2, 1u64),
+        (TransportChoice::Shm, 3, 2),
+        (TransportChoice::Shm, 4, 3),
+        (TransportChoice::Tcp, 2, 4),
+        (TransportChoice::Tcp, 4, 5),
+    ] {
+        let key: &'static str = Box::leak(format!("pd-stress-{n}-{seed}").into_boxed_str());
+        let (_store, comms) = world(n, t, key);
+        on_each_rank(comms, key, move |c| random_program(&c, seed, key));
+    }
+}
+
+/// A SplitMix64 stream: the same program on every rank.
+struct Rng(u64);
+impl Rng {
+    fn next(&mut self) -> u64 {
+        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
+        let mut z = self.0;
+        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+        z ^ (z >> 31)
+    }
+    fn below(&mut self, n: u64) -> u64 {
+        self.next() % n
+    }
+}
+
+fn random_program(c: &Communicator, seed: u64, key: &str) -> Result<(), String> {
+    let (r, n) = (c.rank(), c.size());
+    let err = |e: Error| format!("{key} rank {r}: {e}");
+    let mut rng = Rng(seed);
+    // Sizes from one element to past the direct path's segment.
+    let sizes: Vec<usize> = (0..3)
+        .map(|_| [1, 17, 300, 4096, 40_000][rng.below(5) as usize])
+        .collect();
+    let mut bufs: Vec<Vec<f64>> = sizes.iter().map(|&s| vec![0.0; s]).collect();
+    let mut reqs = Vec::new();
+    for b in bufs.iter_mut() {
+        reqs.push(c.all_reduce_init_in_place(b, RedOp::Sum).map_err(err)?);
+    }
+    let mut round = [0usize; 3];
+    let mut running = [false; 3];
+    for step in 0..400 {
+        let which = rng.below(3) as usize;
+        match rng.below(6) {
+            // Start a request that is idle, filling its input first.
+            0 | 1 if !running[which] => {
+                let k = round[which];
+                for (i, x) in reqs[which].send_mut().map_err(err)?.iter_mut().enumerate() {
+                    *x = input(which, r, k, i);
+                }
+                reqs[which].start().map_err(err)?;
+                running[which] = true;
+            }
+            // Finish a running one by wait, or by polling test.
+            0..=2 if running[which] => {
+                if rng.below(2) == 0 {
+                    reqs[which].wait().map_err(err)?;
+                } else {
+                    while !reqs[which].test().map_err(err)? {
+                        std::thread::yield_now();
+                    }
+                }
+                running[which] = false;
+                let k = round[which];
+                expect(
+                    reqs[which].recv().map_err(err)?,
+                    which,
+                    n,
+                    k,
+                    &format!("{key} rank {r} req {which}"),
+                )?;
+                round[which] += 1;
+            }
+            // A blocking ordinary all-reduce.
+            3 | 4 => {
+                let len = [1usize, 64, 5000][rng.below(3) as usize];
+                let mut x = vec![f64::from(r) + 1.0; len];
+                c.all_reduce_in_place(&mut x, RedOp::Sum).map_err(err)?;
+                let want = f64::from(n * (n + 1) / 2);
+                if x.iter().any(|&v| v != want) {
+                    return Err(format!(
+                        "{key} rank {r} step {step}: all_reduce gave {}",
+                        x[0]
+                    ));
+                }
+            }
+            // A non-blocking one, waited for at once.
+            _ => {
+                let p = c
+                    .iall_reduce(vec![1i64; 33], RedOp::Sum, None)
+                    .map_err(err)?;
+                let got = p.wait().map_err(err)?;
+                if got.iter().any(|&v| v != i64::from(n)) {
+                    return Err(format!(
+                        "{key} rank {r} step {step}: iall_reduce gave {}",
+                        got[0]
+                    ));
+                }
+            }
+        }
+    }
+    for (which, req) in reqs.iter_mut().enumerate() {
+        if running[which] {
+            req.wait().map_err(err)?;
+            let k = round[which];
+            expect(
+                req.recv().map_err(err)?,
+                which,
+                n,
+                k,
+                &format!("{key} rank {r} req {which} (last)"),
+            )?;
+        }
+    }
+    Ok(())
+}
