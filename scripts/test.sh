@@ -3,7 +3,8 @@
 # network-namespace tests, slurm-wlm and munge for the two-node Slurm
 # cluster, gcc for the C ABI tests, libfabric and rdma-core's
 # headers for the RDMA transports, numpy/scikit-learn/pytest for the Python
-# ones), builds every binary the multi-process tests launch,
+# ones, NVRTC from PyPI for the GPU kernels), builds every binary the
+# multi-process tests launch,
 # then runs the tests in tiers:
 #   1. unit and simulator tests (fast, no processes): a failure stops here;
 #   2. the C ABI's unit tests without the step protocol (the default build);
@@ -47,6 +48,14 @@ if ip netns add "$probe" 2>/dev/null; then
   fi
 else
   echo "test.sh: WARNING: cannot create network namespaces here; the multi-host tests will be SKIPPED" >&2
+fi
+
+# NVRTC from PyPI (no GPU needed): gw-cuda's tests compile every generated
+# reduction kernel to PTX with it, and must (not skip) wherever it installs.
+if GW_NVRTC_LIB=$(scripts/cuda-deps.sh); then
+  export GW_NVRTC_LIB GW_TEST_NVRTC=required
+else
+  echo "test.sh: WARNING: cannot install NVRTC here; the kernel compilation tests will be SKIPPED" >&2
 fi
 
 # libgradwire with the job server's step protocol: the C and Python step

@@ -1,0 +1,378 @@
+//! The generated kernel source, compiled for the host with the system's
+//! C++ compiler, gives the host path's results bit for bit: every dtype ×
+//! operator, weighted or not, averaged or not, in place, on random bit
+//! patterns (NaNs, infinities, subnormals and signed zeros included).
+//!
+//! The device compiles the same lines (the 16-bit conversions are the
+//! source's own integer code, not CUDA intrinsics) with fused multiply-add
+//! off, so what this checks is what the GPU computes, less the hardware's
+//! IEEE operations themselves, which the GPU check covers
+//! (`#[ignore]`d tests of the `cuda` work).
+
+use gw_collectives::reduce::Kernel;
+use gw_collectives::{DType, RedOp};
+use gw_cuda::kernels::{self, Elem, Op};
+use libloading::Library;
+use rand::{Rng, SeedableRng};
+use std::path::PathBuf;
+use std::process::Command;
+
+/// The source built as a shared library for this machine.
+fn host_library() -> Library {
+    let dir = PathBuf::from(env!("CARGO_TARGET_TMPDIR"));
+    let src = dir.join("gw_kernels_host.cpp");
+    let so = dir.join(format!("libgw_kernels_host_{}.so", std::process::id()));
+    std::fs::write(&src, kernels::source()).expect("write the source");
+    // -ffp-contract=off: no fused multiply-add, as NVRTC's --fmad=false.
+    let out = Command::new("c++")
+        .args(["-std=c++11", "-O2", "-ffp-contract=off", "-fno-fast-math"])
+        .args(["-Wall", "-Wextra", "-Werror", "-shared", "-fPIC", "-o"])
+        .arg(&so)
+        .arg(&src)
+        .output()
+        .expect("running c++");
+    assert!(
+        out.status.success(),
+        "c++ rejected the generated source:\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    // SAFETY: a library of plain functions just built from our source.
+    unsafe { Library::new(&so) }.expect("load the host kernels")
+}
+
+fn dtype(e: Elem) -> DType {
+    match e {
+        Elem::F32 => DType::F32,
+        Elem::F64 => DType::F64,
+        Elem::F16 => DType::F16,
+        Elem::Bf16 => DType::Bf16,
+        Elem::I32 => DType::I32,
+        Elem::I64 => DType::I64,
+        Elem::U8 => DType::U8,
+    }
+}
+
+fn redop(op: Op, avg: bool) -> RedOp {
+    match op {
+        Op::Sum if avg => RedOp::Avg,
+        Op::Sum => RedOp::Sum,
+        Op::Prod => RedOp::Prod,
+        Op::Min => RedOp::Min,
+        Op::Max => RedOp::Max,
+    }
+}
+
+/// Random elements as bytes: mostly ordinary values (so sums and products
+/// mean something), with raw bit patterns and the special values mixed in.
+fn elements(e: Elem, n: usize, rng: &mut rand::rngs::StdRng) -> Vec<u8> {
+    let mut out = Vec::with_capacity(n * e.size());
+    for i in 0..n {
+        let pick = rng.random_range(0..10);
+        let v: f64 = match pick {
+            0 => [
+                0.0,
+                -0.0,
+                f64::INFINITY,
+                f64::NEG_INFINITY,
+                f64::NAN,
+                1e-40,
+                -1e-45,
+                65504.0,
+            ][i % 8],
+            1..=6 => rng.random_range(-100.0..100.0),
+            _ => f64::NAN, // replaced by raw bits below
+        };
+        match e {
+            Elem::F32 => {
+                let x = if pick >= 7 {
+                    f32::from_bits(rng.random())
+                } else {
+                    v as f32
+                };
+                out.extend_from_slice(&x.to_le_bytes());
+            }
+            Elem::F64 => {
+                let x = if pick >= 7 {
+                    f64::from_bits(rng.random())
+                } else {
+                    v
+                };
+                out.extend_from_slice(&x.to_le_bytes());
+            }
+            Elem::F16 => {
+                let x = if pick >= 7 {
+                    rng.random()
+                } else {
+                    half::f16::from_f64(v).to_bits()
+                };
+                out.extend_from_slice(&x.to_le_bytes());
+            }
+            Elem::Bf16 => {
+                let x = if pick >= 7 {
+                    rng.random()
+                } else {
+                    half::bf16::from_f64(v).to_bits()
+                };
+                out.extend_from_slice(&x.to_le_bytes());
+            }
+            Elem::I32 => out.extend_from_slice(&rng.random::<i32>().to_le_bytes()),
+            Elem::I64 => out.extend_from_slice(&rng.random::<i64>().to_le_bytes()),
+            Elem::U8 => out.push(rng.random()),
+        }
+    }
+    out
+}
+
+/// Calls `gw_host_reduce_<e>_<op>` or `gw_host_copy_<e>` with the compute
+/// type's scalars.
+struct Args {
+    wa: Option<f64>,
+    wb: Option<f64>,
+    fin: bool,
+    nranks: u32,
+}
+
+type ReduceFn<C> = unsafe extern "C" fn(*mut u8, *const u8, *const u8, u64, i32, C, i32, C, i32, C);
+type CopyFn<C> = unsafe extern "C" fn(*mut u8, *const u8, u64, i32, C, i32, C);
+
+/// The host path applies a weight only when it is not 1.
+fn on(w: Option<f64>) -> Option<f64> {
+    w.filter(|&w| w != 1.0)
+}
+
+#[allow(clippy::too_many_arguments)]
+unsafe fn reduce_as<C: Copy>(
+    lib: &Library,
+    name: &str,
+    conv: impl Fn(f64) -> C,
+    dst: *mut u8,
+    a: *const u8,
+    b: *const u8,
+    n: usize,
+    x: &Args,
+) {
+    let sym = format!("{}\0", name.replacen("gw_", "gw_host_", 1));
+    // SAFETY: the generated signature for this compute type.
+    let f = unsafe { lib.get::<ReduceFn<C>>(sym.as_bytes()) }.expect(name);
+    let (wa, wb) = (on(x.wa), on(x.wb));
+    // SAFETY: the buffers hold n elements; dst is a or distinct.
+    unsafe {
+        f(
+            dst,
+            a,
+            b,
+            n as u64,
+            wa.is_some() as i32,
+            conv(wa.unwrap_or(1.0)),
+            wb.is_some() as i32,
+            conv(wb.unwrap_or(1.0)),
+            x.fin as i32,
+            conv(f64::from(x.nranks)),
+        )
+    }
+}
+
+unsafe fn copy_as<C: Copy>(
+    lib: &Library,
+    name: &str,
+    conv: impl Fn(f64) -> C,
+    dst: *mut u8,
+    src: *const u8,
+    n: usize,
+    x: &Args,
+) {
+    let sym = format!("{}\0", name.replacen("gw_", "gw_host_", 1));
+    // SAFETY: the generated signature for this compute type.
+    let f = unsafe { lib.get::<CopyFn<C>>(sym.as_bytes()) }.expect(name);
+    let ws = on(x.wa);
+    // SAFETY: the buffers hold n elements; dst is src or distinct.
+    unsafe {
+        f(
+            dst,
+            src,
+            n as u64,
+            ws.is_some() as i32,
+            conv(ws.unwrap_or(1.0)),
+            x.fin as i32,
+            conv(f64::from(x.nranks)),
+        )
+    }
+}
+
+macro_rules! by_compute {
+    ($e:expr, $call:ident, $lib:expr, $name:expr, $($arg:expr),*) => {
+        // SAFETY: forwarded to the callers below.
+        unsafe {
+            match $e {
+                Elem::F64 => $call::<f64>($lib, $name, |v| v, $($arg),*),
+                Elem::F32 | Elem::F16 | Elem::Bf16 => $call::<f32>($lib, $name, |v| v as f32, $($arg),*),
+                Elem::I32 => $call::<u32>($lib, $name, |_| 0, $($arg),*),
+                Elem::I64 => $call::<u64>($lib, $name, |_| 0, $($arg),*),
+                Elem::U8 => $call::<u8>($lib, $name, |_| 0, $($arg),*),
+            }
+        }
+    };
+}
+
+/// Whether an element's bytes are a NaN of its type.
+fn is_nan(e: Elem, x: &[u8]) -> bool {
+    match e {
+        Elem::F32 => f32::from_le_bytes(x.try_into().expect("4 bytes")).is_nan(),
+        Elem::F64 => f64::from_le_bytes(x.try_into().expect("8 bytes")).is_nan(),
+        Elem::F16 => half::f16::from_le_bytes(x.try_into().expect("2 bytes")).is_nan(),
+        Elem::Bf16 => half::bf16::from_le_bytes(x.try_into().expect("2 bytes")).is_nan(),
+        _ => false,
+    }
+}
+
+/// Bit for bit, except that a NaN result need only be a NaN: which NaN an
+/// arithmetic operation on two NaNs returns depends on the order of the
+/// instruction's operands (x86 returns the first), which a compiler may
+/// swap for a commutative operation, and a GPU returns the canonical NaN
+/// whatever the inputs. Selections (min, max) and conversions keep their
+/// payloads and are compared exactly all the same, as are signed zeros.
+fn same_bits(e: Elem, exact_nans: bool, what: &str, got: &[u8], want: &[u8], a: &[u8], b: &[u8]) {
+    let s = e.size();
+    for i in 0..got.len() / s {
+        let r = i * s..(i + 1) * s;
+        if !exact_nans && is_nan(e, &want[r.clone()]) && is_nan(e, &got[r.clone()]) {
+            continue;
+        }
+        assert_eq!(
+            got[r.clone()],
+            want[r.clone()],
+            "{what}: element {i}: device source gave {:02x?}, host path {:02x?} (inputs {:02x?}, {:02x?})",
+            &got[r.clone()],
+            &want[r.clone()],
+            &a[r.clone()],
+            b.get(r.clone()).unwrap_or(&[])
+        );
+    }
+}
+
+#[test]
+fn generated_kernels_match_the_host_path_bit_for_bit() {
+    let lib = host_library();
+    let mut rng = rand::rngs::StdRng::seed_from_u64(25);
+    let n = 4099;
+    let mut checked = 0;
+    for e in Elem::ALL {
+        let weights: &[(Option<f64>, Option<f64>)] = if e.is_float() {
+            &[
+                (None, None),
+                (Some(0.375), None),
+                (None, Some(1.0 / 3.0)),
+                (Some(2.5), Some(1e-3)),
+            ]
+        } else {
+            &[(None, None)]
+        };
+        for op in Op::ALL {
+            for avg in [false, true] {
+                if avg && (op != Op::Sum || !e.is_float()) {
+                    continue;
+                }
+                for &(wa, wb) in weights {
+                    for fin in [false, true] {
+                        let nranks = 3;
+                        let k = Kernel::new(dtype(e), redop(op, avg), nranks).expect("kernel");
+                        let a = elements(e, n, &mut rng);
+                        let b = elements(e, n, &mut rng);
+                        let mut want = vec![0u8; a.len()];
+                        // SAFETY: three distinct buffers of n elements.
+                        unsafe {
+                            k.reduce(want.as_mut_ptr(), a.as_ptr(), wa, b.as_ptr(), wb, n, fin)
+                        };
+                        let x = Args {
+                            wa,
+                            wb,
+                            fin: fin && avg,
+                            nranks,
+                        };
+                        let name = kernels::reduce_name(e, op);
+                        let mut got = vec![0u8; a.len()];
+                        by_compute!(
+                            e,
+                            reduce_as,
+                            &lib,
+                            &name,
+                            got.as_mut_ptr(),
+                            a.as_ptr(),
+                            b.as_ptr(),
+                            n,
+                            &x
+                        );
+                        let what = format!("{name} wa={wa:?} wb={wb:?} fin={fin} avg={avg}");
+                        // A selection with no arithmetic around it keeps payloads.
+                        let exact = matches!(op, Op::Min | Op::Max)
+                            && on(wa).is_none()
+                            && on(wb).is_none()
+                            && !x.fin;
+                        same_bits(e, exact, &what, &got, &want, &a, &b);
+                        // In place: dst is a.
+                        let mut inplace = a.clone();
+                        let p = inplace.as_mut_ptr();
+                        by_compute!(e, reduce_as, &lib, &name, p, p, b.as_ptr(), n, &x);
+                        same_bits(
+                            e,
+                            exact,
+                            &format!("{what} in place"),
+                            &inplace,
+                            &want,
+                            &a,
+                            &b,
+                        );
+                        checked += 1;
+                    }
+                }
+            }
+        }
+        // Copies: scaled and/or divided (avg's last step), as the host does.
+        for (s, avg) in [
+            (None, false),
+            (Some(0.1), false),
+            (None, true),
+            (Some(3.0), true),
+        ] {
+            if (s.is_some() || avg) && !e.is_float() {
+                continue;
+            }
+            let k = Kernel::new(dtype(e), if avg { RedOp::Avg } else { RedOp::Sum }, 4)
+                .expect("kernel");
+            let src = elements(e, n, &mut rng);
+            let mut want = vec![0u8; src.len()];
+            // SAFETY: two distinct buffers of n elements.
+            unsafe { k.copy(want.as_mut_ptr(), src.as_ptr(), s, n, true) };
+            let x = Args {
+                wa: s,
+                wb: None,
+                fin: avg,
+                nranks: 4,
+            };
+            let name = kernels::copy_name(e);
+            let mut got = vec![0u8; src.len()];
+            by_compute!(
+                e,
+                copy_as,
+                &lib,
+                &name,
+                got.as_mut_ptr(),
+                src.as_ptr(),
+                n,
+                &x
+            );
+            // A plain copy (and a 16-bit round trip) keeps payloads.
+            let exact = s.is_none() && !avg;
+            same_bits(
+                e,
+                exact,
+                &format!("{name} s={s:?} avg={avg}"),
+                &got,
+                &want,
+                &src,
+                &[],
+            );
+        }
+    }
+    assert!(checked > 100, "{checked} combinations");
+}
