@@ -196,8 +196,28 @@ impl Communicator {
             bytes: d.bytes,
             rounds: d.rounds,
         };
+        let t0 = if crate::trace::enabled() {
+            crate::trace::now_us()
+        } else {
+            0.0
+        };
         let res = match self.driver.run_direct(&mut op, &self.seq) {
-            Some(r) => r,
+            Some(r) => {
+                // On the timeline like the engine's operations (the
+                // engine records those it runs itself).
+                if t0 > 0.0 {
+                    let seq = self.seq.load(Ordering::Relaxed).wrapping_sub(1);
+                    crate::trace::record(
+                        d.fp.op.name(),
+                        crate::trace::Lane::Collective,
+                        t0,
+                        seq,
+                        d.bytes as u64,
+                        None,
+                    );
+                }
+                r
+            }
             None => self.enqueue_round(d).and_then(|h| h.wait()),
         };
         lock(&d.round).deferred = false;
