@@ -24,6 +24,7 @@ use crate::error::{Error, Result};
 use crate::slurm;
 use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 use std::time::Duration;
+use var::torchrun as tr;
 
 /// The name of every variable of the contract.
 pub mod var {
@@ -49,6 +50,27 @@ pub mod var {
     pub const JOB_RETRY_S: &str = "GW_JOB_RETRY_S";
     /// Where gwrun's store listens (`host:port`), when not on loopback.
     pub const STORE_BIND: &str = "GW_STORE_BIND";
+
+    /// torchrun's variables, which ranks also read (as do launchers that
+    /// speak torchrun's contract: a Kubernetes Indexed Job's manifest in
+    /// `deploy/kubernetes/` sets these).
+    pub mod torchrun {
+        pub const RANK: &str = "RANK";
+        pub const WORLD_SIZE: &str = "WORLD_SIZE";
+        pub const LOCAL_RANK: &str = "LOCAL_RANK";
+        pub const LOCAL_WORLD_SIZE: &str = "LOCAL_WORLD_SIZE";
+        /// Rank 0's host: it runs the store there.
+        pub const MASTER_ADDR: &str = "MASTER_ADDR";
+        pub const MASTER_PORT: &str = "MASTER_PORT";
+        pub const ALL: &[&str] = &[
+            RANK,
+            WORLD_SIZE,
+            LOCAL_RANK,
+            LOCAL_WORLD_SIZE,
+            MASTER_ADDR,
+            MASTER_PORT,
+        ];
+    }
 
     /// What a launcher sets for every rank, and so what a job's own
     /// environment may not override.
@@ -166,17 +188,17 @@ impl LaunchEnv {
             world = need(num(env, "SLURM_NTASKS")?, "SLURM_NTASKS", launcher)?;
             local_rank = num(env, "SLURM_LOCALID")?.unwrap_or(0);
             local_size = slurm::local_size(env)?.unwrap_or(1);
-            (store, host_store) = if env(var::STORE).is_none() && env("MASTER_ADDR").is_none() {
+            (store, host_store) = if env(var::STORE).is_none() && env(tr::MASTER_ADDR).is_none() {
                 (slurm::store_from_nodelist(env, rank)?, true)
             } else {
                 store_from_master(env, launcher)?
             };
-        } else if env("RANK").is_some() || env("WORLD_SIZE").is_some() {
+        } else if env(tr::RANK).is_some() || env(tr::WORLD_SIZE).is_some() {
             launcher = Launcher::Torchrun;
-            rank = need(num(env, "RANK")?, "RANK", launcher)?;
-            world = need(num(env, "WORLD_SIZE")?, "WORLD_SIZE", launcher)?;
-            local_rank = num(env, "LOCAL_RANK")?.unwrap_or(0);
-            local_size = num(env, "LOCAL_WORLD_SIZE")?.unwrap_or(1);
+            rank = need(num(env, tr::RANK)?, tr::RANK, launcher)?;
+            world = need(num(env, tr::WORLD_SIZE)?, tr::WORLD_SIZE, launcher)?;
+            local_rank = num(env, tr::LOCAL_RANK)?.unwrap_or(0);
+            local_size = num(env, tr::LOCAL_WORLD_SIZE)?.unwrap_or(1);
             (store, host_store) = store_from_master(env, launcher)?;
         } else {
             return Err(Error::Config(format!(
@@ -458,13 +480,13 @@ fn store_from_master(env: Lookup<'_>, launcher: Launcher) -> Result<(String, boo
     if let Some(s) = env(var::STORE) {
         return Ok((s, false));
     }
-    let addr = env("MASTER_ADDR").ok_or_else(|| {
+    let addr = env(tr::MASTER_ADDR).ok_or_else(|| {
         Error::Config(format!(
             "MASTER_ADDR (or {}) is not set for a {launcher} launch",
             var::STORE
         ))
     })?;
-    let port = num(env, "MASTER_PORT")?
+    let port = num(env, tr::MASTER_PORT)?
         .ok_or_else(|| Error::Config(format!("MASTER_PORT is not set for a {launcher} launch")))?;
     if port == 0 || port > 65535 {
         return Err(Error::Config(format!(
