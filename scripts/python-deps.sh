@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# Installs what the Python tests need: numpy, scikit-learn, pytest, and the
-# gradwire package from python/. Idempotent; fast when everything is present.
+# Installs what the Python tests need: numpy, scikit-learn, pytest, torch,
+# and the gradwire package from python/. Idempotent; fast when everything is present.
 #   ./scripts/python-deps.sh && python3 -m pytest -q python/tests
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -12,6 +12,15 @@ have() { "$PY" -c "import importlib.util as u, sys; sys.exit(any(u.find_spec(m) 
 if ! have numpy sklearn pytest wheel; then
   echo "python-deps: installing numpy scikit-learn pytest wheel"
   "$PY" -m pip install -q --root-user-action=ignore numpy scikit-learn pytest wheel
+fi
+
+# PyTorch, for the c10d backend's tests (gradwire.torch): torch 2.15 from
+# PyPI with its default dependencies (about 3 GB of wheels, most of them
+# CUDA libraries that the CPU tests do not use but without which torch does
+# not import; 34 s to install on the development VM).
+if ! have torch; then
+  echo "python-deps: installing torch (about 3 GB)"
+  "$PY" -m pip install -q --root-user-action=ignore 'torch>=2.10'
 fi
 
 # Reinstall the package only when python/ or the header changed since the last install.

@@ -90,6 +90,8 @@ capi_status=${PIPESTATUS[0]}
 
 # Before tier 3: the Slurm test runs the Python example under srun.
 ./scripts/python-deps.sh || { echo "test.sh: scripts/python-deps.sh failed" >&2; exit 1; }
+# python-deps.sh installed torch: its tests must run, not skip.
+export GW_TEST_TORCH=required
 
 echo "== tier 3: integration and doc tests"
 # The multi-process tests start several rank processes each; two test threads

@@ -117,6 +117,11 @@ environment set for each rank:
   GW_TRANSPORT, GW_TIMEOUT, GW_LANES
                    only when the matching option is given; otherwise whatever
                    gwrun inherited is passed on unchanged
+  RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE, MASTER_ADDR, MASTER_PORT
+                   torchrun's, so that PyTorch's init_process_group works
+                   under gwrun with any backend: the rank and sizes as above,
+                   the store's host and a port that was free when gwrun
+                   started (MASTER_ADDR and MASTER_PORT only if not inherited)
 Ranks run in one process group of their own with /dev/null as stdin, and are
 killed if gwrun itself dies.
 

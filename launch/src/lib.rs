@@ -116,6 +116,26 @@ pub fn run(opts: Options) -> i32 {
     if let Some(k) = opts.lanes {
         settings.push(("GW_LANES", k.to_string()));
     }
+    // torchrun's rendezvous variables, so that a PyTorch program (any
+    // backend) initialises under gwrun as under torchrun; the per-rank ones
+    // are set in `spawn`. Inherited ones are left alone.
+    use var::torchrun::{MASTER_ADDR, MASTER_PORT};
+    if std::env::var_os(MASTER_ADDR).is_none() {
+        settings.push((MASTER_ADDR, spawn::store_host(&store_addr).to_owned()));
+    }
+    if std::env::var_os(MASTER_PORT).is_none() {
+        match std::net::TcpListener::bind(SocketAddr::new(bind.ip(), 0))
+            .and_then(|l| l.local_addr())
+        {
+            Ok(a) => settings.push((MASTER_PORT, a.port().to_string())),
+            Err(e) => {
+                return internal_error(&format!(
+                    "cannot find a free port for MASTER_PORT on {}: {e}",
+                    bind.ip()
+                ));
+            }
+        }
+    }
     let plan = RankPlan {
         program,
         args: opts.args,

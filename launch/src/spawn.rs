@@ -25,6 +25,12 @@ pub struct RankPlan {
     pub pipe_output: bool,
 }
 
+/// The host part of a `host:port` store address, without IPv6 brackets.
+pub fn store_host(store: &str) -> &str {
+    let host = store.rsplit_once(':').map_or(store, |(h, _)| h);
+    host.trim_start_matches('[').trim_end_matches(']')
+}
+
 impl RankPlan {
     /// What rank `rank` is told. gwrun runs every rank on this host.
     pub fn launch_env(&self, rank: u32) -> LaunchEnv {
@@ -55,6 +61,13 @@ impl RankPlan {
         {
             cmd.env(k, v);
         }
+        // torchrun's per-rank variables (MASTER_ADDR and MASTER_PORT are
+        // among the settings).
+        use gw_rendezvous::launch_env::var::torchrun as tr;
+        cmd.env(tr::RANK, rank.to_string())
+            .env(tr::WORLD_SIZE, self.world.to_string())
+            .env(tr::LOCAL_RANK, rank.to_string())
+            .env(tr::LOCAL_WORLD_SIZE, self.world.to_string());
         if self.pipe_output {
             cmd.stdout(Stdio::piped()).stderr(Stdio::piped());
         }

@@ -63,7 +63,14 @@ struct Job {
 fn gwrun_cmd(args: &[&str]) -> Command {
     let mut c = Command::new(GWRUN);
     c.args(args);
-    for v in ["GW_TRANSPORT", "GW_TIMEOUT", "GW_LANES", "GW_STORE_BIND"] {
+    for v in [
+        "GW_TRANSPORT",
+        "GW_TIMEOUT",
+        "GW_LANES",
+        "GW_STORE_BIND",
+        "MASTER_ADDR",
+        "MASTER_PORT",
+    ] {
         c.env_remove(v);
     }
     c
@@ -652,6 +659,46 @@ fn help_documents_flags_and_variables() {
     ] {
         assert!(text.contains(w), "--help lacks {w}");
     }
+}
+
+/// torchrun's variables, so that PyTorch's own rendezvous works under gwrun.
+#[test]
+fn ranks_get_torchruns_variables_too() {
+    let out = gwrun(&[
+        "-n",
+        "2",
+        "sh",
+        "-c",
+        "echo $RANK $WORLD_SIZE $LOCAL_RANK $LOCAL_WORLD_SIZE $MASTER_ADDR $MASTER_PORT",
+    ]);
+    assert_eq!(out.code(), Some(0), "{out:?}");
+    let lines = out.sorted_lines();
+    assert_eq!(lines.len(), 2, "{out:?}");
+    let mut ports = Vec::new();
+    for (r, line) in lines.iter().enumerate() {
+        let f: Vec<&str> = line.split(' ').collect();
+        assert_eq!(f.len(), 7, "{line}");
+        assert_eq!(
+            &f[1..5],
+            [&*r.to_string(), "2", &*r.to_string(), "2"],
+            "{line}"
+        );
+        assert_eq!(f[5], "127.0.0.1", "{line}");
+        let port: u16 = f[6].parse().unwrap_or(0);
+        assert!(port > 0, "{line}");
+        ports.push(port);
+    }
+    assert_eq!(ports[0], ports[1], "one MASTER_PORT for the job");
+    // Inherited ones are left alone.
+    let out = gwrun_cmd(&["-n", "1", "sh", "-c", "echo $MASTER_ADDR:$MASTER_PORT"])
+        .env("MASTER_ADDR", "10.9.8.7")
+        .env("MASTER_PORT", "4242")
+        .output()
+        .expect("gwrun");
+    assert!(
+        String::from_utf8_lossy(&out.stdout).contains("10.9.8.7:4242"),
+        "{out:?}"
+    );
 }
 
 #[test]
