@@ -17,14 +17,17 @@ Supported: all_reduce (SUM, AVG, PRODUCT, MIN, MAX, and PREMUL_SUM as
 gradwire's weighted all-reduce), broadcast, all_gather and
 all_gather_into_tensor, reduce_scatter and reduce_scatter_tensor, reduce,
 gather, scatter, barrier; dtypes float32, float64, float16, bfloat16, int32,
-int64, uint8, and bool (MIN/MAX only). Calls run to completion before they
-return (the Work is already complete), which is what DDP's hooks and FSDP
-need on CPU. Not supported (RuntimeError naming it): send/recv and
+int64, uint8, and bool (MIN/MAX only). An all_reduce asked for
+asynchronously (DDP's gradient buckets) is queued with gradwire's
+non-blocking call and its Work completes when gradwire finishes it, so the
+reduction overlaps the rest of the backward pass; every other call runs to
+completion before it returns. Not supported (RuntimeError naming it): send/recv and
 all_to_all, which gradwire's C ABI does not have yet; int8 and int16.
 """
 
 import ctypes
-import os
+import queue
+import threading
 
 import torch
 import torch.distributed as dist
@@ -32,7 +35,7 @@ from torch._C._distributed_c10d import Backend as _C10DBackend
 from torch._C._distributed_c10d import ReduceOp
 
 import gradwire as _gw
-from gradwire import _C, _check
+from gradwire import _C, _SUCCESS, _check, _last_error, error_class
 
 __all__ = ["GradwireBackend", "MIN_TORCH", "hooks"]
 
@@ -104,6 +107,76 @@ class _DoneWork(dist._Work):
         return self._result
 
 
+class _AsyncWork(dist._Work):
+    """A queued gradwire request; `_Waiter` completes it."""
+
+    def __init__(self, req, tensors, what, comm_handle):
+        super().__init__()
+        self._req = req
+        self._tensors = tensors  # gradwire writes them until the request ends
+        self._what = what
+        self._comm_handle = comm_handle
+        self._done = threading.Event()
+        self._error = None
+        self._fut = torch.futures.Future()
+
+    def _finish(self, res):
+        if res != _SUCCESS:
+            self._error = error_class(res)(res, _last_error(self._comm_handle), self._what)
+            self._fut.set_exception(self._error)
+        else:
+            self._fut.set_result(self._tensors)
+        self._done.set()
+
+    def wait(self, timeout=None):
+        secs = None
+        if timeout is not None:
+            secs = timeout.total_seconds() if hasattr(timeout, "total_seconds") else float(timeout)
+            secs = secs if secs > 0 else None
+        if not self._done.wait(secs):
+            raise TimeoutError(f"gradwire backend: {self._what} did not finish in {secs} s")
+        if self._error is not None:
+            raise self._error
+        return True
+
+    def is_completed(self):
+        return self._done.is_set()
+
+    def is_success(self):
+        return self._done.is_set() and self._error is None
+
+    def exception(self):
+        return self._error
+
+    def get_future(self):
+        return self._fut
+
+
+class _Waiter:
+    """One thread per backend that waits for its queued requests in order
+    (gradwire finishes a communicator's operations in order) and completes
+    their Works; gwWait releases the GIL while it blocks."""
+
+    def __init__(self):
+        self._q = queue.Queue()
+        self._thread = threading.Thread(target=self._run, name="gradwire-waiter", daemon=True)
+        self._thread.start()
+
+    def _run(self):
+        while True:
+            work = self._q.get()
+            if work is None:
+                return
+            work._finish(_C.gwWait(work._req, -1))
+
+    def add(self, work):
+        self._q.put(work)
+
+    def close(self):
+        self._q.put(None)
+        self._thread.join()
+
+
 def _ptr(t):
     return ctypes.c_void_p(t.data_ptr())
 
@@ -122,6 +195,7 @@ class GradwireBackend(_C10DBackend):
         uid = bytes(store.get(key))
         self._comm = _gw.init_rank(size, uid, rank)
         self._h = self._comm._handle()
+        self._waiter = _Waiter()
 
     @property
     def options(self):
@@ -186,6 +260,8 @@ class GradwireBackend(_C10DBackend):
     # -- collectives ---------------------------------------------------
 
     def allreduce(self, tensors, opts):
+        if getattr(opts, "asyncOp", False) and len(tensors) == 1 and tensors[0].is_contiguous() and tensors[0].numel():
+            return self._allreduce_async(tensors[0], opts)
         for t in tensors:
             code, weight = self._redop(opts.reduceOp, t, "all_reduce")
             dt = self._dtype(t, None, "all_reduce")
@@ -197,6 +273,21 @@ class GradwireBackend(_C10DBackend):
                     self._call("gwAllReduceWeighted", _ptr(w), _ptr(w), w.numel(), dt, ctypes.c_double(weight), self._h)
             self._back(t, w)
         return _DoneWork(tensors)
+
+    def _allreduce_async(self, t, opts):
+        code, weight = self._redop(opts.reduceOp, t, "all_reduce")
+        dt = self._dtype(t, None, "all_reduce")
+        req = ctypes.c_void_p()
+        if weight is None:
+            self._call("gwAllReduceAsync", _ptr(t), _ptr(t), t.numel(), dt, code, self._h, ctypes.byref(req))
+        else:
+            self._call(
+                "gwAllReduceWeightedAsync", _ptr(t), _ptr(t), t.numel(), dt, ctypes.c_double(weight), self._h,
+                ctypes.byref(req),
+            )
+        work = _AsyncWork(req, [t], "all_reduce", self._h)
+        self._waiter.add(work)
+        return work
 
     def allreduce_coalesced(self, tensors, opts):
         return self.allreduce(tensors, opts)
@@ -366,6 +457,7 @@ class GradwireBackend(_C10DBackend):
     def shutdown(self):
         c, self._comm = self._comm, None
         if c is not None:
+            self._waiter.close()  # every queued request finished first
             c.destroy()
 
     def abort(self):

@@ -1,0 +1,122 @@
+"""gradwire against Gloo as PyTorch backends, in one run: DDP training steps
+of a 25 M-parameter model, and dist.all_reduce from 64 KiB to 256 MiB.
+
+    gwrun -n 2 python bench/torch/ddp_bench.py                 # shared memory
+    GW_TRANSPORT=tcp gwrun -n 2 python bench/torch/ddp_bench.py
+    gwrun -n 2 python bench/torch/ddp_bench.py --rounds 5 --seconds 2
+
+Each rank holds two process groups, Gloo's (the default group) and
+gradwire's, and the rounds alternate between them, so both see the same
+machine of the moment. Every timed loop runs for about --seconds (after
+warm-up), and a round's time is the slowest rank's mean. Printed: each
+round's times and the median over rounds of the per-round ratio
+gloo/gradwire (above 1: gradwire faster), with the spread of the ratios.
+"""
+
+import argparse
+import statistics
+import time
+
+import torch
+import torch.distributed as dist
+import torch.nn as nn
+from torch.nn.parallel import DistributedDataParallel as DDP
+
+import gradwire.torch  # noqa: F401
+
+
+def slowest(seconds, group):
+    t = torch.tensor([seconds], dtype=torch.float64)
+    dist.all_reduce(t, op=dist.ReduceOp.MAX, group=group)
+    return t.item()
+
+
+def timed(fn, seconds, group, warmup=2):
+    """Mean seconds per call over a loop of about `seconds`, slowest rank.
+    The count is agreed on (rank 0's) so every rank makes the same calls."""
+    for _ in range(warmup):
+        fn()
+    t0 = time.perf_counter()
+    fn()
+    one = time.perf_counter() - t0
+    n = torch.tensor([max(1, int(seconds / max(one, 1e-6)))], dtype=torch.int64)
+    dist.broadcast(n, 0, group=group)
+    n = int(n.item())
+    t0 = time.perf_counter()
+    for _ in range(n):
+        fn()
+    return slowest((time.perf_counter() - t0) / n, group)
+
+
+def model():
+    torch.manual_seed(0)
+    return nn.Sequential(nn.Linear(1024, 4096), nn.ReLU(), nn.Linear(4096, 4096), nn.ReLU(), nn.Linear(4096, 1024))
+
+
+def ratio_line(label, gloo, gw):
+    ratios = [g / w for g, w in zip(gloo, gw)]
+    return (f"{label:>12}  gloo {statistics.median(gloo) * 1e3:9.3f} ms  gradwire {statistics.median(gw) * 1e3:9.3f} ms"
+            f"  gloo/gradwire {statistics.median(ratios):5.2f}x  (rounds {min(ratios):.2f}-{max(ratios):.2f})")
+
+
+def main():
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--rounds", type=int, default=3)
+    p.add_argument("--seconds", type=float, default=1.5)
+    p.add_argument("--batch", type=int, default=8)
+    p.add_argument("--threads", type=int, default=1, help="torch threads per rank (torchrun's default: 1)")
+    p.add_argument("--min-bytes", type=int, default=64 << 10)
+    p.add_argument("--max-bytes", type=int, default=256 << 20)
+    p.add_argument("--skip-ddp", action="store_true")
+    a = p.parse_args()
+
+    torch.set_num_threads(a.threads)
+    dist.init_process_group("gloo")
+    rank, n = dist.get_rank(), dist.get_world_size()
+    groups = {"gloo": dist.group.WORLD, "gradwire": dist.new_group(backend="gradwire")}
+    params = sum(q.numel() for q in model().parameters())
+    if rank == 0:
+        print(f"# {n} ranks, {a.rounds} interleaved rounds, loops of ~{a.seconds} s; torch {torch.__version__}, "
+              f"{a.threads} thread(s) per rank, DDP batch {a.batch} per rank")
+
+    if not a.skip_ddp:
+        nets = {k: DDP(model(), process_group=g) for k, g in groups.items()}
+        opts = {k: torch.optim.SGD(m.parameters(), lr=0.01) for k, m in nets.items()}
+        x = torch.randn(a.batch, 1024, generator=torch.Generator().manual_seed(rank))
+        y = torch.randn(a.batch, 1024, generator=torch.Generator().manual_seed(rank + 100))
+
+        def step(k):
+            def f():
+                opts[k].zero_grad()
+                nn.functional.mse_loss(nets[k](x), y).backward()
+                opts[k].step()
+            return f
+
+        t = {"gloo": [], "gradwire": []}
+        for r in range(a.rounds):
+            for k in ("gloo", "gradwire") if r % 2 == 0 else ("gradwire", "gloo"):
+                t[k].append(timed(step(k), a.seconds, groups["gloo"]))
+            if rank == 0:
+                print(f"  round {r}: DDP step gloo {t['gloo'][-1] * 1e3:.2f} ms, gradwire {t['gradwire'][-1] * 1e3:.2f} ms")
+        if rank == 0:
+            print(ratio_line(f"DDP {params / 1e6:.1f}M", t["gloo"], t["gradwire"]))
+
+    size = a.min_bytes
+    if rank == 0:
+        print(f"# dist.all_reduce, float32; busbw = bytes * 2(n-1)/n / time")
+    while size <= a.max_bytes:
+        buf = torch.ones(size // 4)
+        t = {"gloo": [], "gradwire": []}
+        for r in range(a.rounds):
+            for k in ("gloo", "gradwire") if r % 2 == 0 else ("gradwire", "gloo"):
+                t[k].append(timed(lambda: dist.all_reduce(buf, group=groups[k]), a.seconds / 3, groups["gloo"], warmup=1))
+        if rank == 0:
+            bw = lambda s: size * 2 * (n - 1) / n / s / 1e9
+            line = ratio_line(f"{size >> 10} KiB", t["gloo"], t["gradwire"])
+            print(f"{line}  busbw GB/s gloo {bw(statistics.median(t['gloo'])):.2f} gradwire {bw(statistics.median(t['gradwire'])):.2f}")
+        size *= 4
+    dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main()
