@@ -475,6 +475,68 @@ gwResult_t gwReduceAsync(const void *sendbuff,
 gwResult_t gwBarrierAsync(gwComm_t comm, gwRequest_t *request);
 
 /**
+ * Sends `count` elements of `sendbuff` to rank `peer`, which receives them
+ * with `gwRecv` (or `gwRecvAsync`). Messages between two ranks are matched
+ * in the order each side posts them, per direction; the count and datatype
+ * must agree with the receive's. Blocks until the data has left
+ * `sendbuff`, which for a large message means until the peer has posted
+ * its receive (see `gwSendAsync` on ordering; `gwSendRecv` exchanges).
+ */
+gwResult_t gwSend(const void *sendbuff,
+                  size_t count,
+                  gwDataType_t datatype,
+                  int peer,
+                  gwComm_t comm);
+
+/**
+ * Receives exactly `count` elements from rank `peer` into `recvbuff` (see
+ * `gwSend`). Blocks until they have arrived.
+ */
+gwResult_t gwRecv(void *recvbuff, size_t count, gwDataType_t datatype, int peer, gwComm_t comm);
+
+/**
+ * Sends `sendcount` elements of `sendbuff` to rank `dest` while receiving
+ * `recvcount` elements from rank `source` into `recvbuff`, as one operation
+ * (`MPI_Sendrecv`): the way to exchange along a ring or with a partner
+ * whatever the message size. Blocks until both are done.
+ */
+gwResult_t gwSendRecv(const void *sendbuff,
+                      size_t sendcount,
+                      int dest,
+                      void *recvbuff,
+                      size_t recvcount,
+                      int source,
+                      gwDataType_t datatype,
+                      gwComm_t comm);
+
+/**
+ * Non-blocking `gwSend`: `sendbuff` must not change until `gwWait` (or a
+ * `gwTest` that says done) on `*request`. Like every operation of a
+ * communicator, requests run one at a time in the order they were posted:
+ * a large send waits for the peer's receive before anything posted after it
+ * starts, so two ranks that each post a large send before their receive
+ * wait for each other (until the timeout). Exchange with `gwSendRecv`, or
+ * post the receive first on one side.
+ */
+gwResult_t gwSendAsync(const void *sendbuff,
+                       size_t count,
+                       gwDataType_t datatype,
+                       int peer,
+                       gwComm_t comm,
+                       gwRequest_t *request);
+
+/**
+ * Non-blocking `gwRecv`: `recvbuff` holds the data once `gwWait` (or a
+ * `gwTest` that says done) on `*request` returns.
+ */
+gwResult_t gwRecvAsync(void *recvbuff,
+                       size_t count,
+                       gwDataType_t datatype,
+                       int peer,
+                       gwComm_t comm,
+                       gwRequest_t *request);
+
+/**
  * Sets `*done` to 1 if the request's operation finished, else 0, without
  * blocking. When it finished with an error, that error is returned (and
  * `*done` is 1). Does not free the request: call `gwWait` for that (it then

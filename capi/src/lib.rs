@@ -1094,6 +1094,186 @@ pub unsafe extern "C" fn gwBarrierAsync(comm: gwComm_t, request: *mut gwRequest_
     })
 }
 
+// ---------------------------------------------------------------------------
+// Point-to-point.
+
+/// One direction of a point-to-point call, checked.
+fn p2p_peer(peer: c_int, st: &CommState, what: &str) -> CResult<u32> {
+    match u32::try_from(peer) {
+        Ok(p) if p < st.comm.size() => Ok(p),
+        _ => fail(
+            gwInvalidArgument,
+            format!(
+                "invalid argument: {what} rank {peer}, which is not a rank of this {}-rank communicator",
+                st.comm.size()
+            ),
+        ),
+    }
+}
+
+fn p2p_buf<T>(p: *const T, count: usize, name: &str) -> CResult<()> {
+    if p.is_null() && count > 0 {
+        return fail(
+            gwInvalidArgument,
+            format!("invalid argument: {name} is NULL with count {count}"),
+        );
+    }
+    if count > isize::MAX as usize {
+        return fail(
+            gwInvalidArgument,
+            format!("invalid argument: count {count} overflows"),
+        );
+    }
+    Ok(())
+}
+
+type SendHalf = Option<(u32, *const u8, usize)>;
+type RecvHalf = Option<(u32, *mut u8, usize)>;
+
+/// A send and/or a receive, blocking or as a request (see [`run`]).
+fn run_p2p(
+    comm: gwComm_t,
+    request: Option<*mut gwRequest_t>,
+    mk: impl FnOnce(&CommState) -> CResult<(DType, SendHalf, RecvHalf)>,
+) -> gwResult_t {
+    guard(comm, || {
+        let st = lookup(comm)?;
+        if let Some(r) = request {
+            out(r, "request")?;
+            // SAFETY: checked non-null.
+            unsafe { *r = std::ptr::null_mut() };
+        }
+        let (dt, send, recv) = mk(&st)?;
+        // SAFETY: the C caller promises the buffers per the header's
+        // contract until the call (or the request) completes.
+        let h = unsafe { st.comm.sendrecv_raw(dt, send, recv)? };
+        match request {
+            None => h.wait()?,
+            Some(r) => {
+                let id = new_handle();
+                requests().lock().unwrap_or_else(|p| p.into_inner()).insert(
+                    id,
+                    Arc::new(Request {
+                        kind: RequestKind::Once(h),
+                        comm: st.clone(),
+                    }),
+                );
+                // SAFETY: checked non-null above.
+                unsafe { *r = id as gwRequest_t };
+            }
+        }
+        Ok(())
+    })
+}
+
+/// Sends `count` elements of `sendbuff` to rank `peer`, which receives them
+/// with `gwRecv` (or `gwRecvAsync`). Messages between two ranks are matched
+/// in the order each side posts them, per direction; the count and datatype
+/// must agree with the receive's. Blocks until the data has left
+/// `sendbuff`, which for a large message means until the peer has posted
+/// its receive (see `gwSendAsync` on ordering; `gwSendRecv` exchanges).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn gwSend(
+    sendbuff: *const std::ffi::c_void,
+    count: usize,
+    datatype: DataTypeArg,
+    peer: c_int,
+    comm: gwComm_t,
+) -> gwResult_t {
+    run_p2p(comm, None, |st| {
+        p2p_buf(sendbuff, count, "sendbuff")?;
+        let to = p2p_peer(peer, st, "send to")?;
+        Ok((dtype(datatype)?, Some((to, sendbuff.cast(), count)), None))
+    })
+}
+
+/// Receives exactly `count` elements from rank `peer` into `recvbuff` (see
+/// `gwSend`). Blocks until they have arrived.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn gwRecv(
+    recvbuff: *mut std::ffi::c_void,
+    count: usize,
+    datatype: DataTypeArg,
+    peer: c_int,
+    comm: gwComm_t,
+) -> gwResult_t {
+    run_p2p(comm, None, |st| {
+        p2p_buf(recvbuff.cast_const(), count, "recvbuff")?;
+        let from = p2p_peer(peer, st, "receive from")?;
+        Ok((dtype(datatype)?, None, Some((from, recvbuff.cast(), count))))
+    })
+}
+
+/// Sends `sendcount` elements of `sendbuff` to rank `dest` while receiving
+/// `recvcount` elements from rank `source` into `recvbuff`, as one operation
+/// (`MPI_Sendrecv`): the way to exchange along a ring or with a partner
+/// whatever the message size. Blocks until both are done.
+#[unsafe(no_mangle)]
+#[allow(clippy::too_many_arguments)]
+pub unsafe extern "C" fn gwSendRecv(
+    sendbuff: *const std::ffi::c_void,
+    sendcount: usize,
+    dest: c_int,
+    recvbuff: *mut std::ffi::c_void,
+    recvcount: usize,
+    source: c_int,
+    datatype: DataTypeArg,
+    comm: gwComm_t,
+) -> gwResult_t {
+    run_p2p(comm, None, |st| {
+        p2p_buf(sendbuff, sendcount, "sendbuff")?;
+        p2p_buf(recvbuff.cast_const(), recvcount, "recvbuff")?;
+        let to = p2p_peer(dest, st, "send to")?;
+        let from = p2p_peer(source, st, "receive from")?;
+        Ok((
+            dtype(datatype)?,
+            Some((to, sendbuff.cast(), sendcount)),
+            Some((from, recvbuff.cast(), recvcount)),
+        ))
+    })
+}
+
+/// Non-blocking `gwSend`: `sendbuff` must not change until `gwWait` (or a
+/// `gwTest` that says done) on `*request`. Like every operation of a
+/// communicator, requests run one at a time in the order they were posted:
+/// a large send waits for the peer's receive before anything posted after it
+/// starts, so two ranks that each post a large send before their receive
+/// wait for each other (until the timeout). Exchange with `gwSendRecv`, or
+/// post the receive first on one side.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn gwSendAsync(
+    sendbuff: *const std::ffi::c_void,
+    count: usize,
+    datatype: DataTypeArg,
+    peer: c_int,
+    comm: gwComm_t,
+    request: *mut gwRequest_t,
+) -> gwResult_t {
+    run_p2p(comm, Some(request), |st| {
+        p2p_buf(sendbuff, count, "sendbuff")?;
+        let to = p2p_peer(peer, st, "send to")?;
+        Ok((dtype(datatype)?, Some((to, sendbuff.cast(), count)), None))
+    })
+}
+
+/// Non-blocking `gwRecv`: `recvbuff` holds the data once `gwWait` (or a
+/// `gwTest` that says done) on `*request` returns.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn gwRecvAsync(
+    recvbuff: *mut std::ffi::c_void,
+    count: usize,
+    datatype: DataTypeArg,
+    peer: c_int,
+    comm: gwComm_t,
+    request: *mut gwRequest_t,
+) -> gwResult_t {
+    run_p2p(comm, Some(request), |st| {
+        p2p_buf(recvbuff.cast_const(), count, "recvbuff")?;
+        let from = p2p_peer(peer, st, "receive from")?;
+        Ok((dtype(datatype)?, None, Some((from, recvbuff.cast(), count))))
+    })
+}
+
 fn lookup_request(request: gwRequest_t) -> CResult<Arc<Request>> {
     if request.is_null() {
         return fail(gwInvalidArgument, "invalid argument: request is NULL");

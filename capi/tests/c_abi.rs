@@ -130,6 +130,11 @@ fn shared_library_exports_only_gw_symbols() {
         "gwBroadcast",
         "gwReduce",
         "gwBarrier",
+        "gwSend",
+        "gwRecv",
+        "gwSendAsync",
+        "gwRecvAsync",
+        "gwSendRecv",
         "gwAllReduceAsync",
         "gwTest",
         "gwWait",
@@ -299,5 +304,25 @@ fn c_compute_spans_land_in_the_trace() {
         );
         // The refused calls recorded nothing.
         assert!(mine("ok").is_empty(), "rank {r}");
+    }
+}
+
+/// gwSendRecv around a ring at 2 and 3 ranks (1 to 1 Mi elements, every
+/// element checked), gwSendAsync/gwRecvAsync and blocking gwSend/gwRecv
+/// between ranks 0 and 1, count 0, and the argument errors.
+#[test]
+fn c_point_to_point_at_2_and_3_ranks() {
+    let exe = compile(&manifest().join("tests/c/p2p.c"), "p2p_c");
+    for n in [2, 3] {
+        let (out, text) = run(Command::new(gwrun())
+            .args(["-n", &n.to_string(), "--timeout", "60"])
+            .arg(&exe));
+        assert!(out.status.success(), "{n} ranks: {text}");
+        for r in 0..n {
+            assert!(
+                text.contains(&format!("p2p.c: rank {r} ok")),
+                "{n} ranks: {text}"
+            );
+        }
     }
 }

@@ -32,6 +32,11 @@ def test_errors_name_the_problem_and_mismatches_raise_on_every_rank():
         assert f"[{r}] mismatch raised:" in p.stdout, p.stdout + p.stderr
 
 
+@pytest.mark.parametrize("n", [2, 3, 4])
+def test_send_recv(n):
+    check_ok(gwrun(n, WORKER, "p2p", timeout=120), n, "OK p2p")
+
+
 def test_explicit_store():
     check_ok(gwrun(2, WORKER, "store"), 2, "OK store")
 

@@ -124,7 +124,7 @@ def errors():
     backend = dist.group.WORLD._get_backend(torch.device("cpu"))
     fake = types.SimpleNamespace(device=torch.device("cuda", 0), dtype=torch.float32)
     raises(ValueError, "cpu:gradwire,cuda:nccl", lambda: backend._dtype(fake, None, "all_reduce"))
-    raises(RuntimeError, "send", lambda: dist.send(torch.ones(1), dst=(r + 1) % dist.get_world_size()))
+    raises(ValueError, "tag", lambda: dist.send(torch.ones(1), dst=(r + 1) % dist.get_world_size(), tag=3))
     raises(RuntimeError, "all_to_all", lambda: dist.all_to_all_single(torch.empty(2), torch.ones(2)))
     dist.barrier()
     # Ranks that disagree about a size: gradwire's error on every rank, no hang.
@@ -134,6 +134,31 @@ def errors():
         print(f"mismatch raised: {type(e).__name__}: {str(e)[:200]}", flush=True)
     else:
         raise AssertionError("mismatched sizes did not raise")
+
+
+def p2p():
+    """send/recv and isend/irecv between neighbours, every element checked."""
+    r, n = dist.get_rank(), dist.get_world_size()
+    right, left = (r + 1) % n, (r - 1) % n
+    for count in (1, 1000, 1 << 20):
+        mine = torch.arange(count, dtype=torch.float32) + r * 10
+        got = torch.empty(count)
+        # Even ranks send first, odd ones receive first: requests run in
+        # posting order, so two neighbours must not both start with a send.
+        if r % 2 == 0:
+            dist.send(mine, right)
+            dist.recv(got, left)
+        else:
+            dist.recv(got, left)
+            dist.send(mine, right)
+        same(got, torch.arange(count, dtype=torch.float32) + left * 10, f"send/recv x{count}")
+    if n % 2 == 0:
+        buf = torch.empty(5, dtype=torch.int64)
+        reqs = [dist.irecv(buf, left), dist.isend(torch.full((5,), r, dtype=torch.int64), right)] if r % 2 else [
+            dist.isend(torch.full((5,), r, dtype=torch.int64), right), dist.irecv(buf, left)]
+        for q in reqs:
+            q.wait()
+        same(buf, torch.full((5,), left, dtype=torch.int64), "isend/irecv")
 
 
 def store():
@@ -179,7 +204,7 @@ def main():
     scenario = sys.argv[1]
     if scenario != "store":
         dist.init_process_group("gradwire")
-    {"collectives": collectives, "errors": errors, "store": store, "fsdp": fsdp}[scenario]()
+    {"collectives": collectives, "errors": errors, "store": store, "fsdp": fsdp, "p2p": p2p}[scenario]()
     if scenario != "errors":  # a failed collective leaves the group unusable
         dist.destroy_process_group()
     print(f"OK {scenario}", flush=True)

@@ -16,12 +16,14 @@ gwrun, which sets torchrun's variables; tcp://; an explicit `store=`).
 Supported: all_reduce (SUM, AVG, PRODUCT, MIN, MAX, and PREMUL_SUM as
 gradwire's weighted all-reduce), broadcast, all_gather and
 all_gather_into_tensor, reduce_scatter and reduce_scatter_tensor, reduce,
-gather, scatter, barrier; dtypes float32, float64, float16, bfloat16, int32,
-int64, uint8, and bool (MIN/MAX only). An all_reduce asked for
+gather, scatter, barrier, send/recv (isend/irecv: gradwire's requests run
+in posting order, so two ranks exchanging large messages must not both
+post their send first; tags are not supported); dtypes float32, float64,
+float16, bfloat16, int32, int64, uint8, and bool (MIN/MAX only). An all_reduce asked for
 asynchronously (DDP's gradient buckets) is queued with gradwire's
 non-blocking call and its Work completes when gradwire finishes it, so the
 reduction overlaps the rest of the backward pass; every other call runs to
-completion before it returns. Not supported (RuntimeError naming it): send/recv and
+completion before it returns. Not supported (RuntimeError naming it):
 all_to_all, which gradwire's C ABI does not have yet; int8 and int16.
 """
 
@@ -437,14 +439,32 @@ class GradwireBackend(_C10DBackend):
             "(use the gloo backend for it, e.g. a second process group)"
         )
 
+    def _p2p(self, fname, tensors, peer, tag, what):
+        if tag != 0:
+            raise ValueError(f"gradwire backend: {what}: tag {tag}: gradwire matches messages in order, without tags (use tag 0)")
+        if len(tensors) != 1:
+            raise ValueError(f"gradwire backend: {what}: one tensor per call, got {len(tensors)}")
+        t = tensors[0]
+        dt = self._dtype(t, None, what)
+        if not t.is_contiguous():
+            raise ValueError(f"gradwire backend: {what}: the tensor must be contiguous")
+        req = ctypes.c_void_p()
+        self._call(fname, _ptr(t), t.numel(), dt, int(peer), self._h, ctypes.byref(req))
+        work = _AsyncWork(req, [t], what, self._h)
+        self._waiter.add(work)
+        return work
+
     def send(self, tensors, dst, tag=0):
-        self._unsupported("send")
+        # Queued like gradwire's other requests, which run in posting order:
+        # a large send waits for the peer's receive before anything posted
+        # after it starts, so exchanging ranks must not both send first.
+        return self._p2p("gwSendAsync", tensors, dst, tag, "send")
 
     def recv(self, tensors, src, tag=0):
-        self._unsupported("recv")
+        return self._p2p("gwRecvAsync", tensors, src, tag, "recv")
 
     def recv_anysource(self, tensors, tag=0):
-        self._unsupported("recv")
+        self._unsupported("recv from any source")
 
     def alltoall(self, output_tensors, input_tensors, opts):
         self._unsupported("all_to_all")
