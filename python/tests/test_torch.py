@@ -37,6 +37,17 @@ def test_send_recv(n):
     check_ok(gwrun(n, WORKER, "p2p", timeout=120), n, "OK p2p")
 
 
+def test_a_dead_rank_raises_on_the_others():
+    p = gwrun(3, WORKER, "killed", timeout=120, GW_TIMEOUT="60")
+    out = p.stdout + p.stderr
+    assert p.returncode == 0, out
+    for r in range(2):
+        line = next((l for l in p.stdout.splitlines() if l.startswith(f"[{r}] raised after")), None)
+        assert line is not None, out
+        assert "rank 2" in line, line
+        assert float(line.split()[3]) < 30, f"not well within GW_TIMEOUT=60: {line}"
+
+
 def test_explicit_store():
     check_ok(gwrun(2, WORKER, "store"), 2, "OK store")
 

@@ -161,6 +161,25 @@ def p2p():
         same(buf, torch.full((5,), left, dtype=torch.int64), "isend/irecv")
 
 
+def killed():
+    """The last rank dies mid-job; every other rank's next collective
+    raises gradwire's error naming it, well within GW_TIMEOUT."""
+    import time
+
+    r, n = dist.get_rank(), dist.get_world_size()
+    x = torch.ones(4)
+    dist.all_reduce(x)
+    if r == n - 1:
+        os._exit(0)  # no goodbye: as a crash
+    t0 = time.monotonic()
+    try:
+        dist.all_reduce(torch.ones(1 << 16))
+    except Exception as e:
+        print(f"raised after {time.monotonic() - t0:.1f} s: {type(e).__name__}: {str(e)[:300]}", flush=True)
+        os._exit(0)
+    raise AssertionError("an all_reduce with a dead rank returned")
+
+
 def store():
     """init_process_group with an explicit store (a TCPStore rank 0 hosts)."""
     r, n = int(os.environ["GW_RANK"]), int(os.environ["GW_WORLD_SIZE"])
@@ -204,7 +223,8 @@ def main():
     scenario = sys.argv[1]
     if scenario != "store":
         dist.init_process_group("gradwire")
-    {"collectives": collectives, "errors": errors, "store": store, "fsdp": fsdp, "p2p": p2p}[scenario]()
+    {"collectives": collectives, "errors": errors, "store": store, "fsdp": fsdp, "p2p": p2p,
+     "killed": killed}[scenario]()
     if scenario != "errors":  # a failed collective leaves the group unusable
         dist.destroy_process_group()
     print(f"OK {scenario}", flush=True)
