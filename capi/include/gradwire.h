@@ -537,6 +537,34 @@ gwResult_t gwRecvAsync(void *recvbuff,
                        gwRequest_t *request);
 
 /**
+ * Every rank sends block p of `sendbuff` (`count` elements at element
+ * `p * count`) to rank p, and receives rank q's block into block q of
+ * `recvbuff`: both hold `count * nranks` elements and must not overlap.
+ * Blocks; collective, ordered like `gwAllReduce`.
+ */
+gwResult_t gwAllToAll(const void *sendbuff,
+                      void *recvbuff,
+                      size_t count,
+                      gwDataType_t datatype,
+                      gwComm_t comm);
+
+/**
+ * `MPI_Alltoallv`: rank p gets `sendcounts[p]` elements from element
+ * `sdispls[p]` of `sendbuff`, and this rank receives `recvcounts[q]`
+ * elements from rank q at element `rdispls[q]` of `recvbuff`. The four
+ * arrays hold nranks entries; what rank p sends rank q must be what q
+ * expects from p. Blocks; collective, ordered like `gwAllReduce`.
+ */
+gwResult_t gwAllToAllv(const void *sendbuff,
+                       const size_t *sendcounts,
+                       const size_t *sdispls,
+                       void *recvbuff,
+                       const size_t *recvcounts,
+                       const size_t *rdispls,
+                       gwDataType_t datatype,
+                       gwComm_t comm);
+
+/**
  * Sets `*done` to 1 if the request's operation finished, else 0, without
  * blocking. When it finished with an error, that error is returned (and
  * `*done` is 1). Does not free the request: call `gwWait` for that (it then

@@ -1130,6 +1130,30 @@ fn p2p_buf<T>(p: *const T, count: usize, name: &str) -> CResult<()> {
 type SendHalf = Option<(u32, *const u8, usize)>;
 type RecvHalf = Option<(u32, *mut u8, usize)>;
 
+fn send_half(
+    st: &CommState,
+    buf: *const std::ffi::c_void,
+    count: usize,
+    peer: c_int,
+) -> CResult<SendHalf> {
+    p2p_buf(buf, count, "sendbuff")?;
+    Ok(Some((p2p_peer(peer, st, "send to")?, buf.cast(), count)))
+}
+
+fn recv_half(
+    st: &CommState,
+    buf: *mut std::ffi::c_void,
+    count: usize,
+    peer: c_int,
+) -> CResult<RecvHalf> {
+    p2p_buf(buf.cast_const(), count, "recvbuff")?;
+    Ok(Some((
+        p2p_peer(peer, st, "receive from")?,
+        buf.cast(),
+        count,
+    )))
+}
+
 /// A send and/or a receive, blocking or as a request (see [`run`]).
 fn run_p2p(
     comm: gwComm_t,
@@ -1181,9 +1205,11 @@ pub unsafe extern "C" fn gwSend(
     comm: gwComm_t,
 ) -> gwResult_t {
     run_p2p(comm, None, |st| {
-        p2p_buf(sendbuff, count, "sendbuff")?;
-        let to = p2p_peer(peer, st, "send to")?;
-        Ok((dtype(datatype)?, Some((to, sendbuff.cast(), count)), None))
+        Ok((
+            dtype(datatype)?,
+            send_half(st, sendbuff, count, peer)?,
+            None,
+        ))
     })
 }
 
@@ -1198,9 +1224,11 @@ pub unsafe extern "C" fn gwRecv(
     comm: gwComm_t,
 ) -> gwResult_t {
     run_p2p(comm, None, |st| {
-        p2p_buf(recvbuff.cast_const(), count, "recvbuff")?;
-        let from = p2p_peer(peer, st, "receive from")?;
-        Ok((dtype(datatype)?, None, Some((from, recvbuff.cast(), count))))
+        Ok((
+            dtype(datatype)?,
+            None,
+            recv_half(st, recvbuff, count, peer)?,
+        ))
     })
 }
 
@@ -1221,14 +1249,10 @@ pub unsafe extern "C" fn gwSendRecv(
     comm: gwComm_t,
 ) -> gwResult_t {
     run_p2p(comm, None, |st| {
-        p2p_buf(sendbuff, sendcount, "sendbuff")?;
-        p2p_buf(recvbuff.cast_const(), recvcount, "recvbuff")?;
-        let to = p2p_peer(dest, st, "send to")?;
-        let from = p2p_peer(source, st, "receive from")?;
         Ok((
             dtype(datatype)?,
-            Some((to, sendbuff.cast(), sendcount)),
-            Some((from, recvbuff.cast(), recvcount)),
+            send_half(st, sendbuff, sendcount, dest)?,
+            recv_half(st, recvbuff, recvcount, source)?,
         ))
     })
 }
@@ -1250,9 +1274,11 @@ pub unsafe extern "C" fn gwSendAsync(
     request: *mut gwRequest_t,
 ) -> gwResult_t {
     run_p2p(comm, Some(request), |st| {
-        p2p_buf(sendbuff, count, "sendbuff")?;
-        let to = p2p_peer(peer, st, "send to")?;
-        Ok((dtype(datatype)?, Some((to, sendbuff.cast(), count)), None))
+        Ok((
+            dtype(datatype)?,
+            send_half(st, sendbuff, count, peer)?,
+            None,
+        ))
     })
 }
 
@@ -1268,9 +1294,99 @@ pub unsafe extern "C" fn gwRecvAsync(
     request: *mut gwRequest_t,
 ) -> gwResult_t {
     run_p2p(comm, Some(request), |st| {
-        p2p_buf(recvbuff.cast_const(), count, "recvbuff")?;
-        let from = p2p_peer(peer, st, "receive from")?;
-        Ok((dtype(datatype)?, None, Some((from, recvbuff.cast(), count))))
+        Ok((
+            dtype(datatype)?,
+            None,
+            recv_half(st, recvbuff, count, peer)?,
+        ))
+    })
+}
+
+/// Every rank sends block p of `sendbuff` (`count` elements at element
+/// `p * count`) to rank p, and receives rank q's block into block q of
+/// `recvbuff`: both hold `count * nranks` elements and must not overlap.
+/// Blocks; collective, ordered like `gwAllReduce`.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn gwAllToAll(
+    sendbuff: *const std::ffi::c_void,
+    recvbuff: *mut std::ffi::c_void,
+    count: usize,
+    datatype: DataTypeArg,
+    comm: gwComm_t,
+) -> gwResult_t {
+    guard(comm, || {
+        let st = lookup(comm)?;
+        let dt = dtype(datatype)?;
+        let n = st.comm.size() as usize;
+        let counts = vec![count; n];
+        let displs: Vec<usize> = (0..n)
+            .map(|p| p.checked_mul(count))
+            .collect::<Option<_>>()
+            .map_or_else(
+                || {
+                    fail(
+                        gwInvalidArgument,
+                        format!("invalid argument: count {count} overflows"),
+                    )
+                },
+                Ok,
+            )?;
+        // SAFETY: the C caller promises both buffers hold count * nranks
+        // elements until this returns; the core checks overlap and NULL.
+        unsafe {
+            st.comm.all_to_allv_raw(
+                dt,
+                sendbuff.cast(),
+                &counts,
+                &displs,
+                recvbuff.cast(),
+                &counts,
+                &displs,
+            )?
+        };
+        Ok(())
+    })
+}
+
+/// `MPI_Alltoallv`: rank p gets `sendcounts[p]` elements from element
+/// `sdispls[p]` of `sendbuff`, and this rank receives `recvcounts[q]`
+/// elements from rank q at element `rdispls[q]` of `recvbuff`. The four
+/// arrays hold nranks entries; what rank p sends rank q must be what q
+/// expects from p. Blocks; collective, ordered like `gwAllReduce`.
+#[unsafe(no_mangle)]
+#[allow(clippy::too_many_arguments)]
+pub unsafe extern "C" fn gwAllToAllv(
+    sendbuff: *const std::ffi::c_void,
+    sendcounts: *const usize,
+    sdispls: *const usize,
+    recvbuff: *mut std::ffi::c_void,
+    recvcounts: *const usize,
+    rdispls: *const usize,
+    datatype: DataTypeArg,
+    comm: gwComm_t,
+) -> gwResult_t {
+    guard(comm, || {
+        let st = lookup(comm)?;
+        let dt = dtype(datatype)?;
+        let n = st.comm.size() as usize;
+        let arr = |p: *const usize, name: &str| -> CResult<&[usize]> {
+            if p.is_null() {
+                return fail(
+                    gwInvalidArgument,
+                    format!("invalid argument: {name} is NULL"),
+                );
+            }
+            // SAFETY: the caller promises nranks entries.
+            Ok(unsafe { std::slice::from_raw_parts(p, n) })
+        };
+        let (sc, sd) = (arr(sendcounts, "sendcounts")?, arr(sdispls, "sdispls")?);
+        let (rc, rd) = (arr(recvcounts, "recvcounts")?, arr(rdispls, "rdispls")?);
+        // SAFETY: the C caller promises the blocks are valid until this returns.
+        unsafe {
+            st.comm
+                .all_to_allv_raw(dt, sendbuff.cast(), sc, sd, recvbuff.cast(), rc, rd)?
+        };
+        Ok(())
     })
 }
 

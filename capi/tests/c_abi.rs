@@ -135,6 +135,8 @@ fn shared_library_exports_only_gw_symbols() {
         "gwSendAsync",
         "gwRecvAsync",
         "gwSendRecv",
+        "gwAllToAll",
+        "gwAllToAllv",
         "gwAllReduceAsync",
         "gwTest",
         "gwWait",

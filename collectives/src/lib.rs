@@ -8,6 +8,7 @@
 //! each peer.
 
 pub mod algo;
+mod alltoall;
 mod board;
 mod bringup;
 pub mod comm_key;

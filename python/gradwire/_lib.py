@@ -120,6 +120,8 @@ def declare(lib):
         "gwSendAsync": [vp, c_size, c_int, c_int, vp, pvp],
         "gwRecvAsync": [vp, c_size, c_int, c_int, vp, pvp],
         "gwSendRecv": [vp, c_size, c_int, vp, c_size, c_int, c_int, vp],
+        "gwAllToAll": [vp, vp, c_size, c_int, vp],
+        "gwAllToAllv": [vp, vp, vp, vp, vp, vp, c_int, vp],
         "gwAllReduceAsync": [vp, vp, c_size, c_int, c_int, vp, pvp],
         "gwAllReduceWeightedAsync": [vp, vp, c_size, c_int, c_double, vp, pvp],
         "gwReduceScatterAsync": [vp, vp, c_size, c_int, c_int, vp, pvp],

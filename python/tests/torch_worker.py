@@ -82,6 +82,22 @@ def collectives():
             s = torch.empty(count, dtype=dt)
             dist.scatter(s, [val(10 + q, count, dt) for q in range(n)] if r == root else None, src=root)
             same(s, val(10 + r, count, dt), f"scatter {dt}")
+    # all_to_all_single, equal and uneven splits (rank p sends rank q p+q+1
+    # rows of 2), and the list form.
+    for dt in (torch.float32, torch.int64, torch.bfloat16):
+        inp = torch.cat([val(r * 10 + q, 4, dt) for q in range(n)])
+        out = torch.empty(4 * n, dtype=dt)
+        dist.all_to_all_single(out, inp)
+        same(out, torch.cat([val(q * 10 + r, 4, dt) for q in range(n)]), f"all_to_all_single {dt}")
+    rows = lambda p, q: p + q + 1  # noqa: E731
+    inp = torch.cat([torch.full((rows(r, q), 2), float(r * 100 + q)) for q in range(n)])
+    out = torch.empty(sum(rows(q, r) for q in range(n)), 2)
+    dist.all_to_all_single(out, inp, [rows(q, r) for q in range(n)], [rows(r, q) for q in range(n)])
+    same(out, torch.cat([torch.full((rows(q, r), 2), float(q * 100 + r)) for q in range(n)]), "all_to_all_single uneven")
+    outs = [torch.empty(3, dtype=torch.int32) for _ in range(n)]
+    dist.all_to_all(outs, [torch.full((3,), r * 10 + q, dtype=torch.int32) for q in range(n)])
+    for q in range(n):
+        same(outs[q], torch.full((3,), q * 10 + r, dtype=torch.int32), f"all_to_all from {q}")
     # PREMUL_SUM: sum of factor * x
     x = torch.full((5,), float(r + 1))
     dist.all_reduce(x, op=dist._make_nccl_premul_sum(0.5))
@@ -125,7 +141,8 @@ def errors():
     fake = types.SimpleNamespace(device=torch.device("cuda", 0), dtype=torch.float32)
     raises(ValueError, "cpu:gradwire,cuda:nccl", lambda: backend._dtype(fake, None, "all_reduce"))
     raises(ValueError, "tag", lambda: dist.send(torch.ones(1), dst=(r + 1) % dist.get_world_size(), tag=3))
-    raises(RuntimeError, "all_to_all", lambda: dist.all_to_all_single(torch.empty(2), torch.ones(2)))
+    odd = 2 * dist.get_world_size() + 1
+    raises(ValueError, "equal parts", lambda: dist.all_to_all_single(torch.empty(odd), torch.ones(odd)))
     dist.barrier()
     # Ranks that disagree about a size: gradwire's error on every rank, no hang.
     try:

@@ -7,7 +7,8 @@
  * gwRecvAsync between ranks 0 and 1 (1 Mi elements, rank 1 posting its
  * receive first), blocking gwSend/gwRecv between them both ways, count 0,
  * and the argument errors: a peer that is not a rank, a NULL buffer with a
- * count, a NULL request.
+ * count, a NULL request. Then gwAllToAll (equal blocks) and gwAllToAllv
+ * (uneven), every element checked, and their argument errors.
  *
  * Prints "p2p.c: rank R ok" on success.
  */
@@ -101,6 +102,43 @@ int main(void) {
     double v = d * 2;
     EXPECT(gwSend(&v, 1, gwFloat64, 0, comm), gwSuccess);
     EXPECT(gwRecv(NULL, 0, gwFloat64, 0, comm), gwSuccess);
+  }
+
+  /* All-to-all: equal blocks of 1000 int64, then uneven ones (rank p sends
+   * rank q p+q+1 elements) with gwAllToAllv. */
+  {
+    size_t c = 1000;
+    for (int q = 0; q < n; q++)
+      for (size_t i = 0; i < c; i++) out64[(size_t)q * c + i] = ((int64_t)rank << 32) + q * 10000 + (int64_t)i;
+    EXPECT(gwAllToAll(out64, in64, c, gwInt64, comm), gwSuccess);
+    for (int q = 0; q < n && failures == 0; q++)
+      for (size_t i = 0; i < c; i++)
+        if (in64[(size_t)q * c + i] != ((int64_t)q << 32) + rank * 10000 + (int64_t)i) {
+          fprintf(stderr, "p2p.c: rank %d all-to-all block %d element %zu wrong\n", rank, q, i);
+          failures++;
+          break;
+        }
+    size_t sc[64], sd[64], rc[64], rd[64], at = 0, rat = 0;
+    for (int q = 0; q < n; q++) {
+      sc[q] = (size_t)(rank + q + 1);
+      sd[q] = at;
+      at += sc[q];
+      rc[q] = (size_t)(q + rank + 1);
+      rd[q] = rat;
+      rat += rc[q];
+      for (size_t i = 0; i < sc[q]; i++) out[sd[q] + i] = (float)(rank * 100 + q);
+    }
+    EXPECT(gwAllToAllv(out, sc, sd, in, rc, rd, gwFloat32, comm), gwSuccess);
+    for (int q = 0; q < n; q++)
+      for (size_t i = 0; i < rc[q]; i++)
+        if (in[rd[q] + i] != (float)(q * 100 + rank)) {
+          fprintf(stderr, "p2p.c: rank %d all-to-allv from %d wrong\n", rank, q);
+          failures++;
+          q = n;
+          break;
+        }
+    EXPECT(gwAllToAll(out, out, 4, gwFloat32, comm), gwInvalidArgument); /* in place */
+    EXPECT(gwAllToAllv(out, NULL, sd, in, rc, rd, gwFloat32, comm), gwInvalidArgument);
   }
 
   /* Bad arguments: nothing is sent, every rank sees the same errors. */

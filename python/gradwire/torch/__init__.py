@@ -16,15 +16,16 @@ gwrun, which sets torchrun's variables; tcp://; an explicit `store=`).
 Supported: all_reduce (SUM, AVG, PRODUCT, MIN, MAX, and PREMUL_SUM as
 gradwire's weighted all-reduce), broadcast, all_gather and
 all_gather_into_tensor, reduce_scatter and reduce_scatter_tensor, reduce,
-gather, scatter, barrier, send/recv (isend/irecv: gradwire's requests run
+gather, scatter, all_to_all, all_to_all_single, barrier, send/recv (isend/irecv: gradwire's requests run
 in posting order, so two ranks exchanging large messages must not both
 post their send first; tags are not supported); dtypes float32, float64,
 float16, bfloat16, int32, int64, uint8, and bool (MIN/MAX only). An all_reduce asked for
 asynchronously (DDP's gradient buckets) is queued with gradwire's
 non-blocking call and its Work completes when gradwire finishes it, so the
 reduction overlaps the rest of the backward pass; every other call runs to
-completion before it returns. Not supported (RuntimeError naming it):
-all_to_all, which gradwire's C ABI does not have yet; int8 and int16.
+completion before it returns. all_to_all and all_to_all_single (with
+splits) run on gradwire's all-to-all. Not supported (TypeError): int8 and
+int16.
 """
 
 import ctypes
@@ -466,11 +467,67 @@ class GradwireBackend(_C10DBackend):
     def recv_anysource(self, tensors, tag=0):
         self._unsupported("recv from any source")
 
+    def _alltoallv(self, out, inp, out_counts, in_counts, what):
+        dt = self._dtype(inp, None, what)
+        self._dtype(out, None, what)
+        if out.dtype != inp.dtype:
+            raise TypeError(f"gradwire backend: {what}: input {inp.dtype}, output {out.dtype}")
+        n = self.size()
+        arr = ctypes.c_size_t * n
+
+        def displs(counts):
+            d, at = [], 0
+            for c in counts:
+                d.append(at)
+                at += c
+            return arr(*d), at
+
+        sd, s_end = displs(in_counts)
+        rd, r_end = displs(out_counts)
+        if s_end != inp.numel() or r_end != out.numel():
+            raise ValueError(
+                f"gradwire backend: {what}: the splits cover {s_end} input and {r_end} output elements, "
+                f"the tensors hold {inp.numel()} and {out.numel()}"
+            )
+        src, dst = self._contig(inp), self._contig(out)
+        self._call(
+            "gwAllToAllv", _ptr(src), arr(*in_counts), sd, _ptr(dst), arr(*out_counts), rd, dt, self._h
+        )
+        self._back(out, dst)
+
     def alltoall(self, output_tensors, input_tensors, opts):
-        self._unsupported("all_to_all")
+        n = self.size()
+        if len(output_tensors) != n or len(input_tensors) != n:
+            raise ValueError(f"gradwire backend: all_to_all: {len(input_tensors)} inputs and {len(output_tensors)} outputs for {n} ranks")
+        flat_in = torch.cat([t.contiguous().view(-1) for t in input_tensors])
+        flat_out = torch.empty(sum(t.numel() for t in output_tensors), dtype=flat_in.dtype)
+        self._alltoallv(flat_out, flat_in, [t.numel() for t in output_tensors], [t.numel() for t in input_tensors], "all_to_all")
+        at = 0
+        for t in output_tensors:
+            t.copy_(flat_out.narrow(0, at, t.numel()).view_as(t))
+            at += t.numel()
+        return _DoneWork(output_tensors)
 
     def alltoall_base(self, output, input, output_split_sizes, input_split_sizes, opts):
-        self._unsupported("all_to_all_single")
+        n = self.size()
+        rows = lambda t: t.numel() // t.size(0) if t.dim() and t.size(0) else 1  # noqa: E731
+        if not input_split_sizes:
+            if input.dim() == 0 or input.size(0) % n:
+                raise ValueError(f"gradwire backend: all_to_all_single: {tuple(input.shape)} does not split into {n} equal parts")
+            input_split_sizes = [input.size(0) // n] * n
+        if not output_split_sizes:
+            if output.dim() == 0 or output.size(0) % n:
+                raise ValueError(f"gradwire backend: all_to_all_single: {tuple(output.shape)} does not split into {n} equal parts")
+            output_split_sizes = [output.size(0) // n] * n
+        if len(input_split_sizes) != n or len(output_split_sizes) != n:
+            raise ValueError(f"gradwire backend: all_to_all_single: splits for {len(input_split_sizes)} ranks, the group has {n}")
+        self._alltoallv(
+            output, input,
+            [s * rows(output) for s in output_split_sizes],
+            [s * rows(input) for s in input_split_sizes],
+            "all_to_all_single",
+        )
+        return _DoneWork(output)
 
     all_to_all_single = alltoall_base
 
