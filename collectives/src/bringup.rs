@@ -420,6 +420,10 @@ pub(crate) struct Started {
     pub depth: usize,
     /// How long a caller spins on a completion before sleeping.
     pub caller_spin: Duration,
+    /// Every rank of this host has a core for its engine thread besides its
+    /// caller's: then the engine thread progressing work in the background
+    /// takes no core from anyone.
+    pub engine_core: bool,
 }
 
 /// Step 4: the engine over `transports`, and its thread, started.
@@ -451,11 +455,8 @@ pub(crate) fn start_engine(
     );
     // A caller spinning on its completion competes with its own engine
     // thread: only worth it when every rank's two threads have a core.
-    let caller_spin = if 2 * env.local_size as usize <= ncpu {
-        spin
-    } else {
-        Duration::ZERO
-    };
+    let engine_core = 2 * env.local_size as usize <= ncpu;
+    let caller_spin = if engine_core { spin } else { Duration::ZERO };
     let (engine, poll, waker) = Engine::new(
         EngineConfig {
             me,
@@ -504,6 +505,7 @@ pub(crate) fn start_engine(
         thread,
         depth,
         caller_spin,
+        engine_core,
     })
 }
 

@@ -176,6 +176,8 @@ pub struct Communicator {
     /// How long a caller spins on a completion before sleeping (`GW_SPIN_US`
     /// when each rank's caller and engine threads have a core each, else 0).
     caller_spin: Duration,
+    /// Each rank's engine thread has a core of its own (see `bringup`).
+    pub(crate) engine_core: bool,
     /// Rank 0's cost model and where the ranks are (links, host layout).
     model: CostModel,
     shape: Shape,
@@ -285,6 +287,7 @@ impl Communicator {
             store: Mutex::new(met.store),
             fusion: Mutex::new(Vec::new()),
             caller_spin: started.caller_spin,
+            engine_core: started.engine_core,
             model: met.model,
             last_auto: AtomicU64::new(0),
             shape: routes.shape,

@@ -58,7 +58,13 @@ const ONE_SIDED_SEGMENT_BYTES: usize = 256 << 10;
 /// `start` without waking the engine thread: the caller's `wait` (or
 /// `test`) drives them, as a blocking call would, and the wake-up (two
 /// thread crossings, tens of microseconds on a VM) is saved. Larger rounds
-/// wake it, so that they progress while the caller computes.
+/// wake it, so that they progress while the caller computes — where each
+/// rank's engine thread has a core of its own. Where it has not, the
+/// woken thread takes the core the caller (or a peer) computes on: 4 and
+/// 16 MiB rounds over shm on the 2-core VM ran at 0.79-0.81x the blocking
+/// call when woken, 0.99x when left to `wait` (`scripts/persistent-vs-
+/// ordinary.sh -b 1M -e 16M -n 300`, 5 rounds). The engine thread still
+/// takes a queued round over after its park time (1 s) if nobody waits.
 const LAZY_START_BYTES: usize = 1 << 20;
 
 /// Ids of persistent operations, process-wide (the engine looks them up).
@@ -538,7 +544,7 @@ impl RawPersistent {
             &self.op,
             self.send_bytes,
             self.recv_bytes,
-            self.send_bytes.max(self.recv_bytes) > LAZY_START_BYTES,
+            comm.engine_core && self.send_bytes.max(self.recv_bytes) > LAZY_START_BYTES,
         )?;
         round.handle = Some(h);
         Ok(())
