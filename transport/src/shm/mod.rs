@@ -544,6 +544,40 @@ impl ShmTransport {
         }
     }
 
+    /// The error to report for a one-sided write into `peer` that failed
+    /// with `e`. A peer whose region vanished (EFAULT) or whose process is
+    /// gone (ESRCH) has usually failed first and said why in an Abort frame:
+    /// it pushes that frame before handing its buffers back, but our write
+    /// does not pass through its ring, so the frame may still wait there.
+    /// Its reason (naming the rank that really failed) beats our symptom.
+    fn write_failed(&mut self, peer: Rank, e: Error) -> Error {
+        let errno = match &e {
+            Error::Sys { source, .. } => source.raw_os_error(),
+            _ => None,
+        };
+        if !matches!(errno, Some(libc::EFAULT) | Some(libc::ESRCH)) {
+            return e;
+        }
+        let me = self.me;
+        let p = &mut self.peers[peer as usize];
+        loop {
+            match pump_recvs(me, true, p, &mut self.bell, &mut self.reqs) {
+                Ok(true) => continue,
+                Ok(false) => break,
+                Err(abort @ Error::Remote { .. }) => return abort,
+                Err(_) => break,
+            }
+        }
+        if errno == Some(libc::ESRCH) {
+            return Error::Remote {
+                rank: p.info.rank,
+                addr: p.info.hostname.clone(),
+                what: format!("process {} died", p.info.pid),
+            };
+        }
+        e
+    }
+
     /// The registered range `[offset, offset + len)` of `mem`, and the length
     /// of the whole registered region.
     fn range(
@@ -1692,7 +1726,10 @@ impl Transport for ShmTransport {
         let addr = one_sided::target(&w.remote, peer, p.info.pid, w.remote_offset, w.len)?;
         // SAFETY: `range` checked that the bytes lie in memory registered
         // with this transport, which its owner keeps valid while registered.
-        unsafe { one_sided::write(src.0, w.len, p.info.pid, addr, &|| p.who())? };
+        let written = unsafe { one_sided::write(src.0, w.len, p.info.pid, addr, &|| p.who()) };
+        if let Err(e) = written {
+            return Err(self.write_failed(peer, e));
+        }
         // After the bytes: the peer reads the immediate only once they are in.
         let h = FrameHeader {
             offset: u64::from(w.imm),

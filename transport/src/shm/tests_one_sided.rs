@@ -236,3 +236,103 @@ fn two_processes_write_one_sidedly() {
     drive_sleeping(&mut t, &mut poll, vec![ack]);
     assert!(child.wait().unwrap().success());
 }
+
+/// A page-aligned anonymous mapping the test can make unwritable without
+/// giving its addresses back (another thread could map them again).
+struct Pages {
+    ptr: *mut u8,
+    len: usize,
+}
+
+impl Pages {
+    fn new(len: usize) -> Pages {
+        // SAFETY: a fresh private anonymous mapping; checked below.
+        let ptr = unsafe {
+            libc::mmap(
+                std::ptr::null_mut(),
+                len,
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
+                -1,
+                0,
+            )
+        };
+        assert_ne!(ptr, libc::MAP_FAILED, "mmap");
+        Pages {
+            ptr: ptr.cast(),
+            len,
+        }
+    }
+
+    /// What a peer sees once the owner freed the buffer: writes fault.
+    fn withdraw(&self) {
+        // SAFETY: our own mapping; nothing in this process uses it after.
+        let rc = unsafe { libc::mprotect(self.ptr.cast(), self.len, libc::PROT_NONE) };
+        assert_eq!(rc, 0, "mprotect");
+    }
+}
+
+impl Drop for Pages {
+    fn drop(&mut self) {
+        // SAFETY: the mapping made in `new`, unmapped once.
+        unsafe { libc::munmap(self.ptr.cast(), self.len) };
+    }
+}
+
+/// Writes 64 bytes from `a` into `region` (rank 1's), returning the error.
+fn failed_write(a: &mut ShmTransport, region: RemoteRegion) -> Error {
+    let mut src = pattern(64, 4);
+    let ms = reg(a, &mut src);
+    let w = WriteImm {
+        mem: ms,
+        offset: 0,
+        len: 64,
+        remote: region,
+        remote_offset: 0,
+        imm: 1,
+    };
+    let e = a.write_imm(1, &w).unwrap_err();
+    a.deregister(ms).unwrap();
+    e
+}
+
+#[test]
+fn a_write_into_a_withdrawn_region_reports_why_its_owner_withdrew_it() {
+    // The owner (rank 1) failed because of a third rank, said so in an
+    // Abort frame, and freed its buffer; the writer must report that
+    // reason, which names the rank at fault, not its own page fault.
+    let (mut a, mut b) = pair("os-withdrawn", 4, 4096);
+    let pages = Pages::new(1 << 16);
+    // SAFETY: `pages` outlives both transports' use of it.
+    let md = unsafe { b.register(pages.ptr, pages.len) }.unwrap();
+    let region = b.remote_region(md).unwrap().unwrap();
+    b.abort("rank 1 failed: rank 7 (elsewhere): process 4242 died");
+    pages.withdraw();
+    match failed_write(&mut a, region) {
+        Error::Remote { rank, what, .. } => {
+            assert_eq!(rank, 1);
+            assert!(
+                what.contains("aborted: rank 1 failed: rank 7"),
+                "the owner's reason is lost: {what}"
+            );
+        }
+        other => panic!("expected the owner's abort, got {other}"),
+    }
+}
+
+#[test]
+fn a_write_into_a_withdrawn_region_without_a_reason_names_the_fault() {
+    let (mut a, mut b) = pair("os-withdrawn-mute", 4, 4096);
+    let pages = Pages::new(1 << 16);
+    // SAFETY: `pages` outlives both transports' use of it.
+    let md = unsafe { b.register(pages.ptr, pages.len) }.unwrap();
+    let region = b.remote_region(md).unwrap().unwrap();
+    pages.withdraw();
+    let e = failed_write(&mut a, region);
+    assert!(matches!(e, Error::Sys { .. }), "{e}");
+    let text = e.to_string();
+    assert!(
+        text.contains("process_vm_writev") && text.contains("not mapped"),
+        "{text}"
+    );
+}
