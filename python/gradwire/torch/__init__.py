@@ -40,7 +40,7 @@ from torch._C._distributed_c10d import ReduceOp
 import gradwire as _gw
 from gradwire import _C, _SUCCESS, _check, _last_error, error_class
 
-__all__ = ["GradwireBackend", "MIN_TORCH", "hooks"]
+__all__ = ["GradwireBackend", "MIN_TORCH", "hooks", "job"]
 
 MIN_TORCH = (2, 10)
 
@@ -556,4 +556,4 @@ def _create(opts, backend_options=None):
 if "gradwire" not in dist.Backend.backend_list:
     dist.Backend.register_backend("gradwire", _create, extended_api=True, devices=["cpu"])
 
-from . import hooks  # noqa: E402  (needs the backend registered first)
+from . import hooks, job  # noqa: E402  (need the backend registered first)
