@@ -300,11 +300,11 @@ struct Opts {
     )]
     persistent: bool,
 
-    /// With p2p --op send: both ranks stream at once
+    /// With p2p --op send or write: both ranks stream at once
     #[arg(long = "bidir")]
     bidir: bool,
 
-    /// With p2p --op send: latency rows instead of bandwidth rows
+    /// With p2p --op send or write: latency rows instead of bandwidth rows
     #[arg(long = "lat")]
     lat: bool,
 }
@@ -439,7 +439,7 @@ pub struct P2pOpts {
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum P2pOp {
     Send,
-    /// One-sided writes (`Communicator::put_init`), ib_write_bw's.
+    /// One-sided writes (`Communicator::put_init`), ib_write_bw's and ib_write_lat's.
     Write,
 }
 
@@ -734,7 +734,7 @@ pub fn parse<S: Into<OsString>>(args: impl IntoIterator<Item = S>) -> Result<Com
         let perftest = match (op, o.bidir, o.lat) {
             (None, false, false) => None,
             (None, _, _) => return err("--bidir and --lat go with --op (p2p --op send)"),
-            (Some("send"), true, true) => {
+            (Some("send" | "write"), true, true) => {
                 return err("--lat takes no --bidir (perftest's latency tests are one way)");
             }
             (Some("send"), bidir, lat) => Some(Perftest {
@@ -742,15 +742,10 @@ pub fn parse<S: Into<OsString>>(args: impl IntoIterator<Item = S>) -> Result<Com
                 bidir,
                 lat,
             }),
-            (Some("write"), _, true) => {
-                return err(
-                    "--op write --lat is not measured yet: a write's landing is seen only by the engine, not polled by the caller as ib_write_lat does; --op write (bandwidth) and --op send --lat run",
-                );
-            }
-            (Some("write"), bidir, false) => Some(Perftest {
+            (Some("write"), bidir, lat) => Some(Perftest {
                 op: P2pOp::Write,
                 bidir,
-                lat: false,
+                lat,
             }),
             (Some(op), _, _) => {
                 return err(format!(

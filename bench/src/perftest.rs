@@ -125,7 +125,11 @@ pub fn lat_row(size: usize, iters: usize, s: &LatStats) -> String {
 /// Runs the perftest-shaped benchmark; `print` writes rank 0's lines.
 pub fn run(b: &mut P2p<'_>, o: &P2pOpts, pt: &Perftest, print: &dyn Fn(&str)) -> Result<(), Fail> {
     if pt.op == P2pOp::Write {
-        return run_write(b, o, pt, print);
+        return if pt.lat {
+            run_write_lat(b, o, print)
+        } else {
+            run_write(b, o, pt, print)
+        };
     }
     let lib = |what: &str, size: usize| {
         let what = format!("p2p --op send {what} of {size} bytes");
@@ -240,17 +244,86 @@ fn run_write(
             .map(|(a, t)| (k, a.max(*t)))
             .collect();
         if o.check && recvs {
-            let peer = b.peer;
-            if let Some(i) = (0..size).find(|&i| b.recv[i] != crate::p2p::pattern(peer, size, i)) {
-                return Err(Fail::Other(format!(
-                    "p2p --op write of {size} bytes: byte {i} landed as {:#04x}, not rank {peer}'s {:#04x}",
-                    b.recv[i],
-                    crate::p2p::pattern(peer, size, i)
-                )));
-            }
+            check_landed(b, size, "p2p --op write")?;
         }
         let (peak, avg, rate) = bw_stats(size, if pt.bidir { 2 } else { 1 }, &windows);
         print(&bw_row(size, k * nwin, peak, avg, rate));
+    }
+    Ok(())
+}
+
+/// Whether the first `size` bytes of `b.recv` are the peer's message.
+fn check_landed(b: &P2p<'_>, size: usize, what: &str) -> Result<(), Fail> {
+    let peer = b.peer;
+    match (0..size).find(|&i| b.recv[i] != crate::p2p::pattern(peer, size, i)) {
+        None => Ok(()),
+        Some(i) => Err(Fail::Other(format!(
+            "{what} of {size} bytes: byte {i} landed as {:#04x}, not rank {peer}'s {:#04x}",
+            b.recv[i],
+            crate::p2p::pattern(peer, size, i)
+        ))),
+    }
+}
+
+/// `--op write --lat`: ib_write_lat through the communicator. Per size,
+/// two persistent puts of one write each, rank 0 to rank 1 ("ping") and
+/// back ("pong"); rank 1 starts its write only once rank 0's has landed in
+/// its buffer, and a sample is half of rank 0's time from starting its
+/// write to rank 1's landing in its own buffer. So a sample holds what a
+/// put round costs on top of the bytes (its O(1) handshake, the engine
+/// noticing the landing), where ib_write_lat's ranks poll the buffer's last
+/// byte themselves.
+fn run_write_lat(b: &mut P2p<'_>, o: &P2pOpts, print: &dyn Fn(&str)) -> Result<(), Fail> {
+    let lib = |what: &str, size: usize| {
+        let what = format!("p2p --op write --lat {what} of {size} bytes");
+        move |e: Error| Fail::Lib { what, err: e }
+    };
+    print(&lat_columns());
+    let (me, comm) = (b.me, b.comm);
+    for size in o.sizes.seq() {
+        if size == 0 {
+            continue;
+        }
+        for (i, x) in b.send[..size].iter_mut().enumerate() {
+            *x = crate::p2p::pattern(me, size, i);
+        }
+        b.recv[..size].fill(0xff);
+        let (send, recv) = (&b.send[..size], &mut b.recv[..size]);
+        let none: &[u8] = &[];
+        let (ping_send, pong_send) = if me == 0 { (send, none) } else { (none, send) };
+        let (ping_recv, pong_recv): (&mut [u8], &mut [u8]) = if me == 0 {
+            (&mut [], recv)
+        } else {
+            (recv, &mut [])
+        };
+        let mut ping = comm
+            .put_init(ping_send, ping_recv, 1)
+            .map_err(lib("put_init", size))?;
+        let mut pong = comm
+            .put_init(pong_send, pong_recv, 1)
+            .map_err(lib("put_init", size))?;
+        let mut round_trip = || -> Result<(), Error> {
+            ping.start()?;
+            ping.wait()?;
+            pong.start()?;
+            pong.wait()
+        };
+        for _ in 0..o.warmup {
+            round_trip().map_err(lib("warm-up", size))?;
+        }
+        let mut samples = Vec::with_capacity(o.iters);
+        for _ in 0..o.iters {
+            let t0 = Instant::now();
+            round_trip().map_err(lib("round trip", size))?;
+            samples.push(t0.elapsed().as_secs_f64() * 1e6 / 2.0);
+        }
+        drop((ping, pong));
+        if o.check {
+            check_landed(b, size, "p2p --op write --lat")?;
+        }
+        if let Some(s) = lat_stats(&samples) {
+            print(&lat_row(size, o.iters, &s));
+        }
     }
     Ok(())
 }

@@ -425,12 +425,43 @@ fn p2p_write_in_perftests_shape() {
     }
 }
 
+/// `--op write --lat`: ib_write_lat's rows from a ping-pong of one-sided
+/// writes, each landing checked (`-c 1`).
+#[test]
+fn p2p_write_latency_in_perftests_shape() {
+    let r = bench(
+        2,
+        &[
+            "p2p", "--op", "write", "--lat", "-b", "8", "-e", "4K", "-f", "8", "-n", "200", "-c",
+            "1",
+        ],
+    );
+    assert_eq!(r.code, Some(0), "{}", r.all());
+    assert!(r.stdout.contains("t_typical[usec]"), "{}", r.all());
+    let rows = perftest_rows(&r, "#bytes", 9);
+    assert_eq!(
+        rows.iter().map(|f| f[0]).collect::<Vec<_>>(),
+        [8.0, 64.0, 512.0, 4096.0],
+        "{}",
+        r.all()
+    );
+    for f in &rows {
+        let (min, max, typ, avg, p99, p999) = (f[2], f[3], f[4], f[5], f[7], f[8]);
+        assert_eq!(f[1], 200.0, "{f:?}");
+        assert!(
+            min > 0.0 && min <= typ && typ <= max && min <= avg && avg <= max,
+            "{f:?}"
+        );
+        assert!(p99 <= p999 && p999 <= max, "{f:?}");
+    }
+}
+
 #[test]
 fn perftest_flags_refused_where_they_do_not_apply() {
     for (args, want) in [
         (
-            &["p2p", "--op", "write", "--lat"][..],
-            "--op write --lat is not measured yet",
+            &["p2p", "--op", "write", "--lat", "--bidir"][..],
+            "--lat takes no --bidir",
         ),
         (
             &["p2p", "--op", "read"],
