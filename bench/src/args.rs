@@ -161,7 +161,7 @@ impl Sub {
 }
 
 /// The flags p2p refuses: they describe a reduction or a root it does not have.
-const COLL_ONLY: [&str; 5] = ["dtype", "redop", "root", "algo", "persistent"];
+const COLL_ONLY: [&str; 6] = ["dtype", "redop", "root", "algo", "persistent", "time"];
 /// The flags only p2p takes (its perftest shape).
 const P2P_ONLY: [&str; 2] = ["bidir", "lat"];
 
@@ -212,6 +212,17 @@ struct Opts {
         allow_negative_numbers = true,
     )]
     iters: usize,
+
+    /// Size each timed loop to about SECONDS instead (slowest rank; -n is then
+    /// the least count)
+    #[arg(
+        short = 'T',
+        long = "time",
+        value_name = "SECONDS",
+        value_parser = parse_seconds,
+        allow_negative_numbers = true,
+    )]
+    time: Option<f64>,
 
     /// Untimed iterations before them
     #[arg(
@@ -411,6 +422,8 @@ pub struct CollOpts {
     pub coll: Coll,
     pub sizes: Sizes,
     pub iters: usize,
+    /// `-T`: each timed loop about this many seconds (`iters` the least count).
+    pub time: Option<f64>,
     pub warmup: usize,
     pub check: bool,
     pub dtype: DType,
@@ -554,6 +567,15 @@ fn parse_iters(s: &str) -> Result<usize, String> {
     match parse_whole(s)? {
         0 => Err("must be at least 1".into()),
         n => Ok(n),
+    }
+}
+
+/// `-T`: a duration a timed loop can be sized to.
+fn parse_seconds(s: &str) -> Result<f64, String> {
+    match s.parse::<f64>() {
+        Ok(t) if t.is_finite() && t > 0.0 && t <= 3600.0 => Ok(t),
+        Ok(_) => Err("must be more than 0 and at most 3600 seconds".into()),
+        Err(_) => Err("expected a number of seconds".into()),
     }
 }
 
@@ -808,6 +830,7 @@ pub fn parse<S: Into<OsString>>(args: impl IntoIterator<Item = S>) -> Result<Com
         coll,
         sizes,
         iters: o.iters,
+        time: o.time,
         warmup: o.warmup,
         check: o.check,
         dtype: o.dtype,
@@ -848,7 +871,8 @@ mod tests {
     }
 
     /// Every flag gwbench has had, short and long; none may go missing.
-    const FLAGS: [(char, &str); 11] = [
+    const FLAGS: [(char, &str); 12] = [
+        ('T', "time"),
         ('b', "minbytes"),
         ('e', "maxbytes"),
         ('f', "stepfactor"),
@@ -930,6 +954,9 @@ mod tests {
             }
         );
         assert_eq!((a.iters, a.warmup, a.check), (3, 0, false));
+        assert_eq!(a.time, None);
+        assert_eq!(coll("allreduce -T 0.25").time, Some(0.25));
+        assert_eq!(coll("allreduce --time=2").time, Some(2.0));
         assert_eq!((a.dtype, a.redop, a.root), (DType::F16, RedOp::Max, 1));
         assert_eq!(a.json, Some(PathBuf::from("out.json")));
         assert_eq!(coll("allreduce -a rhd").algo, Some(Algo::Rhd));
@@ -1022,6 +1049,7 @@ mod tests {
         }
         for (args, want) in [
             ("p2p -d half", "-d (--datatype) does not apply to p2p"),
+            ("p2p -T 1", "-T (--time) does not apply to p2p"),
             ("p2p --op=max", "-o (--op) does not apply to p2p"),
             ("p2p -r 0", "-r (--root) does not apply to p2p"),
             ("p2p -a ring", "-a (--algo) does not apply to p2p"),
@@ -1141,6 +1169,22 @@ mod tests {
                 "'--warmup_iters <N>': expected a whole number",
             ),
             ("allreduce -n 0", "'--iters <N>': must be at least 1"),
+            (
+                "allreduce -T 0",
+                "'--time <SECONDS>': must be more than 0 and at most 3600 seconds",
+            ),
+            (
+                "allreduce -T -1",
+                "'--time <SECONDS>': must be more than 0 and at most 3600 seconds",
+            ),
+            (
+                "allreduce -T inf",
+                "'--time <SECONDS>': must be more than 0 and at most 3600 seconds",
+            ),
+            (
+                "allreduce -T soon",
+                "'--time <SECONDS>': expected a number of seconds",
+            ),
             ("allreduce -f 1", "'--stepfactor <F>': must be at least 2"),
             (
                 "allreduce -f x",

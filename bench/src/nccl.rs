@@ -16,6 +16,10 @@ use half::{bf16, f16};
 use std::io::Write as _;
 use std::time::Instant;
 
+/// The most iterations `-T` sizes a loop to (a call under 10 ns would need
+/// more for a second; none is that fast).
+const MAX_TIMED_ITERS: usize = 1 << 27;
+
 /// Buffer sizes of one row, in elements (nccl-tests' `getCollByteCount`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Layout {
@@ -234,6 +238,7 @@ impl<'a, T: Value> Bench<'a, T> {
             max_bytes: self.o.sizes.max,
             step_factor: self.o.sizes.factor,
             iters: self.o.iters,
+            time_s: self.o.time,
             warmup: self.o.warmup,
             check: self.o.check,
             ranks: self
@@ -464,15 +469,15 @@ impl<'a, T: Value> Bench<'a, T> {
         self.comm
             .barrier()
             .map_err(|e| Fail::lib("barrier before timing", e))?;
+        let iters = match self.o.time {
+            None => self.o.iters,
+            Some(target) => self.iters_for(target, l, in_place, size)?,
+        };
         let t0 = Instant::now();
-        self.call(l, in_place, self.o.iters, "timed", size)?;
-        let mine = t0.elapsed().as_secs_f64() / self.o.iters as f64;
-        let mut slowest = [0.0f64];
-        self.comm
-            .all_reduce(&[mine], &mut slowest, RedOp::Max)
-            .map_err(|e| Fail::lib("all_reduce of the times (max)", e))?;
+        self.call(l, in_place, iters, "timed", size)?;
+        let slowest = self.slowest(t0.elapsed().as_secs_f64() / iters as f64)?;
         if !self.o.check {
-            return Ok((slowest[0], None));
+            return Ok((slowest, None));
         }
         self.prepare(l, in_place);
         self.call(l, in_place, 1, "checked", size)?;
@@ -481,7 +486,40 @@ impl<'a, T: Value> Bench<'a, T> {
         self.comm
             .all_reduce(&[wrong, i64::from(wrong > 0)], &mut total, RedOp::Sum)
             .map_err(|e| Fail::lib("all_reduce of the wrong counts (sum)", e))?;
-        Ok((slowest[0], Some((total[0] as u64, total[1] as u64))))
+        Ok((slowest, Some((total[0] as u64, total[1] as u64))))
+    }
+
+    /// The slowest rank's value of `mine` (a time).
+    fn slowest(&self, mine: f64) -> Result<f64, Fail> {
+        let mut max = [0.0f64];
+        self.comm
+            .all_reduce(&[mine], &mut max, RedOp::Max)
+            .map_err(|e| Fail::lib("all_reduce of the times (max)", e))?;
+        Ok(max[0])
+    }
+
+    /// `-T`: the count whose loop lasts about `target` seconds on the
+    /// slowest rank, from timing 1, 2, 4, ... calls until a batch lasts a
+    /// tenth of it; never fewer than `-n`. Every rank scales the same
+    /// all-reduced time, so all run the same count.
+    fn iters_for(
+        &mut self,
+        target: f64,
+        l: &Layout,
+        in_place: bool,
+        size: usize,
+    ) -> Result<usize, Fail> {
+        let mut k = 1usize;
+        loop {
+            let t0 = Instant::now();
+            self.call(l, in_place, k, "loop sizing", size)?;
+            let t = self.slowest(t0.elapsed().as_secs_f64())?;
+            if t >= target / 10.0 || k >= MAX_TIMED_ITERS {
+                let n = (k as f64 * target / t.max(1e-9)).ceil();
+                return Ok((n as usize).clamp(self.o.iters, MAX_TIMED_ITERS.max(self.o.iters)));
+            }
+            k *= 2;
+        }
     }
 
     /// Wrong elements in this rank's result.

@@ -192,6 +192,7 @@ pub fn run(comm: &Communicator, o: &P2pOpts) -> Result<bool, Fail> {
         max_bytes: o.sizes.max,
         step_factor: o.sizes.factor,
         iters: o.iters,
+        time_s: None,
         warmup: o.warmup,
         check: o.check,
         ranks: comm

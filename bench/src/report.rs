@@ -78,6 +78,9 @@ pub struct Header {
     pub max_bytes: usize,
     pub step_factor: usize,
     pub iters: usize,
+    /// `-T`: each timed loop sized to about this many seconds (`iters` the least).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub time_s: Option<f64>,
     #[serde(rename = "warmup_iters")]
     pub warmup: usize,
     pub check: bool,
@@ -211,6 +214,9 @@ pub fn header_lines(h: &Header) -> Vec<String> {
         h.iters,
         u8::from(h.check)
     )];
+    if let Some(t) = h.time_s {
+        v[0].push_str(&format!(" timed loops: about {t} s each"));
+    }
     v.push(format!("# Transport: {}", h.transport));
     if let Some(a) = &h.algorithm {
         v.push(format!("# Algorithm: {a}"));
@@ -361,6 +367,7 @@ mod tests {
             max_bytes: 1 << 20,
             step_factor: 2,
             iters: 20,
+            time_s: None,
             warmup: 5,
             check: true,
             ranks: vec![

@@ -301,6 +301,53 @@ fn every_collective_and_algorithm_checks_out_on_three_ranks() {
     }
 }
 
+/// `-T`: each timed loop sized by time. Four sizes x two placements of
+/// 0.1 s each cannot finish in under 0.8 s, whatever the machine, while
+/// `-n 1` alone would take milliseconds; the header and the JSON say so,
+/// and every result is still checked.
+#[test]
+fn time_sized_loops() {
+    let json = std::env::temp_dir().join(format!("gwbench-test-{}-time.json", std::process::id()));
+    let t0 = std::time::Instant::now();
+    let r = bench(
+        2,
+        &[
+            "allreduce",
+            "-b",
+            "8",
+            "-e",
+            "4K",
+            "-f",
+            "8",
+            "-n",
+            "1",
+            "-w",
+            "1",
+            "-T",
+            "0.1",
+            "-J",
+            json.to_str().unwrap(),
+        ],
+    );
+    let took = t0.elapsed();
+    assert_eq!(r.code, Some(0), "{}", r.all());
+    assert!(took >= Duration::from_millis(800), "{took:?}\n{}", r.all());
+    let rows = table(&r);
+    assert_eq!(rows.len(), 4, "{}", r.all());
+    for f in &rows {
+        assert_eq!((f[8].as_str(), f[12].as_str()), ("0", "0"), "{f:?}");
+    }
+    assert!(
+        r.rank0()[0].ends_with("iters: 1 validation: 1 timed loops: about 0.1 s each"),
+        "{}",
+        r.all()
+    );
+    let j = std::fs::read_to_string(&json).unwrap();
+    let _ = std::fs::remove_file(&json);
+    let v: serde_json::Value = serde_json::from_str(&j).expect("-J writes valid JSON");
+    assert_eq!(v["header"]["time_s"], 0.1, "{j}");
+}
+
 #[test]
 fn algorithm_that_cannot_run_is_one_line_exit_1() {
     let r = bench(3, &["allreduce", "-a", "rhd", "-b", "8", "-e", "8"]);
@@ -589,7 +636,7 @@ fn usage_errors_and_help_without_a_launcher() {
     let h = run(&gwbench(), &["--help"]);
     assert_eq!(h.code, Some(0));
     for flag in [
-        "-b", "-e", "-f", "-n", "-w", "-c", "-d", "-o", "-r", "-a", "-J", "-P", "p2p",
+        "-b", "-e", "-f", "-n", "-w", "-c", "-d", "-o", "-r", "-a", "-J", "-P", "-T", "p2p",
     ] {
         assert!(h.stdout.contains(flag), "--help lacks {flag}");
     }
