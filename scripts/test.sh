@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Runs every gradwire test: installs what the tests need (iproute2 for the
 # network-namespace tests, slurm-wlm and munge for the two-node Slurm
-# cluster, gcc for the C ABI tests, libfabric and rdma-core's
+# cluster, gcc for the C ABI tests, OpenMPI for the peer benchmark's
+# check, libfabric and rdma-core's
 # headers for the RDMA transports, numpy/scikit-learn/pytest for the Python
 # ones, NVRTC from PyPI for the GPU kernels), builds every binary the
 # multi-process tests launch,
@@ -26,9 +27,17 @@ command -v fi_info >/dev/null 2>&1 || need+=(libfabric-bin)
 [[ -e /usr/include/infiniband/verbs.h ]] || need+=(libibverbs-dev)
 [[ -e /usr/include/rdma/rdma_cma.h ]] || need+=(librdmacm-dev)
 compgen -G '/usr/lib/llvm-*/lib/libclang.so*' >/dev/null || need+=(libclang-dev)
+# OpenMPI: the peer benchmark program (bench/peers/mpi_coll.c) is checked
+# for correct results (bench/tests/peer_programs.rs).
+command -v mpicc.openmpi >/dev/null 2>&1 || need+=(openmpi-bin libopenmpi-dev)
 if ((${#need[@]})); then
   echo "installing: ${need[*]}"
   apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${need[@]}"
+fi
+
+# Installed above: the peer program's test must run, not skip.
+if command -v mpicc.openmpi >/dev/null 2>&1; then
+  export GW_TEST_MPI=required
 fi
 
 # Network namespaces: where this machine can make them, the tests that use

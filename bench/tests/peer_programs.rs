@@ -1,0 +1,161 @@
+//! The peer program of `scripts/compare-collectives.py` computes what it
+//! times: `bench/peers/mpi_coll.c`, built with OpenMPI's compiler, runs
+//! every collective at 2 and 3 ranks (a size that is not a multiple of the
+//! ranks' blocks included) and must report every element right and the
+//! sizes gwbench's layout gives; `-T` sizes its loop. A benchmark that
+//! times a wrong result, or another size than gwbench's, compares nothing.
+//!
+//! Needs OpenMPI (`mpicc.openmpi`, `mpirun.openmpi`); `scripts/test.sh`
+//! installs it and sets `GW_TEST_MPI=required`, so that in CI this test
+//! cannot skip. Run by hand without OpenMPI it says so and passes.
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+const COLLS: [&str; 5] = [
+    "allreduce",
+    "reduce_scatter",
+    "allgather",
+    "broadcast",
+    "reduce",
+];
+
+fn have(tool: &str) -> bool {
+    Command::new("sh")
+        .args(["-c", &format!("command -v {tool}")])
+        .output()
+        .is_ok_and(|o| o.status.success())
+}
+
+/// The program built into a fresh directory, or `None` (said) without OpenMPI.
+fn build() -> Option<PathBuf> {
+    if !(have("mpicc.openmpi") && have("mpirun.openmpi")) {
+        if std::env::var("GW_TEST_MPI").as_deref() == Ok("required") {
+            panic!("GW_TEST_MPI=required but mpicc.openmpi or mpirun.openmpi is missing");
+        }
+        eprintln!(
+            "peer_programs: OpenMPI is not installed; nothing checked (scripts/test.sh installs it)"
+        );
+        return None;
+    }
+    let dir = std::env::temp_dir().join(format!("gw-peer-programs-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).expect("temp dir");
+    let exe = dir.join("mpi_coll");
+    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("peers/mpi_coll.c");
+    let out = Command::new("mpicc.openmpi")
+        .args(["-O2", "-Wall", "-Werror", "-o"])
+        .arg(&exe)
+        .arg(&src)
+        .arg("-lm")
+        .output()
+        .expect("run mpicc.openmpi");
+    assert!(
+        out.status.success(),
+        "mpicc.openmpi failed:\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    Some(exe)
+}
+
+/// `mpirun -n RANKS mpi_coll ARGS...` over shared memory; its stdout.
+fn mpirun(exe: &Path, ranks: u32, args: &[&str]) -> String {
+    let out = Command::new("mpirun.openmpi")
+        .args([
+            "--allow-run-as-root",
+            "--oversubscribe",
+            "--bind-to",
+            "none",
+        ])
+        .args(["--mca", "pml", "ob1", "--mca", "btl", "self,vader"])
+        .args(["-n", &ranks.to_string()])
+        .arg(exe)
+        .args(args)
+        .output()
+        .expect("run mpirun.openmpi");
+    let text = String::from_utf8_lossy(&out.stdout).into_owned();
+    assert!(
+        out.status.success(),
+        "mpirun -n {ranks} mpi_coll {args:?} failed:\n{text}{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    text
+}
+
+/// The `key=value` fields of the program's result lines.
+fn rows(text: &str) -> Vec<Vec<(String, String)>> {
+    text.lines()
+        .filter(|l| l.starts_with("mpi coll="))
+        .map(|l| {
+            l.split_whitespace()
+                .skip(1)
+                .filter_map(|kv| kv.split_once('='))
+                .map(|(k, v)| (k.to_owned(), v.to_owned()))
+                .collect()
+        })
+        .collect()
+}
+
+fn field<'a>(row: &'a [(String, String)], key: &str) -> &'a str {
+    row.iter()
+        .find(|(k, _)| k == key)
+        .map(|(_, v)| v.as_str())
+        .unwrap_or_else(|| panic!("no {key} in {row:?}"))
+}
+
+#[test]
+fn every_collective_is_right_at_two_and_three_ranks() {
+    let Some(exe) = build() else { return };
+    for ranks in [2u32, 3] {
+        for coll in COLLS {
+            let text = mpirun(&exe, ranks, &[coll, "8:3:1", "1000:3:1", "65536:3:1"]);
+            let got = rows(&text);
+            assert_eq!(got.len(), 3, "{coll} at {ranks}:\n{text}");
+            let per_rank = matches!(coll, "reduce_scatter" | "allgather");
+            for (row, asked) in got.iter().zip([8usize, 1000, 65536]) {
+                assert_eq!(field(row, "coll"), coll);
+                assert_eq!(field(row, "wrong"), "0", "{coll} at {ranks}: {row:?}");
+                // gwbench's layout: whole 16-byte blocks per rank, at least one element.
+                let elems = asked / 4;
+                let want = if per_rank {
+                    (elems / ranks as usize / 4 * 4).max(1) * ranks as usize * 4
+                } else {
+                    elems * 4
+                };
+                assert_eq!(field(row, "size"), want.to_string(), "{coll} {row:?}");
+                let t: f64 = field(row, "time_us").parse().expect("time_us");
+                assert!(t > 0.0 && t.is_finite(), "{row:?}");
+            }
+        }
+    }
+}
+
+#[test]
+fn time_sized_loops_and_bad_arguments() {
+    let Some(exe) = build() else { return };
+    let t0 = Instant::now();
+    let text = mpirun(&exe, 2, &["allreduce", "-T", "0.2", "1024:1:1"]);
+    let got = rows(&text);
+    assert_eq!(got.len(), 1, "{text}");
+    assert!(t0.elapsed() >= Duration::from_millis(200), "{text}");
+    let iters: u64 = field(&got[0], "iters").parse().expect("iters");
+    assert!(iters > 1, "-T 0.2 ran {iters} call(s): {text}");
+    for args in [
+        &["alltoall", "8:1:1"][..],
+        &["allreduce", "8:0:1"],
+        &["allreduce", "-T", "0", "8:1:1"],
+    ] {
+        let out = Command::new("mpirun.openmpi")
+            .args(["--allow-run-as-root", "--oversubscribe", "-n", "2"])
+            .arg(&exe)
+            .args(args)
+            .output()
+            .expect("run mpirun.openmpi");
+        assert!(!out.status.success(), "{args:?} was accepted");
+        assert!(
+            String::from_utf8_lossy(&out.stderr).contains("mpi_coll: "),
+            "{args:?}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+}

@@ -1,0 +1,215 @@
+#!/usr/bin/env python3
+"""Every collective of gradwire against OpenMPI and MPICH, in the same run.
+
+    python3 scripts/compare-collectives.py [-t shm|tcp] [-p RANKS] [-r ROUNDS]
+        [-T SECONDS] [-c COLL,COLL,...] [-b MIN] [-e MAX] [-f FACTOR]
+        [--peers openmpi,mpich] [--out DIR]
+
+Each round runs, for each collective and peer in turn (interleaved, so the
+machine's speed of the moment is shared): `gwrun -n RANKS gwbench COLL -T
+SECONDS` and `mpirun -n RANKS bench/peers/mpi_coll COLL -T SECONDS`, both
+float32 sum (root 0), out of place, each timed loop sized to about SECONDS
+on the slowest rank, every result checked. Transports: shm is gradwire's
+shared memory against OpenMPI's ob1 with its shared-memory BTL and MPICH's
+default (ch4 with UCX, which uses shared memory between local ranks); tcp
+is gradwire's TCP over loopback against OpenMPI's ob1 with btl tcp,self on
+lo and MPICH with MPIR_CVAR_NOLOCAL=1 and UCX_TLS=tcp,self.
+
+Prints, per collective, busbw (GB/s, nccl-tests' definitions, medians over
+rounds) of gradwire and each peer, and gradwire/peer as the median of the
+per-round ratios with their range; a size from 64 KiB up where the median
+is below 1.0 is marked "behind" (issue 21's first target). Raw outputs and
+results.json go to --out (default target/compare-collectives).
+
+Needs OpenMPI's mpicc.openmpi/mpirun.openmpi and MPICH's
+mpicc.mpich/mpirun.mpich (Debian: openmpi-bin libopenmpi-dev mpich
+libmpich-dev; a missing one is skipped with a line saying so) and
+gradwire's release build (cargo build --release --bins).
+"""
+
+import argparse
+import json
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+
+REPO = os.path.abspath(os.path.join(os.path.dirname(__file__), ".."))
+COLLS = ["allreduce", "reduce_scatter", "allgather", "broadcast", "reduce"]
+BEHIND_FROM = 64 << 10
+
+
+def size_arg(s):
+    mult = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
+    try:
+        return int(s[:-1]) * mult[s[-1].upper()] if s[-1].upper() in mult else int(s)
+    except (ValueError, IndexError):
+        raise argparse.ArgumentTypeError(f"{s!r} is not a size (bytes, or with K/M/G)") from None
+
+
+def parse_args():
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("-t", "--transport", choices=["shm", "tcp"], default="shm")
+    p.add_argument("-p", "--ranks", type=int, default=2)
+    p.add_argument("-r", "--rounds", type=int, default=3)
+    p.add_argument("-T", "--seconds", type=float, default=0.3)
+    p.add_argument("-c", "--colls", default=",".join(COLLS))
+    p.add_argument("-b", "--min", type=size_arg, default=64 << 10)
+    p.add_argument("-e", "--max", type=size_arg, default=64 << 20)
+    p.add_argument("-f", "--factor", type=int, default=16)
+    p.add_argument("--peers", default="openmpi,mpich")
+    p.add_argument("--out", default=os.path.join(os.environ.get("CARGO_TARGET_DIR", "target"),
+                                                  "compare-collectives"))
+    a = p.parse_args()
+    a.colls = a.colls.split(",")
+    bad = [c for c in a.colls if c not in COLLS]
+    if bad:
+        p.error(f"unknown collective(s) {', '.join(bad)} (from {', '.join(COLLS)})")
+    a.peers = [x for x in a.peers.split(",") if x]
+    if any(x not in ("openmpi", "mpich") for x in a.peers):
+        p.error("--peers takes openmpi and/or mpich")
+    if a.ranks < 2 or a.rounds < 1 or not 0 < a.seconds <= 60 or a.factor < 2 or a.min > a.max:
+        p.error("need -p >= 2, -r >= 1, 0 < -T <= 60, -f >= 2 and -b <= -e")
+    return a
+
+
+def sizes(a):
+    s, out = a.min, []
+    while s <= a.max:
+        out.append(s)
+        s *= a.factor
+    return out
+
+
+def build_peers(a, out):
+    """Peer name -> (mpirun argv prefix, extra env); skipped ones are said."""
+    peers = {}
+    src = os.path.join(REPO, "bench", "peers", "mpi_coll.c")
+    for name in a.peers:
+        cc, run = f"mpicc.{name}", f"mpirun.{name}"
+        if not (shutil.which(cc) and shutil.which(run)):
+            print(f"# skipped {name}: {cc} or {run} not found (Debian: "
+                  f"{'openmpi-bin libopenmpi-dev' if name == 'openmpi' else 'mpich libmpich-dev'})")
+            continue
+        exe = os.path.join(out, f"mpi_coll.{name}")
+        r = subprocess.run([cc, "-O2", "-o", exe, src, "-lm"], capture_output=True, text=True)
+        if r.returncode != 0:
+            print(f"# skipped {name}: {cc} failed:\n{r.stderr}")
+            continue
+        env = {}
+        if name == "openmpi":
+            argv = [run, "--allow-run-as-root", "--oversubscribe", "--mca", "pml", "ob1"]
+            if a.transport == "tcp":
+                argv += ["--mca", "btl", "tcp,self", "--mca", "btl_tcp_if_include", "lo"]
+            else:
+                info = subprocess.run(["ompi_info"], capture_output=True, text=True).stdout
+                argv += ["--mca", "btl", "self," + ("vader" if "MCA btl: vader" in info else "sm")]
+        else:
+            argv = [run]
+            if a.transport == "tcp":
+                env = {"MPIR_CVAR_NOLOCAL": "1", "UCX_TLS": "tcp,self"}
+        peers[name] = (argv + ["-n", str(a.ranks), exe], env)
+    return peers
+
+
+def run(argv, env, log):
+    e = dict(os.environ)
+    e.update(env)
+    r = subprocess.run(argv, env=e, cwd=REPO, capture_output=True, text=True, timeout=1800)
+    with open(log, "w") as f:
+        f.write(" ".join(argv) + "\n" + r.stdout + r.stderr)
+    if r.returncode != 0:
+        raise RuntimeError(f"{' '.join(argv[:6])}... exited {r.returncode} (see {log})")
+    return r.stdout
+
+
+def gradwire(a, coll, sz, log):
+    target = os.environ.get("CARGO_TARGET_DIR", os.path.join(REPO, "target"))
+    bindir = os.path.join(target, "release")
+    js = log + ".json"
+    argv = [os.path.join(bindir, "gwrun"), "-n", str(a.ranks), os.path.join(bindir, "gwbench"), coll,
+            "-b", str(sz[0]), "-e", str(sz[-1]), "-f", str(a.factor), "-n", "1", "-w", "5",
+            "-T", str(a.seconds), "-c", "1", "-J", js]
+    run(argv, {"GW_TRANSPORT": a.transport}, log)
+    with open(js) as f:
+        doc = json.load(f)
+    if not doc.get("ok"):
+        raise RuntimeError(f"gwbench found wrong results (see {js})")
+    return {row["size"]: row["out_of_place"]["busbw"] for row in doc["rows"]}
+
+
+def peer(argv, env, a, coll, sz, log):
+    out = run(argv[:-1] + [argv[-1], coll, "-T", str(a.seconds)] + [f"{s}:1:5" for s in sz], env, log)
+    got = {}
+    for line in out.splitlines():
+        if not line.startswith("mpi coll="):
+            continue
+        f = dict(kv.split("=", 1) for kv in line.split()[1:])
+        if f["wrong"] != "0":
+            raise RuntimeError(f"{log}: wrong results: {line}")
+        got[int(f["size"])] = float(f["busbw"])
+    return got
+
+
+def main():
+    a = parse_args()
+    os.makedirs(a.out, exist_ok=True)
+    sz = sizes(a)
+    peers = build_peers(a, a.out)
+    # busbw[coll][who][size] = [per round]
+    bw = {c: {w: {} for w in ["gradwire", *peers]} for c in a.colls}
+    for r in range(a.rounds):
+        print(f"# round {r + 1} of {a.rounds}", flush=True)
+        for c in a.colls:
+            for who in ["gradwire", *peers]:
+                log = os.path.join(a.out, f"{c}.{who}.{a.transport}{a.ranks}.r{r}.log")
+                try:
+                    got = gradwire(a, c, sz, log) if who == "gradwire" else \
+                        peer(*peers[who], a, c, sz, log)
+                except (RuntimeError, subprocess.TimeoutExpired) as e:
+                    print(f"# {c} {who}: {e}", flush=True)
+                    continue
+                for s, v in got.items():
+                    bw[c][who].setdefault(s, []).append(v)
+
+    results = {"transport": a.transport, "ranks": a.ranks, "rounds": a.rounds, "seconds": a.seconds,
+               "collectives": {}}
+    behind = []
+    for c in a.colls:
+        print(f"\n{c}, {a.transport}, {a.ranks} ranks: busbw GB/s (median over rounds); "
+              "gradwire/peer = median [min-max] of per-round ratios")
+        head = f"{'bytes':>10} {'gradwire':>9}"
+        for p in peers:
+            head += f" {p:>9} {'gradwire/' + p:>24}"
+        print(head)
+        gw = bw[c]["gradwire"]
+        rows = {}
+        for s in sorted(gw):
+            line = f"{s:>10} {statistics.median(gw[s]):>9.3f}"
+            row = {"gradwire": statistics.median(gw[s])}
+            for p in peers:
+                theirs = bw[c][p].get(s)
+                if not theirs or len(theirs) != len(gw[s]):
+                    line += f" {'n/a':>9} {'n/a':>24}"
+                    continue
+                ratios = [g / t for g, t in zip(gw[s], theirs) if t > 0]
+                med = statistics.median(ratios)
+                mark = " behind" if s >= BEHIND_FROM and med < 1.0 else ""
+                if mark:
+                    behind.append(f"{c} {s} vs {p}: {med:.2f}")
+                line += f" {statistics.median(theirs):>9.3f} {f'{med:.2f} [{min(ratios):.2f}-{max(ratios):.2f}]{mark}':>24}"
+                row[p] = statistics.median(theirs)
+                row[f"ratio_{p}"] = med
+                row[f"ratio_{p}_range"] = [min(ratios), max(ratios)]
+            rows[s] = row
+            print(line)
+        results["collectives"][c] = rows
+    with open(os.path.join(a.out, f"results.{a.transport}{a.ranks}.json"), "w") as f:
+        json.dump(results, f, indent=1)
+    print("\nbehind a peer from 64 KiB up: " + ("; ".join(behind) if behind else "none"))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
