@@ -59,9 +59,20 @@ fn identity(count: usize) -> Alias {
     }
 }
 
-/// Broadcast from `spec.root`, `n >= 2`.
+/// Broadcast from `spec.root`, `n >= 2`. Between two ranks there is no
+/// chain to fill and no compute to overlap, so segments are 8 times the
+/// configured length: fewer hand-offs, and over shared memory segments
+/// (1 MiB by default) above the size its receiver pulls in one copy, where
+/// 128 KiB ones went twice through the ring's slots. One segment for the
+/// whole message was tried: faster on shared memory, slower over TCP at
+/// 16 MiB, which gains from a pipeline of its 1 MiB segments.
 pub(super) fn broadcast(spec: &OpSpec) -> Result<DagSchedule> {
-    let (count, seg) = (spec.count, spec.segment_elems);
+    let count = spec.count;
+    let seg = if spec.nranks == 2 {
+        spec.segment_elems.saturating_mul(8)
+    } else {
+        spec.segment_elems
+    };
     let m = nsegs(count, seg);
     check_steps("broadcast", Some(m))?;
     let shape = Shape::new(spec, m);
