@@ -3,7 +3,8 @@
 #
 # Each round runs gwbench allreduce three times: ordinary (-P 0), persistent
 # two-sided (-P 1, GW_ONE_SIDED=0) and persistent one-sided (-P 1,
-# GW_ONE_SIDED=1), so that the machine's speed of the moment is shared;
+# GW_ONE_SIDED=1), in that order in odd rounds and the reverse in even ones,
+# so that the machine's speed of the moment is shared;
 # the verdict per size is the median over rounds of ordinary/persistent
 # (above 1: persistent faster). Times are gwbench's out-of-place column.
 #
@@ -23,8 +24,13 @@ done
 cargo build --release -q -p gw-bench -p gw-launch
 rows=$(mktemp)
 trap 'rm -f "$rows"' EXIT
+# Odd rounds run ordinary first, even rounds last: on this VM whichever
+# program runs second in a round came out up to 2.5x faster even where both
+# ran the same schedule, so a fixed order would bias every ratio.
 for r in $(seq 1 "$rounds"); do
-  for m in ord two one; do
+  order="ord two one"
+  ((r % 2)) || order="one two ord"
+  for m in $order; do
     case $m in ord) P=0 OS=auto ;; two) P=1 OS=0 ;; one) P=1 OS=1 ;; esac
     GW_ONE_SIDED=$OS GW_TRANSPORT=$t target/release/gwrun -n "$np" target/release/gwbench \
       allreduce -b "$min" -e "$max" -f 4 -n "$iters" -w 20 -c 0 -P $P 2>/dev/null |
@@ -37,11 +43,11 @@ d = collections.defaultdict(lambda: collections.defaultdict(dict))
 for line in open(sys.argv[1]):
     r, m, size, us = line.split()
     d[int(size)][m][int(r)] = float(us)
-print(f"{'bytes':>9} {'ordinary us':>12} {'two-sided us':>13} {'one-sided us':>13} {'ord/two':>8} {'ord/one':>8}   per-round ord/one")
+print(f"{'bytes':>9} {'ordinary us':>12} {'two-sided us':>13} {'one-sided us':>13} {'ord/two':>8} {'ord/one':>8}   per-round ord/two | ord/one")
 for size in sorted(d):
     x = d[size]
     med = lambda m: statistics.median(x[m].values())
     ratio = lambda m: statistics.median(x["ord"][r] / x[m][r] for r in x[m] if r in x["ord"])
-    per = " ".join(f"{x['ord'][r] / x['one'][r]:.2f}" for r in sorted(x["one"]) if r in x["ord"])
-    print(f"{size:>9} {med('ord'):>12.1f} {med('two'):>13.1f} {med('one'):>13.1f} {ratio('two'):>8.2f} {ratio('one'):>8.2f}   {per}")
+    per = lambda m: " ".join(f"{x['ord'][r] / x[m][r]:.2f}" for r in sorted(x[m]) if r in x["ord"])
+    print(f"{size:>9} {med('ord'):>12.1f} {med('two'):>13.1f} {med('one'):>13.1f} {ratio('two'):>8.2f} {ratio('one'):>8.2f}   {per('two')} | {per('one')}")
 PY
