@@ -311,11 +311,11 @@ struct Opts {
     )]
     persistent: bool,
 
-    /// With p2p --op send or write: both ranks stream at once
+    /// With p2p --op send, write or read: both ranks stream at once
     #[arg(long = "bidir")]
     bidir: bool,
 
-    /// With p2p --op send or write: latency rows instead of bandwidth rows
+    /// With p2p --op send, write or read: latency rows instead of bandwidth rows
     #[arg(long = "lat")]
     lat: bool,
 }
@@ -454,6 +454,8 @@ pub enum P2pOp {
     Send,
     /// One-sided writes (`Communicator::put_init`), ib_write_bw's and ib_write_lat's.
     Write,
+    /// One-sided reads (`Communicator::get_init`), ib_read_bw's and ib_read_lat's.
+    Read,
 }
 
 /// `p2p --op OP [--bidir] [--lat]`.
@@ -756,7 +758,7 @@ pub fn parse<S: Into<OsString>>(args: impl IntoIterator<Item = S>) -> Result<Com
         let perftest = match (op, o.bidir, o.lat) {
             (None, false, false) => None,
             (None, _, _) => return err("--bidir and --lat go with --op (p2p --op send)"),
-            (Some("send" | "write"), true, true) => {
+            (Some("send" | "write" | "read"), true, true) => {
                 return err("--lat takes no --bidir (perftest's latency tests are one way)");
             }
             (Some("send"), bidir, lat) => Some(Perftest {
@@ -769,9 +771,14 @@ pub fn parse<S: Into<OsString>>(args: impl IntoIterator<Item = S>) -> Result<Com
                 bidir,
                 lat,
             }),
+            (Some("read"), bidir, lat) => Some(Perftest {
+                op: P2pOp::Read,
+                bidir,
+                lat,
+            }),
             (Some(op), _, _) => {
                 return err(format!(
-                    "--op {op}: one-sided reads are not in the transport seam yet; --op write and --op send run"
+                    "--op {op}: not a p2p operation (send, write, read)"
                 ));
             }
         };

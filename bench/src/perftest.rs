@@ -124,12 +124,11 @@ pub fn lat_row(size: usize, iters: usize, s: &LatStats) -> String {
 
 /// Runs the perftest-shaped benchmark; `print` writes rank 0's lines.
 pub fn run(b: &mut P2p<'_>, o: &P2pOpts, pt: &Perftest, print: &dyn Fn(&str)) -> Result<(), Fail> {
-    if pt.op == P2pOp::Write {
-        return if pt.lat {
-            run_write_lat(b, o, print)
-        } else {
-            run_write(b, o, pt, print)
-        };
+    match (pt.op, pt.lat) {
+        (P2pOp::Write | P2pOp::Read, false) => return run_one_sided(b, o, pt, print),
+        (P2pOp::Write, true) => return run_write_lat(b, o, print),
+        (P2pOp::Read, true) => return run_read_lat(b, o, print),
+        (P2pOp::Send, _) => {}
     }
     let lib = |what: &str, size: usize| {
         let what = format!("p2p --op send {what} of {size} bytes");
@@ -181,21 +180,29 @@ pub fn run(b: &mut P2p<'_>, o: &P2pOpts, pt: &Perftest, print: &dyn Fn(&str)) ->
     Ok(())
 }
 
-/// `--op write`: ib_write_bw through the communicator. Per size, one
-/// persistent put (`Communicator::put_init`) whose round is `k` writes of
-/// the message into the peer's buffer, `k` the iterations of a window; the
-/// windows are its rounds. A round's time is the slower rank's (the
-/// writer's ends when its writes complete, the target's when they have
-/// landed). Planning the put (registration, the exchange of keys) is not
-/// timed, as ib_write_bw's connection setup is not.
-fn run_write(
+/// `--op write` and `--op read`: ib_write_bw and ib_read_bw through the
+/// communicator. Per size, one persistent put (`Communicator::put_init`)
+/// or get (`get_init`) whose round is `k` writes of the message into the
+/// peer's buffer, or `k` reads of the peer's, `k` the iterations of a
+/// window; the windows are its rounds. Rank 0's bytes move to rank 1 (and
+/// rank 1's to rank 0 with `--bidir`): rank 0 writes, or rank 1 reads. A
+/// round's time is the slower rank's (a writer's ends when its writes
+/// complete, a target's when they have landed; a reader's when its reads
+/// have, an owner's when the reader says so). Planning (registration, the
+/// exchange of keys) is not timed, as perftest's connection setup is not.
+fn run_one_sided(
     b: &mut P2p<'_>,
     o: &P2pOpts,
     pt: &Perftest,
     print: &dyn Fn(&str),
 ) -> Result<(), Fail> {
+    let name = if pt.op == P2pOp::Read {
+        "read"
+    } else {
+        "write"
+    };
     let lib = |what: &str, size: usize| {
-        let what = format!("p2p --op write {what} of {size} bytes");
+        let what = format!("p2p --op {name} {what} of {size} bytes");
         move |e: Error| Fail::Lib { what, err: e }
     };
     print(&bw_columns());
@@ -206,20 +213,22 @@ fn run_write(
         let nwin = WINDOWS.min(o.iters.max(1));
         let k = (o.iters / nwin).max(1);
         let (sends, recvs) = (b.me == 0 || pt.bidir, b.me == 1 || pt.bidir);
-        for (i, x) in b.send[..size].iter_mut().enumerate() {
-            *x = crate::p2p::pattern(b.me, size, i);
-        }
-        b.recv[..size].fill(0xff);
+        fresh_message(b, size);
         let send = if sends { &b.send[..size] } else { &[][..] };
         let recv = if recvs {
             &mut b.recv[..size]
         } else {
             &mut [][..]
         };
-        let mut put = b
-            .comm
-            .put_init(send, recv, k)
-            .map_err(lib("put_init", size))?;
+        let mut put = if pt.op == P2pOp::Read {
+            b.comm
+                .get_init(send, recv, k)
+                .map_err(lib("get_init", size))?
+        } else {
+            b.comm
+                .put_init(send, recv, k)
+                .map_err(lib("put_init", size))?
+        };
         if o.warmup > 0 {
             put.start()
                 .and_then(|_| put.wait())
@@ -244,12 +253,22 @@ fn run_write(
             .map(|(a, t)| (k, a.max(*t)))
             .collect();
         if o.check && recvs {
-            check_landed(b, size, "p2p --op write")?;
+            check_landed(b, size, &format!("p2p --op {name}"))?;
         }
         let (peak, avg, rate) = bw_stats(size, if pt.bidir { 2 } else { 1 }, &windows);
         print(&bw_row(size, k * nwin, peak, avg, rate));
     }
     Ok(())
+}
+
+/// Writes this rank's message of `size` bytes into `b.send` and spoils the
+/// first `size` bytes of `b.recv`, so that `check_landed` sees only what a
+/// transfer of this size brought.
+fn fresh_message(b: &mut P2p<'_>, size: usize) {
+    for (i, x) in b.send[..size].iter_mut().enumerate() {
+        *x = crate::p2p::pattern(b.me, size, i);
+    }
+    b.recv[..size].fill(0xff);
 }
 
 /// Whether the first `size` bytes of `b.recv` are the peer's message.
@@ -284,10 +303,7 @@ fn run_write_lat(b: &mut P2p<'_>, o: &P2pOpts, print: &dyn Fn(&str)) -> Result<(
         if size == 0 {
             continue;
         }
-        for (i, x) in b.send[..size].iter_mut().enumerate() {
-            *x = crate::p2p::pattern(me, size, i);
-        }
-        b.recv[..size].fill(0xff);
+        fresh_message(b, size);
         let (send, recv) = (&b.send[..size], &mut b.recv[..size]);
         let none: &[u8] = &[];
         let (ping_send, pong_send) = if me == 0 { (send, none) } else { (none, send) };
@@ -322,6 +338,62 @@ fn run_write_lat(b: &mut P2p<'_>, o: &P2pOpts, print: &dyn Fn(&str)) -> Result<(
             check_landed(b, size, "p2p --op write --lat")?;
         }
         if let Some(s) = lat_stats(&samples) {
+            print(&lat_row(size, o.iters, &s));
+        }
+    }
+    Ok(())
+}
+
+/// `--op read --lat`: ib_read_lat through the communicator. Per size, one
+/// persistent get of one read a round, rank 1 reading rank 0's buffer; a
+/// sample is rank 1's round, from its start to its read's completion. A
+/// read is a round trip by itself, so a sample is not halved; it also
+/// holds the get's O(1) handshake (the owner's `Ready`, the reader's
+/// `Done` of the round before), where ib_read_lat times the read alone.
+fn run_read_lat(b: &mut P2p<'_>, o: &P2pOpts, print: &dyn Fn(&str)) -> Result<(), Fail> {
+    let lib = |what: &str, size: usize| {
+        let what = format!("p2p --op read --lat {what} of {size} bytes");
+        move |e: Error| Fail::Lib { what, err: e }
+    };
+    print(&lat_columns());
+    let (me, comm) = (b.me, b.comm);
+    for size in o.sizes.seq() {
+        if size == 0 {
+            continue;
+        }
+        fresh_message(b, size);
+        let (expose, into): (&[u8], &mut [u8]) = if me == 0 {
+            (&b.send[..size], &mut [])
+        } else {
+            (&[], &mut b.recv[..size])
+        };
+        let mut get = comm
+            .get_init(expose, into, 1)
+            .map_err(lib("get_init", size))?;
+        let mut round = || -> Result<(), Error> {
+            get.start()?;
+            get.wait()
+        };
+        for _ in 0..o.warmup {
+            round().map_err(lib("warm-up", size))?;
+        }
+        let mut samples = Vec::with_capacity(o.iters);
+        for _ in 0..o.iters {
+            let t0 = Instant::now();
+            round().map_err(lib("read", size))?;
+            samples.push(t0.elapsed().as_secs_f64() * 1e6);
+        }
+        drop(get);
+        if o.check && me == 1 {
+            check_landed(b, size, "p2p --op read --lat")?;
+        }
+        // Rank 0's rounds only wait for the reader; rank 1's are the
+        // samples, and rank 0 prints.
+        let mut theirs = vec![0.0f64; samples.len()];
+        comm.sendrecv(&samples, b.peer, &mut theirs, b.peer)
+            .map_err(lib("sample exchange", size))?;
+        let reader = if me == 1 { &samples } else { &theirs };
+        if let Some(s) = lat_stats(reader) {
             print(&lat_row(size, o.iters, &s));
         }
     }

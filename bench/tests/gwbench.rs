@@ -443,35 +443,6 @@ fn p2p_in_perftests_shape() {
     }
 }
 
-/// `--op write`: one-sided writes (shared memory here, gwrun's default on
-/// one host), ib_write_bw's columns, every message checked where it landed
-/// (`-c 1`), one way and both ways.
-#[test]
-fn p2p_write_in_perftests_shape() {
-    for bidir in [false, true] {
-        let mut args = vec![
-            "p2p", "--op", "write", "-b", "8", "-e", "1M", "-f", "128", "-n", "16", "-c", "1",
-        ];
-        if bidir {
-            args.push("--bidir");
-        }
-        let r = bench(2, &args);
-        assert_eq!(r.code, Some(0), "{}", r.all());
-        let rows = perftest_rows(&r, "#bytes", 5);
-        assert_eq!(
-            rows.iter().map(|f| f[0]).collect::<Vec<_>>(),
-            [8.0, 1024.0, 131072.0],
-            "{}",
-            r.all()
-        );
-        for f in &rows {
-            assert_eq!(f[1], 16.0, "{f:?}");
-            assert!(f[2] >= f[3] && f[4] > 0.0, "peak >= average, a rate: {f:?}");
-        }
-        assert!(rows[2][3] > 0.0, "{}", r.all());
-    }
-}
-
 /// `--op write --lat`: ib_write_lat's rows from a ping-pong of one-sided
 /// writes, each landing checked (`-c 1`).
 #[test]
@@ -503,6 +474,126 @@ fn p2p_write_latency_in_perftests_shape() {
     }
 }
 
+/// `--op write` and `--op read`: one-sided writes (persistent puts) and
+/// reads (persistent gets: rank 1 reads rank 0's buffer) in ib_write_bw's
+/// and ib_read_bw's columns, every message checked where it landed (`-c
+/// 1`), one way and both ways, over shared memory and libfabric's tcp
+/// provider.
+#[test]
+fn p2p_one_sided_in_perftests_shape() {
+    let bench = gwbench();
+    for (op, transport, bidir) in [
+        ("write", "shm", false),
+        ("write", "shm", true),
+        ("read", "shm", false),
+        ("read", "shm", true),
+        ("read", "ofi", false),
+    ] {
+        let mut args = vec![
+            "--transport",
+            transport,
+            "-n",
+            "2",
+            bench.to_str().unwrap(),
+            "p2p",
+            "--op",
+            op,
+            "-b",
+            "8",
+            "-e",
+            "1M",
+            "-f",
+            "128",
+            "-n",
+            "16",
+            "-c",
+            "1",
+        ];
+        if bidir {
+            args.push("--bidir");
+        }
+        let r = run(&gwrun(), &args);
+        assert_eq!(r.code, Some(0), "{op} {transport} {bidir}: {}", r.all());
+        let rows = perftest_rows(&r, "#bytes", 5);
+        assert_eq!(
+            rows.iter().map(|f| f[0]).collect::<Vec<_>>(),
+            [8.0, 1024.0, 131072.0],
+            "{}",
+            r.all()
+        );
+        for f in &rows {
+            assert_eq!(f[1], 16.0, "{f:?}");
+            assert!(f[2] >= f[3] && f[4] > 0.0, "peak >= average, a rate: {f:?}");
+        }
+        assert!(rows[2][3] > 0.0, "{}", r.all());
+    }
+}
+
+/// `--op read --lat`: ib_read_lat's rows, rank 1's reads of rank 0's
+/// buffer timed one at a time, the bytes checked.
+#[test]
+fn p2p_read_latency_in_perftests_shape() {
+    let r = bench(
+        2,
+        &[
+            "p2p", "--op", "read", "--lat", "-b", "8", "-e", "4K", "-f", "8", "-n", "200", "-c",
+            "1",
+        ],
+    );
+    assert_eq!(r.code, Some(0), "{}", r.all());
+    let rows = perftest_rows(&r, "#bytes", 9);
+    assert_eq!(
+        rows.iter().map(|f| f[0]).collect::<Vec<_>>(),
+        [8.0, 64.0, 512.0, 4096.0],
+        "{}",
+        r.all()
+    );
+    for f in &rows {
+        let (min, max, typ, avg) = (f[2], f[3], f[4], f[5]);
+        assert_eq!(f[1], 200.0, "{f:?}");
+        assert!(
+            min > 0.0 && min <= typ && typ <= max && min <= avg && avg <= max,
+            "{f:?}"
+        );
+    }
+}
+
+/// TCP has no one-sided reads: `--op read` over it fails on both ranks
+/// alike, with an error naming the transport, before anything is timed.
+#[test]
+fn p2p_read_over_tcp_is_refused_naming_the_transport() {
+    let bench = gwbench();
+    let args = [
+        "--transport",
+        "tcp",
+        "-n",
+        "2",
+        bench.to_str().unwrap(),
+        "p2p",
+        "--op",
+        "read",
+        "-b",
+        "8",
+        "-e",
+        "8",
+    ];
+    let r = run(&gwrun(), &args);
+    assert_ne!(r.code, Some(0), "{}", r.all());
+    assert!(
+        r.all()
+            .contains("needs one-sided reads, and the transport to rank")
+            && r.all().contains("(tcp) has none"),
+        "{}",
+        r.all()
+    );
+    assert!(
+        r.all()
+            .contains("gwbench: error: p2p --op read get_init of 8 bytes"),
+        "{}",
+        r.all()
+    );
+}
+
 #[test]
 fn perftest_flags_refused_where_they_do_not_apply() {
     for (args, want) in [
@@ -511,8 +602,8 @@ fn perftest_flags_refused_where_they_do_not_apply() {
             "--lat takes no --bidir",
         ),
         (
-            &["p2p", "--op", "read"],
-            "one-sided reads are not in the transport seam yet",
+            &["p2p", "--op", "read", "--lat", "--bidir"],
+            "--lat takes no --bidir",
         ),
         (&["p2p", "--lat"], "go with --op"),
         (

@@ -169,6 +169,8 @@ pub struct Communicator {
     abort: Arc<AtomicBool>,
     thread: Option<JoinHandle<()>>,
     routes: Vec<&'static str>,
+    /// Per rank: whether the transport reaching it has one-sided reads.
+    pub(crate) reads: Vec<bool>,
     hostnames: Vec<String>,
     store: Mutex<StoreClient>,
     /// The fusion buffer, kept between calls so steady-state steps reuse it.
@@ -257,6 +259,16 @@ impl Communicator {
             met.prefix.clone(),
             env.world,
         );
+        let reads = routes
+            .route
+            .iter()
+            .map(|&t| {
+                routes
+                    .transports
+                    .get(t)
+                    .is_some_and(|t| t.properties().one_sided_read)
+            })
+            .collect();
         let started = bringup::start_engine(&env, &cfg, &mut routes, board, span.clone())?;
         tracing::info!("init done in {:.1} ms", start.elapsed().as_secs_f64() * 1e3);
         let world = env.world;
@@ -283,6 +295,7 @@ impl Communicator {
             abort: started.abort,
             thread: Some(started.thread),
             routes: routes.names,
+            reads,
             hostnames: routes.hostnames,
             store: Mutex::new(met.store),
             fusion: Mutex::new(Vec::new()),

@@ -37,7 +37,7 @@ use crate::sched_cache::{self, ScheduleCache};
 use crate::trace;
 use gw_transport::rma::{Imm, stamp_round};
 use gw_transport::seam::Readiness;
-use gw_transport::seam::WriteImm;
+use gw_transport::seam::{ReadFrom, WriteImm};
 use gw_transport::{Arrival, Error, Landed, MemHandle, Rank, Request, Result, Transport};
 use mio::{Events, Poll, Token, Waker};
 use std::collections::VecDeque;
@@ -273,6 +273,8 @@ pub(crate) struct Engine {
     /// Per transport: whether it has one-sided writes (and so immediates
     /// to take), and whether hardware does them.
     one_sided: Vec<bool>,
+    /// Per transport: whether it has one-sided reads.
+    reads: Vec<bool>,
     offloaded: Vec<bool>,
     connected: Vec<bool>,
     rx: Receiver,
@@ -317,12 +319,17 @@ impl Engine {
             .iter()
             .map(|t| t.properties().offloaded_writes)
             .collect();
+        let reads = transports
+            .iter()
+            .map(|t| t.properties().one_sided_read)
+            .collect();
         Ok((
             Engine {
                 cfg,
                 transports,
                 route,
                 one_sided,
+                reads,
                 offloaded,
                 connected: vec![false; n],
                 rx,
@@ -595,6 +602,7 @@ impl Engine {
                 Action::Send { peer, .. }
                 | Action::Recv { peer, .. }
                 | Action::Write { peer, .. }
+                | Action::Read { peer, .. }
                 | Action::Landed { peer, .. } => *peer,
                 _ => self.cfg.me,
             };
@@ -948,6 +956,30 @@ impl Engine {
                     id,
                     in_place: None,
                     seg: Segment::new("write", peer, len),
+                });
+            }
+            Action::Read { id, peer, src, dst } => {
+                let Some(t) = self.ready_transport(peer)? else {
+                    r.blocked.push_back(a);
+                    return Ok(false);
+                };
+                let (mem, offset, len) = self.locate(r, t, dst)?;
+                let remote = self.remote_of(r, peer, src.buf)?;
+                let es = r.op.kernel.dtype.size() as u64;
+                let rd = ReadFrom {
+                    mem,
+                    offset,
+                    len,
+                    remote,
+                    remote_offset: src.offset as u64 * es,
+                };
+                let req = self.transports[t].read(peer, &rd)?;
+                r.inflight.push(Inflight {
+                    t,
+                    req,
+                    id,
+                    in_place: None,
+                    seg: Segment::new("read", peer, len),
                 });
             }
             Action::Landed { id, peer, imm, .. } => {

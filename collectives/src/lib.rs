@@ -42,7 +42,7 @@ pub use gw_rendezvous::launch_env;
 pub use gw_transport::{Error, Result};
 pub use op::{DType, Fingerprint, OpKind, RedOp};
 pub use persistent::{Persistent, PersistentAllReduce, RawPersistent};
-pub use put::PersistentPut;
+pub use put::PersistentTransfer;
 
 /// Under `GW_TRACE`, records a span of the program's own work that began at
 /// `started` and ends now — a training step's compute, say — on this rank's

@@ -387,13 +387,34 @@ pub(crate) fn next_id() -> u64 {
 /// running it with every action completing at once, then rewinding it
 /// (left run through, the next look would find no peers at all).
 pub(crate) fn peers_of(sched: &mut dyn Schedule) -> Result<Vec<Rank>> {
-    let mut peers = Vec::new();
-    while let Some(a) = sched.next_action() {
-        if let Action::Send { peer, .. }
+    scan_peers(sched, |a| match *a {
+        Action::Send { peer, .. }
         | Action::Recv { peer, .. }
         | Action::Write { peer, .. }
-        | Action::Landed { peer, .. } = a
-        {
+        | Action::Read { peer, .. }
+        | Action::Landed { peer, .. } => Some(peer),
+        Action::Reduce { .. } | Action::Copy { .. } => None,
+    })
+}
+
+/// Every peer `sched` reads from one-sidedly ([`Action::Read`]), found as
+/// [`peers_of`] finds them.
+pub(crate) fn read_peers_of(sched: &mut dyn Schedule) -> Result<Vec<Rank>> {
+    scan_peers(sched, |a| match *a {
+        Action::Read { peer, .. } => Some(peer),
+        _ => None,
+    })
+}
+
+/// The peers `pick` names among `sched`'s actions, in rank order; the
+/// schedule is run through and rewound.
+fn scan_peers(
+    sched: &mut dyn Schedule,
+    pick: impl Fn(&Action) -> Option<Rank>,
+) -> Result<Vec<Rank>> {
+    let mut peers = Vec::new();
+    while let Some(a) = sched.next_action() {
+        if let Some(peer) = pick(&a) {
             peers.push(peer);
         }
         sched.complete(a.id());

@@ -1,13 +1,14 @@
-//! Persistent one-sided puts (`Communicator::put_init`) between two ranks
-//! over shared memory, TCP and libfabric (tcp and shm providers): one way and
-//! both ways, one write and several a round, contents changing every round
-//! and checked byte for byte; and the refusals (lengths that do not match,
-//! more than two ranks). Every transport has one-sided writes now (TCP's
-//! emulated over the stream), so put_init's refusal of one without them
-//! has no case here.
+//! Persistent one-sided puts (`Communicator::put_init`) and gets
+//! (`get_init`) between two ranks over shared memory, TCP and libfabric
+//! (tcp and shm providers): one way and both ways, one write or read and
+//! several a round, contents changing every round and checked byte for
+//! byte; and the refusals (lengths that do not match, more than two ranks,
+//! TCP's missing one-sided reads). Every transport has one-sided writes
+//! (TCP's emulated over the stream), so put_init's refusal of one without
+//! them has no case here.
 
 use gw_collectives::local::local_world;
-use gw_collectives::{Communicator, TransportChoice};
+use gw_collectives::{Communicator, PersistentTransfer, TransportChoice};
 use std::time::Duration;
 
 fn world(
@@ -29,9 +30,32 @@ fn byte(src: u32, round: usize, i: usize) -> u8 {
     (src as usize * 77 + round * 13 + i * 7) as u8
 }
 
-/// Both ranks run `rounds` rounds; rank 0 sends, and rank 1 too when
-/// `bidir`; every round's bytes are checked where they land.
-fn rounds(comms: Vec<Communicator>, len: usize, reps: usize, bidir: bool) {
+/// Which one-sided transfer a test plans.
+#[derive(Clone, Copy, Debug)]
+enum Kind {
+    Put,
+    Get,
+}
+
+/// Plans `kind` on `c`: for a put `src` is written into the peer's
+/// `dst`; for a get the peer's `src` is read into this rank's `dst`.
+fn plan<'a>(
+    c: &'a Communicator,
+    kind: Kind,
+    src: &'a [u8],
+    dst: &'a mut [u8],
+    reps: usize,
+) -> gw_collectives::Result<PersistentTransfer<'a>> {
+    match kind {
+        Kind::Put => c.put_init(src, dst, reps),
+        Kind::Get => c.get_init(src, dst, reps),
+    }
+}
+
+/// Both ranks run six plans of one round each; rank 0's bytes go to rank
+/// 1, and rank 1's to rank 0 too when `bidir`; every round's bytes are
+/// checked where they land.
+fn rounds(comms: Vec<Communicator>, kind: Kind, len: usize, reps: usize, bidir: bool) {
     let threads: Vec<_> = comms
         .into_iter()
         .map(|c| {
@@ -45,14 +69,16 @@ fn rounds(comms: Vec<Communicator>, len: usize, reps: usize, bidir: bool) {
                     send.iter_mut()
                         .enumerate()
                         .for_each(|(i, b)| *b = byte(r, k, i));
-                    let mut put = c
-                        .put_init(&send, &mut recv, reps)
-                        .map_err(|e| e.to_string())?;
+                    let mut put =
+                        plan(&c, kind, &send, &mut recv, reps).map_err(|e| e.to_string())?;
                     put.start().map_err(|e| e.to_string())?;
                     put.wait().map_err(|e| e.to_string())?;
                     drop(put);
                     if recvs && let Some(i) = (0..len).find(|&i| recv[i] != byte(1 - r, k, i)) {
-                        return Err(format!("rank {r} round {k}: byte {i} is {}", recv[i]));
+                        return Err(format!(
+                            "{kind:?} rank {r} round {k}: byte {i} is {}",
+                            recv[i]
+                        ));
                     }
                 }
                 Ok(())
@@ -64,8 +90,11 @@ fn rounds(comms: Vec<Communicator>, len: usize, reps: usize, bidir: bool) {
     }
 }
 
-/// One plan, many rounds: the contents change between rounds.
-fn many_rounds(comms: Vec<Communicator>, len: usize) {
+/// One plan, many rounds: the contents change between rounds. For a get
+/// this is the protocol's test: a read that came before the owner's round
+/// began, or the owner changing its bytes before the reader's reads
+/// completed, shows as the wrong round's bytes.
+fn many_rounds(comms: Vec<Communicator>, kind: Kind, len: usize) {
     let threads: Vec<_> = comms
         .into_iter()
         .map(|c| {
@@ -77,7 +106,7 @@ fn many_rounds(comms: Vec<Communicator>, len: usize) {
                 // copies made while no round runs.
                 let sp = send.as_mut_ptr();
                 let rp = recv.as_ptr();
-                let mut put = c.put_init(&send, &mut recv, 3).unwrap();
+                let mut put = plan(&c, kind, &send, &mut recv, 3).unwrap();
                 for k in 0..200 {
                     // SAFETY: no round is running; the plan only reads
                     // `send` and writes `recv` during one.
@@ -91,7 +120,11 @@ fn many_rounds(comms: Vec<Communicator>, len: usize) {
                     for i in [0, len / 2, len - 1] {
                         // SAFETY: as above.
                         let got = unsafe { *rp.add(i) };
-                        assert_eq!(got, byte(1 - r, k, i), "rank {r} round {k} byte {i}");
+                        assert_eq!(
+                            got,
+                            byte(1 - r, k, i),
+                            "{kind:?} rank {r} round {k} byte {i}"
+                        );
                     }
                 }
             })
@@ -109,13 +142,28 @@ const SETUPS: [(TransportChoice, Option<&str>, &str); 4] = [
     (TransportChoice::Ofi, Some("shm"), "ofishm"),
 ];
 
+/// The setups with one-sided reads (TCP has none).
+const READ_SETUPS: [(TransportChoice, Option<&str>, &str); 3] = [SETUPS[0], SETUPS[2], SETUPS[3]];
+
 #[test]
 fn puts_land_one_way_and_both_ways() {
     for (t, p, name) in SETUPS {
         for (len, reps) in [(1, 1), (4099, 4), (3 << 20, 2)] {
             for bidir in [false, true] {
                 let key = format!("put{name}{len}{reps}{bidir}");
-                rounds(world(2, t, p, &key).1, len, reps, bidir);
+                rounds(world(2, t, p, &key).1, Kind::Put, len, reps, bidir);
+            }
+        }
+    }
+}
+
+#[test]
+fn gets_fetch_one_way_and_both_ways() {
+    for (t, p, name) in READ_SETUPS {
+        for (len, reps) in [(1, 1), (4099, 4), (3 << 20, 2)] {
+            for bidir in [false, true] {
+                let key = format!("get{name}{len}{reps}{bidir}");
+                rounds(world(2, t, p, &key).1, Kind::Get, len, reps, bidir);
             }
         }
     }
@@ -124,7 +172,18 @@ fn puts_land_one_way_and_both_ways() {
 #[test]
 fn one_plan_runs_many_rounds() {
     for (t, p, name) in SETUPS {
-        many_rounds(world(2, t, p, &format!("putmany{name}")).1, 70_001);
+        many_rounds(
+            world(2, t, p, &format!("putmany{name}")).1,
+            Kind::Put,
+            70_001,
+        );
+    }
+    for (t, p, name) in READ_SETUPS {
+        many_rounds(
+            world(2, t, p, &format!("getmany{name}")).1,
+            Kind::Get,
+            70_001,
+        );
     }
 }
 
@@ -152,5 +211,83 @@ fn puts_are_refused_with_reasons() {
         let mut recv = [0u8; 1];
         let e = c.put_init(&[], &mut recv, 1).err().unwrap().to_string();
         assert!(e.contains("exactly 2 ranks"), "{e}");
+        let e = c.get_init(&[], &mut recv, 1).err().unwrap().to_string();
+        assert!(
+            e.contains("get_init needs") && e.contains("exactly 2 ranks"),
+            "{e}"
+        );
+    }
+}
+
+#[test]
+fn gets_are_refused_with_reasons() {
+    // Lengths: rank 1 reads 99 bytes of rank 0's 100.
+    let (_s, comms) = world(2, TransportChoice::Shm, None, "getlens");
+    let threads: Vec<_> = comms
+        .into_iter()
+        .map(|c| {
+            std::thread::spawn(move || {
+                let r = c.rank() as usize;
+                let expose = vec![1u8; if r == 0 { 100 } else { 0 }];
+                let mut into = vec![0u8; if r == 1 { 99 } else { 0 }];
+                c.get_init(&expose, &mut into, 1).err().unwrap().to_string()
+            })
+        })
+        .collect();
+    for t in threads {
+        let e = t.join().unwrap();
+        assert!(e.contains("100") && e.contains("99"), "{e}");
+    }
+    // A rank that lends bytes nobody reads would wait for a `Done` that
+    // never comes: refused at init. Rank 0 lends 64 bytes and reads 64;
+    // rank 1 lends 64 and reads none.
+    let (_s, comms) = world(2, TransportChoice::Shm, None, "getnoreader");
+    let threads: Vec<_> = comms
+        .into_iter()
+        .map(|c| {
+            std::thread::spawn(move || {
+                let expose = [1u8; 64];
+                let mut into = vec![0u8; if c.rank() == 0 { 64 } else { 0 }];
+                (
+                    c.rank(),
+                    c.get_init(&expose, &mut into, 1).err().unwrap().to_string(),
+                )
+            })
+        })
+        .collect();
+    for t in threads {
+        let (r, e) = t.join().unwrap();
+        let want = if r == 0 {
+            "rank 1 reads this rank's 64 bytes a round into its receive buffer of 0"
+        } else {
+            "rank 0 lends 64 bytes a round, read into this rank's receive buffer of 0"
+        };
+        assert!(e.contains(want), "rank {r}: {e}");
+    }
+    // TCP has no one-sided reads: refused at init on the reader, naming
+    // the transport and the peer.
+    let (_s, comms) = world(2, TransportChoice::Tcp, None, "gettcp");
+    let threads: Vec<_> = comms
+        .into_iter()
+        .map(|c| {
+            std::thread::spawn(move || {
+                let expose = [1u8; 8];
+                let mut into = [0u8; 8];
+                (
+                    c.rank(),
+                    c.get_init(&expose, &mut into, 1)
+                        .err()
+                        .map(|e| e.to_string()),
+                )
+            })
+        })
+        .collect();
+    for t in threads {
+        let (r, e) = t.join().unwrap();
+        let e = e.unwrap_or_else(|| panic!("rank {r}: a get over TCP was planned"));
+        assert!(
+            e.contains("one-sided reads") && e.contains("tcp"),
+            "rank {r}: {e}"
+        );
     }
 }

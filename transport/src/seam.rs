@@ -22,6 +22,8 @@
 //! region) fit the same seam: a region registered once is published to peers
 //! as a [`RemoteRegion`] during bring-up, and [`Transport::write_imm`] writes
 //! into it; the immediate value arrives as a completion on the peer.
+//! [`Transport::read`] (RDMA READ) fetches from such a region without the
+//! peer taking part.
 
 use crate::error::{Error, Result};
 pub use crate::wire::{Scope, Signature, Tag, TagFmt};
@@ -51,6 +53,8 @@ pub struct Properties {
     pub latency_us: f64,
     /// Whether [`Transport::write_imm`] is supported.
     pub one_sided_write: bool,
+    /// Whether [`Transport::read`] is supported.
+    pub one_sided_read: bool,
     /// Whether those writes are carried out by hardware (an RDMA NIC), so
     /// that no CPU copies the bytes; where they are emulated (a kernel
     /// copy, a provider over sockets) two-sided transfers may be as fast.
@@ -231,6 +235,19 @@ pub struct WriteImm {
     pub remote: RemoteRegion,
     pub remote_offset: u64,
     pub imm: u32,
+}
+
+/// A one-sided read (RDMA READ): `len` bytes of the peer's `remote`
+/// region at `remote_offset` land in local region `mem` at `offset`. The
+/// peer takes no part and learns nothing of it; the request completes once
+/// the bytes are here.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ReadFrom {
+    pub mem: MemHandle,
+    pub offset: usize,
+    pub len: usize,
+    pub remote: RemoteRegion,
+    pub remote_offset: u64,
 }
 
 /// An immediate taken by [`Transport::next_imm`].
@@ -420,6 +437,17 @@ pub trait Transport: Send {
         let _ = (peer, w);
         Err(Error::InvalidUsage(format!(
             "transport {} has no one-sided writes",
+            self.properties().name
+        )))
+    }
+
+    /// Carries out a one-sided read (see [`ReadFrom`]). The peer's bytes
+    /// must not change until the request completes; which bytes a read
+    /// racing a change sees is undefined, as with RDMA READ.
+    fn read(&mut self, peer: Rank, r: &ReadFrom) -> Result<Request> {
+        let _ = (peer, r);
+        Err(Error::InvalidUsage(format!(
+            "transport {} has no one-sided reads",
             self.properties().name
         )))
     }

@@ -441,6 +441,23 @@ impl Builder {
         id
     }
 
+    /// Reads `peer`'s published `src` into this rank's `dst`: to the graph
+    /// a write of `dst` (the peer's memory is outside it; a schedule orders
+    /// reads against the peer's changes with messages).
+    pub fn read_remote(&mut self, peer: Rank, src: Remote, dst: Loc, desc: Desc) -> u32 {
+        let id = self.push(
+            Action::Read {
+                id: self.actions.len(),
+                peer,
+                src,
+                dst,
+            },
+            desc,
+        );
+        self.write(id, dst);
+        id
+    }
+
     /// Waits for `peer`'s write `imm` into this rank's `dst`: to the graph
     /// it is a write of `dst`, so what reads `dst` comes after it and it
     /// comes after what used `dst` before.
@@ -671,6 +688,12 @@ impl Schedule for DagSchedule {
                         write!(
                             s,
                             "waiting for a one-sided write to rank {peer} to complete"
+                        )
+                    }
+                    Action::Read { peer, .. } => {
+                        write!(
+                            s,
+                            "waiting for a one-sided read from rank {peer} to complete"
                         )
                     }
                     Action::Landed { peer, imm, .. } => write!(

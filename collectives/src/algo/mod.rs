@@ -137,6 +137,15 @@ pub enum Action {
         dst: Remote,
         imm: u32,
     },
+    /// Read `peer`'s published `src` one-sidedly into this rank's `dst`
+    /// (RDMA READ); the peer takes no part. Complete once the bytes are
+    /// here.
+    Read {
+        id: ActionId,
+        peer: Rank,
+        src: Remote,
+        dst: Loc,
+    },
     /// Wait until `peer`'s write with the immediate `imm` has landed in
     /// `dst` (this rank's memory); complete once the bytes are there.
     Landed {
@@ -155,6 +164,7 @@ impl Action {
             | Action::Reduce { id, .. }
             | Action::Copy { id, .. }
             | Action::Write { id, .. }
+            | Action::Read { id, .. }
             | Action::Landed { id, .. } => id,
         }
     }

@@ -1,6 +1,7 @@
 //! Ring all-reduce by one-sided writes (MiMatrix's GDRAA): the schedule a
 //! persistent all-reduce runs when every peer's transport can write into
-//! published memory (`Transport::write_imm`).
+//! published memory (`Transport::write_imm`). Also the two-rank put and
+//! get (`put.rs`), whose schedules are at the end of the file.
 //!
 //! Each rank owns a window ([`Buf::Window`]) of `n - 1` chunk slots that
 //! its left neighbour writes its reduce-scatter partials into, and its
@@ -36,6 +37,10 @@ use super::{Buf, Loc, OpSpec, Remote, Schedule};
 /// The steps of the two `Ready` messages.
 const READY_RS: u32 = 0;
 const READY_AG: u32 = 1;
+/// The steps of a get's two messages: the owner's `Ready`, the reader's
+/// `Done`.
+const READY: u32 = 0;
+const DONE: u32 = 1;
 
 /// The immediate of chunk `chunk` of persistent window `window`, round 0
 /// (the engine stamps each round's number on it).
@@ -208,6 +213,65 @@ pub fn put(
     Ok(Box::new(b.finish()))
 }
 
+/// A persistent get between this rank and `peer` (`get.rs`), ib_read_bw's
+/// operation: each round reads the peer's `Send` (`dst` elements) `reps`
+/// times into this rank's `Recv` (when `dst > 0`), and lends this rank's
+/// `Send` (`src` elements) to the peer's reads (when `src > 0`). The owner
+/// of the bytes says `Ready` (step 0) when its round starts, so no read of
+/// a round sees the bytes of the round before; the reader says `Done`
+/// (step 1) once its reads completed, and the owner's round ends there,
+/// so it may change its `Send` after it. Nothing else is sent: the bytes
+/// move by reads ([`super::Action::Read`]) the owner takes no part in.
+pub fn get(
+    peer: u32,
+    src: usize,
+    dst: usize,
+    reps: usize,
+    seg: usize,
+) -> Result<Box<dyn Schedule>> {
+    let seg = seg.max(1);
+    if reps == 0 {
+        return Err(Error::InvalidArgument(
+            "a get of 0 reads a round: at least 1".into(),
+        ));
+    }
+    // Nothing is aliased: a get reads Send (the peer's) and writes Recv.
+    let mut b = Builder::new("one-sided get", Alias::NONE, 1);
+    let mut flags = b.pool(4, 1);
+    let sync = Desc::new("handshake", 0, 1, 0, 1);
+    // Each stream's steps in program order: both `Ready`s, then the reads
+    // and both `Done`s.
+    if src > 0 {
+        b.send(peer, READY, 0, flags.slot(1), sync);
+    }
+    if dst > 0 {
+        let ok = b.recv(peer, READY, 0, flags.slot(1), sync);
+        let m = nsegs(dst, seg);
+        let mut reads = Vec::with_capacity(reps * m);
+        for rep in 0..reps {
+            for k in 0..m {
+                let (off, len) = segment(dst, seg, k).unwrap_or((0, 0));
+                let desc = Desc::new("get", rep, reps, k, m);
+                let at = Remote {
+                    buf: Buf::Send,
+                    offset: off,
+                };
+                let r = b.read_remote(peer, at, Loc::new(Buf::Recv, off, len), desc);
+                b.dep(ok, r);
+                reads.push(r);
+            }
+        }
+        let done = b.send(peer, DONE, 0, flags.slot(1), sync);
+        for r in reads {
+            b.dep(r, done);
+        }
+    }
+    if src > 0 {
+        b.recv(peer, DONE, 0, flags.slot(1), sync);
+    }
+    Ok(Box::new(b.finish()))
+}
+
 /// The schedule over a simulated network in the style of `sim.rs`: every
 /// rank's actions are carried out in a random interleaving, two-sided
 /// messages and one-sided writes are delivered late and out of order, a
@@ -258,6 +322,18 @@ mod tests {
         Land(usize),
         /// A landed write completes at its writer.
         WriteDone(usize),
+        /// A one-sided read fetches its bytes and completes (index into
+        /// `reads`).
+        Fetch(usize),
+    }
+
+    struct Rd {
+        reader: usize,
+        owner: usize,
+        src: Remote,
+        dst: Loc,
+        id: ActionId,
+        done: bool,
     }
 
     struct Msg {
@@ -280,12 +356,23 @@ mod tests {
         done: bool,
     }
 
-    /// One round of every rank's schedule, in an order `rng` picks.
+    /// Where a rank's round is, for [`round`]'s hook.
+    #[derive(Clone, Copy, PartialEq, Eq)]
+    enum Phase {
+        /// It is about to take its first action.
+        Start,
+        /// Its schedule is done (the others' may still run).
+        Done,
+    }
+
+    /// One round of every rank's schedule, in an order `rng` picks. `hook`
+    /// runs with a rank's memory as its round starts and as it ends.
     fn round(
         scheds: &mut [Box<dyn Schedule>],
         mems: &mut [Mem],
         round: u8,
         rng: &mut StdRng,
+        hook: &mut dyn FnMut(Phase, usize, &mut Mem),
     ) -> Result<(), String> {
         let n = scheds.len();
         let mut msgs: Vec<Msg> = Vec::new();
@@ -296,10 +383,17 @@ mod tests {
         let mut landed: Vec<Vec<u32>> = vec![Vec::new(); n];
         let mut waiting: Vec<Vec<(u32, ActionId)>> = vec![Vec::new(); n];
         let mut ready: Vec<Vec<Action>> = vec![Vec::new(); n];
+        let mut reads: Vec<Rd> = Vec::new();
+        let mut finished = vec![false; n];
+        let mut started = vec![false; n];
         loop {
             for r in 0..n {
                 while let Some(a) = scheds[r].next_action() {
                     ready[r].push(a);
+                }
+                if !finished[r] && scheds[r].is_done() {
+                    finished[r] = true;
+                    hook(Phase::Done, r, &mut mems[r]);
                 }
             }
             let mut events = Vec::new();
@@ -324,11 +418,20 @@ mod tests {
                     events.push(Event::WriteDone(i));
                 }
             }
+            for (i, rd) in reads.iter().enumerate() {
+                if !rd.done {
+                    events.push(Event::Fetch(i));
+                }
+            }
             if events.is_empty() {
                 break;
             }
             match events.swap_remove(rng.random_range(0..events.len())) {
                 Event::Act(r) => {
+                    if !started[r] {
+                        started[r] = true;
+                        hook(Phase::Start, r, &mut mems[r]);
+                    }
                     let k = rng.random_range(0..ready[r].len());
                     let a = ready[r].swap_remove(k);
                     let m = &mut mems[r];
@@ -380,6 +483,14 @@ mod tests {
                             landed: false,
                             done: false,
                         }),
+                        Action::Read { id, peer, src, dst } => reads.push(Rd {
+                            reader: r,
+                            owner: peer as usize,
+                            src,
+                            dst,
+                            id,
+                            done: false,
+                        }),
                         Action::Landed { id, peer, imm, .. } => {
                             let imm = stamp_round(imm, round);
                             if peer as usize == r {
@@ -428,6 +539,16 @@ mod tests {
                 Event::WriteDone(i) => {
                     writes[i].done = true;
                     scheds[writes[i].from].complete(writes[i].id);
+                }
+                Event::Fetch(i) => {
+                    let rd = &mut reads[i];
+                    // The owner's bytes as they are now, late, as a NIC's
+                    // read may see them.
+                    let at = Loc::new(rd.src.buf, rd.src.offset, rd.dst.len);
+                    let data = mems[rd.owner].read(at);
+                    mems[rd.reader].write(rd.dst.buf, rd.dst.offset, &data);
+                    rd.done = true;
+                    scheds[rd.reader].complete(rd.id);
                 }
             }
         }
@@ -488,8 +609,14 @@ mod tests {
             for s in scheds.iter_mut() {
                 assert!(s.reset());
             }
-            round(&mut scheds, &mut mems, k.wrapping_add(1), &mut rng)
-                .map_err(|e| format!("round {k}: {e}"))?;
+            round(
+                &mut scheds,
+                &mut mems,
+                k.wrapping_add(1),
+                &mut rng,
+                &mut |_, _, _| {},
+            )
+            .map_err(|e| format!("round {k}: {e}"))?;
             for (r, m) in mems.iter().enumerate() {
                 for i in 0..count {
                     let want: f64 = (0..n)
@@ -553,6 +680,97 @@ mod tests {
             let m = (count / 4).div_ceil(seg);
             assert_eq!(writes, 2 * 3 * m, "count {count}");
         }
+    }
+
+    /// A get's rounds over the simulated network: reads fetch late, in any
+    /// order; each owner puts the round's bytes in its send buffer only as
+    /// its round starts, and overwrites them the moment its round ends. A
+    /// reader must still find exactly the round's bytes: a read before the
+    /// owner's `Ready`, or an owner whose round ended before the reads (no
+    /// `Done`), shows as the wrong bytes.
+    fn run_get(len: usize, seg: usize, reps: usize, bidir: bool, seed: u64) -> Result<(), String> {
+        let mut rng = StdRng::seed_from_u64(seed);
+        let value = |r: usize, k: u8, i: usize| (r * 1_000_000 + k as usize * 1000 + i) as f64;
+        let (mut scheds, mut mems) = (Vec::new(), Vec::new());
+        for r in 0..2 {
+            let lends = r == 0 || bidir;
+            let reads = r == 1 || bidir;
+            let (src, dst) = (if lends { len } else { 0 }, if reads { len } else { 0 });
+            let s = get(1 - r as u32, src, dst, reps, seg).map_err(|e| e.to_string())?;
+            mems.push(Mem {
+                send: vec![0.0; src],
+                recv: vec![0.0; dst],
+                window: Vec::new(),
+                scratch: vec![0.0; s.scratch_elems()],
+                in_place: false,
+            });
+            scheds.push(s);
+        }
+        for k in 0..4u8 {
+            for m in mems.iter_mut() {
+                m.send.fill(-2.0);
+                m.recv.fill(f64::NAN);
+            }
+            for s in scheds.iter_mut() {
+                assert!(s.reset());
+            }
+            let mut owner = |p: Phase, r: usize, m: &mut Mem| match p {
+                Phase::Start => {
+                    for (i, v) in m.send.iter_mut().enumerate() {
+                        *v = value(r, k, i);
+                    }
+                }
+                Phase::Done => m.send.fill(-1.0),
+            };
+            round(&mut scheds, &mut mems, k, &mut rng, &mut owner)
+                .map_err(|e| format!("round {k}: {e}"))?;
+            for (r, m) in mems.iter().enumerate() {
+                if let Some(i) = (0..m.recv.len()).find(|&i| m.recv[i] != value(1 - r, k, i)) {
+                    return Err(format!(
+                        "round {k}: rank {r} read {} at {i}, not {}",
+                        m.recv[i],
+                        value(1 - r, k, i)
+                    ));
+                }
+            }
+        }
+        Ok(())
+    }
+
+    #[test]
+    fn a_get_reads_exactly_the_owners_round_in_every_interleaving() {
+        for (len, seg, reps) in [(1, 1, 1), (10, 3, 2), (64, 64, 3)] {
+            for bidir in [false, true] {
+                for seed in 0..200 {
+                    if let Err(e) = run_get(len, seg, reps, bidir, seed) {
+                        panic!("len {len} seg {seg} reps {reps} bidir {bidir} seed {seed}: {e}");
+                    }
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn a_get_sends_two_messages_a_round_whatever_the_size() {
+        for (len, seg) in [(16, 4), (1 << 20, 1 << 10)] {
+            let mut s = get(0, len, len, 2, seg).unwrap();
+            let (mut msgs, mut reads) = (0, 0);
+            while let Some(a) = s.next_action() {
+                match a {
+                    Action::Send { .. } | Action::Recv { .. } => msgs += 1,
+                    Action::Read { peer, .. } => {
+                        assert_eq!(peer, 0);
+                        reads += 1;
+                    }
+                    other => panic!("a get does {other:?}"),
+                }
+                s.complete(a.id());
+            }
+            // Ready and Done each way.
+            assert_eq!(msgs, 4, "len {len}");
+            assert_eq!(reads, 2 * len.div_ceil(seg), "len {len}");
+        }
+        assert!(get(0, 8, 8, 0, 4).is_err());
     }
 
     #[test]

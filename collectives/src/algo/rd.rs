@@ -234,7 +234,10 @@ mod tests {
                                 recvs.push((peer, step));
                             }
                             Action::Reduce { .. } => {}
-                            Action::Copy { .. } | Action::Write { .. } | Action::Landed { .. } => {
+                            Action::Copy { .. }
+                            | Action::Write { .. }
+                            | Action::Read { .. }
+                            | Action::Landed { .. } => {
                                 panic!("unexpected action: {a:?}")
                             }
                         }

@@ -402,7 +402,7 @@ impl Sim<'_> {
                 }
                 self.start_local(r, id, dst, &[src])?;
             }
-            Action::Write { .. } | Action::Landed { .. } => {
+            Action::Write { .. } | Action::Read { .. } | Action::Landed { .. } => {
                 return Err("a one-sided action in a two-sided schedule".into());
             }
         }
@@ -1305,6 +1305,7 @@ fn run_script(
                 | Action::Reduce { id, .. }
                 | Action::Copy { id, .. }
                 | Action::Write { id, .. }
+                | Action::Read { id, .. }
                 | Action::Landed { id, .. } => *id = i,
             }
         }

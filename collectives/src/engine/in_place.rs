@@ -131,7 +131,9 @@ fn touches(a: &Action, l: Loc) -> bool {
         Action::Send { src: x, .. } | Action::Recv { dst: x, .. } => overlaps(x, l),
         Action::Reduce { dst, a, b, .. } => [dst, a, b].iter().any(|&x| overlaps(x, l)),
         Action::Copy { dst, src, .. } => overlaps(dst, l) || overlaps(src, l),
-        Action::Write { src: x, .. } | Action::Landed { dst: x, .. } => overlaps(x, l),
+        Action::Write { src: x, .. }
+        | Action::Read { dst: x, .. }
+        | Action::Landed { dst: x, .. } => overlaps(x, l),
     }
 }
 

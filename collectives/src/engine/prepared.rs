@@ -91,16 +91,30 @@ impl Engine {
                 "persistent operation {id} prepared twice"
             )));
         }
-        // The first peer the one-sided schedule cannot write to, if any.
+        // The first peer the one-sided schedule cannot write to, or read
+        // from (with `true`), if any.
         let mut unreachable = None;
         let one_sided = match one_sided {
             Some((mut os, offloaded_only)) => {
                 let peers = super::super::persistent::peers_of(os.as_mut())?;
-                unreachable = peers.into_iter().find(|&p| {
-                    !self.route.get(p as usize).is_some_and(|&t| {
-                        self.one_sided[t] && (self.offloaded[t] || !offloaded_only)
+                let reads = super::super::persistent::read_peers_of(os.as_mut())?;
+                let on = |p: Rank, ok: &dyn Fn(usize) -> bool| {
+                    self.route.get(p as usize).is_some_and(|&t| ok(t))
+                };
+                unreachable = peers
+                    .into_iter()
+                    .find(|&p| {
+                        !on(p, &|t| {
+                            self.one_sided[t] && (self.offloaded[t] || !offloaded_only)
+                        })
                     })
-                });
+                    .map(|p| (p, false))
+                    .or_else(|| {
+                        reads
+                            .into_iter()
+                            .find(|&p| !on(p, &|t| self.reads[t]))
+                            .map(|p| (p, true))
+                    });
                 unreachable.is_none().then_some(os)
             }
             None => None,
@@ -109,12 +123,16 @@ impl Engine {
             (Some(os), _) => (os, true),
             (None, Some(s)) => (s, false),
             (None, None) => {
-                let peer = unreachable.map_or("a peer".into(), |p| format!("rank {p}"));
+                let peer = unreachable.map_or("a peer".into(), |(p, _)| format!("rank {p}"));
                 let how = unreachable
-                    .and_then(|p| self.route.get(p as usize))
+                    .and_then(|(p, _)| self.route.get(p as usize))
                     .map_or("?", |&t| self.transports[t].properties().name);
+                let what = match unreachable {
+                    Some((_, true)) => "reads",
+                    _ => "writes",
+                };
                 return Err(Error::InvalidUsage(format!(
-                    "persistent operation {id} needs one-sided writes, and the transport to {peer} ({how}) has none"
+                    "persistent operation {id} needs one-sided {what}, and the transport to {peer} ({how}) has none"
                 )));
             }
         };
@@ -207,15 +225,11 @@ impl Engine {
                 p.window_handles[t] = Some(h);
                 tr.remote_region(h)?
             } else {
-                // No window: its descriptor carries, in `len`, the bytes
-                // this rank writes a round, so that a put's target can
+                // No window: the second descriptor is this rank's send
+                // buffer, which a get reads (`get.rs`); its `len`, the
+                // bytes this rank writes a round, lets a put's target
                 // check that they fit.
-                Some(RemoteRegion {
-                    rank: self.cfg.me,
-                    key: 0,
-                    addr: 0,
-                    len: p.send_bytes as u64,
-                })
+                tr.remote_region(p.handles[t].0)?
             };
             if let (Some(rv), Some(w)) = (recv, win) {
                 regions[t] = Some((rv, w));
@@ -277,9 +291,11 @@ impl Engine {
         };
         match buf {
             Buf::Recv => Ok(rv),
-            Buf::Window => Ok(w),
+            Buf::Window if !p.window.is_empty() => Ok(w),
+            // Without a window the second region is the send buffer.
+            Buf::Send if p.window.is_empty() => Ok(w),
             other => Err(Error::Internal(format!(
-                "a one-sided write into the peer's {other:?}"
+                "a one-sided operation on the peer's {other:?}, which it did not publish"
             ))),
         }
     }

@@ -38,8 +38,8 @@ use crate::regions::{Extent, Regions};
 use crate::reqmap::{self, ReqMap};
 use crate::rma::{GRANT_LEN, Grant, Imm, Receiver, Sender, ToGrant};
 use crate::seam::{
-    Arrival, MemHandle, MemPtr, POSTED_RESERVED, Properties, Rank, Readiness, RemoteRegion,
-    Request, Tag, Tested, Transport, TransportId, WriteImm,
+    Arrival, MemHandle, MemPtr, POSTED_RESERVED, Properties, Rank, ReadFrom, Readiness,
+    RemoteRegion, Request, Tag, Tested, Transport, TransportId, WriteImm,
 };
 use crate::wire::{FrameHeader, FrameKind, HEADER_LEN};
 use gw_ofi::{Completion, Domain, Endpoint, EpConfig, Fabric, FiAddr, Mr, Remote};
@@ -175,12 +175,26 @@ struct Big {
 #[derive(Debug)]
 struct OneSided {
     req: u64,
-    src: MemPtr,
+    /// The local bytes: the source of a write, the destination of a read.
+    local: MemPtr,
     len: usize,
     desc: Option<gw_ofi::MrDesc>,
     addr: u64,
     key: u64,
-    imm: u32,
+    /// A write's immediate; `None` for a read.
+    imm: Option<u32>,
+}
+
+/// A one-sided write or read as `write_imm` and `read` hand it to
+/// `one_sided_op`.
+struct OneSidedOp {
+    what: &'static str,
+    mem: MemHandle,
+    offset: usize,
+    len: usize,
+    remote: RemoteRegion,
+    remote_offset: u64,
+    imm: Option<u32>,
 }
 
 #[derive(Debug)]
@@ -966,6 +980,65 @@ impl OfiTransport {
     }
 
     /// Posts `write_imm`s to peer `i` that waited for room, in order.
+    /// Checks a one-sided write or read against the peer, the local
+    /// registration and the published region, queues it and posts what the
+    /// provider takes now.
+    fn one_sided_op(&mut self, peer: Rank, op: &OneSidedOp) -> Result<Request> {
+        let what = op.what;
+        self.check_post(peer)?;
+        if self.peers[peer as usize].broken {
+            return Err(self.remote_err(peer, "an earlier transfer to it failed".into()));
+        }
+        let (local, index) = self.range(op.mem, op.offset, op.len, what)?;
+        if op.remote.rank != peer {
+            return Err(Error::InvalidArgument(format!(
+                "{what} of rank {peer} with a region rank {} published",
+                op.remote.rank
+            )));
+        }
+        if op.len > self.cfg.segment_bytes {
+            return Err(Error::InvalidArgument(format!(
+                "{what} of {} bytes: the ofi transport moves at most {} at once (Properties::max_segment)",
+                op.len, self.cfg.segment_bytes
+            )));
+        }
+        let addr = op
+            .remote_offset
+            .checked_add(op.len as u64)
+            .filter(|&end| end <= op.remote.len)
+            .and_then(|_| op.remote.addr.checked_add(op.remote_offset))
+            .ok_or_else(|| {
+                Error::InvalidArgument(format!(
+                    "{what} of rank {peer}: [{}, +{}) lies outside its published region of {} bytes",
+                    op.remote_offset, op.len, op.remote.len
+                ))
+            })?;
+        let region = self.regions.get(index, what)?;
+        let (local, desc) = match &region.mr {
+            Some(mr) if op.len > 0 => (local, mr.desc()),
+            // An empty write still carries its immediate; providers want
+            // a registered buffer even for no bytes.
+            _ => (
+                MemPtr(self.stage.bytes.as_ptr().cast_mut()),
+                self.stage.mr.desc(),
+            ),
+        };
+        let req = self.new_req();
+        self.peers[peer as usize].one_sided.push_back(OneSided {
+            req,
+            local,
+            len: op.len,
+            desc,
+            addr,
+            key: op.remote.key,
+            imm: op.imm,
+        });
+        if let Some(dest) = self.peers[peer as usize].addr {
+            self.pump_one_sided(peer as usize, dest)?;
+        }
+        Ok(Request::new(self.id, req))
+    }
+
     fn pump_one_sided(&mut self, i: usize, dest: FiAddr) -> Result<bool> {
         let mut did = false;
         while let Some(w) = self.peers[i].one_sided.front() {
@@ -979,12 +1052,18 @@ impl OfiTransport {
                 req: w.req,
             }
             .encode();
-            // SAFETY: `write_imm` checked that the bytes lie in a region
-            // registered here; its caller keeps them unchanged until the
-            // request completes, after this write's completion.
+            // SAFETY: `write_imm` and `read` checked that the bytes lie in
+            // a region registered here; its caller keeps them (unchanged,
+            // for a write; untouched, for a read) until the request
+            // completes, after this operation's completion.
             let r = unsafe {
-                self.ep
-                    .writedata(w.src.0, w.len, w.desc, u64::from(w.imm), remote, ctx)
+                match w.imm {
+                    Some(imm) => {
+                        self.ep
+                            .writedata(w.local.0, w.len, w.desc, u64::from(imm), remote, ctx)
+                    }
+                    None => self.ep.read(w.local.0, w.len, w.desc, remote, ctx),
+                }
             };
             match r {
                 Ok(()) => {
@@ -993,8 +1072,9 @@ impl OfiTransport {
                 }
                 Err(gw_ofi::Error::Again) => break,
                 Err(e) => {
+                    let what = if w.imm.is_some() { "write" } else { "read" };
                     return Err(self
-                        .remote_err(i as Rank, format!("posting a one-sided write failed: {e}")));
+                        .remote_err(i as Rank, format!("posting a one-sided {what} failed: {e}")));
                 }
             }
         }
@@ -1074,6 +1154,7 @@ impl Transport for OfiTransport {
             bandwidth_gbps: 10.0,
             latency_us: 5.0,
             one_sided_write: true,
+            one_sided_read: true,
             offloaded_writes: offloaded(&self.provider),
             gpu_memory: false,
             max_segment: self.cfg.segment_bytes,
@@ -1312,58 +1393,29 @@ impl Transport for OfiTransport {
     }
 
     fn write_imm(&mut self, peer: Rank, w: &WriteImm) -> Result<Request> {
-        self.check_post(peer)?;
-        if self.peers[peer as usize].broken {
-            return Err(self.remote_err(peer, "an earlier transfer to it failed".into()));
-        }
-        let (src, index) = self.range(w.mem, w.offset, w.len, "write_imm")?;
-        if w.remote.rank != peer {
-            return Err(Error::InvalidArgument(format!(
-                "write_imm to rank {peer} into a region rank {} published",
-                w.remote.rank
-            )));
-        }
-        if w.len > self.cfg.segment_bytes {
-            return Err(Error::InvalidArgument(format!(
-                "write_imm of {} bytes: the ofi transport writes at most {} at once (Properties::max_segment)",
-                w.len, self.cfg.segment_bytes
-            )));
-        }
-        let addr = w
-            .remote_offset
-            .checked_add(w.len as u64)
-            .filter(|&end| end <= w.remote.len)
-            .and_then(|_| w.remote.addr.checked_add(w.remote_offset))
-            .ok_or_else(|| {
-                Error::InvalidArgument(format!(
-                    "write_imm to rank {peer}: [{}, +{}) lies outside its published region of {} bytes",
-                    w.remote_offset, w.len, w.remote.len
-                ))
-            })?;
-        let region = self.regions.get(index, "write_imm")?;
-        let (src, desc) = match &region.mr {
-            Some(mr) if w.len > 0 => (src, mr.desc()),
-            // An empty write still carries its immediate; providers want
-            // a registered buffer even for no bytes.
-            _ => (
-                MemPtr(self.stage.bytes.as_ptr().cast_mut()),
-                self.stage.mr.desc(),
-            ),
-        };
-        let req = self.new_req();
-        self.peers[peer as usize].one_sided.push_back(OneSided {
-            req,
-            src,
+        let op = OneSidedOp {
+            what: "write_imm",
+            mem: w.mem,
+            offset: w.offset,
             len: w.len,
-            desc,
-            addr,
-            key: w.remote.key,
-            imm: w.imm,
-        });
-        if let Some(dest) = self.peers[peer as usize].addr {
-            self.pump_one_sided(peer as usize, dest)?;
-        }
-        Ok(Request::new(self.id, req))
+            remote: w.remote,
+            remote_offset: w.remote_offset,
+            imm: Some(w.imm),
+        };
+        self.one_sided_op(peer, &op)
+    }
+
+    fn read(&mut self, peer: Rank, r: &ReadFrom) -> Result<Request> {
+        let op = OneSidedOp {
+            what: "read",
+            mem: r.mem,
+            offset: r.offset,
+            len: r.len,
+            remote: r.remote,
+            remote_offset: r.remote_offset,
+            imm: None,
+        };
+        self.one_sided_op(peer, &op)
     }
 
     fn next_imm(&mut self) -> Result<Option<Arrival>> {

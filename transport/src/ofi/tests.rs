@@ -409,6 +409,88 @@ fn one_sided_writes_land_with_their_immediates() {
     }
 }
 
+/// `read` fetches a published region's bytes (at offsets, in segments,
+/// one empty) into local memory with fi_read; the owner gets no
+/// completion; bad targets are refused before anything moves.
+#[test]
+fn one_sided_reads_fetch_the_published_bytes() {
+    for prov in PROVIDERS {
+        let Some((mut a, mut b)) = pair(&cfg(prov)) else {
+            continue;
+        };
+        assert!(a.properties().one_sided_read);
+        let len = 200_000;
+        let mut src = pattern(len + 64, 7);
+        let ms = reg(&mut b, &mut src);
+        let region = b.remote_region(ms).unwrap().unwrap();
+        let mut dst = vec![0u8; len + 16];
+        let md = reg(&mut a, &mut dst);
+        let seg = 64 << 10;
+        let mut reqs = Vec::new();
+        for off in (0..len).step_by(seg) {
+            let r = ReadFrom {
+                mem: md,
+                offset: 16 + off,
+                len: seg.min(len - off),
+                remote: region,
+                remote_offset: (32 + off) as u64,
+            };
+            reqs.push(Outstanding::new(a.read(1, &r).unwrap()));
+        }
+        let empty = ReadFrom {
+            mem: md,
+            offset: 0,
+            len: 0,
+            remote: region,
+            remote_offset: 0,
+        };
+        reqs.push(Outstanding::new(a.read(1, &empty).unwrap()));
+        run(&mut a, &mut b, reqs, Vec::new());
+        assert!(
+            dst[..16].iter().all(|&x| x == 0),
+            "{prov}: bytes before the offset"
+        );
+        assert!(dst[16..] == src[32..32 + len], "{prov}: the bytes read");
+        assert_eq!(b.next_imm().unwrap(), None, "{prov}: a read told its owner");
+        for (r, want) in [
+            (
+                ReadFrom {
+                    remote_offset: (len + 64 - 8) as u64,
+                    len: 16,
+                    ..empty
+                },
+                "outside its published region",
+            ),
+            (
+                ReadFrom {
+                    remote: RemoteRegion { rank: 0, ..region },
+                    len: 8,
+                    ..empty
+                },
+                "rank 0 published",
+            ),
+            (
+                ReadFrom {
+                    len: (64 << 10) + 1,
+                    ..empty
+                },
+                "at most",
+            ),
+            (
+                ReadFrom {
+                    offset: len + 10,
+                    len: 8,
+                    ..empty
+                },
+                "outside registered region",
+            ),
+        ] {
+            let e = a.read(1, &r).unwrap_err().to_string();
+            assert!(e.contains(want) && e.contains("read"), "{prov}: {e}");
+        }
+    }
+}
+
 #[test]
 fn an_abort_carries_its_whole_reason_to_the_peer() {
     for prov in PROVIDERS {

@@ -59,9 +59,12 @@ mod tests_now;
 #[cfg(test)]
 mod tests_one_sided;
 #[cfg(test)]
+mod tests_read;
+#[cfg(test)]
 mod tests_squat;
 
 use self::doorbell::{Doorbell, doorbell_addr};
+use self::one_sided::Dir;
 use self::pull::RENDEZVOUS_LEN;
 use self::ring::{CanPull, Consumer, Corrupt, MAX_PULLS, Producer, next_segment};
 pub(crate) use self::segment::pid_alive;
@@ -71,8 +74,8 @@ use crate::recv_core::{DEFAULT_EAGER_FRAMES, Posted, Posting, RecvCore};
 use crate::regions::{Extent, Regions};
 use crate::reqmap::{self, ReqMap};
 use crate::seam::{
-    Arrival, Landed, MemHandle, MemPtr, Now, Properties, Rank, Readiness, RemoteRegion, Request,
-    Tag, Tested, Transport, TransportId, WriteImm,
+    Arrival, Landed, MemHandle, MemPtr, Now, Properties, Rank, ReadFrom, Readiness, RemoteRegion,
+    Request, Tag, Tested, Transport, TransportId, WriteImm,
 };
 use crate::wire::{FrameHeader, FrameKind, HEADER_LEN};
 use gw_rendezvous::PeerInfo;
@@ -544,8 +547,8 @@ impl ShmTransport {
         }
     }
 
-    /// The error to report for a one-sided write into `peer` that failed
-    /// with `e`. A peer whose region vanished (EFAULT) or whose process is
+    /// The error to report for a one-sided write into (or read from)
+    /// `peer` that failed with `e`. A peer whose region vanished (EFAULT) or whose process is
     /// gone (ESRCH) has usually failed first and said why in an Abort frame:
     /// it pushes that frame before handing its buffers back, but our write
     /// does not pass through its ring, so the frame may still wait there.
@@ -1325,6 +1328,7 @@ impl Transport for ShmTransport {
             bandwidth_gbps: 5.0,
             latency_us: 1.0,
             one_sided_write: true,
+            one_sided_read: true,
             // process_vm_writev: the kernel copies, at a quarter of memcpy's
             // speed on the machines measured (docs/performance.md).
             offloaded_writes: false,
@@ -1723,10 +1727,18 @@ impl Transport for ShmTransport {
                 p.who()
             )));
         }
-        let addr = one_sided::target(&w.remote, peer, p.info.pid, w.remote_offset, w.len)?;
+        let addr = one_sided::target(
+            "write_imm",
+            &w.remote,
+            peer,
+            p.info.pid,
+            w.remote_offset,
+            w.len,
+        )?;
         // SAFETY: `range` checked that the bytes lie in memory registered
         // with this transport, which its owner keeps valid while registered.
-        let written = unsafe { one_sided::write(src.0, w.len, p.info.pid, addr, &|| p.who()) };
+        let written =
+            unsafe { one_sided::copy(Dir::Write, src.0, w.len, p.info.pid, addr, &|| p.who()) };
         if let Err(e) = written {
             return Err(self.write_failed(peer, e));
         }
@@ -1740,6 +1752,30 @@ impl Transport for ShmTransport {
         let k = p.queue_ctl(h.encode());
         p.imm_reqs.push_back((k, req));
         pump_sends(me, self.cfg.pull_bytes, p, &mut self.bell, &mut self.reqs)?;
+        Ok(Request::new(self.id, req))
+    }
+
+    fn read(&mut self, peer: Rank, r: &ReadFrom) -> Result<Request> {
+        self.check_post(peer)?;
+        let (dst, _) = self.range(r.mem, r.offset, r.len, "read")?;
+        let p = &self.peers[peer as usize];
+        if p.conn.is_none() {
+            return Err(Error::InvalidUsage(format!(
+                "read from {} before it is connected",
+                p.who()
+            )));
+        }
+        let addr = one_sided::target("read", &r.remote, peer, p.info.pid, r.remote_offset, r.len)?;
+        // SAFETY: `range` checked that the bytes lie in memory registered
+        // with this transport, which its owner keeps valid and lends to it
+        // until the request completes (here, before this returns).
+        let done =
+            unsafe { one_sided::copy(Dir::Read, dst.0, r.len, p.info.pid, addr, &|| p.who()) };
+        if let Err(e) = done {
+            return Err(self.write_failed(peer, e));
+        }
+        let req = self.new_req();
+        self.reqs.insert(req, true);
         Ok(Request::new(self.id, req))
     }
 

@@ -10,6 +10,9 @@
 //! orders them). A region's key is its owner's pid beside its index, so a
 //! descriptor handed to the wrong rank is refused rather than written.
 //!
+//! One-sided reads (RDMA READ) are the same call the other way
+//! (`process_vm_readv`), and need no frame: the reader alone takes part.
+//!
 //! The same rights as single-copy pulls are needed (see `pull.rs`): the
 //! kernel refuses without ptrace rights over the peer, and the error then
 //! says so.
@@ -28,8 +31,10 @@ pub(super) fn key_pid(key: u64) -> u32 {
 }
 
 /// Checks that `len` bytes at `offset` of `remote` lie inside it and that it
-/// belongs to `peer`, the process `pid`; returns the address to write at.
+/// belongs to `peer`, the process `pid`; returns the address to copy at.
+/// `what` names the operation in errors (`write_imm`, `read`).
 pub(super) fn target(
+    what: &str,
     remote: &RemoteRegion,
     peer: u32,
     pid: u32,
@@ -38,13 +43,13 @@ pub(super) fn target(
 ) -> Result<u64> {
     if remote.rank != peer {
         return Err(Error::InvalidArgument(format!(
-            "write_imm to rank {peer} into a region rank {} published",
+            "{what} of rank {peer} with a region rank {} published",
             remote.rank
         )));
     }
     if key_pid(remote.key) != pid {
         return Err(Error::InvalidArgument(format!(
-            "write_imm to rank {peer}: the region's key {:#x} is of process {}, but rank {peer} is process {pid} (a stale or foreign descriptor)",
+            "{what} of rank {peer}: the region's key {:#x} is of process {}, but rank {peer} is process {pid} (a stale or foreign descriptor)",
             remote.key,
             key_pid(remote.key)
         )));
@@ -54,49 +59,71 @@ pub(super) fn target(
         .is_none_or(|end| end > remote.len)
     {
         return Err(Error::InvalidArgument(format!(
-            "write_imm to rank {peer}: [{offset}, {offset}+{len}) lies outside its published region of {} bytes",
+            "{what} of rank {peer}: [{offset}, {offset}+{len}) lies outside its published region of {} bytes",
             remote.len
         )));
     }
     remote.addr.checked_add(offset).ok_or_else(|| {
         Error::InvalidArgument(format!(
-            "write_imm to rank {peer}: address {:#x} + {offset} overflows",
+            "{what} of rank {peer}: address {:#x} + {offset} overflows",
             remote.addr
         ))
     })
 }
 
-/// Copies `len` bytes from `src` in this process to `addr` in process
-/// `pid`; `who` names the peer in errors (formatted only then).
+/// Which way a one-sided copy goes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) enum Dir {
+    /// From this process into the peer's region (`process_vm_writev`).
+    Write,
+    /// From the peer's region into this process (`process_vm_readv`).
+    Read,
+}
+
+/// Copies `len` bytes between `local` in this process and `addr` in
+/// process `pid`, the way `dir` says; `who` names the peer in errors
+/// (formatted only then).
 ///
 /// # Safety
-/// `src..src + len` must be readable memory of this process for the call.
-pub(super) unsafe fn write(
-    src: *const u8,
+/// `local..local + len` must be memory of this process for the call,
+/// readable for a write and writable (and not otherwise borrowed) for a
+/// read.
+pub(super) unsafe fn copy(
+    dir: Dir,
+    local: *mut u8,
     len: usize,
     pid: u32,
     addr: u64,
     who: &dyn Fn() -> String,
 ) -> Result<()> {
+    let (syscall, what, into) = match dir {
+        Dir::Write => ("process_vm_writev", "write", "into"),
+        Dir::Read => ("process_vm_readv", "read", "from"),
+    };
     let mut done = 0usize;
     while done < len {
-        let local = libc::iovec {
-            iov_base: src.wrapping_add(done) as *mut libc::c_void,
+        let here = libc::iovec {
+            iov_base: local.wrapping_add(done).cast::<libc::c_void>(),
             iov_len: len - done,
         };
-        let remote = libc::iovec {
+        let there = libc::iovec {
             iov_base: (addr as usize).wrapping_add(done) as *mut libc::c_void,
             iov_len: len - done,
         };
-        // SAFETY: the local range is readable (the caller's promise); the
+        // SAFETY: the local range is valid (the caller's promise); the
         // remote range is checked by the kernel, which fails rather than
         // touching memory the peer has not mapped.
-        let n = unsafe { libc::process_vm_writev(pid as libc::pid_t, &local, 1, &remote, 1, 0) };
+        let n = unsafe {
+            match dir {
+                Dir::Write => libc::process_vm_writev(pid as libc::pid_t, &here, 1, &there, 1, 0),
+                Dir::Read => libc::process_vm_readv(pid as libc::pid_t, &here, 1, &there, 1, 0),
+            }
+        };
         if n < 0 {
             let source = std::io::Error::last_os_error();
             let hint = match source.raw_os_error() {
                 Some(libc::EPERM) => {
-                    ": this process may not write into the peer's (ptrace rights are needed: same user, Yama ptrace_scope <= 1, no seccomp filter)"
+                    ": this process may not reach into the peer's memory (ptrace rights are needed: same user, Yama ptrace_scope <= 1, no seccomp filter)"
                 }
                 Some(libc::ESRCH) => ": the peer's process is gone",
                 Some(libc::EFAULT) => {
@@ -105,9 +132,9 @@ pub(super) unsafe fn write(
                 _ => "",
             };
             return Err(Error::Sys {
-                syscall: "process_vm_writev",
+                syscall,
                 context: format!(
-                    "one-sided write of {} bytes at {:#x} into {}{hint}",
+                    "one-sided {what} of {} bytes at {:#x} {into} {}{hint}",
                     len - done,
                     addr + done as u64,
                     who()
@@ -117,7 +144,7 @@ pub(super) unsafe fn write(
         }
         if n == 0 {
             return Err(Error::Protocol(format!(
-                "process_vm_writev into {} wrote nothing at {:#x}",
+                "{syscall} {into} {} moved nothing at {:#x}",
                 who(),
                 addr + done as u64
             )));
@@ -142,20 +169,23 @@ mod tests {
 
     #[test]
     fn targets_are_checked_against_rank_pid_and_bounds() {
-        assert_eq!(target(&region(1, 50, 100), 1, 50, 10, 90).unwrap(), 0x100a);
-        let e = target(&region(2, 50, 100), 1, 50, 0, 1)
+        assert_eq!(
+            target("write_imm", &region(1, 50, 100), 1, 50, 10, 90).unwrap(),
+            0x100a
+        );
+        let e = target("write_imm", &region(2, 50, 100), 1, 50, 0, 1)
             .unwrap_err()
             .to_string();
         assert!(e.contains("rank 2 published"), "{e}");
-        let e = target(&region(1, 51, 100), 1, 50, 0, 1)
+        let e = target("write_imm", &region(1, 51, 100), 1, 50, 0, 1)
             .unwrap_err()
             .to_string();
         assert!(e.contains("process 51") && e.contains("process 50"), "{e}");
-        let e = target(&region(1, 50, 100), 1, 50, 10, 91)
+        let e = target("write_imm", &region(1, 50, 100), 1, 50, 10, 91)
             .unwrap_err()
             .to_string();
         assert!(e.contains("outside"), "{e}");
-        assert!(target(&region(1, 50, 100), 1, 50, u64::MAX, 1).is_err());
+        assert!(target("write_imm", &region(1, 50, 100), 1, 50, u64::MAX, 1).is_err());
     }
 
     #[test]
@@ -165,9 +195,13 @@ mod tests {
         child.wait().unwrap();
         let b = [1u8; 8];
         // SAFETY: `b` is readable for the call.
-        let e = unsafe { write(b.as_ptr(), 8, pid, 0x1000, &|| "rank 9".into()) }
-            .unwrap_err()
-            .to_string();
+        let e = unsafe {
+            copy(Dir::Write, b.as_ptr().cast_mut(), 8, pid, 0x1000, &|| {
+                "rank 9".into()
+            })
+        }
+        .unwrap_err()
+        .to_string();
         assert!(
             e.contains("process_vm_writev") && e.contains("rank 9"),
             "{e}"

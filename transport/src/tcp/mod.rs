@@ -1222,6 +1222,7 @@ impl Transport for TcpTransport {
             latency_us: 25.0,
             // Emulated: `FrameKind::Put` frames over the stream.
             one_sided_write: true,
+            one_sided_read: false,
             offloaded_writes: false,
             gpu_memory: false,
             max_segment: self.cfg.segment_bytes,
