@@ -67,6 +67,20 @@ else
   echo "test.sh: WARNING: cannot install NVRTC here; the kernel compilation tests will be SKIPPED" >&2
 fi
 
+# The Python packages (torch is about 3 GB of wheels) download while Rust
+# builds: the download waits on the network, the build on the processors.
+# Waited for before tier 3, which needs them.
+pydeps_log=$(mktemp)
+# In a process group of its own, so that pip goes with it.
+setsid ./scripts/python-deps.sh >"$pydeps_log" 2>&1 &
+pydeps_pid=$!
+# A failed build stops this script; the download must not outlive it.
+cleanup() {
+  [[ -n $pydeps_pid ]] && kill -- -"$pydeps_pid" 2>/dev/null
+  rm -f "$pydeps_log" ${log:+"$log"}
+}
+trap cleanup EXIT
+
 # libgradwire with the job server's step protocol: the C and Python step
 # tests need it (the default build leaves the HTTP client out); gw-verbs
 # with rdma-sys, so that the verbs layer is built and its no-device path
@@ -79,7 +93,6 @@ cargo build --workspace --bins --lib "${features[@]}"
 cargo clippy --workspace --all-targets "${features[@]}" -- -D warnings
 
 log=$(mktemp)
-trap 'rm -f "$log"' EXIT
 summary() { awk -v stages="${1:-}" -f scripts/test-summary.awk "$log"; }
 
 set +e
@@ -98,7 +111,14 @@ cargo test -p gw-capi --lib 2>&1 | tee -a "$log"
 capi_status=${PIPESTATUS[0]}
 
 # Before tier 3: the Slurm test runs the Python example under srun.
-./scripts/python-deps.sh || { echo "test.sh: scripts/python-deps.sh failed" >&2; exit 1; }
+pydeps_status=0
+wait "$pydeps_pid" || pydeps_status=$?
+pydeps_pid=
+cat "$pydeps_log"
+if ((pydeps_status != 0)); then
+  echo "test.sh: scripts/python-deps.sh failed (exit $pydeps_status)" >&2
+  exit 1
+fi
 # python-deps.sh installed torch: its tests must run, not skip.
 export GW_TEST_TORCH=required
 
