@@ -1,19 +1,25 @@
 #!/usr/bin/env python3
-"""Every collective of gradwire against OpenMPI and MPICH, in the same run.
+"""Every collective of gradwire against OpenMPI, MPICH and Gloo, in the same run.
 
     python3 scripts/compare-collectives.py [-t shm|tcp] [-p RANKS] [-r ROUNDS]
         [-T SECONDS] [-c COLL,COLL,...] [-b MIN] [-e MAX] [-f FACTOR]
-        [--peers openmpi,mpich] [--out DIR]
+        [--peers openmpi,mpich,gloo] [--out DIR]
 
 Each round runs, for each collective and peer in turn (interleaved, so the
-machine's speed of the moment is shared): `gwrun -n RANKS gwbench COLL -T
-SECONDS` and `mpirun -n RANKS bench/peers/mpi_coll COLL -T SECONDS`, both
-float32 sum (root 0), out of place, each timed loop sized to about SECONDS
-on the slowest rank, every result checked. Transports: shm is gradwire's
-shared memory against OpenMPI's ob1 with its shared-memory BTL and MPICH's
-default (ch4 with UCX, which uses shared memory between local ranks); tcp
-is gradwire's TCP over loopback against OpenMPI's ob1 with btl tcp,self on
-lo and MPICH with MPIR_CVAR_NOLOCAL=1 and UCX_TLS=tcp,self.
+machine's speed of the moment is shared; gradwire first in odd rounds and
+last in even ones, since on this VM the program run later in a round was
+seen to come out faster): `gwrun -n RANKS gwbench COLL -T SECONDS`,
+`mpirun -n RANKS bench/peers/mpi_coll COLL -T SECONDS` and `python3
+bench/peers/gloo_coll.py -n RANKS COLL -T SECONDS` (PyTorch's Gloo
+backend), all float32 sum (root 0), out of place (Gloo's all-reduce,
+broadcast and reduce in place, as torch.distributed has them), each timed
+loop sized to about SECONDS on the slowest rank, every result checked.
+Transports: shm is gradwire's shared memory against OpenMPI's ob1 with its
+shared-memory BTL and MPICH's default (ch4 with UCX, which uses shared
+memory between local ranks); tcp is gradwire's TCP over loopback against
+OpenMPI's ob1 with btl tcp,self on lo and MPICH with MPIR_CVAR_NOLOCAL=1
+and UCX_TLS=tcp,self. Gloo runs over TCP on loopback either way (it has no
+shared-memory transport for CPU tensors).
 
 Prints, per collective, busbw (GB/s, nccl-tests' definitions, medians over
 rounds) of gradwire and each peer, and gradwire/peer as the median of the
@@ -23,14 +29,15 @@ results.json go to --out (default target/compare-collectives).
 
 Needs OpenMPI's mpicc.openmpi/mpirun.openmpi and MPICH's
 mpicc.mpich/mpirun.mpich (Debian: openmpi-bin libopenmpi-dev mpich
-libmpich-dev; a missing one is skipped with a line saying so) and
-gradwire's release build (cargo build --release --bins).
+libmpich-dev), torch for Gloo (a missing one is skipped with a line saying
+so) and gradwire's release build (cargo build --release --bins).
 """
 
 import argparse
 import json
 import os
 import shutil
+import signal
 import statistics
 import subprocess
 import sys
@@ -58,7 +65,7 @@ def parse_args():
     p.add_argument("-b", "--min", type=size_arg, default=64 << 10)
     p.add_argument("-e", "--max", type=size_arg, default=64 << 20)
     p.add_argument("-f", "--factor", type=int, default=16)
-    p.add_argument("--peers", default="openmpi,mpich")
+    p.add_argument("--peers", default="openmpi,mpich,gloo")
     p.add_argument("--out", default=os.path.join(os.environ.get("CARGO_TARGET_DIR", "target"),
                                                   "compare-collectives"))
     a = p.parse_args()
@@ -67,8 +74,8 @@ def parse_args():
     if bad:
         p.error(f"unknown collective(s) {', '.join(bad)} (from {', '.join(COLLS)})")
     a.peers = [x for x in a.peers.split(",") if x]
-    if any(x not in ("openmpi", "mpich") for x in a.peers):
-        p.error("--peers takes openmpi and/or mpich")
+    if any(x not in ("openmpi", "mpich", "gloo") for x in a.peers):
+        p.error("--peers takes openmpi, mpich and/or gloo")
     if a.ranks < 2 or a.rounds < 1 or not 0 < a.seconds <= 60 or a.factor < 2 or a.min > a.max:
         p.error("need -p >= 2, -r >= 1, 0 < -T <= 60, -f >= 2 and -b <= -e")
     return a
@@ -87,6 +94,16 @@ def build_peers(a, out):
     peers = {}
     src = os.path.join(REPO, "bench", "peers", "mpi_coll.c")
     for name in a.peers:
+        if name == "gloo":
+            r = subprocess.run([sys.executable, "-c", "import torch.distributed as d; "
+                                "assert d.is_available() and d.is_gloo_available()"],
+                               capture_output=True, text=True)
+            if r.returncode != 0:
+                print(f"# skipped gloo: torch with Gloo does not import ({r.stderr.strip()[-200:]})")
+                continue
+            gloo = os.path.join(REPO, "bench", "peers", "gloo_coll.py")
+            peers[name] = ([sys.executable, gloo, "-n", str(a.ranks)], {})
+            continue
         cc, run = f"mpicc.{name}", f"mpirun.{name}"
         if not (shutil.which(cc) and shutil.which(run)):
             print(f"# skipped {name}: {cc} or {run} not found (Debian: "
@@ -113,10 +130,27 @@ def build_peers(a, out):
     return peers
 
 
+# One program's run of every size; past this it is reported as hung and the
+# round goes on without it (MPICH over UCX's tcp was seen to spin forever
+# on one rank once in 15 runs here, the other rank idle).
+RUN_TIMEOUT_S = 300
+
+
 def run(argv, env, log):
     e = dict(os.environ)
     e.update(env)
-    r = subprocess.run(argv, env=e, cwd=REPO, capture_output=True, text=True, timeout=1800)
+    # A session of its own, so that a hung run's ranks go with their launcher.
+    p = subprocess.Popen(argv, env=e, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                         text=True, start_new_session=True)
+    try:
+        stdout, stderr = p.communicate(timeout=RUN_TIMEOUT_S)
+    except subprocess.TimeoutExpired:
+        os.killpg(p.pid, signal.SIGKILL)
+        stdout, stderr = p.communicate()
+        with open(log, "w") as f:
+            f.write(" ".join(argv) + "\n" + stdout + stderr)
+        raise RuntimeError(f"{' '.join(argv[:6])}... ran past {RUN_TIMEOUT_S} s (see {log})") from None
+    r = subprocess.CompletedProcess(argv, p.returncode, stdout, stderr)
     with open(log, "w") as f:
         f.write(" ".join(argv) + "\n" + r.stdout + r.stderr)
     if r.returncode != 0:
@@ -143,7 +177,7 @@ def peer(argv, env, a, coll, sz, log):
     out = run(argv[:-1] + [argv[-1], coll, "-T", str(a.seconds)] + [f"{s}:1:5" for s in sz], env, log)
     got = {}
     for line in out.splitlines():
-        if not line.startswith("mpi coll="):
+        if not line.startswith(("mpi coll=", "gloo coll=")):
             continue
         f = dict(kv.split("=", 1) for kv in line.split()[1:])
         if f["wrong"] != "0":
@@ -161,13 +195,16 @@ def main():
     bw = {c: {w: {} for w in ["gradwire", *peers]} for c in a.colls}
     for r in range(a.rounds):
         print(f"# round {r + 1} of {a.rounds}", flush=True)
+        order = ["gradwire", *peers]
+        if r % 2 == 1:
+            order.reverse()
         for c in a.colls:
-            for who in ["gradwire", *peers]:
+            for who in order:
                 log = os.path.join(a.out, f"{c}.{who}.{a.transport}{a.ranks}.r{r}.log")
                 try:
                     got = gradwire(a, c, sz, log) if who == "gradwire" else \
                         peer(*peers[who], a, c, sz, log)
-                except (RuntimeError, subprocess.TimeoutExpired) as e:
+                except RuntimeError as e:
                     print(f"# {c} {who}: {e}", flush=True)
                     continue
                 for s, v in got.items():
