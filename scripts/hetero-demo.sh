@@ -19,7 +19,9 @@
 #
 # Tunables (environment): STEPS (80), BATCH (global batch, 2048), WARMUP (15),
 # SLOWDOWN (3); BIN_DIR=DIR uses the gwjob and gwtrain already built in DIR
-# instead of building (to run the demo on a machine without a toolchain).
+# instead of building (to run the demo on a machine without a toolchain);
+# KEEP_DIR=DIR copies both runs' logs (even/ and optperf/: steps.jsonl,
+# params.bin) there, for scripts/model-hetero-demo.py.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -119,6 +121,11 @@ run_job() {
 
 run_job even "$tmp/even"
 run_job optperf "$tmp/optperf"
+if [[ -n ${KEEP_DIR:-} ]]; then
+  mkdir -p "$KEEP_DIR"
+  rm -rf "$KEEP_DIR/even" "$KEEP_DIR/optperf"
+  cp -r "$tmp/even" "$tmp/optperf" "$KEEP_DIR/"
+fi
 
 echo
 # The report's last line is the ratio; its exit status says whether the
