@@ -133,12 +133,7 @@ fn measure(comms: &[Communicator], count: usize) -> Result<Window, String> {
                 })
             })
             .collect();
-        hs.into_iter()
-            .map(|h| {
-                h.join()
-                    .unwrap_or_else(|_| Err("rank thread panicked".into()))
-            })
-            .collect()
+        counting::join_ranks(hs)
     });
     let mut out = Window {
         allocs: 0,

@@ -81,3 +81,16 @@ pub fn trace_from_env() -> bool {
         Err(_) => false,
     }
 }
+
+/// Joins the measuring rank threads of a scope, a panic as an error.
+#[allow(dead_code)] // not every test that counts allocations has rank threads
+pub fn join_ranks<T>(
+    hs: Vec<std::thread::ScopedJoinHandle<'_, Result<T, String>>>,
+) -> Vec<Result<T, String>> {
+    hs.into_iter()
+        .map(|h| {
+            h.join()
+                .unwrap_or_else(|_| Err("rank thread panicked".into()))
+        })
+        .collect()
+}
