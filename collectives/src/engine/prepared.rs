@@ -226,7 +226,7 @@ impl Engine {
                 tr.remote_region(h)?
             } else {
                 // No window: the second descriptor is this rank's send
-                // buffer, which a get reads (`get.rs`); its `len`, the
+                // buffer, which a get reads (`put.rs`); its `len`, the
                 // bytes this rank writes a round, lets a put's target
                 // check that they fit.
                 tr.remote_region(p.handles[t].0)?
