@@ -213,7 +213,7 @@ pub fn put(
     Ok(Box::new(b.finish()))
 }
 
-/// A persistent get between this rank and `peer` (`get.rs`), ib_read_bw's
+/// A persistent get between this rank and `peer` (`put.rs`), ib_read_bw's
 /// operation: each round reads the peer's `Send` (`dst` elements) `reps`
 /// times into this rank's `Recv` (when `dst > 0`), and lends this rank's
 /// `Send` (`src` elements) to the peer's reads (when `src > 0`). The owner
