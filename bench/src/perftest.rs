@@ -130,23 +130,12 @@ pub fn run(b: &mut P2p<'_>, o: &P2pOpts, pt: &Perftest, print: &dyn Fn(&str)) ->
         (P2pOp::Read, true) => return run_read_lat(b, o, print),
         (P2pOp::Send, _) => {}
     }
-    let lib = |what: &str, size: usize| {
-        let what = format!("p2p --op send {what} of {size} bytes");
-        move |e: Error| Fail::Lib { what, err: e }
-    };
+    let lib = |what: &str, size: usize| lib_err("send", what, size);
     let columns = if pt.lat { lat_columns() } else { bw_columns() };
     print(&columns);
     for size in o.sizes.seq() {
         if pt.lat {
-            for _ in 0..o.warmup {
-                b.round(size).map_err(lib("warm-up", size))?;
-            }
-            let mut samples = Vec::with_capacity(o.iters);
-            for _ in 0..o.iters {
-                let t0 = Instant::now();
-                b.round(size).map_err(lib("round trip", size))?;
-                samples.push(t0.elapsed().as_secs_f64() * 1e6 / 2.0);
-            }
+            let samples = latency_samples(o, "send", size, "round trip", 2.0, || b.round(size))?;
             if let Some(s) = lat_stats(&samples) {
                 print(&lat_row(size, o.iters, &s));
             }
@@ -201,10 +190,7 @@ fn run_one_sided(
     } else {
         "write"
     };
-    let lib = |what: &str, size: usize| {
-        let what = format!("p2p --op {name} {what} of {size} bytes");
-        move |e: Error| Fail::Lib { what, err: e }
-    };
+    let lib = |what: &str, size: usize| lib_err(name, what, size);
     print(&bw_columns());
     for size in o.sizes.seq() {
         if size == 0 {
@@ -261,6 +247,36 @@ fn run_one_sided(
     Ok(())
 }
 
+/// The error of a library call in `p2p --op OP`: `what` (a call's name)
+/// for a message of `size` bytes.
+fn lib_err(op: &str, what: &str, size: usize) -> impl FnOnce(Error) -> Fail + use<> {
+    let what = format!("p2p --op {op} {what} of {size} bytes");
+    move |err| Fail::Lib { what, err }
+}
+
+/// A latency test's samples: `o.warmup` untimed calls of `round`, then
+/// `o.iters` timed ones, each sample a call's time in µs divided by `per`
+/// (2 where a call is a round trip). `what` names a timed call in errors.
+fn latency_samples(
+    o: &P2pOpts,
+    op: &str,
+    size: usize,
+    what: &str,
+    per: f64,
+    mut round: impl FnMut() -> Result<(), Error>,
+) -> Result<Vec<f64>, Fail> {
+    for _ in 0..o.warmup {
+        round().map_err(lib_err(op, "warm-up", size))?;
+    }
+    let mut samples = Vec::with_capacity(o.iters);
+    for _ in 0..o.iters {
+        let t0 = Instant::now();
+        round().map_err(lib_err(op, what, size))?;
+        samples.push(t0.elapsed().as_secs_f64() * 1e6 / per);
+    }
+    Ok(samples)
+}
+
 /// Writes this rank's message of `size` bytes into `b.send` and spoils the
 /// first `size` bytes of `b.recv`, so that `check_landed` sees only what a
 /// transfer of this size brought.
@@ -293,10 +309,7 @@ fn check_landed(b: &P2p<'_>, size: usize, what: &str) -> Result<(), Fail> {
 /// noticing the landing), where ib_write_lat's ranks poll the buffer's last
 /// byte themselves.
 fn run_write_lat(b: &mut P2p<'_>, o: &P2pOpts, print: &dyn Fn(&str)) -> Result<(), Fail> {
-    let lib = |what: &str, size: usize| {
-        let what = format!("p2p --op write --lat {what} of {size} bytes");
-        move |e: Error| Fail::Lib { what, err: e }
-    };
+    let lib = |what: &str, size: usize| lib_err("write --lat", what, size);
     print(&lat_columns());
     let (me, comm) = (b.me, b.comm);
     for size in o.sizes.seq() {
@@ -318,21 +331,13 @@ fn run_write_lat(b: &mut P2p<'_>, o: &P2pOpts, print: &dyn Fn(&str)) -> Result<(
         let mut pong = comm
             .put_init(pong_send, pong_recv, 1)
             .map_err(lib("put_init", size))?;
-        let mut round_trip = || -> Result<(), Error> {
+        let round_trip = || -> Result<(), Error> {
             ping.start()?;
             ping.wait()?;
             pong.start()?;
             pong.wait()
         };
-        for _ in 0..o.warmup {
-            round_trip().map_err(lib("warm-up", size))?;
-        }
-        let mut samples = Vec::with_capacity(o.iters);
-        for _ in 0..o.iters {
-            let t0 = Instant::now();
-            round_trip().map_err(lib("round trip", size))?;
-            samples.push(t0.elapsed().as_secs_f64() * 1e6 / 2.0);
-        }
+        let samples = latency_samples(o, "write --lat", size, "round trip", 2.0, round_trip)?;
         drop((ping, pong));
         if o.check {
             check_landed(b, size, "p2p --op write --lat")?;
@@ -351,10 +356,7 @@ fn run_write_lat(b: &mut P2p<'_>, o: &P2pOpts, print: &dyn Fn(&str)) -> Result<(
 /// holds the get's O(1) handshake (the owner's `Ready`, the reader's
 /// `Done` of the round before), where ib_read_lat times the read alone.
 fn run_read_lat(b: &mut P2p<'_>, o: &P2pOpts, print: &dyn Fn(&str)) -> Result<(), Fail> {
-    let lib = |what: &str, size: usize| {
-        let what = format!("p2p --op read --lat {what} of {size} bytes");
-        move |e: Error| Fail::Lib { what, err: e }
-    };
+    let lib = |what: &str, size: usize| lib_err("read --lat", what, size);
     print(&lat_columns());
     let (me, comm) = (b.me, b.comm);
     for size in o.sizes.seq() {
@@ -370,19 +372,11 @@ fn run_read_lat(b: &mut P2p<'_>, o: &P2pOpts, print: &dyn Fn(&str)) -> Result<()
         let mut get = comm
             .get_init(expose, into, 1)
             .map_err(lib("get_init", size))?;
-        let mut round = || -> Result<(), Error> {
+        let round = || -> Result<(), Error> {
             get.start()?;
             get.wait()
         };
-        for _ in 0..o.warmup {
-            round().map_err(lib("warm-up", size))?;
-        }
-        let mut samples = Vec::with_capacity(o.iters);
-        for _ in 0..o.iters {
-            let t0 = Instant::now();
-            round().map_err(lib("read", size))?;
-            samples.push(t0.elapsed().as_secs_f64() * 1e6);
-        }
+        let samples = latency_samples(o, "read --lat", size, "read", 1.0, round)?;
         drop(get);
         if o.check && me == 1 {
             check_landed(b, size, "p2p --op read --lat")?;

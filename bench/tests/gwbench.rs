@@ -443,34 +443,37 @@ fn p2p_in_perftests_shape() {
     }
 }
 
-/// `--op write --lat`: ib_write_lat's rows from a ping-pong of one-sided
-/// writes, each landing checked (`-c 1`).
+/// `--op write --lat` and `--op read --lat`: ib_write_lat's rows from a
+/// ping-pong of one-sided writes, ib_read_lat's from rank 1's reads of rank
+/// 0's buffer timed one at a time; every landing checked (`-c 1`).
 #[test]
-fn p2p_write_latency_in_perftests_shape() {
-    let r = bench(
-        2,
-        &[
-            "p2p", "--op", "write", "--lat", "-b", "8", "-e", "4K", "-f", "8", "-n", "200", "-c",
-            "1",
-        ],
-    );
-    assert_eq!(r.code, Some(0), "{}", r.all());
-    assert!(r.stdout.contains("t_typical[usec]"), "{}", r.all());
-    let rows = perftest_rows(&r, "#bytes", 9);
-    assert_eq!(
-        rows.iter().map(|f| f[0]).collect::<Vec<_>>(),
-        [8.0, 64.0, 512.0, 4096.0],
-        "{}",
-        r.all()
-    );
-    for f in &rows {
-        let (min, max, typ, avg, p99, p999) = (f[2], f[3], f[4], f[5], f[7], f[8]);
-        assert_eq!(f[1], 200.0, "{f:?}");
-        assert!(
-            min > 0.0 && min <= typ && typ <= max && min <= avg && avg <= max,
-            "{f:?}"
+fn p2p_one_sided_latency_in_perftests_shape() {
+    for op in ["write", "read"] {
+        let r = bench(
+            2,
+            &[
+                "p2p", "--op", op, "--lat", "-b", "8", "-e", "4K", "-f", "8", "-n", "200", "-c",
+                "1",
+            ],
         );
-        assert!(p99 <= p999 && p999 <= max, "{f:?}");
+        assert_eq!(r.code, Some(0), "{op}: {}", r.all());
+        assert!(r.stdout.contains("t_typical[usec]"), "{}", r.all());
+        let rows = perftest_rows(&r, "#bytes", 9);
+        assert_eq!(
+            rows.iter().map(|f| f[0]).collect::<Vec<_>>(),
+            [8.0, 64.0, 512.0, 4096.0],
+            "{}",
+            r.all()
+        );
+        for f in &rows {
+            let (min, max, typ, avg, p99, p999) = (f[2], f[3], f[4], f[5], f[7], f[8]);
+            assert_eq!(f[1], 200.0, "{op}: {f:?}");
+            assert!(
+                min > 0.0 && min <= typ && typ <= max && min <= avg && avg <= max,
+                "{op}: {f:?}"
+            );
+            assert!(p99 <= p999 && p999 <= max, "{op}: {f:?}");
+        }
     }
 }
 
@@ -526,35 +529,6 @@ fn p2p_one_sided_in_perftests_shape() {
             assert!(f[2] >= f[3] && f[4] > 0.0, "peak >= average, a rate: {f:?}");
         }
         assert!(rows[2][3] > 0.0, "{}", r.all());
-    }
-}
-
-/// `--op read --lat`: ib_read_lat's rows, rank 1's reads of rank 0's
-/// buffer timed one at a time, the bytes checked.
-#[test]
-fn p2p_read_latency_in_perftests_shape() {
-    let r = bench(
-        2,
-        &[
-            "p2p", "--op", "read", "--lat", "-b", "8", "-e", "4K", "-f", "8", "-n", "200", "-c",
-            "1",
-        ],
-    );
-    assert_eq!(r.code, Some(0), "{}", r.all());
-    let rows = perftest_rows(&r, "#bytes", 9);
-    assert_eq!(
-        rows.iter().map(|f| f[0]).collect::<Vec<_>>(),
-        [8.0, 64.0, 512.0, 4096.0],
-        "{}",
-        r.all()
-    );
-    for f in &rows {
-        let (min, max, typ, avg) = (f[2], f[3], f[4], f[5]);
-        assert_eq!(f[1], 200.0, "{f:?}");
-        assert!(
-            min > 0.0 && min <= typ && typ <= max && min <= avg && avg <= max,
-            "{f:?}"
-        );
     }
 }
 
