@@ -387,47 +387,38 @@ pub(crate) fn next_id() -> u64 {
 /// running it with every action completing at once, then rewinding it
 /// (left run through, the next look would find no peers at all).
 pub(crate) fn peers_of(sched: &mut dyn Schedule) -> Result<Vec<Rank>> {
-    scan_peers(sched, |a| match *a {
-        Action::Send { peer, .. }
-        | Action::Recv { peer, .. }
-        | Action::Write { peer, .. }
-        | Action::Read { peer, .. }
-        | Action::Landed { peer, .. } => Some(peer),
-        Action::Reduce { .. } | Action::Copy { .. } => None,
-    })
+    peers_and_readers(sched).map(|(peers, _)| peers)
 }
 
-/// Every peer `sched` reads from one-sidedly ([`Action::Read`]), found as
-/// [`peers_of`] finds them.
-pub(crate) fn read_peers_of(sched: &mut dyn Schedule) -> Result<Vec<Rank>> {
-    scan_peers(sched, |a| match *a {
-        Action::Read { peer, .. } => Some(peer),
-        _ => None,
-    })
-}
-
-/// The peers `pick` names among `sched`'s actions, in rank order; the
-/// schedule is run through and rewound.
-fn scan_peers(
-    sched: &mut dyn Schedule,
-    pick: impl Fn(&Action) -> Option<Rank>,
-) -> Result<Vec<Rank>> {
-    let mut peers = Vec::new();
+/// As [`peers_of`], and beside them the peers `sched` reads from
+/// one-sidedly ([`Action::Read`]), found in the same pass.
+pub(crate) fn peers_and_readers(sched: &mut dyn Schedule) -> Result<(Vec<Rank>, Vec<Rank>)> {
+    let (mut peers, mut reads) = (Vec::new(), Vec::new());
     while let Some(a) = sched.next_action() {
-        if let Some(peer) = pick(&a) {
-            peers.push(peer);
+        match a {
+            Action::Read { peer, .. } => {
+                peers.push(peer);
+                reads.push(peer);
+            }
+            Action::Send { peer, .. }
+            | Action::Recv { peer, .. }
+            | Action::Write { peer, .. }
+            | Action::Landed { peer, .. } => peers.push(peer),
+            Action::Reduce { .. } | Action::Copy { .. } => {}
         }
         sched.complete(a.id());
     }
-    peers.sort_unstable();
-    peers.dedup();
+    for v in [&mut peers, &mut reads] {
+        v.sort_unstable();
+        v.dedup();
+    }
     if !sched.reset() {
         return Err(Error::Internal(format!(
             "a schedule waiting for {} cannot be rewound, so it cannot be persistent",
             sched.waiting_for()
         )));
     }
-    Ok(peers)
+    Ok((peers, reads))
 }
 
 /// A send of element 0 of `Buf::Send` to each peer and a receive from each

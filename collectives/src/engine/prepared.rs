@@ -96,8 +96,7 @@ impl Engine {
         let mut unreachable = None;
         let one_sided = match one_sided {
             Some((mut os, offloaded_only)) => {
-                let peers = super::super::persistent::peers_of(os.as_mut())?;
-                let reads = super::super::persistent::read_peers_of(os.as_mut())?;
+                let (peers, reads) = super::super::persistent::peers_and_readers(os.as_mut())?;
                 let on = |p: Rank, ok: &dyn Fn(usize) -> bool| {
                     self.route.get(p as usize).is_some_and(|&t| ok(t))
                 };
