@@ -90,6 +90,12 @@ typedef enum {
    * A bug in gradwire, or a configuration/protocol/store error.
    */
   gwInternalError = 7,
+  /**
+   * `gwStepBegin` only: the job server's scheduling policy takes the job off its
+   * nodes. Save a checkpoint of everything through step `info->step - 1` and exit 0;
+   * the job is started again with `GW_RESUME_STEP` = `info->step`.
+   */
+  gwPreempted = 8,
 } gwResult_t;
 
 /**
@@ -657,6 +663,8 @@ const char *gwGetLastError(gwComm_t comm);
  * Calling it again before `gwStepEnd` returns the same step's plan. Retries
  * a server that is down for `GW_JOB_RETRY_S` seconds (default 60), then
  * returns `gwTimeout`; a job the server has stopped is `gwAborted` (exit);
+ * a job a scheduling policy preempts is `gwPreempted` with `info->step` the
+ * step it resumes at (checkpoint everything before it and exit 0);
  * without `GW_JOB_SERVER` (not started by a gwjob agent) `gwInvalidUsage`;
  * in a libgradwire built without the cargo feature `step`, always
  * `gwInvalidUsage`, saying so. Blocks; thread-safe (calls on one

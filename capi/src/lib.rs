@@ -60,6 +60,10 @@ pub enum gwResult_t {
     gwAborted = 6,
     /// A bug in gradwire, or a configuration/protocol/store error.
     gwInternalError = 7,
+    /// `gwStepBegin` only: the job server's scheduling policy takes the job off its
+    /// nodes. Save a checkpoint of everything through step `info->step - 1` and exit 0;
+    /// the job is started again with `GW_RESUME_STEP` = `info->step`.
+    gwPreempted = 8,
 }
 use gwResult_t::*;
 
@@ -1613,6 +1617,7 @@ pub extern "C" fn gwGetErrorString(result: ResultArg) -> *const c_char {
         5 => c"timeout",
         6 => c"aborted",
         7 => c"internal error",
+        8 => c"preempted (checkpoint and exit 0)",
         _ => c"unknown gwResult_t value",
     };
     s.as_ptr()

@@ -308,6 +308,8 @@ fn steps_against_a_real_gwjob_serve_then_a_cancelled_job_is_aborted() {
         program: "/bin/true".into(),
         args: vec![],
         env: vec![("GW_ALGO".into(), "ring".into())],
+        steps: None,
+        throughput: vec![],
     };
     let id = call::<_, SubmitReply>("POST", &s.url, "/v1/jobs", ADMIN, Some(&req), t)
         .expect("submit")
@@ -321,6 +323,7 @@ fn steps_against_a_real_gwjob_serve_then_a_cancelled_job_is_aborted() {
         stores: vec![StoreOpened {
             job_id: id.clone(),
             addr: "127.0.0.1:1".into(),
+            attempt: 0,
         }],
         exits: vec![],
     };

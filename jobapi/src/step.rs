@@ -71,6 +71,13 @@ pub enum StepError {
     Protocol(String),
     /// `end` without a step begun.
     NotBegun { next: u64 },
+    /// The scheduler preempts the job at `step`: the worker must not run
+    /// it, but save its state through step `step - 1` and exit 0. The job
+    /// resumes from `step` wherever the policy places it next, and its
+    /// workers are started with `GW_RESUME_STEP` set to it. An error rather
+    /// than a plan, so a worker that does not handle it fails loudly instead
+    /// of training on an empty batch.
+    Preempted { job_id: String, step: u64 },
 }
 
 impl std::fmt::Display for StepError {
@@ -98,6 +105,12 @@ impl std::fmt::Display for StepError {
             StepError::NotBegun { next } => write!(
                 f,
                 "step end without step begin (the next step is {next}; call begin first)"
+            ),
+            StepError::Preempted { job_id, step } => write!(
+                f,
+                "job {job_id} is preempted at step {step}: save a checkpoint of everything \
+                 through step {} and exit 0; the job resumes from step {step}",
+                step.saturating_sub(1)
             ),
         }
     }
@@ -161,7 +174,9 @@ impl StepClient {
     }
 
     /// As [`StepClient::from_env`], but for `rank` rather than `GW_RANK`
-    /// (for callers that know their rank from a communicator).
+    /// (for callers that know their rank from a communicator). A worker
+    /// started to resume a preempted job (`GW_RESUME_STEP`) counts from
+    /// that step.
     pub fn from_env_with_rank(rank: u32) -> Result<Option<StepClient>, StepError> {
         let found = JobServerEnv::from_env().map_err(|e| StepError::Env {
             var: e.var,
@@ -173,6 +188,9 @@ impl StepClient {
         let mut c = StepClient::new(&server.url, &job_id, &server.job_token, rank);
         if let Some(d) = server.retry {
             c = c.with_retry(d);
+        }
+        if let Some(step) = resume_step_from_env()? {
+            c = c.resume_at(step);
         }
         Ok(Some(c))
     }
@@ -263,6 +281,12 @@ impl StepClient {
                 self.rank, plan.step
             )));
         }
+        if plan.checkpoint {
+            return Err(StepError::Preempted {
+                job_id: self.job_id.clone(),
+                step,
+            });
+        }
         self.open = Some(step);
         Ok(plan)
     }
@@ -341,6 +365,22 @@ impl StepClient {
         self.rng = x;
         let frac = 0.5 + (x >> 11) as f64 / (1u64 << 53) as f64 * 0.5;
         d.mul_f64(frac)
+    }
+}
+
+/// `GW_RESUME_STEP`: the step a resumed worker starts from (None when unset
+/// or empty: a fresh start).
+pub fn resume_step_from_env() -> Result<Option<u64>, StepError> {
+    parse_resume_step(std::env::var(var::RESUME_STEP).ok().as_deref())
+}
+
+fn parse_resume_step(text: Option<&str>) -> Result<Option<u64>, StepError> {
+    match text.map(str::trim) {
+        None | Some("") => Ok(None),
+        Some(t) => t.parse::<u64>().map(Some).map_err(|_| StepError::Env {
+            var: var::RESUME_STEP,
+            detail: format!("'{t}' is not a step number"),
+        }),
     }
 }
 
@@ -680,6 +720,50 @@ mod tests {
             assert!(
                 d >= Duration::from_millis(50) && d <= Duration::from_millis(100),
                 "{d:?}"
+            );
+        }
+    }
+
+    #[test]
+    fn a_checkpoint_plan_is_a_preemption_and_opens_no_step() {
+        let l = TcpListener::bind("127.0.0.1:0").unwrap();
+        let addr = l.local_addr().unwrap();
+        let srv = serve(
+            l,
+            vec![(
+                200,
+                r#"{"step":12,"global_batch":64,"local_batch":0,"offset":0,"weight":0.0,"algo":"auto","predicted_step_s":null,"checkpoint":true}"#.into(),
+            )],
+        );
+        let mut c = client(addr).resume_at(12);
+        let e = c.begin().unwrap_err();
+        assert!(
+            matches!(&e, StepError::Preempted { job_id, step: 12 } if job_id == "j1"),
+            "{e:?}"
+        );
+        assert_eq!(
+            e.to_string(),
+            "job j1 is preempted at step 12: save a checkpoint of everything through \
+             step 11 and exit 0; the job resumes from step 12"
+        );
+        assert!(matches!(
+            c.end(&StepReport::default()),
+            Err(StepError::NotBegun { next: 12 })
+        ));
+        assert_eq!(srv.join().unwrap().len(), 1);
+    }
+
+    #[test]
+    fn resume_step_is_a_step_number_or_absent() {
+        assert_eq!(parse_resume_step(None).unwrap(), None);
+        assert_eq!(parse_resume_step(Some(" ")).unwrap(), None);
+        assert_eq!(parse_resume_step(Some("0")).unwrap(), Some(0));
+        assert_eq!(parse_resume_step(Some(" 41 ")).unwrap(), Some(41));
+        for bad in ["-1", "x", "1.5"] {
+            let e = parse_resume_step(Some(bad)).unwrap_err();
+            assert_eq!(
+                e.to_string(),
+                format!("GW_RESUME_STEP: '{bad}' is not a step number")
             );
         }
     }

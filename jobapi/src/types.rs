@@ -54,6 +54,22 @@ pub struct SubmitRequest {
     /// Extra environment for the workers (`GW_*` tuning, the program's own).
     #[serde(default)]
     pub env: Vec<(String, String)>,
+    /// Steps the job runs in all. A server with a scheduling policy
+    /// (`gwjob serve --policy`) needs it to know how much work is left.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub steps: Option<u64>,
+    /// The job's speed on each device type it may use (Hadar's T[j][k],
+    /// steps/s with all workers on that type). Empty: the same speed
+    /// everywhere. A type not listed is one the job cannot run on.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub throughput: Vec<DeviceThroughput>,
+}
+
+/// A job's speed on one device type.
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
+pub struct DeviceThroughput {
+    pub device_type: String,
+    pub steps_per_s: f64,
 }
 
 /// Reply to a submit.
@@ -117,6 +133,17 @@ pub struct JobStatus {
     /// Gradient noise scale estimate, when workers report gradient norms.
     pub noise_scale: Option<f64>,
     pub ranks: Vec<RankStatus>,
+    /// Which placement of the job this is: 0 the first, one more after
+    /// each preemption by the scheduling policy.
+    #[serde(default)]
+    pub attempt: u32,
+    /// The step its current placement started from (0 unless it resumed
+    /// from a checkpoint).
+    #[serde(default)]
+    pub resume_step: u64,
+    /// True while its workers are being asked to checkpoint and exit.
+    #[serde(default)]
+    pub preempting: bool,
     /// Set when part of the job's stored state cannot be read: the fields
     /// that depend on it are left empty, and only this job is affected.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -210,6 +237,9 @@ pub struct Heartbeat {
 #[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
 pub struct StoreOpened {
     pub job_id: String,
+    /// The placement ([`Launch::attempt`]) the store serves.
+    #[serde(default)]
+    pub attempt: u32,
     /// `host:port` the job's workers use as `GW_STORE`.
     pub addr: String,
 }
@@ -217,6 +247,9 @@ pub struct StoreOpened {
 #[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
 pub struct WorkerExit {
     pub job_id: String,
+    /// The placement ([`Launch::attempt`]) the worker belonged to.
+    #[serde(default)]
+    pub attempt: u32,
     pub rank: u32,
     /// Exit code, or None when killed by a signal.
     pub code: Option<i32>,
@@ -240,6 +273,10 @@ pub struct HeartbeatReply {
 #[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
 pub struct OpenStore {
     pub job_id: String,
+    /// The placement ([`Launch::attempt`]) the store is for: a preempted
+    /// job's next placement gets a new store.
+    #[serde(default)]
+    pub attempt: u32,
     /// Token the store requires (`GW_TOKEN`).
     pub store_token: String,
 }
@@ -248,6 +285,10 @@ pub struct OpenStore {
 #[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
 pub struct Launch {
     pub job_id: String,
+    /// Which placement of the job this is (0 first; one more after each
+    /// preemption): an agent starts each (job, attempt, rank) once.
+    #[serde(default)]
+    pub attempt: u32,
     pub ranks: Vec<u32>,
     pub world: u32,
     pub program: String,
@@ -283,6 +324,12 @@ pub struct StepPlan {
     pub algo: String,
     /// Planner's predicted step time, seconds (None before it has fits).
     pub predicted_step_s: Option<f64>,
+    /// True when the scheduler preempts the job at this step: the worker
+    /// must not run it, but save its state (everything through the step
+    /// before) and exit 0; the job resumes from this step where the policy
+    /// places it next (`GW_RESUME_STEP`). The batch fields are then 0.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub checkpoint: bool,
 }
 
 /// `POST /v1/jobs/{id}/step/end` (job token). Idempotent per (rank, step).

@@ -237,6 +237,7 @@ proptest! {
             name: Some(node.clone()), workers, global_batch: b, batch_lo: lo, batch_hi: hi,
             schedule: vec![BatchChange { step, global_batch: b }], planner: PlannerKind::Optperf,
             program: "/bin/true".into(), args: vec![], env: vec![],
+            steps: None, throughput: Vec::new(),
         };
         let end = StepEnd {
             rank, step, samples: b, compute_s: secs, comm_s: secs, step_s: secs,

@@ -117,6 +117,7 @@ fn slow_bodies_and_silent_clients_do_not_stall_heartbeats_or_a_job() {
         stores: vec![],
         exits: vec![WorkerExit {
             job_id: id.clone(),
+            attempt: 0,
             rank: 0,
             code: Some(0),
             signal: None,

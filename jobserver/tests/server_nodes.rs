@@ -98,6 +98,7 @@ fn store_then_launch_then_exits_decide_the_job() {
     // Exits, with a duplicate: success once every rank exited 0.
     let exit = |rank| WorkerExit {
         job_id: id.clone(),
+        attempt: 0,
         rank,
         code: Some(0),
         signal: None,
@@ -132,6 +133,7 @@ fn a_failing_worker_fails_the_job_and_stops_the_others() {
     // Rank 2 on n2 is killed by signal 9 (reported twice).
     let killed = WorkerExit {
         job_id: id.clone(),
+        attempt: 0,
         rank: 2,
         code: None,
         signal: Some(9),
@@ -169,6 +171,7 @@ fn a_failing_worker_fails_the_job_and_stops_the_others() {
     let exits = (0..2)
         .map(|rank| WorkerExit {
             job_id: id.clone(),
+            attempt: 0,
             rank,
             code: None,
             signal: Some(15),
@@ -199,6 +202,7 @@ fn a_failing_worker_fails_the_job_and_stops_the_others() {
             stores: vec![],
             exits: vec![WorkerExit {
                 job_id: id2.clone(),
+                attempt: 0,
                 rank: 0,
                 code: Some(3),
                 signal: None,
@@ -231,6 +235,7 @@ fn cancel_stops_launched_ranks() {
     let exits = (0..2)
         .map(|rank| WorkerExit {
             job_id: id.clone(),
+            attempt: 0,
             rank,
             code: None,
             signal: Some(15),
@@ -284,6 +289,7 @@ fn a_silent_node_is_lost_and_fails_its_jobs() {
         stores: vec![],
         exits: vec![WorkerExit {
             job_id: id.clone(),
+            attempt: 0,
             rank,
             code: None,
             signal: Some(15),

@@ -21,6 +21,7 @@ GradwireError subclasses carrying the code name and gwGetLastError's message.
 import builtins
 import ctypes
 import enum
+import os
 import threading
 import time
 import weakref
@@ -34,6 +35,7 @@ __all__ = [
     "PersistentRequest",
     "GradwireError",
     "Result", "DataType", "RedOp", "error_class", "HEADER_PATH", "LIBRARY_PATH", "StepInfo",
+    "resume_step",
 ]
 
 HEADER_PATH = _lib.find_header()
@@ -123,6 +125,18 @@ def _last_error(handle):
 def _check(res, function, handle=None):
     if res != _SUCCESS:
         raise error_class(res)(res, _last_error(handle), function)
+
+
+# gwStepBegin's "checkpoint and exit 0" (an empty tuple, which catches
+# nothing, with a header older than it).
+_PREEMPTED = _ERROR_CLASSES.get(ENUMS["gwResult_t"].get("gwPreempted"), ())
+
+
+def resume_step():
+    """The step this worker starts at: 0, or where the job server resumes a job
+    its scheduling policy preempted (GW_RESUME_STEP; load the checkpoint saved
+    when step_begin raised PreemptedError and begin there)."""
+    return _step.resume_step(os.environ.get("GW_RESUME_STEP"))
 
 
 def version():
@@ -506,10 +520,17 @@ class Comm:
         unknown. Pass `weight` to allreduce(grad, weight=...). Calling it again before
         step_end returns the same step. Raises InvalidUsageError when the program was not
         started by a gwjob agent (GW_JOB_SERVER unset), AbortedError when the job was
-        stopped, TimeoutError when the server stayed unreachable for GW_JOB_RETRY_S s."""
+        stopped, TimeoutError when the server stayed unreachable for GW_JOB_RETRY_S s,
+        PreemptedError when a scheduling policy takes the job off its nodes: its `step`
+        is where the job resumes (save everything through step - 1, exit 0; the next
+        placement starts with resume_step() == step)."""
         self._need_step()
         info = _StepInfoC()
-        self._call("gwStepBegin", self._handle(), ctypes.byref(info))
+        try:
+            self._call("gwStepBegin", self._handle(), ctypes.byref(info))
+        except _PREEMPTED as e:
+            e.step = info.step
+            raise
         return _step.info_tuple(info)
 
     def step_end(self, samples, compute_s, comm_s, step_s, local_grad_sq=None, global_grad_sq=None):

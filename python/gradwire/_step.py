@@ -88,6 +88,20 @@ def info_tuple(c):
         predicted_step_s=None if math.isnan(p) else p)
 
 
+def resume_step(text):
+    """GW_RESUME_STEP's value (None or a string) as a step number; ValueError
+    naming the variable when it is not one."""
+    if text is None or not text.strip():
+        return 0
+    try:
+        step = int(text.strip(), 10)
+    except ValueError:
+        step = -1
+    if step < 0:
+        raise ValueError(f"GW_RESUME_STEP={text!r} is not a step number (0, 1, ...)")
+    return step
+
+
 def report(report_cls, samples, compute_s, comm_s, step_s, local_grad_sq, global_grad_sq):
     nan = float("nan")
     return report_cls(

@@ -69,6 +69,15 @@ def test_a_job_server_that_stays_down_is_a_timeout():
         p.stdout + p.stderr
 
 
+def _reply(handler, out):
+    data = json.dumps(out).encode()
+    handler.send_response(200)
+    handler.send_header("Content-Type", "application/json")
+    handler.send_header("Content-Length", str(len(data)))
+    handler.end_headers()
+    handler.wfile.write(data)
+
+
 class _JobServer(http.server.BaseHTTPRequestHandler):
     """Job j3, one rank with local batch 5 of 20; says stop when step 1 ends."""
 
@@ -85,12 +94,7 @@ class _JobServer(http.server.BaseHTTPRequestHandler):
         else:
             self.send_error(404)
             return
-        data = json.dumps(out).encode()
-        self.send_response(200)
-        self.send_header("Content-Type", "application/json")
-        self.send_header("Content-Length", str(len(data)))
-        self.end_headers()
-        self.wfile.write(data)
+        _reply(self, out)
 
     def log_message(self, *args):
         pass
@@ -124,3 +128,62 @@ def test_steps_follow_the_server_until_it_says_stop():
     end = seen[1][2]
     assert end == {"rank": 0, "step": 0, "samples": 5, "compute_s": 0.5, "comm_s": 0.125,
                    "step_s": 0.75, "local_grad_sq": 2.0, "global_grad_sq": None}
+
+
+class _PreemptingServer(http.server.BaseHTTPRequestHandler):
+    """Job j4: plans step 1, and answers step 2's begin with "checkpoint" (the
+    scheduling policy takes the job off its nodes there)."""
+
+    seen = []
+
+    def do_POST(self):
+        body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+        type(self).seen.append((self.path.rsplit("/", 1)[1], body["step"]))
+        out = {"step": body["step"], "global_batch": 8, "local_batch": 8, "offset": 0,
+               "weight": 1.0, "algo": "auto"}
+        if self.path.endswith("/begin") and body["step"] == 2:
+            out["checkpoint"] = True
+        elif self.path.endswith("/end"):
+            out = {"stop": False}
+        _reply(self, out)
+
+    def log_message(self, *args):
+        pass
+
+
+def test_a_resumed_worker_starts_at_its_step_and_a_preempted_one_learns_where_to_resume():
+    srv = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _PreemptingServer)
+    threading.Thread(target=srv.serve_forever, daemon=True).start()
+    try:
+        code = PRELUDE + textwrap.dedent("""
+            print("RESUME", gradwire.resume_step())
+            try:
+                while True:
+                    s = c.step_begin()
+                    print("STEP", s.step)
+                    c.step_end(s.local_batch, 0.1, 0.1, 0.2)
+            except gradwire.PreemptedError as e:
+                print("PREEMPTED", e.step, e.code_name, e.message)
+            """)
+        p = run([sys.executable, "-c", code], GW_JOB_SERVER=f"http://127.0.0.1:{srv.server_port}",
+                GW_JOB_ID="j4", GW_JOB_TOKEN="tok4", GW_RESUME_STEP="1")
+    finally:
+        srv.shutdown()
+    out = p.stdout + p.stderr
+    assert p.returncode == 0, out
+    assert "RESUME 1" in p.stdout and "STEP 1" in p.stdout and "STEP 0" not in p.stdout, out
+    assert "PREEMPTED 2 gwPreempted job j4 is preempted at step 2" in p.stdout, out
+    assert _PreemptingServer.seen == [("begin", 1), ("end", 1), ("begin", 2)]
+
+
+def test_resume_step_reads_gw_resume_step():
+    assert _step.resume_step(None) == 0
+    assert _step.resume_step(" ") == 0
+    assert _step.resume_step(" 12 ") == 12
+    for bad in ("-1", "x", "1.5"):
+        try:
+            _step.resume_step(bad)
+        except ValueError as e:
+            assert "GW_RESUME_STEP" in str(e) and bad in str(e)
+        else:
+            raise AssertionError(f"{bad!r} accepted")

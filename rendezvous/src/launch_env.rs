@@ -50,6 +50,10 @@ pub mod var {
     pub const JOB_RETRY_S: &str = "GW_JOB_RETRY_S";
     /// Where gwrun's store listens (`host:port`), when not on loopback.
     pub const STORE_BIND: &str = "GW_STORE_BIND";
+    /// The step a worker of a preempted job resumes from (its checkpoint
+    /// holds everything before it); set by the job server on every launch,
+    /// 0 for a fresh start.
+    pub const RESUME_STEP: &str = "GW_RESUME_STEP";
 
     /// torchrun's variables, which ranks also read (as do launchers that
     /// speak torchrun's contract: a Kubernetes Indexed Job's manifest in
@@ -75,7 +79,16 @@ pub mod var {
     /// What a launcher sets for every rank, and so what a job's own
     /// environment may not override.
     pub const RESERVED: &[&str] = &[
-        RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_SIZE, STORE, TOKEN, JOB_ID, JOB_SERVER, JOB_TOKEN,
+        RANK,
+        WORLD_SIZE,
+        LOCAL_RANK,
+        LOCAL_SIZE,
+        STORE,
+        TOKEN,
+        JOB_ID,
+        JOB_SERVER,
+        JOB_TOKEN,
+        RESUME_STEP,
     ];
 }
 

@@ -239,15 +239,23 @@ pub struct Cluster {
     pub server: Daemon,
     pub agents: Vec<Daemon>,
     restarts: usize,
+    /// Extra `gwjob serve` flags, kept for restarts.
+    server_args: Vec<String>,
 }
 
 impl Cluster {
     /// Starts `gwjob serve --listen LISTEN --db DIR/gw.db`.
     pub fn start(tag: &str, listen: &str, prefix: &[&str]) -> Cluster {
+        Self::start_with(tag, listen, prefix, &[])
+    }
+
+    /// As [`Cluster::start`], with extra `gwjob serve` flags (a policy, say).
+    pub fn start_with(tag: &str, listen: &str, prefix: &[&str], server_args: &[&str]) -> Cluster {
         let dir = TempDir::new(tag);
         let token = format!("e2e-admin-token-{}", std::process::id());
         let prefix: Vec<String> = prefix.iter().map(|s| s.to_string()).collect();
-        let (server, url) = Self::serve(dir.path(), &token, &prefix, listen, 0);
+        let server_args: Vec<String> = server_args.iter().map(|s| s.to_string()).collect();
+        let (server, url) = Self::serve(dir.path(), &token, &prefix, &server_args, listen, 0);
         Cluster {
             dir,
             token,
@@ -256,6 +264,7 @@ impl Cluster {
             server,
             agents: Vec::new(),
             restarts: 0,
+            server_args,
         }
     }
 
@@ -267,6 +276,7 @@ impl Cluster {
         dir: &Path,
         token: &str,
         prefix: &[String],
+        extra: &[String],
         listen: &str,
         n: usize,
     ) -> (Daemon, String) {
@@ -274,6 +284,7 @@ impl Cluster {
             .iter()
             .map(|s| s.to_string())
             .chain([dir.join("gw.db").display().to_string()])
+            .chain(extra.iter().cloned())
             .collect();
         let mut d = Daemon::spawn(
             "gwjob serve",
@@ -304,6 +315,7 @@ impl Cluster {
             self.dir.path(),
             &self.token,
             &self.prefix,
+            &self.server_args,
             &listen,
             self.restarts,
         );
@@ -314,6 +326,18 @@ impl Cluster {
     /// Starts an agent for node `node` with `slots`, under `prefix` (its own
     /// namespace, say), reachable at `addr` when given.
     pub fn add_agent(&mut self, node: &str, slots: u32, addr: Option<&str>, prefix: &[&str]) {
+        self.add_typed_agent(node, slots, "cpu", addr, prefix);
+    }
+
+    /// As [`Cluster::add_agent`], for a node of `device_type`.
+    pub fn add_typed_agent(
+        &mut self,
+        node: &str,
+        slots: u32,
+        device_type: &str,
+        addr: Option<&str>,
+        prefix: &[&str],
+    ) {
         let mut args: Vec<String> = [
             "agent",
             "--server",
@@ -325,7 +349,7 @@ impl Cluster {
             "--slots",
             &slots.to_string(),
             "--device-type",
-            "cpu",
+            device_type,
         ]
         .iter()
         .map(|s| s.to_string())

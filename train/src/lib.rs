@@ -7,6 +7,7 @@
 //! Plans come from the job server's step protocol when the worker runs under
 //! `gwjob`, or from a local even split under `gwrun`.
 
+pub mod checkpoint;
 pub mod data;
 pub mod mlp;
 pub mod plan;

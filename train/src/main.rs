@@ -21,7 +21,7 @@ use std::process::ExitCode;
 const USAGE: &str = "\
 gwtrain [--steps N] [--lr X] [--seed S] [--dims 32,128,128,10]
                [--global-batch B] [--slow-rank R] [--slowdown K] [--out DIR]
-               [--print-every N]
+               [--print-every N] [--checkpoint DIR]
        gwtrain report [--warmup W] [--slowdown K] [--check] NAME=DIR [NAME=DIR...]
        gwtrain completions SHELL";
 
@@ -30,7 +30,11 @@ Trains an MLP on a synthetic classification stream, one rank per process.
 Plans come from the job server when GW_JOB_SERVER is set, else from the even
 split of --global-batch. Rank R = --slow-rank repeats its forward/backward
 K = --slowdown times per sample. With --out, every rank writes
-DIR/steps-rank<R>.log and rank 0 DIR/steps.jsonl and DIR/params.bin.";
+DIR/steps-rank<R>.log and rank 0 DIR/steps.jsonl and DIR/params.bin.
+When a job server's scheduling policy preempts the job, rank 0 saves the
+parameters and the data position in --checkpoint DIR/checkpoint.bin and every
+rank exits 0; started again with GW_RESUME_STEP=S, gwtrain resumes at step S
+from that file and appends to the --out logs.";
 
 /// What `report` does, on both its own help and gwtrain's.
 const REPORT_ABOUT: &str = "\
@@ -46,9 +50,9 @@ time within 10% of that optimum and within 15% of the predicted, parameters
 equal within 1e-5 relative) and exits 1 if one is not met.";
 
 const EXIT_STATUS: &str = "\
-Exit status: 0 success; 1 training failed, or report --check found a
-criterion not met; 2 usage error, or report could not read a run; 3 the job
-server stopped the job.";
+Exit status: 0 success, or preempted with the checkpoint saved; 1 training
+failed, or report --check found a criterion not met; 2 usage error, or report
+could not read a run; 3 the job server stopped the job.";
 
 /// gwtrain's command line, as clap sees it.
 #[derive(Debug, Parser)]
@@ -126,6 +130,11 @@ struct TrainArgs {
           default_value_t = TrainConfig::default().print_every,
           value_parser = number::<u64>(), allow_hyphen_values = true)]
     print_every: u64,
+
+    /// Directory where a preempted job saves its state and resumes from
+    #[arg(long, value_name = "DIR", allow_hyphen_values = true,
+          value_hint = clap::ValueHint::DirPath)]
+    checkpoint: Option<PathBuf>,
 }
 
 #[derive(Debug, Subcommand)]
@@ -313,6 +322,7 @@ fn parse(args: Vec<OsString>) -> Result<Command, UsageError> {
                 slow_rank: t.slow_rank,
                 slowdown: t.slowdown,
                 out: t.out,
+                checkpoint: t.checkpoint,
                 print_every: t.print_every,
             }))
         }
@@ -381,6 +391,12 @@ fn main() -> ExitCode {
     let rank = std::env::var(var::RANK).unwrap_or_else(|_| "?".into());
     match worker::run(&cfg) {
         Ok(()) => ExitCode::SUCCESS,
+        // The policy's preemption is part of the job's life, not a failure:
+        // exit 0 tells the agent the state is saved and the job may move.
+        Err(Stop::Preempted { step }) => {
+            eprintln!("gwtrain rank {rank}: preempted at step {step}, checkpoint saved");
+            ExitCode::SUCCESS
+        }
         Err(Stop::ByServer { step, reason }) => {
             eprintln!("gwtrain rank {rank}: stopped at step {step}: {reason}");
             ExitCode::from(EXIT_STOPPED)
@@ -435,8 +451,20 @@ mod tests {
             (d.steps, d.lr, d.seed, &d.dims, d.global_batch)
         );
         assert_eq!(
-            (c.slow_rank, c.slowdown, &c.out, c.print_every),
-            (d.slow_rank, d.slowdown, &d.out, d.print_every)
+            (
+                c.slow_rank,
+                c.slowdown,
+                &c.out,
+                c.print_every,
+                &c.checkpoint
+            ),
+            (
+                d.slow_rank,
+                d.slowdown,
+                &d.out,
+                d.print_every,
+                &d.checkpoint
+            )
         );
     }
 
@@ -444,8 +472,9 @@ mod tests {
     fn every_flag() {
         let c = train(
             "--steps 7 --lr 0.5 --seed 3 --dims 4,8,2 --global-batch 64 --slow-rank 1 \
-             --slowdown 3 --out /tmp/o --print-every 0",
+             --slowdown 3 --out /tmp/o --print-every 0 --checkpoint /tmp/c",
         );
+        assert_eq!(c.checkpoint, Some(PathBuf::from("/tmp/c")));
         assert_eq!((c.steps, c.lr, c.seed), (7, 0.5, 3));
         assert_eq!(c.dims, [4, 8, 2]);
         assert_eq!((c.global_batch, c.slow_rank, c.slowdown), (64, Some(1), 3));
@@ -511,6 +540,8 @@ mod tests {
             "--slowdown <K>",
             "--out <DIR>",
             "--print-every <N>",
+            "--checkpoint <DIR>",
+            "GW_RESUME_STEP=S",
             "[default: 100]",
             "[default: 512]",
             "gwtrain report [--warmup W] [--slowdown K] [--check] NAME=DIR [NAME=DIR...]",

@@ -30,6 +30,7 @@ pub fn even_plan(step: u64, global_batch: u64, rank: u32, world: u32) -> StepPla
         },
         algo: "auto".into(),
         predicted_step_s: None,
+        checkpoint: false,
     }
 }
 
@@ -93,6 +94,7 @@ pub fn check_tiling(
 fn stop(e: StepError, step: u64, what: &str) -> Stop {
     match e {
         StepError::Stopped { reason, .. } => Stop::ByServer { step, reason },
+        StepError::Preempted { step, .. } => Stop::Preempted { step },
         e => Stop::Failed(format!("{what} step {step}: {e}")),
     }
 }
@@ -132,6 +134,15 @@ impl PlanSource {
                 .end(report)
                 .map(|r| r.stop)
                 .map_err(|e| stop(e, step, "reporting")),
+        }
+    }
+
+    /// The first step this worker takes: 0, or where the job server resumes
+    /// a preempted job (`GW_RESUME_STEP`).
+    pub fn first_step(&self) -> u64 {
+        match self {
+            PlanSource::Local { .. } => 0,
+            PlanSource::Server(c) => c.step(),
         }
     }
 

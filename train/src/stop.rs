@@ -9,6 +9,11 @@ pub enum Stop {
         step: u64,
         reason: String,
     },
+    /// A scheduling policy took the job off its nodes at this step: the
+    /// state through `step - 1` is saved and the job resumes at `step`.
+    Preempted {
+        step: u64,
+    },
     Failed(String),
 }
 

@@ -9,10 +9,16 @@
 //! and every rank starts from the same seed, two runs with the same global
 //! batches end with the same parameters (to rounding) whatever the split.
 //!
+//! A job the job server's scheduling policy preempts saves a checkpoint
+//! (`--checkpoint DIR`) when its next step's plan says so and exits 0; its
+//! next placement starts at that step (`GW_RESUME_STEP`) from the
+//! checkpoint, so the pair of runs computes exactly what one run would.
+//!
 //! A slow device is emulated honestly: the slow rank repeats its real
 //! forward/backward `slowdown` times per sample and throws the extra results
 //! away, so its compute time really scales with its local batch.
 
+use crate::checkpoint::{self, Checkpoint};
 use crate::data::Dataset;
 use crate::mlp::{Mlp, Workspace};
 use crate::plan::{PlanSource, check_plan, check_tiling};
@@ -36,6 +42,8 @@ pub struct TrainConfig {
     pub slow_rank: Option<u32>,
     pub slowdown: u32,
     pub out: Option<PathBuf>,
+    /// Where a preempted job saves its state and resumes from.
+    pub checkpoint: Option<PathBuf>,
     /// Rank 0 prints progress every this many steps (0: never).
     pub print_every: u64,
 }
@@ -51,6 +59,7 @@ impl Default for TrainConfig {
             slow_rank: None,
             slowdown: 1,
             out: None,
+            checkpoint: None,
             print_every: 10,
         }
     }
@@ -207,11 +216,19 @@ struct Outputs {
 }
 
 impl Outputs {
-    fn open(dir: &std::path::Path, rank: u32) -> Result<Outputs, String> {
+    /// A resumed run (`append`) goes on with the logs its earlier
+    /// placements wrote, so that they hold every step once.
+    fn open(dir: &std::path::Path, rank: u32, append: bool) -> Result<Outputs, String> {
         std::fs::create_dir_all(dir).map_err(|e| format!("creating {}: {e}", dir.display()))?;
         let create = |name: String| {
             let p = dir.join(name);
-            std::fs::File::create(&p).map_err(|e| format!("creating {}: {e}", p.display()))
+            std::fs::OpenOptions::new()
+                .create(true)
+                .write(true)
+                .append(append)
+                .truncate(!append)
+                .open(&p)
+                .map_err(|e| format!("creating {}: {e}", p.display()))
         };
         Ok(Outputs {
             dir: dir.to_path_buf(),
@@ -250,13 +267,26 @@ pub fn train(comm: &Communicator, mut source: PlanSource, cfg: &TrainConfig) -> 
     let data = Dataset::new(cfg.seed, mlp.inputs(), mlp.classes());
     let mut params = mlp.init(cfg.seed);
     let n = mlp.len();
+    let start = source.first_step();
+    let mut base = 0u64;
+    if start > 0 {
+        let dir = cfg.checkpoint.as_ref().ok_or_else(|| {
+            format!(
+                "the job server resumes this job at step {start} (GW_RESUME_STEP), but gwtrain \
+                 was started without --checkpoint DIR to resume from"
+            )
+        })?;
+        let c = checkpoint::read_for(dir, start, cfg.seed, n)?;
+        params = c.params;
+        base = c.base;
+    }
     let reps = if cfg.slow_rank == Some(rank) {
         cfg.slowdown.max(1)
     } else {
         1
     };
     let mut out = match &cfg.out {
-        Some(d) => Some(Outputs::open(d, rank)?),
+        Some(d) => Some(Outputs::open(d, rank, start > 0)?),
         None => None,
     };
     // The gradient, then the local mean loss: one weighted all-reduce
@@ -265,7 +295,6 @@ pub fn train(comm: &Communicator, mut source: PlanSource, cfg: &TrainConfig) -> 
     let mut scratch = if reps > 1 { vec![0.0; n] } else { Vec::new() };
     let mut ws = mlp.workspace();
     let mut stats = vec![0.0f64; STATS * world as usize];
-    let mut base = 0u64;
     if rank == 0 {
         println!(
             "gwtrain: {world} rank(s), transports {}, MLP {:?} ({n} parameters), {} steps, lr {}, plans from {}",
@@ -280,12 +309,20 @@ pub fn train(comm: &Communicator, mut source: PlanSource, cfg: &TrainConfig) -> 
             }
         );
     }
+    if rank == 0 && start > 0 {
+        println!("gwtrain: resuming at step {start} from its checkpoint");
+    }
     if reps > 1 {
         println!("gwtrain: rank {rank} repeats its compute {reps}× (slowdown)");
     }
-    for s in 0..cfg.steps {
+    for s in start..cfg.steps {
         let t0 = Instant::now();
-        let plan = source.begin(s)?;
+        let plan = match source.begin(s) {
+            Err(Stop::Preempted { step }) => {
+                return Err(save_checkpoint(comm, cfg, step, base, &params));
+            }
+            r => r?,
+        };
         let plan_s = t0.elapsed().as_secs_f64();
         check_plan(&plan, s)?;
         let b = plan.local_batch;
@@ -395,26 +432,73 @@ pub fn train(comm: &Communicator, mut source: PlanSource, cfg: &TrainConfig) -> 
         }
     }
 
-    // Every rank must hold the same model: compare the parameters' hashes.
-    let h = params_hash(&params) as i64;
-    let mut all = vec![0i64; world as usize];
-    comm.all_gather(&[h], &mut all)
-        .map_err(|e| format!("comparing the final parameters: {e}"))?;
-    if let Some(r) = all.iter().position(|&x| x != h) {
-        return Err(Stop::Failed(format!(
-            "rank {r}'s final parameters differ from rank {rank}'s"
-        )));
-    }
+    let h = same_params(comm, &params, "final")?;
     if rank == 0 {
         if let Some(o) = &out {
             write_params(&o.dir.join("params.bin"), &params)?;
         }
         println!(
             "gwtrain: done, {} steps, parameters hash {:016x}",
-            cfg.steps, h as u64
+            cfg.steps, h
         );
     }
     Ok(())
+}
+
+/// Every rank must hold the same model: compares the parameters' hashes,
+/// and returns this rank's.
+fn same_params(comm: &Communicator, params: &[f64], when: &str) -> Result<u64, Stop> {
+    let h = params_hash(params) as i64;
+    let mut all = vec![0i64; comm.size() as usize];
+    comm.all_gather(&[h], &mut all)
+        .map_err(|e| format!("comparing the {when} parameters: {e}"))?;
+    if let Some(r) = all.iter().position(|&x| x != h) {
+        return Err(Stop::Failed(format!(
+            "rank {r}'s {when} parameters differ from rank {}'s",
+            comm.rank()
+        )));
+    }
+    Ok(h as u64)
+}
+
+/// The job server preempts the job at `step`: rank 0 saves the state after
+/// step - 1 (every rank holds the same, checked first) and every rank stops.
+/// The barrier keeps a rank from exiting 0, the signal that the job may be
+/// placed again, before the checkpoint is on disk.
+fn save_checkpoint(
+    comm: &Communicator,
+    cfg: &TrainConfig,
+    step: u64,
+    base: u64,
+    params: &[f64],
+) -> Stop {
+    let Some(dir) = &cfg.checkpoint else {
+        return Stop::Failed(format!(
+            "the job server preempted the job at step {step}, but gwtrain was started \
+             without --checkpoint DIR to save its state in"
+        ));
+    };
+    let saved = same_params(comm, params, "preempted").and_then(|_| {
+        if comm.rank() == 0 {
+            let c = Checkpoint {
+                step,
+                base,
+                seed: cfg.seed,
+                params: params.to_vec(),
+            };
+            checkpoint::write(dir, &c)?;
+            println!(
+                "gwtrain: preempted at step {step}; state saved in {}",
+                checkpoint::path(dir).display()
+            );
+        }
+        comm.barrier()
+            .map_err(|e| Stop::Failed(format!("waiting for the checkpoint: {e}")))
+    });
+    match saved {
+        Ok(()) => Stop::Preempted { step },
+        Err(e) => e,
+    }
 }
 
 #[cfg(test)]

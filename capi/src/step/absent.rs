@@ -14,7 +14,11 @@ fn not_built() -> Failure {
     }
 }
 
-pub(super) fn begin(_comm: gwComm_t, _st: &CommState) -> CResult<gwStepInfo> {
+pub(super) fn begin(
+    _comm: gwComm_t,
+    _st: &CommState,
+    _info: &mut Option<gwStepInfo>,
+) -> CResult<()> {
     Err(not_built())
 }
 

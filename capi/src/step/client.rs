@@ -17,6 +17,7 @@ fn code_of_step(e: &StepError) -> gwResult_t {
         StepError::Env { .. } | StepError::NotBegun { .. } => gwInvalidUsage,
         StepError::ServerGone { .. } => gwTimeout,
         StepError::Stopped { .. } => gwAborted,
+        StepError::Preempted { .. } => gwPreempted,
         StepError::Rejected(_) => gwRemoteError,
         StepError::Protocol(_) => gwInternalError,
     }
@@ -77,15 +78,38 @@ fn finite(v: f64) -> Option<f64> {
     v.is_finite().then_some(v)
 }
 
-/// This rank's plan of the next step.
-pub(super) fn begin(comm: gwComm_t, st: &CommState) -> CResult<gwStepInfo> {
+/// What `gwStepBegin` tells a worker that is preempted at `step`: only the
+/// step (where it resumes); no samples, no weight.
+fn preempted_info(step: u64) -> gwStepInfo {
+    info_of(&StepPlan {
+        step,
+        global_batch: 0,
+        local_batch: 0,
+        offset: 0,
+        weight: 0.0,
+        algo: String::new(),
+        predicted_step_s: None,
+        checkpoint: true,
+    })
+}
+
+/// This rank's plan of the next step into `info`; on preemption `info`
+/// holds the step to resume at and the result is `gwPreempted`.
+pub(super) fn begin(comm: gwComm_t, st: &CommState, info: &mut Option<gwStepInfo>) -> CResult<()> {
     let c = client_of(comm, st)?;
-    let plan = c
-        .lock()
-        .unwrap_or_else(|p| p.into_inner())
-        .begin()
-        .map_err(step_failure)?;
-    Ok(info_of(&plan))
+    let r = c.lock().unwrap_or_else(|p| p.into_inner()).begin();
+    match r {
+        Ok(plan) => {
+            *info = Some(info_of(&plan));
+            Ok(())
+        }
+        Err(e) => {
+            if let StepError::Preempted { step, .. } = &e {
+                *info = Some(preempted_info(*step));
+            }
+            Err(step_failure(e))
+        }
+    }
 }
 
 /// Reports the step begun last; whether the server wants the worker to stop.
@@ -121,6 +145,7 @@ mod tests {
             weight: 0.3,
             algo: "a-very-long-algorithm-name".into(),
             predicted_step_s: None,
+            checkpoint: false,
         };
         let i = info_of(&p);
         assert_eq!(
@@ -158,6 +183,14 @@ mod tests {
             reason: "cancelled".into(),
         };
         assert_eq!(code_of_step(&stopped), gwAborted);
+        let preempted = StepError::Preempted {
+            job_id: "j".into(),
+            step: 9,
+        };
+        assert_eq!(code_of_step(&preempted), gwPreempted);
+        let i = preempted_info(9);
+        assert_eq!((i.step, i.local_batch, i.weight), (9, 0, 0.0));
+        assert_eq!(i.algo[0], 0);
         assert_eq!(
             code_of_step(&StepError::NotBegun { next: 0 }),
             gwInvalidUsage

@@ -67,6 +67,8 @@ pub struct gwStepReport {
 /// Calling it again before `gwStepEnd` returns the same step's plan. Retries
 /// a server that is down for `GW_JOB_RETRY_S` seconds (default 60), then
 /// returns `gwTimeout`; a job the server has stopped is `gwAborted` (exit);
+/// a job a scheduling policy preempts is `gwPreempted` with `info->step` the
+/// step it resumes at (checkpoint everything before it and exit 0);
 /// without `GW_JOB_SERVER` (not started by a gwjob agent) `gwInvalidUsage`;
 /// in a libgradwire built without the cargo feature `step`, always
 /// `gwInvalidUsage`, saying so. Blocks; thread-safe (calls on one
@@ -76,10 +78,13 @@ pub unsafe extern "C" fn gwStepBegin(comm: gwComm_t, info: *mut gwStepInfo) -> g
     guard(comm, || {
         let st = lookup(comm)?;
         out(info, "info")?;
-        let next = client::begin(comm, &st)?;
-        // SAFETY: checked non-null.
-        unsafe { *info = next };
-        Ok(())
+        let mut next = None;
+        let r = client::begin(comm, &st, &mut next);
+        if let Some(next) = next {
+            // SAFETY: checked non-null.
+            unsafe { *info = next };
+        }
+        r
     })
 }
 

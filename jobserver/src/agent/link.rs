@@ -194,6 +194,7 @@ mod tests {
     fn outbox_keeps_what_arrived_after_the_send() {
         let exit = |rank| WorkerExit {
             job_id: "j".into(),
+            attempt: 0,
             rank,
             code: Some(0),
             signal: None,
@@ -202,6 +203,7 @@ mod tests {
         o.exits.push(exit(0));
         let store = StoreOpened {
             job_id: "j".into(),
+            attempt: 0,
             addr: "1.2.3.4:5".into(),
         };
         o.push_store(store.clone());

@@ -213,8 +213,9 @@ impl Agent {
                     let open: Vec<StoreOpened> = self
                         .stores
                         .all()
-                        .map(|(j, a)| StoreOpened {
+                        .map(|(j, attempt, a)| StoreOpened {
                             job_id: j.to_owned(),
+                            attempt,
                             addr: a.to_owned(),
                         })
                         .collect();
@@ -259,10 +260,13 @@ impl Agent {
     fn handle(&mut self, reply: HeartbeatReply) {
         if !self.shutting_down {
             for os in &reply.open_stores {
-                let fresh = self.stores.addr(&os.job_id).is_none();
-                match self.stores.open(&os.job_id, &os.store_token, self.ip) {
+                let before = self.stores.addr(&os.job_id).map(str::to_owned);
+                match self
+                    .stores
+                    .open(&os.job_id, os.attempt, &os.store_token, self.ip)
+                {
                     Ok(addr) => {
-                        if fresh {
+                        if before.as_deref() != Some(addr.as_str()) {
                             tracing::info!(
                                 "opened the rendezvous store of job {} at {addr}",
                                 os.job_id
@@ -270,6 +274,7 @@ impl Agent {
                         }
                         self.outbox.push_store(StoreOpened {
                             job_id: os.job_id.clone(),
+                            attempt: os.attempt,
                             addr,
                         });
                     }

@@ -17,6 +17,9 @@ use gw_rendezvous::{StoreConfig, StoreServer};
 pub const LINGER: Duration = Duration::from_secs(30);
 
 struct Open {
+    /// The job's placement it serves: the next placement of a preempted
+    /// job needs a store without the last one's keys.
+    attempt: u32,
     server: StoreServer,
     addr: String,
     close_at: Option<Instant>,
@@ -29,11 +32,22 @@ pub struct Stores {
 }
 
 impl Stores {
-    /// The address of `job`'s store, opening it on `ip:0` if needed.
-    pub fn open(&mut self, job: &str, token: &str, ip: IpAddr) -> Result<String, String> {
+    /// The address of the store of `job`'s placement `attempt`, opening it
+    /// on `ip:0` if needed; a store of another placement of the job is
+    /// closed first.
+    pub fn open(
+        &mut self,
+        job: &str,
+        attempt: u32,
+        token: &str,
+        ip: IpAddr,
+    ) -> Result<String, String> {
         if let Some(o) = self.open.get_mut(job) {
-            o.close_at = None;
-            return Ok(o.addr.clone());
+            if o.attempt == attempt {
+                o.close_at = None;
+                return Ok(o.addr.clone());
+            }
+            self.close(job);
         }
         let bind = SocketAddr::new(ip, 0);
         let server = StoreServer::start(bind, token, StoreConfig::default())
@@ -42,6 +56,7 @@ impl Stores {
         self.open.insert(
             job.to_owned(),
             Open {
+                attempt,
                 server,
                 addr: addr.clone(),
                 close_at: None,
@@ -54,9 +69,12 @@ impl Stores {
         self.open.get(job).map(|o| o.addr.as_str())
     }
 
-    /// Every open store, for re-announcing them to a server that forgot us.
-    pub fn all(&self) -> impl Iterator<Item = (&str, &str)> {
-        self.open.iter().map(|(j, o)| (j.as_str(), o.addr.as_str()))
+    /// Every open store (job, placement, address), for re-announcing them
+    /// to a server that forgot us.
+    pub fn all(&self) -> impl Iterator<Item = (&str, u32, &str)> {
+        self.open
+            .iter()
+            .map(|(j, o)| (j.as_str(), o.attempt, o.addr.as_str()))
     }
 
     /// Closes `job`'s store now; whether one was open.
@@ -111,8 +129,8 @@ mod tests {
     #[test]
     fn open_is_idempotent_and_the_store_answers() {
         let mut s = Stores::default();
-        let a = s.open("j1", "tok", LO).unwrap();
-        assert_eq!(s.open("j1", "tok", LO).unwrap(), a);
+        let a = s.open("j1", 0, "tok", LO).unwrap();
+        assert_eq!(s.open("j1", 0, "tok", LO).unwrap(), a);
         assert!(a.starts_with("127.0.0.1:"));
         let deadline = Instant::now() + Duration::from_secs(5);
         let mut c = StoreClient::connect(&a, "tok", deadline).unwrap();
@@ -124,10 +142,30 @@ mod tests {
     }
 
     #[test]
+    fn a_new_placement_gets_a_fresh_store() {
+        let mut s = Stores::default();
+        let a = s.open("j1", 0, "tok", LO).unwrap();
+        let deadline = Instant::now() + Duration::from_secs(5);
+        let mut c = StoreClient::connect(&a, "tok", deadline).unwrap();
+        c.set("k", b"old").unwrap();
+        s.close_at("j1", Instant::now() + Duration::from_secs(60));
+        let b = s.open("j1", 1, "tok", LO).unwrap();
+        assert_ne!(a, b, "the lingering store of placement 0 was reused");
+        let mut c = StoreClient::connect(&b, "tok", deadline).unwrap();
+        assert_eq!(c.get("k").unwrap(), None, "a key of the last placement");
+        assert_eq!(s.all().collect::<Vec<_>>(), [("j1", 1, b.as_str())]);
+        let (closed, _) = s.tick(Instant::now() + Duration::from_secs(120));
+        assert!(
+            closed.is_empty(),
+            "the new store kept the old one's closing time"
+        );
+    }
+
+    #[test]
     fn lingering_stores_close_on_time() {
         let mut s = Stores::default();
-        s.open("a", "t", LO).unwrap();
-        s.open("b", "t", LO).unwrap();
+        s.open("a", 0, "t", LO).unwrap();
+        s.open("b", 0, "t", LO).unwrap();
         let now = Instant::now();
         s.close_at("a", now + Duration::from_millis(10));
         let (closed, next) = s.tick(now);

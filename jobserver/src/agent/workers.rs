@@ -34,6 +34,8 @@ pub const STOP_GRACE: Duration = Duration::from_secs(5);
 pub const EXIT_NOT_STARTED: i32 = 127;
 
 struct Worker {
+    /// The job's placement this worker belongs to ([`Launch::attempt`]).
+    attempt: u32,
     rank: u32,
     child: Child,
     status: Option<ExitStatus>,
@@ -67,8 +69,9 @@ pub struct Finished {
 #[derive(Default)]
 pub struct Workers {
     jobs: BTreeMap<String, Job>,
-    /// (job, rank) ever launched here: a launch sent twice starts nothing.
-    seen: HashSet<(String, u32)>,
+    /// (job, attempt, rank) ever launched here: a launch sent twice starts
+    /// nothing, but a preempted job's next placement starts again.
+    seen: HashSet<(String, u32, u32)>,
     /// Jobs stopped here: a late launch of one starts nothing.
     stopped: HashSet<String>,
     grace: Duration,
@@ -86,9 +89,10 @@ pub fn describe(job: &str, rank: u32, st: ExitStatus) -> String {
     }
 }
 
-fn exit_of(job: &str, rank: u32, st: ExitStatus) -> WorkerExit {
+fn exit_of(job: &str, attempt: u32, rank: u32, st: ExitStatus) -> WorkerExit {
     WorkerExit {
         job_id: job.to_owned(),
+        attempt,
         rank,
         code: st.code(),
         signal: if st.code().is_some() {
@@ -130,7 +134,7 @@ impl Workers {
             let fresh = l
                 .ranks
                 .iter()
-                .filter(|&&r| self.seen.insert((l.job_id.clone(), r)))
+                .filter(|&&r| self.seen.insert((l.job_id.clone(), l.attempt, r)))
                 .count();
             if fresh > 0 {
                 tracing::warn!("not starting job {}: it was stopped here", l.job_id);
@@ -139,7 +143,7 @@ impl Workers {
         }
         let program = find_program(OsStr::new(&l.program));
         for (local, &rank) in l.ranks.iter().enumerate() {
-            if !self.seen.insert((l.job_id.clone(), rank)) {
+            if !self.seen.insert((l.job_id.clone(), l.attempt, rank)) {
                 continue;
             }
             let res = match &program {
@@ -154,6 +158,7 @@ impl Workers {
                         stopping: None,
                     });
                     job.workers.push(Worker {
+                        attempt: l.attempt,
                         rank,
                         child,
                         status: None,
@@ -167,6 +172,7 @@ impl Workers {
                     );
                     failed.push(WorkerExit {
                         job_id: l.job_id.clone(),
+                        attempt: l.attempt,
                         rank,
                         code: Some(EXIT_NOT_STARTED),
                         signal: None,
@@ -199,7 +205,7 @@ impl Workers {
                     libc::kill(-w.pid(), libc::SIGKILL);
                 }
                 tracing::info!("{}", describe(id, w.rank, st));
-                exits.push(exit_of(id, w.rank, st));
+                exits.push(exit_of(id, w.attempt, w.rank, st));
             }
         }
         exits
@@ -380,6 +386,7 @@ mod tests {
     fn launch(job: &str, ranks: &[u32], script: &str) -> Launch {
         Launch {
             job_id: job.into(),
+            attempt: 0,
             ranks: ranks.to_vec(),
             world: 4,
             program: "/bin/sh".into(),
@@ -428,6 +435,26 @@ mod tests {
             }]
         );
         assert!(!w.has_job("jx"));
+    }
+
+    #[test]
+    fn a_preempted_jobs_next_placement_starts_the_same_ranks_again() {
+        let mut w = Workers::new(Duration::from_secs(5));
+        let mut l = launch("jp", &[0, 1], "exit $((GW_RANK + 20))");
+        assert!(w.launch(&l, "http://s").is_empty());
+        let first = reap_n(&mut w, 2);
+        assert!(first.iter().all(|e| e.attempt == 0), "{first:?}");
+        assert_eq!(w.take_finished().len(), 1);
+        assert!(w.launch(&l, "http://s").is_empty());
+        assert_eq!(w.running(), 0, "placement 0 started twice");
+        l.attempt = 1;
+        assert!(w.launch(&l, "http://s").is_empty());
+        assert!(w.launch(&l, "http://s").is_empty());
+        assert_eq!(w.running(), 2, "placement 1 not started once");
+        let second = reap_n(&mut w, 2);
+        let got: Vec<(u32, u32, Option<i32>)> =
+            second.iter().map(|e| (e.attempt, e.rank, e.code)).collect();
+        assert_eq!(got, [(1, 0, Some(20)), (1, 1, Some(21))]);
     }
 
     #[test]

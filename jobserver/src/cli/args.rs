@@ -11,7 +11,7 @@ use crate::cli::flags::number;
 use crate::cli::sim_args::{GenTrace, Simulate};
 use clap::builder::{PossibleValuesParser, TypedValueParser};
 use clap::{Args, ValueHint};
-use gw_jobapi::types::{BatchChange, PlannerKind, Role, SubmitRequest};
+use gw_jobapi::types::{BatchChange, DeviceThroughput, PlannerKind, Role, SubmitRequest};
 use std::path::PathBuf;
 
 /// Where the server is and how to sign requests (shared by all three).
@@ -77,7 +77,8 @@ impl Client {
 pub const SUBMIT_USAGE: &str = "\
 gwjob submit --workers N --global-batch B [--batch-bounds LO:HI]
                     [--batch-schedule B0@0,B1@S1,...] [--planner optperf|even]
-                    [--name NAME] [--env KEY=VALUE]... [--server URL]
+                    [--name NAME] [--env KEY=VALUE]... [--steps N]
+                    [--throughput TYPE=STEPS_PER_S,...] [--server URL]
                     [--token-file PATH] -- PROGRAM [ARGS...]";
 
 pub const SUBMIT_AFTER_HELP: &str = "\
@@ -149,6 +150,27 @@ pub struct SubmitArgs {
     )]
     env: Vec<(String, String)>,
 
+    /// Steps the job runs in all (a server with a scheduling policy needs
+    /// it)
+    #[arg(
+        long,
+        value_name = "N",
+        value_parser = number::<u64>(),
+        allow_hyphen_values = true
+    )]
+    steps: Option<u64>,
+
+    /// The job's speed per device type, TYPE=STEPS_PER_S separated by
+    /// commas (the scheduling policy's T[j][k]; a type not listed is one the
+    /// job cannot use; default: the same speed on every type)
+    #[arg(
+        long,
+        value_name = "LIST",
+        value_parser = parse_throughput,
+        allow_hyphen_values = true
+    )]
+    throughput: Option<Throughputs>,
+
     #[command(flatten)]
     conn: Conn,
 
@@ -166,6 +188,10 @@ pub struct SubmitArgs {
 /// to it (clap appends when the field itself is a `Vec`).
 #[derive(Clone, Debug, PartialEq)]
 pub struct Schedule(Vec<BatchChange>);
+
+/// `--throughput`'s value, one list for the same reason as [`Schedule`].
+#[derive(Clone, Debug, PartialEq)]
+pub struct Throughputs(Vec<DeviceThroughput>);
 
 impl SubmitArgs {
     /// The request these flags describe, or what is missing or inconsistent.
@@ -206,6 +232,8 @@ impl SubmitArgs {
                 program: prog,
                 args: program.collect(),
                 env: self.env,
+                steps: self.steps,
+                throughput: self.throughput.map(|t| t.0).unwrap_or_default(),
             },
         ))
     }
@@ -266,6 +294,25 @@ fn parse_env(kv: &str) -> Result<(String, String), String> {
         .split_once('=')
         .ok_or_else(|| format!("--env needs KEY=VALUE, not {kv:?}"))?;
     Ok((k.to_owned(), v.to_owned()))
+}
+
+fn parse_throughput(s: &str) -> Result<Throughputs, String> {
+    s.split(',')
+        .filter(|e| !e.trim().is_empty())
+        .map(|e| {
+            let bad = || format!("--throughput entries are TYPE=STEPS_PER_S, not {e:?}");
+            let (k, v) = e.split_once('=').ok_or_else(bad)?;
+            let steps_per_s: f64 = v.trim().parse().map_err(|_| bad())?;
+            if k.trim().is_empty() || !steps_per_s.is_finite() || steps_per_s < 0.0 {
+                return Err(bad());
+            }
+            Ok(DeviceThroughput {
+                device_type: k.trim().to_owned(),
+                steps_per_s,
+            })
+        })
+        .collect::<Result<Vec<_>, String>>()
+        .map(Throughputs)
 }
 
 fn parse_bounds(s: &str) -> Result<(u64, u64), String> {
@@ -334,6 +381,10 @@ mod tests {
             "http://s:1",
             "--name",
             "x",
+            "--steps",
+            "500",
+            "--throughput",
+            "v100=3, k80=0.5",
             "--",
             "train",
             "--lr",
@@ -353,6 +404,13 @@ mod tests {
         );
         assert_eq!(r.planner, PlannerKind::Even);
         assert_eq!(r.env, vec![("A".to_owned(), "b=c".to_owned())]);
+        assert_eq!(r.steps, Some(500));
+        let t: Vec<(&str, f64)> = r
+            .throughput
+            .iter()
+            .map(|t| (t.device_type.as_str(), t.steps_per_s))
+            .collect();
+        assert_eq!(t, [("v100", 3.0), ("k80", 0.5)]);
         assert_eq!(
             (r.program.as_str(), r.args.clone()),
             ("train", vec!["--lr".to_owned(), "0.1".to_owned()])
@@ -368,6 +426,7 @@ mod tests {
             (1, 8, PlannerKind::Optperf)
         );
         assert_eq!((r.name, r.env), (None, vec![]));
+        assert_eq!((r.steps, r.throughput), (None, vec![]));
         assert_eq!(r.args, vec!["-x"]);
         // The schedule's largest batch bounds the local batches by default.
         let (_, r) = submit(&[
@@ -506,6 +565,18 @@ mod tests {
             ),
             ("submit", &["--workers", "x"][..], "needs a number"),
             ("submit", &["--env", "A"][..], "KEY=VALUE"),
+            (
+                "submit",
+                &["--throughput", "v100"][..],
+                "TYPE=STEPS_PER_S, not \"v100\"",
+            ),
+            (
+                "submit",
+                &["--throughput", "v100=-1"][..],
+                "TYPE=STEPS_PER_S",
+            ),
+            ("submit", &["--throughput", "=2"][..], "TYPE=STEPS_PER_S"),
+            ("submit", &["--steps", "x"][..], "needs a number"),
             ("submit", &["--json"][..], "unknown option --json"),
             ("submit", &["--workers"][..], "--workers needs a value"),
             ("status", &["a", "b"][..], "at most one"),

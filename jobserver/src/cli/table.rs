@@ -113,6 +113,18 @@ pub fn job(j: &JobStatus, events: &[EventLine]) -> String {
     if let Some(e) = &j.error {
         out.push_str(&format!("error: {e}\n"));
     }
+    if j.attempt > 0 || j.preempting {
+        out.push_str(&format!(
+            "placement {} (from step {}){}\n",
+            j.attempt,
+            j.resume_step,
+            if j.preempting {
+                ", being preempted: workers checkpoint and exit"
+            } else {
+                ""
+            }
+        ));
+    }
     out.push_str(&format!(
         "workers {}, planner {}, global batch {}, last completed step {}\n",
         j.workers,
@@ -216,6 +228,9 @@ mod tests {
                     exit: Some(-9),
                 },
             ],
+            attempt: 0,
+            resume_step: 0,
+            preempting: false,
             error: None,
         }
     }
@@ -226,6 +241,14 @@ mod tests {
         assert!(s.contains("job j1-abc (demo): running"), "{s}");
         assert!(s.contains("predicted 51.20 ms, measured 53.10 ms"), "{s}");
         assert!(s.contains("noise scale: 123.4"), "{s}");
+        assert!(!s.contains("placement"), "{s}");
+        let mut st = status();
+        (st.attempt, st.resume_step, st.preempting) = (2, 340, true);
+        let t = job(&st, &[]);
+        assert!(
+            t.contains("placement 2 (from step 340), being preempted: workers checkpoint and exit"),
+            "{t}"
+        );
         let lines: Vec<&str> = s.lines().collect();
         let head = lines.iter().position(|l| l.starts_with("RANK")).unwrap();
         assert_eq!(

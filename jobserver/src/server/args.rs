@@ -109,6 +109,24 @@ pub struct ServeArgs {
     #[arg(long = "stall-timeout", value_name = "SECS", default_value = "30",
           value_parser = number::<f64>(), allow_hyphen_values = true)]
     stall_timeout: f64,
+
+    /// Cluster scheduling policy run at every round boundary: fifo, gavel,
+    /// gavel-makespan or hadar (default: none, each job placed as soon as
+    /// it fits and never preempted)
+    #[arg(long, value_name = "NAME", allow_hyphen_values = true)]
+    policy: Option<String>,
+
+    /// Seconds between the policy's rounds
+    #[arg(long = "round", value_name = "SECS", default_value = "60",
+          value_parser = number::<f64>(), allow_hyphen_values = true)]
+    round: f64,
+}
+
+/// The scheduling policy and its round length.
+#[derive(Clone, Debug, PartialEq)]
+pub struct PolicyOptions {
+    pub name: String,
+    pub round: Duration,
 }
 
 /// What `gwjob serve` runs with.
@@ -122,6 +140,7 @@ pub struct ServeOptions {
     pub advertise: Option<String>,
     pub threads: usize,
     pub limits: Limits,
+    pub policy: Option<PolicyOptions>,
 }
 
 impl ServeArgs {
@@ -158,8 +177,25 @@ impl ServeArgs {
         {
             return Err(format!("--advertise {a:?} must be an http:// URL"));
         }
+        let policy = match self.policy {
+            Some(name) => {
+                crate::server::rounds::live_policy(&name)?;
+                if !(self.round.is_finite() && (0.1..=86_400.0).contains(&self.round)) {
+                    return Err(format!(
+                        "--round must be 0.1..=86400 seconds (got {})",
+                        self.round
+                    ));
+                }
+                Some(PolicyOptions {
+                    name,
+                    round: Duration::from_secs_f64(self.round),
+                })
+            }
+            None => None,
+        };
         Ok(ServeOptions {
             db,
+            policy,
             listen: self.listen,
             token_file: self.admin_token_file,
             node_timeout,

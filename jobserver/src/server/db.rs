@@ -7,7 +7,12 @@
 //! changes it in one `BEGIN IMMEDIATE` transaction, so a `kill -9` at any
 //! instant leaves either the whole change or none of it.
 //! The only in-memory state is the time each node last heartbeated, which
-//! deliberately restarts from zero with the server (see `nodes.rs`).
+//! deliberately restarts from zero with the server (see `nodes.rs`), and
+//! a scheduling policy's bookkeeping (`rounds.rs`).
+//!
+//! A job's placements under a scheduling policy live in `job_attempts`, a
+//! table of its own so that a database of an older server opens unchanged
+//! (no row: the first placement, never preempted).
 
 use crate::server::error::{ApiError, ApiResult};
 use rusqlite::{Connection, OptionalExtension, Transaction, TransactionBehavior, params};
@@ -59,6 +64,14 @@ CREATE TABLE IF NOT EXISTS jobs (
     noise           TEXT,
     submitted_at    REAL NOT NULL,
     ended_at        REAL
+);
+CREATE TABLE IF NOT EXISTS job_attempts (
+    job_id       TEXT PRIMARY KEY REFERENCES jobs(id),
+    attempt      INTEGER NOT NULL DEFAULT 0,
+    resume_step  INTEGER NOT NULL DEFAULT 0,
+    preempt      INTEGER NOT NULL DEFAULT 0,
+    preempt_step INTEGER,
+    want         TEXT
 );
 CREATE TABLE IF NOT EXISTS batch_changes (
     job_id       TEXT NOT NULL REFERENCES jobs(id),

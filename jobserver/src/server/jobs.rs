@@ -5,7 +5,7 @@
 
 use crate::server::db::{event, now, to_json};
 use crate::server::error::{ApiError, ApiResult, corrupt};
-use crate::server::placement::{FreeNode, place};
+use crate::server::placement::FreeNode;
 use crate::server::plan::FIT_FORGET;
 use crate::server::validate;
 use gw_jobapi::types::{JobState, PlannerKind, SetGlobalBatch, SubmitReply, SubmitRequest};
@@ -25,6 +25,24 @@ pub struct Job {
     pub store_addr: Option<String>,
     pub completed_step: Option<u64>,
     pub noise: Option<String>,
+    pub sched: Placement,
+}
+
+/// Where a job is in its placements under a scheduling policy
+/// (`job_attempts`; all defaults without a policy).
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct Placement {
+    /// 0 for the first placement, one more after each preemption.
+    pub attempt: u32,
+    /// The step the current placement starts from.
+    pub resume_step: u64,
+    /// The policy asked the workers to checkpoint and exit.
+    pub preempt: bool,
+    /// The step whose plan was the checkpoint order (the first step the
+    /// placement did not start); None until a rank asked for it.
+    pub preempt_step: Option<u64>,
+    /// Slots per device type the policy chose for the next placement.
+    pub want: Option<Vec<(String, u32)>>,
 }
 
 impl Job {
@@ -81,8 +99,12 @@ fn planner_str(p: PlannerKind) -> &'static str {
     }
 }
 
-const JOB_COLUMNS: &str =
-    "id, spec, state, reason, job_token, store_token, store_addr, completed_step, noise";
+const JOB_COLUMNS: &str = "id, spec, state, reason, job_token, store_token, store_addr, \
+     completed_step, noise, COALESCE(a.attempt, 0), COALESCE(a.resume_step, 0), \
+     COALESCE(a.preempt, 0), a.preempt_step, a.want";
+
+/// Every job query reads its placement row with it.
+const JOB_FROM: &str = "jobs LEFT JOIN job_attempts a ON a.job_id = jobs.id";
 
 /// A job row as read, before its JSON and enum columns are decoded (which
 /// can fail with a message, unlike a row mapper).
@@ -96,6 +118,11 @@ struct RawJob {
     store_addr: Option<String>,
     completed_step: Option<u64>,
     noise: Option<String>,
+    attempt: u32,
+    resume_step: u64,
+    preempt: bool,
+    preempt_step: Option<u64>,
+    want: Option<String>,
 }
 
 fn job_from_row(r: &Row<'_>) -> rusqlite::Result<RawJob> {
@@ -109,6 +136,11 @@ fn job_from_row(r: &Row<'_>) -> rusqlite::Result<RawJob> {
         store_addr: r.get(6)?,
         completed_step: r.get(7)?,
         noise: r.get(8)?,
+        attempt: r.get(9)?,
+        resume_step: r.get(10)?,
+        preempt: r.get(11)?,
+        preempt_step: r.get(12)?,
+        want: r.get(13)?,
     })
 }
 
@@ -123,6 +155,16 @@ fn decode(raw: RawJob) -> ApiResult<Job> {
         store_addr: raw.store_addr,
         completed_step: raw.completed_step,
         noise: raw.noise,
+        sched: Placement {
+            attempt: raw.attempt,
+            resume_step: raw.resume_step,
+            preempt: raw.preempt,
+            preempt_step: raw.preempt_step,
+            want: raw
+                .want
+                .map(|w| serde_json::from_str(&w).map_err(|e| corrupt("job placement", e)))
+                .transpose()?,
+        },
     })
 }
 
@@ -130,7 +172,7 @@ fn decode(raw: RawJob) -> ApiResult<Job> {
 pub fn find(tx: &Transaction<'_>, id: &str) -> ApiResult<Option<Job>> {
     let row = tx
         .query_row(
-            &format!("SELECT {JOB_COLUMNS} FROM jobs WHERE id = ?1"),
+            &format!("SELECT {JOB_COLUMNS} FROM {JOB_FROM} WHERE id = ?1"),
             params![id],
             job_from_row,
         )
@@ -145,7 +187,9 @@ pub fn get(tx: &Transaction<'_>, id: &str) -> ApiResult<Job> {
 
 /// Every job, oldest first.
 pub fn all(tx: &Transaction<'_>) -> ApiResult<Vec<Job>> {
-    let mut st = tx.prepare(&format!("SELECT {JOB_COLUMNS} FROM jobs ORDER BY seq"))?;
+    let mut st = tx.prepare(&format!(
+        "SELECT {JOB_COLUMNS} FROM {JOB_FROM} ORDER BY seq"
+    ))?;
     let rows = st
         .query_map([], job_from_row)?
         .collect::<rusqlite::Result<Vec<_>>>()?;
@@ -153,9 +197,9 @@ pub fn all(tx: &Transaction<'_>) -> ApiResult<Vec<Job>> {
 }
 
 /// Jobs in `state`, oldest first.
-fn with_state(tx: &Transaction<'_>, state: JobState) -> ApiResult<Vec<Job>> {
+pub fn with_state(tx: &Transaction<'_>, state: JobState) -> ApiResult<Vec<Job>> {
     let mut st = tx.prepare(&format!(
-        "SELECT {JOB_COLUMNS} FROM jobs WHERE state = ?1 ORDER BY seq"
+        "SELECT {JOB_COLUMNS} FROM {JOB_FROM} WHERE state = ?1 ORDER BY seq"
     ))?;
     let rows = st
         .query_map(params![state_str(state)], job_from_row)?
@@ -167,6 +211,14 @@ fn with_state(tx: &Transaction<'_>, state: JobState) -> ApiResult<Vec<Job>> {
 /// it at once.
 pub fn submit(tx: &Transaction<'_>, req: &SubmitRequest) -> ApiResult<SubmitReply> {
     validate::submission(req)?;
+    if let Some(policy) = crate::server::rounds::policy_name(tx)?
+        && req.steps.is_none()
+    {
+        return Err(ApiError::bad_request(format!(
+            "steps: this server schedules jobs with the {policy} policy, which needs each \
+             job's total steps (gwjob submit --steps N)"
+        )));
+    }
     let seq: i64 = tx.query_row("SELECT COALESCE(MAX(seq), 0) + 1 FROM jobs", [], |r| {
         r.get(0)
     })?;
@@ -210,25 +262,36 @@ pub fn submit(tx: &Transaction<'_>, req: &SubmitRequest) -> ApiResult<SubmitRepl
 }
 
 /// Places every pending job that fits now, oldest first (a job that does not
-/// fit does not block smaller ones behind it).
+/// fit does not block smaller ones behind it). Under a scheduling policy a
+/// job is placed only once a round has chosen its device types (`want`),
+/// and then only on nodes of those types.
 pub fn place_pending(tx: &Transaction<'_>) -> ApiResult<()> {
     let pending = with_state(tx, JobState::Pending)?;
     if pending.is_empty() {
         return Ok(());
     }
+    let policy = crate::server::rounds::policy_name(tx)?.is_some();
     let mut free = free_nodes(tx)?;
     for job in pending {
-        let Some(nodes) = place(&free, job.workers()) else {
+        let nodes = match (&job.sched.want, policy) {
+            (_, false) => place(&free, job.workers()),
+            (None, true) => None,
+            (Some(want), true) => place_typed(&free, want),
+        };
+        let Some(nodes) = nodes else {
             continue;
         };
+        if policy {
+            set_want(tx, &job.id, None)?;
+        }
         let fit = to_json(&RankFit::new(FIT_FORGET))?;
         for (rank, node) in nodes.iter().enumerate() {
             tx.execute(
                 "INSERT INTO ranks(job_id, rank, node, fit) VALUES (?1, ?2, ?3, ?4)",
                 params![job.id, rank as i64, node, fit],
             )?;
-            if let Some(f) = free.iter_mut().find(|f| &f.name == node) {
-                f.free = f.free.saturating_sub(1);
+            if let Some(f) = free.iter_mut().find(|f| &f.node.name == node) {
+                f.node.free = f.node.free.saturating_sub(1);
             }
         }
         tx.execute(
@@ -253,23 +316,124 @@ pub fn place_pending(tx: &Transaction<'_>) -> ApiResult<()> {
     Ok(())
 }
 
+/// An up node's free slots and its device type.
+struct TypedNode {
+    node: FreeNode,
+    device_type: String,
+}
+
 /// Up nodes with their free slots, in registration order.
-fn free_nodes(tx: &Transaction<'_>) -> ApiResult<Vec<FreeNode>> {
+fn free_nodes(tx: &Transaction<'_>) -> ApiResult<Vec<TypedNode>> {
     let mut st = tx.prepare(
         "SELECT n.name, n.rack, n.slots,
-                (SELECT COUNT(*) FROM ranks r WHERE r.node = n.name AND r.released = 0)
+                (SELECT COUNT(*) FROM ranks r WHERE r.node = n.name AND r.released = 0),
+                n.device_type
          FROM nodes n WHERE n.state = 'up' ORDER BY n.reg_seq",
     )?;
     let rows = st.query_map([], |r| {
         let slots: i64 = r.get(2)?;
         let used: i64 = r.get(3)?;
-        Ok(FreeNode {
-            name: r.get(0)?,
-            rack: r.get(1)?,
-            free: u32::try_from((slots - used).max(0)).unwrap_or(0),
+        Ok(TypedNode {
+            node: FreeNode {
+                name: r.get(0)?,
+                rack: r.get(1)?,
+                free: u32::try_from((slots - used).max(0)).unwrap_or(0),
+            },
+            device_type: r.get(4)?,
         })
     })?;
     Ok(rows.collect::<rusqlite::Result<Vec<_>>>()?)
+}
+
+fn place(free: &[TypedNode], workers: u32) -> Option<Vec<String>> {
+    let nodes: Vec<FreeNode> = free.iter().map(|t| t.node.clone()).collect();
+    crate::server::placement::place(&nodes, workers)
+}
+
+/// Ranks on nodes of the chosen types: `want`'s counts in its order, each
+/// type's share placed as [`place`] places a job.
+fn place_typed(free: &[TypedNode], want: &[(String, u32)]) -> Option<Vec<String>> {
+    let mut out = Vec::new();
+    for (device_type, n) in want.iter().filter(|(_, n)| *n > 0) {
+        let nodes: Vec<FreeNode> = free
+            .iter()
+            .filter(|t| &t.device_type == device_type)
+            .map(|t| t.node.clone())
+            .collect();
+        out.extend(crate::server::placement::place(&nodes, *n)?);
+    }
+    (!out.is_empty()).then_some(out)
+}
+
+/// The job's placement row, created with its defaults if missing.
+fn attempts_row(tx: &Transaction<'_>, id: &str) -> ApiResult<()> {
+    tx.execute(
+        "INSERT INTO job_attempts(job_id) VALUES (?1) ON CONFLICT(job_id) DO NOTHING",
+        params![id],
+    )?;
+    Ok(())
+}
+
+/// The device types and counts the policy chose for the job's next
+/// placement (None: not to be placed).
+pub fn set_want(tx: &Transaction<'_>, id: &str, want: Option<&[(String, u32)]>) -> ApiResult<()> {
+    let text = want.map(to_json).transpose()?;
+    update_attempt(tx, id, "want = ?2", text)
+}
+
+/// Asks (or stops asking) the job's workers to checkpoint and exit at the
+/// next step nobody has a plan for.
+pub fn set_preempt(tx: &Transaction<'_>, id: &str, on: bool) -> ApiResult<()> {
+    update_attempt(tx, id, "preempt = ?2, preempt_step = NULL", on)
+}
+
+pub fn set_preempt_step(tx: &Transaction<'_>, id: &str, step: u64) -> ApiResult<()> {
+    update_attempt(tx, id, "preempt_step = ?2", step)
+}
+
+/// Sets columns of the job's `job_attempts` row (made first if missing);
+/// `set` is a fixed SQL assignment list with `?2` for `value`.
+fn update_attempt(
+    tx: &Transaction<'_>,
+    id: &str,
+    set: &'static str,
+    value: impl rusqlite::ToSql,
+) -> ApiResult<()> {
+    attempts_row(tx, id)?;
+    tx.execute(
+        &format!("UPDATE job_attempts SET {set} WHERE job_id = ?1"),
+        params![id, value],
+    )?;
+    Ok(())
+}
+
+/// A preempted job whose workers all checkpointed and exited: it leaves its
+/// nodes and waits for its next placement, which resumes from the step its
+/// workers were stopped at.
+pub fn requeue(tx: &Transaction<'_>, job: &Job, step: u64) -> ApiResult<()> {
+    tx.execute("DELETE FROM ranks WHERE job_id = ?1", params![job.id])?;
+    tx.execute(
+        "UPDATE jobs SET state = 'pending', store_addr = NULL WHERE id = ?1",
+        params![job.id],
+    )?;
+    attempts_row(tx, &job.id)?;
+    let next = job.sched.attempt.saturating_add(1);
+    tx.execute(
+        "UPDATE job_attempts SET attempt = ?2, resume_step = ?3, preempt = 0, preempt_step = NULL
+         WHERE job_id = ?1",
+        params![job.id, next, step],
+    )?;
+    event(
+        tx,
+        Some(&job.id),
+        None,
+        &format!(
+            "job {}: checkpointed at step {step} and left its nodes; placement {next} \
+             resumes from step {step}",
+            job.id
+        ),
+    )?;
+    place_pending(tx)
 }
 
 /// Ends a running or pending job. Ranks never launched free their slots

@@ -9,7 +9,9 @@
 //! → `app` (routing, auth, one transaction per request; `access` says which
 //! token may call what, `credentials` keeps the issued node and submit
 //! tokens) → `jobs`, `nodes`, `steps` (the handlers) → `plan` and
-//! `placement` (pure policy) and `db`.
+//! `placement` (pure policy) and `db`. With `--policy`, `rounds` runs a
+//! `gw_scheduler` policy at every round boundary and preempts jobs through
+//! checkpoints in the step protocol.
 
 pub mod access;
 pub mod app;
@@ -23,6 +25,7 @@ pub mod jobs;
 pub mod nodes;
 pub mod placement;
 pub mod plan;
+pub mod rounds;
 pub mod routes;
 pub mod status;
 pub mod steps;
@@ -55,6 +58,8 @@ fn run(o: ServeOptions) -> Result<(), String> {
         TokenSource::Generated(p) => println!("gwjob: admin token in {}", p.display()),
     }
     let up = db.tx(nodes::up_nodes).map_err(|e| e.message)?;
+    db.tx(|tx| rounds::set_policy_name(tx, o.policy.as_ref().map(|p| p.name.as_str())))
+        .map_err(|e| e.message)?;
     let live = Liveness::new(o.node_timeout, up);
     let listener = std::net::TcpListener::bind(o.listen.as_str())
         .map_err(|e| format!("cannot listen on {}: {e}", o.listen))?;
@@ -71,9 +76,35 @@ fn run(o: ServeOptions) -> Result<(), String> {
         listen_url: listen_url.clone(),
     });
     start_liveness(app.clone())?;
+    if let Some(p) = o.policy {
+        println!(
+            "gwjob: scheduling with the {} policy, rounds of {} s",
+            p.name,
+            p.round.as_secs_f64()
+        );
+        start_rounds(app.clone(), p)?;
+    }
     println!("gwjob: listening on {listen_url}");
     let _ = std::io::stdout().flush();
     http::serve(app, listener, o.threads, o.limits)
+}
+
+/// The thread that runs the scheduling policy at every round boundary.
+fn start_rounds(app: Arc<App>, p: args::PolicyOptions) -> Result<(), String> {
+    let policy = rounds::live_policy(&p.name)?;
+    let mut rounds = rounds::Rounds::new(policy, p.round.as_secs_f64());
+    std::thread::Builder::new()
+        .name("gwjob-rounds".into())
+        .spawn(move || {
+            loop {
+                std::thread::sleep(p.round);
+                if let Err(e) = app.db.tx(|tx| rounds.run(tx)) {
+                    tracing::error!("scheduling round failed: {e}");
+                }
+            }
+        })
+        .map(|_| ())
+        .map_err(|e| format!("cannot start the scheduling thread: {e}"))
 }
 
 /// The thread that marks silent nodes lost, checking several times per

@@ -33,7 +33,7 @@ use gw_jobapi::types::{
     Heartbeat, HeartbeatReply, JobState, Launch, OpenStore, RegisterNode, RegisterReply,
     StoreOpened, WorkerExit,
 };
-use gw_rendezvous::launch_env::{JobServerEnv, job_vars};
+use gw_rendezvous::launch_env::{JobServerEnv, job_vars, var};
 use rusqlite::{OptionalExtension, Transaction, params};
 use std::collections::HashMap;
 use std::sync::Mutex;
@@ -270,7 +270,11 @@ fn store_opened(tx: &Transaction<'_>, node: &str, s: &StoreOpened) -> ApiResult<
         );
         return Ok(());
     }
-    if job.state != JobState::Running || job.store_addr.is_some() || s.addr.trim().is_empty() {
+    if job.state != JobState::Running
+        || job.store_addr.is_some()
+        || s.addr.trim().is_empty()
+        || s.attempt != job.sched.attempt
+    {
         return Ok(());
     }
     tx.execute(
@@ -308,6 +312,11 @@ pub fn exit_reason(node: &str, e: &WorkerExit) -> Option<String> {
 }
 
 fn worker_exited(tx: &Transaction<'_>, node: &str, e: &WorkerExit) -> ApiResult<()> {
+    // A repeated report from a placement the job has left: its ranks' rows
+    // are gone, or belong to the next placement.
+    if jobs::find(tx, &e.job_id)?.is_some_and(|j| j.sched.attempt != e.attempt) {
+        return Ok(());
+    }
     let row: Option<bool> = tx
         .query_row(
             "SELECT exited FROM ranks WHERE job_id = ?1 AND rank = ?2 AND node = ?3",
@@ -361,7 +370,12 @@ fn worker_exited(tx: &Transaction<'_>, node: &str, e: &WorkerExit) -> ApiResult<
                 },
             )?;
             if left == 0 && failed == 0 {
-                jobs::end(tx, &job, JobState::Succeeded, None)?;
+                // Workers told to checkpoint exit 0 too; a job whose workers
+                // finished before any of them was told is simply done.
+                match job.sched.preempt_step.filter(|_| job.sched.preempt) {
+                    Some(step) => jobs::requeue(tx, &job, step)?,
+                    None => jobs::end(tx, &job, JobState::Succeeded, None)?,
+                }
             }
             Ok(())
         }
@@ -371,13 +385,16 @@ fn worker_exited(tx: &Transaction<'_>, node: &str, e: &WorkerExit) -> ApiResult<
 /// Running jobs with rank 0 here whose store is not known yet.
 fn open_stores(tx: &Transaction<'_>, node: &str) -> ApiResult<Vec<OpenStore>> {
     let mut st = tx.prepare(
-        "SELECT j.id, j.store_token FROM jobs j JOIN ranks r ON r.job_id = j.id AND r.rank = 0
+        "SELECT j.id, j.store_token, COALESCE(a.attempt, 0)
+         FROM jobs j JOIN ranks r ON r.job_id = j.id AND r.rank = 0
+         LEFT JOIN job_attempts a ON a.job_id = j.id
          WHERE j.state = 'running' AND j.store_addr IS NULL AND r.node = ?1 ORDER BY j.seq",
     )?;
     let rows = st.query_map(params![node], |r| {
         Ok(OpenStore {
             job_id: r.get(0)?,
             store_token: r.get(1)?,
+            attempt: r.get(2)?,
         })
     })?;
     Ok(rows.collect::<rusqlite::Result<Vec<_>>>()?)
@@ -443,8 +460,13 @@ fn launch(job: &Job, ranks: Vec<u32>, local: usize, server_url: &str) -> Launch 
         .into_iter()
         .map(|(k, v)| (k.to_owned(), v)),
     );
+    env.push((
+        var::RESUME_STEP.to_owned(),
+        job.sched.resume_step.to_string(),
+    ));
     Launch {
         job_id: job.id.clone(),
+        attempt: job.sched.attempt,
         ranks,
         world: job.workers(),
         program: job.spec.program.clone(),

@@ -43,6 +43,9 @@ fn status_or_error(tx: &Transaction<'_>, job: &Job) -> JobStatus {
             measured_step_s: None,
             noise_scale: None,
             ranks: Vec::new(),
+            attempt: job.sched.attempt,
+            resume_step: job.sched.resume_step,
+            preempting: job.sched.preempt,
             error: Some(e.message),
         }
     })
@@ -106,6 +109,9 @@ fn status_of(tx: &Transaction<'_>, job: &Job) -> ApiResult<JobStatus> {
         measured_step_s: measured,
         noise_scale,
         ranks,
+        attempt: job.sched.attempt,
+        resume_step: job.sched.resume_step,
+        preempting: job.sched.preempt,
         error: None,
     })
 }

@@ -66,6 +66,7 @@ fn reply(p: &Plan, rank: u32) -> ApiResult<StepPlan> {
         },
         algo: p.algo.clone(),
         predicted_step_s: p.predicted_step_s,
+        checkpoint: false,
     })
 }
 
@@ -76,6 +77,13 @@ pub fn begin(tx: &Transaction<'_>, job: &Job, req: &StepBegin) -> ApiResult<Step
     }
     check_rank(job, req.rank)?;
     check_step(req.step)?;
+    if req.step < job.sched.resume_step {
+        return Err(ApiError::conflict(format!(
+            "step {} of job {} was run by an earlier placement: this one (attempt {}) \
+             resumes from step {} (GW_RESUME_STEP)",
+            req.step, job.id, job.sched.attempt, job.sched.resume_step
+        )));
+    }
     // The rank is alive: its launch need not be re-sent (see nodes.rs).
     tx.execute(
         "UPDATE ranks SET launched = 2 WHERE job_id = ?1 AND rank = ?2 AND launched = 1",
@@ -110,6 +118,38 @@ pub fn begin(tx: &Transaction<'_>, job: &Job, req: &StepBegin) -> ApiResult<Step
         }
     }
     let global_batch = jobs::batch_at(tx, job, req.step)?;
+    if job.sched.preempt {
+        // The first step no rank has a plan for is where every rank stops:
+        // plans are per step, so all ranks get the same answer.
+        let stop = match job.sched.preempt_step {
+            Some(s) => s,
+            None => {
+                jobs::set_preempt_step(tx, &job.id, req.step)?;
+                event(
+                    tx,
+                    Some(&job.id),
+                    None,
+                    &format!(
+                        "job {}: workers told to checkpoint at step {} and exit",
+                        job.id, req.step
+                    ),
+                )?;
+                req.step
+            }
+        };
+        if req.step == stop {
+            return Ok(StepPlan {
+                step: req.step,
+                global_batch,
+                local_batch: 0,
+                offset: 0,
+                weight: 0.0,
+                algo: job.algo(),
+                predicted_step_s: None,
+                checkpoint: true,
+            });
+        }
+    }
     let fits: Vec<RankFit> = store::ranks(tx, &job.id)?
         .into_iter()
         .map(|r| r.fit)

@@ -91,6 +91,55 @@ pub fn submission(req: &SubmitRequest) -> ApiResult<()> {
             "env: GW_ALGO = {algo:?} is not one of auto, ring, tree, rhd, rd, hier"
         ));
     }
+    if req.steps == Some(0) || req.steps.is_some_and(|s| s > i64::MAX as u64) {
+        return bad(format!(
+            "steps = {} is out of range: 1..={}",
+            req.steps.unwrap_or(0),
+            i64::MAX
+        ));
+    }
+    throughput(req)
+}
+
+/// The per-type speeds: known types once each, finite and not negative,
+/// and not all zero (such a job could never run anywhere).
+fn throughput(req: &SubmitRequest) -> ApiResult<()> {
+    let bad = |m: String| Err(ApiError::bad_request(m));
+    if req.throughput.len() > 256 {
+        return bad(format!(
+            "throughput lists {} device types; at most 256",
+            req.throughput.len()
+        ));
+    }
+    for (i, t) in req.throughput.iter().enumerate() {
+        printable("throughput: device_type", &t.device_type, 128)?;
+        if !(t.steps_per_s.is_finite() && (0.0..=1e9).contains(&t.steps_per_s)) {
+            return bad(format!(
+                "throughput of {}: {} steps/s is out of range: [0, 1e9]",
+                t.device_type, t.steps_per_s
+            ));
+        }
+        if req.throughput[..i]
+            .iter()
+            .any(|u| u.device_type == t.device_type)
+        {
+            return bad(format!(
+                "throughput: device type {} is listed twice",
+                t.device_type
+            ));
+        }
+    }
+    if !req.throughput.is_empty() && req.throughput.iter().all(|t| t.steps_per_s == 0.0) {
+        let types: Vec<&str> = req
+            .throughput
+            .iter()
+            .map(|t| t.device_type.as_str())
+            .collect();
+        return bad(format!(
+            "throughput is 0 on every device type the job may use ({}), so it could never run",
+            types.join(", ")
+        ));
+    }
     Ok(())
 }
 
@@ -152,7 +201,7 @@ fn schedule(req: &SubmitRequest) -> ApiResult<()> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use gw_jobapi::types::PlannerKind;
+    use gw_jobapi::types::{DeviceThroughput, PlannerKind};
 
     fn ok() -> SubmitRequest {
         SubmitRequest {
@@ -169,6 +218,17 @@ mod tests {
             program: "train".into(),
             args: vec![],
             env: vec![("GW_ALGO".into(), "ring".into())],
+            steps: Some(100),
+            throughput: vec![
+                DeviceThroughput {
+                    device_type: "v100".into(),
+                    steps_per_s: 3.0,
+                },
+                DeviceThroughput {
+                    device_type: "k80".into(),
+                    steps_per_s: 0.0,
+                },
+            ],
         }
     }
 
@@ -219,6 +279,27 @@ mod tests {
             ),
             (|r| r.env[0].1 = "fast".into(), "GW_ALGO"),
             (|r| r.name = Some(String::new()), "name"),
+            (|r| r.steps = Some(0), "steps = 0 is out of range"),
+            (
+                |r| r.throughput[0].steps_per_s = 0.0,
+                "throughput is 0 on every device type the job may use (v100, k80)",
+            ),
+            (
+                |r| r.throughput[1].steps_per_s = f64::NAN,
+                "throughput of k80: NaN steps/s",
+            ),
+            (
+                |r| r.throughput[1].steps_per_s = -1.0,
+                "throughput of k80: -1 steps/s",
+            ),
+            (
+                |r| r.throughput[1].device_type = "v100".into(),
+                "device type v100 is listed twice",
+            ),
+            (
+                |r| r.throughput[1].device_type = "a\nb".into(),
+                "throughput: device_type must be printable",
+            ),
         ];
         for (change, want) in cases {
             let mut r = ok();

@@ -256,6 +256,8 @@ pub fn sh_job(workers: u32, script: &str) -> SubmitRequest {
         program: "/bin/sh".into(),
         args: vec!["-c".into(), script.into()],
         env: vec![],
+        steps: None,
+        throughput: Vec::new(),
     }
 }
 

@@ -232,6 +232,8 @@ pub fn job(workers: u32, global: u64) -> SubmitRequest {
         program: "/bin/true".into(),
         args: vec!["a".into()],
         env: vec![("MY_VAR".into(), "1".into())],
+        steps: None,
+        throughput: Vec::new(),
     }
 }
 
@@ -257,6 +259,7 @@ pub fn launch(server: &Server, job: &str, nodes: &[&str]) -> Vec<Vec<Launch>> {
     let hb = Heartbeat {
         stores: vec![StoreOpened {
             job_id: job.into(),
+            attempt: 0,
             addr: "127.0.0.1:5555".into(),
         }],
         exits: vec![],
