@@ -144,6 +144,10 @@ pub struct JobStatus {
     /// True while its workers are being asked to checkpoint and exit.
     #[serde(default)]
     pub preempting: bool,
+    /// Its speed per device type as profiled by the server (a job submitted
+    /// under a scheduling policy without `throughput`), by type name.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub measured_throughput: Vec<DeviceThroughput>,
     /// Set when part of the job's stored state cannot be read: the fields
     /// that depend on it are left empty, and only this job is affected.
     #[serde(default, skip_serializing_if = "Option::is_none")]

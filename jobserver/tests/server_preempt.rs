@@ -30,11 +30,39 @@ fn heartbeat_until(
     .unwrap_or_else(|| panic!("{what} never happened\n{}", s.stderr()))
 }
 
+/// A 2-worker job for a policy, its speed given (so it is not profiled).
 fn sched_job(steps: u64) -> SubmitRequest {
     let mut r = job(2, 8);
     r.planner = PlannerKind::Even;
     r.steps = Some(steps);
+    r.throughput = vec![DeviceThroughput {
+        device_type: "cpu".into(),
+        steps_per_s: 1.0,
+    }];
     r
+}
+
+/// `gwjob serve --policy gavel` with 0.3 s rounds and `extra` flags.
+fn gavel_server(dir: &TempDir, extra: &[&str]) -> Server {
+    let mut args = vec![
+        "--policy",
+        "gavel",
+        "--round",
+        "0.3",
+        "--node-timeout",
+        "60",
+    ];
+    args.extend_from_slice(extra);
+    Server::start(dir.path(), &args)
+}
+
+/// The messages of `job`'s event log, oldest first.
+fn event_texts(s: &Server, job: &str) -> Vec<String> {
+    let events: Vec<serde_json::Value> = s.get(&format!("/v1/jobs/{job}/events"));
+    events
+        .iter()
+        .filter_map(|e| e["message"].as_str().map(str::to_owned))
+        .collect()
 }
 
 fn exits(job: &str, attempt: u32) -> Heartbeat {
@@ -66,17 +94,7 @@ fn store(job: &str, attempt: u32, port: u16) -> Heartbeat {
 #[test]
 fn a_preempted_job_checkpoints_at_one_step_and_resumes_from_it() {
     let dir = TempDir::new("preempt");
-    let s = Server::start(
-        dir.path(),
-        &[
-            "--policy",
-            "gavel",
-            "--round",
-            "0.3",
-            "--node-timeout",
-            "60",
-        ],
-    );
+    let s = gavel_server(&dir, &[]);
     s.register("n1", "r1", 2);
     let a = s.submit(&sched_job(100));
     // A round places it; the node opens its store and gets the launch.
@@ -188,11 +206,7 @@ fn a_preempted_job_checkpoints_at_one_step_and_resumes_from_it() {
     let p = s.step_begin(&a, &token, 0, 3).expect("A step 3");
     assert!(!p.checkpoint);
     assert_eq!(p.local_batch, 4);
-    let events: Vec<serde_json::Value> = s.get(&format!("/v1/jobs/{a}/events"));
-    let text: Vec<String> = events
-        .iter()
-        .filter_map(|e| e["message"].as_str().map(str::to_owned))
-        .collect();
+    let text = event_texts(&s, &a);
     for want in [
         "preempted: it runs on 2 x cpu, the policy gives it nothing",
         "workers told to checkpoint at step 3 and exit",
@@ -243,4 +257,109 @@ fn policy_mistakes_are_named() {
         "{}",
         message_of(&r)
     );
+}
+
+/// Both ranks of `job` run `steps`, every report saying the step took
+/// `step_s`; none may be a checkpoint order.
+fn run_steps(s: &Server, job: &str, token: &str, steps: &[(u64, f64)]) {
+    for &(step, step_s) in steps {
+        for rank in 0..2 {
+            let p = s.step_begin(job, token, rank, step).expect("plan");
+            assert!(!p.checkpoint, "step {step}");
+            let mut e = end(rank, step, p.local_batch, step_s / 2.0);
+            e.step_s = step_s;
+            s.step_end(job, token, &e).expect("end");
+        }
+    }
+}
+
+/// Heartbeats `node` until it is asked for a store of `job`'s placement
+/// `attempt`, reports one, and returns the launch's worker token.
+fn launch_on(s: &Server, node: &str, job: &str, attempt: u32, port: u16) -> (String, String) {
+    heartbeat_until(s, node, &Heartbeat::default(), "the job's store", |r| {
+        r.open_stores
+            .iter()
+            .any(|o| o.job_id == job && o.attempt == attempt)
+    });
+    let r = s.heartbeat(node, &store(job, attempt, port));
+    let l = r
+        .launches
+        .iter()
+        .find(|l| l.job_id == job)
+        .unwrap_or_else(|| panic!("no launch of {job} on {node}\n{}", s.stderr()));
+    let token = env(l, "GW_JOB_TOKEN").expect("token").to_owned();
+    let resume = env(l, "GW_RESUME_STEP").expect("resume").to_owned();
+    (token, resume)
+}
+
+#[test]
+fn a_job_without_throughput_is_profiled_on_each_type_before_the_policy_schedules_it() {
+    let dir = TempDir::new("profile");
+    let s = gavel_server(&dir, &["--profile-steps", "2"]);
+    s.register_typed("f1", "r1", 2, "fast");
+    s.register_typed("s1", "r2", 2, "slow");
+    // One slot cannot hold the job's two workers: never profiled.
+    s.register_typed("t1", "r3", 1, "tiny");
+    let mut req = sched_job(100);
+    req.throughput.clear();
+    let a = s.submit(&req);
+
+    // Types in name order: fast first. Step 0 (set-up) is not counted.
+    let (token, resume) = launch_on(&s, "f1", &a, 0, 5001);
+    assert_eq!(resume, "0");
+    run_steps(&s, &a, &token, &[(0, 5.0), (1, 0.25), (2, 0.25)]);
+    let st = s.status(&a);
+    assert_eq!(
+        st.measured_throughput,
+        vec![DeviceThroughput {
+            device_type: "fast".into(),
+            steps_per_s: 4.0
+        }]
+    );
+    assert!(st.preempting, "on to the next type: {st:?}");
+    for rank in 0..2 {
+        assert!(s.step_begin(&a, &token, rank, 3).expect("3").checkpoint);
+    }
+    s.heartbeat("f1", &exits(&a, 0));
+
+    // Then slow, resuming at step 3; the median of 1.0 and 0.5 is 0.75.
+    let (token, resume) = launch_on(&s, "s1", &a, 1, 5002);
+    assert_eq!(resume, "3");
+    run_steps(&s, &a, &token, &[(3, 9.0), (4, 1.0), (5, 0.5)]);
+    let st = s.status(&a);
+    let got: Vec<(String, f64)> = st
+        .measured_throughput
+        .iter()
+        .map(|t| (t.device_type.clone(), t.steps_per_s))
+        .collect();
+    assert_eq!(
+        got,
+        vec![("fast".into(), 4.0), ("slow".into(), 1.0 / 0.75)],
+        "{st:?}"
+    );
+    assert!(
+        !st.preempting,
+        "profiled everywhere: it stays until a round"
+    );
+
+    // From now on the policy schedules it with those figures: Gavel moves
+    // a lone job to the type where it is three times faster.
+    wait_for(Duration::from_secs(20), || {
+        s.status(&a).preempting.then_some(())
+    })
+    .unwrap_or_else(|| panic!("the policy never moved the job\n{}", s.stderr()));
+    let text = event_texts(&s, &a);
+    for want in [
+        "to be profiled on 2 x fast (not yet measured on fast, slow)",
+        "profiled on fast: 4.000 steps/s (median of steps 1..=2)",
+        "preempted: to be profiled on slow next",
+        "profiled on slow: 1.333 steps/s (median of steps 4..=5)",
+        "preempted: it runs on 2 x slow, the policy gives it 2 x fast",
+    ] {
+        assert!(
+            text.iter().any(|t| t.contains(want)),
+            "{want:?} in {text:#?}"
+        );
+    }
+    assert!(!text.iter().any(|t| t.contains("tiny")), "{text:#?}");
 }

@@ -125,6 +125,14 @@ pub fn job(j: &JobStatus, events: &[EventLine]) -> String {
             }
         ));
     }
+    if !j.measured_throughput.is_empty() {
+        let m: Vec<String> = j
+            .measured_throughput
+            .iter()
+            .map(|t| format!("{} {:.3}", t.device_type, t.steps_per_s))
+            .collect();
+        out.push_str(&format!("profiled steps/s: {}\n", m.join(", ")));
+    }
     out.push_str(&format!(
         "workers {}, planner {}, global batch {}, last completed step {}\n",
         j.workers,
@@ -231,6 +239,7 @@ mod tests {
             attempt: 0,
             resume_step: 0,
             preempting: false,
+            measured_throughput: vec![],
             error: None,
         }
     }
@@ -247,6 +256,22 @@ mod tests {
         let t = job(&st, &[]);
         assert!(
             t.contains("placement 2 (from step 340), being preempted: workers checkpoint and exit"),
+            "{t}"
+        );
+        assert!(!s.contains("profiled"), "{s}");
+        st.measured_throughput = vec![
+            gw_jobapi::types::DeviceThroughput {
+                device_type: "k80".into(),
+                steps_per_s: 1.25,
+            },
+            gw_jobapi::types::DeviceThroughput {
+                device_type: "v100".into(),
+                steps_per_s: 4.0,
+            },
+        ];
+        let t = job(&st, &[]);
+        assert!(
+            t.contains("profiled steps/s: k80 1.250, v100 4.000\n"),
             "{t}"
         );
         let lines: Vec<&str> = s.lines().collect();

@@ -120,13 +120,26 @@ pub struct ServeArgs {
     #[arg(long = "round", value_name = "SECS", default_value = "60",
           value_parser = number::<f64>(), allow_hyphen_values = true)]
     round: f64,
+
+    /// With --policy: steps measured on each device type for a job
+    /// submitted without --throughput (0: none, such a job counts as equally
+    /// fast on every type)
+    #[arg(long = "profile-steps", value_name = "N",
+          default_value_t = crate::server::profile::DEFAULT_STEPS,
+          value_parser = number::<u64>(), allow_hyphen_values = true)]
+    profile_steps: u64,
 }
+
+/// More profiling steps than this would be most of a job.
+const MAX_PROFILE_STEPS: u64 = 10_000;
 
 /// The scheduling policy and its round length.
 #[derive(Clone, Debug, PartialEq)]
 pub struct PolicyOptions {
     pub name: String,
     pub round: Duration,
+    /// Steps measured per device type when profiling a job (0: no profiling).
+    pub profile_steps: u64,
 }
 
 /// What `gwjob serve` runs with.
@@ -186,9 +199,16 @@ impl ServeArgs {
                         self.round
                     ));
                 }
+                if self.profile_steps > MAX_PROFILE_STEPS {
+                    return Err(format!(
+                        "--profile-steps must be 0..={MAX_PROFILE_STEPS} (got {})",
+                        self.profile_steps
+                    ));
+                }
                 Some(PolicyOptions {
                     name,
                     round: Duration::from_secs_f64(self.round),
+                    profile_steps: self.profile_steps,
                 })
             }
             None => None,
@@ -270,6 +290,32 @@ mod tests {
         assert_eq!(o.threads, 8);
         let o = p(&["--db", "x", "--heartbeat-ms", "250"]).expect("heartbeat");
         assert_eq!(o.heartbeat_ms, 250);
+        assert_eq!(o.policy, None);
+        let o = p(&["--db", "x", "--policy", "gavel"]).expect("policy");
+        assert_eq!(
+            o.policy,
+            Some(PolicyOptions {
+                name: "gavel".into(),
+                round: Duration::from_secs(60),
+                profile_steps: crate::server::profile::DEFAULT_STEPS,
+            })
+        );
+        let o = p(&[
+            "--db",
+            "x",
+            "--policy",
+            "hadar",
+            "--round",
+            "0.5",
+            "--profile-steps",
+            "0",
+        ])
+        .expect("policy options");
+        let pol = o.policy.expect("a policy");
+        assert_eq!(
+            (pol.round, pol.profile_steps),
+            (Duration::from_millis(500), 0)
+        );
         match parse(["serve", "--help"].map(Into::into), None) {
             Ok(Gwjob::Print(text)) => {
                 for want in [USAGE, "--node-timeout <SECS>", "gwjob: listening on"] {
@@ -299,6 +345,15 @@ mod tests {
             (&["--db", "x", "--threads", "0"][..], "1..=64"),
             (&["--db", "x", "--advertise", "h:1"][..], "http://"),
             (&["--db"][..], "needs a value"),
+            (
+                &["--db", "x", "--policy", "gavel", "--round", "0.01"][..],
+                "--round must be 0.1..=86400",
+            ),
+            (
+                &["--db", "x", "--policy", "gavel", "--profile-steps", "10001"][..],
+                "--profile-steps must be 0..=10000",
+            ),
+            (&["--db", "x", "--policy", "lottery"][..], "unknown policy"),
         ] {
             let e = p(a).expect_err("a mistake");
             assert!(e.contains(want), "{a:?}: {e}");

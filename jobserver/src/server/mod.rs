@@ -25,6 +25,7 @@ pub mod jobs;
 pub mod nodes;
 pub mod placement;
 pub mod plan;
+pub mod profile;
 pub mod rounds;
 pub mod routes;
 pub mod status;
@@ -58,8 +59,11 @@ fn run(o: ServeOptions) -> Result<(), String> {
         TokenSource::Generated(p) => println!("gwjob: admin token in {}", p.display()),
     }
     let up = db.tx(nodes::up_nodes).map_err(|e| e.message)?;
-    db.tx(|tx| rounds::set_policy_name(tx, o.policy.as_ref().map(|p| p.name.as_str())))
-        .map_err(|e| e.message)?;
+    db.tx(|tx| {
+        rounds::set_policy_name(tx, o.policy.as_ref().map(|p| p.name.as_str()))?;
+        profile::set_steps(tx, o.policy.as_ref().map_or(0, |p| p.profile_steps))
+    })
+    .map_err(|e| e.message)?;
     let live = Liveness::new(o.node_timeout, up);
     let listener = std::net::TcpListener::bind(o.listen.as_str())
         .map_err(|e| format!("cannot listen on {}: {e}", o.listen))?;

@@ -17,12 +17,15 @@
 //! it keeps between rounds, and each job's attained service, live in memory
 //! here and restart empty with the server, which only shifts fairness: what
 //! correctness needs (placements, checkpoints, resume steps) is in SQLite.
-//! HadarE's forks are not run live: its policy is refused at start.
+//! HadarE's forks are not run live: its policy is refused at start. A job
+//! submitted without its speed per device type is profiled first
+//! (`profile.rs`), out of the policy's sight.
 
 use crate::server::db::{event, now};
 use crate::server::error::{ApiError, ApiResult};
 use crate::server::jobs::{self, Job};
-use gw_jobapi::types::JobState;
+use crate::server::profile::{self, inventory};
+use gw_jobapi::types::{DeviceThroughput, JobState};
 use gw_scheduler::policy::{self, JobState as PolicyJob, Policy, Round};
 use rusqlite::{OptionalExtension, Transaction, params};
 use std::collections::HashMap;
@@ -77,6 +80,8 @@ struct Seen {
     job: Job,
     /// Slots per device type its workers hold now (in the round's type order).
     placed: Vec<u32>,
+    /// Its speed per type: submitted or profiled (empty: the same on all).
+    tput: Vec<DeviceThroughput>,
 }
 
 impl Rounds {
@@ -97,13 +102,23 @@ impl Rounds {
         if types.is_empty() {
             return Ok(());
         }
+        let profile_steps = profile::steps(tx)?;
+        // Jobs being profiled hold (or wait for) their slots outside the
+        // policy: what it may hand out is what they leave.
+        let mut avail = total.clone();
         let mut seen = Vec::new();
         let mut order = Vec::new();
         for state in [JobState::Running, JobState::Pending] {
             for job in jobs::with_state(tx, state)? {
                 let placed = placed(tx, &job.id, &types)?;
+                let todo = profile::todo(tx, &job, &types, &total, profile_steps)?;
+                if !todo.is_empty() {
+                    self.profile(tx, &job, &placed, &todo, &types, &mut avail)?;
+                    continue;
+                }
+                let tput = profile::throughput(tx, &job)?;
                 order.push(seq_and_arrival(tx, &job.id)?);
-                seen.push(Seen { job, placed });
+                seen.push(Seen { job, placed, tput });
             }
         }
         if seen.is_empty() {
@@ -123,8 +138,8 @@ impl Rounds {
         let round = Round {
             now_s,
             round_s: self.round_s,
-            total: &total,
-            free: &total,
+            total: &avail,
+            free: &avail,
             jobs: &policy_jobs,
         };
         let decision = self.policy.decide(&round);
@@ -140,6 +155,48 @@ impl Rounds {
             self.apply(tx, s, alloc, &types)?;
         }
         jobs::place_pending(tx)
+    }
+
+    /// A job still to be profiled: a pending one waits for the next type
+    /// on its list; either way its slots are kept from the policy.
+    fn profile(
+        &self,
+        tx: &Transaction<'_>,
+        job: &Job,
+        placed: &[u32],
+        todo: &[String],
+        types: &[String],
+        avail: &mut [u32],
+    ) -> ApiResult<()> {
+        let hold: Vec<u32> = match job.state {
+            JobState::Running => placed.to_vec(),
+            _ => {
+                let want = vec![(todo[0].clone(), job.workers())];
+                if job.sched.want.as_ref() != Some(&want) {
+                    jobs::set_want(tx, &job.id, Some(&want))?;
+                    event(
+                        tx,
+                        Some(&job.id),
+                        None,
+                        &format!(
+                            "round {}: job {} to be profiled on {} (not yet measured on {})",
+                            self.round,
+                            job.id,
+                            describe(Some(&want)),
+                            todo.join(", ")
+                        ),
+                    )?;
+                }
+                types
+                    .iter()
+                    .map(|t| if *t == todo[0] { job.workers() } else { 0 })
+                    .collect()
+            }
+        };
+        for (a, h) in avail.iter_mut().zip(hold) {
+            *a = a.saturating_sub(h);
+        }
+        Ok(())
     }
 
     /// Adds the round just ended to each running job's attained service.
@@ -160,10 +217,10 @@ impl Rounds {
         let tput: Vec<f64> = types
             .iter()
             .map(|t| {
-                if spec.throughput.is_empty() {
+                if s.tput.is_empty() {
                     1.0
                 } else {
-                    spec.throughput
+                    s.tput
                         .iter()
                         .find(|x| &x.device_type == t)
                         .map_or(0.0, |x| x.steps_per_s)
@@ -272,23 +329,6 @@ fn describe(want: Option<&[(String, u32)]>) -> String {
             .join(" + "),
         _ => "nothing".into(),
     }
-}
-
-/// Device types of the up nodes (sorted by name) and their slots.
-fn inventory(tx: &Transaction<'_>) -> ApiResult<(Vec<String>, Vec<u32>)> {
-    let mut st = tx.prepare(
-        "SELECT device_type, SUM(slots) FROM nodes WHERE state = 'up'
-         GROUP BY device_type ORDER BY device_type",
-    )?;
-    let rows = st.query_map([], |r| Ok((r.get::<_, String>(0)?, r.get::<_, i64>(1)?)))?;
-    let mut types = Vec::new();
-    let mut total = Vec::new();
-    for row in rows {
-        let (t, n) = row?;
-        types.push(t);
-        total.push(u32::try_from(n).unwrap_or(u32::MAX));
-    }
-    Ok((types, total))
 }
 
 /// Slots of each type the job's live ranks hold.

@@ -46,6 +46,7 @@ fn status_or_error(tx: &Transaction<'_>, job: &Job) -> JobStatus {
             attempt: job.sched.attempt,
             resume_step: job.sched.resume_step,
             preempting: job.sched.preempt,
+            measured_throughput: Vec::new(),
             error: Some(e.message),
         }
     })
@@ -112,6 +113,7 @@ fn status_of(tx: &Transaction<'_>, job: &Job) -> ApiResult<JobStatus> {
         attempt: job.sched.attempt,
         resume_step: job.sched.resume_step,
         preempting: job.sched.preempt,
+        measured_throughput: crate::server::profile::measured(tx, &job.id)?,
         error: None,
     })
 }

@@ -14,6 +14,7 @@ use crate::server::db::to_json;
 use crate::server::error::{ApiError, ApiResult};
 use crate::server::jobs::{self, Job};
 use crate::server::plan::{self, Inputs, Plan};
+use crate::server::profile;
 use crate::server::store;
 use crate::server::validate::MAX_BATCH;
 use gw_jobapi::types::{JobState, StepBegin, StepEnd, StepEndReply, StepPlan};
@@ -362,6 +363,7 @@ fn complete_if_all_reported(tx: &Transaction<'_>, job: &Job, plan: &Plan) -> Api
         "UPDATE jobs SET completed_step = MAX(COALESCE(completed_step, ?2), ?2) WHERE id = ?1",
         params![job.id, plan.step],
     )?;
+    profile::on_step_complete(tx, job, plan.step)?;
     let samples: Vec<u64> = reports.iter().map(|r| r.0).collect();
     let local: Option<Vec<f64>> = reports.iter().map(|r| r.3).collect();
     let global: Vec<f64> = reports.iter().filter_map(|r| r.4).collect();

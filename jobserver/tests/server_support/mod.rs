@@ -162,13 +162,17 @@ impl Server {
     }
 
     pub fn register(&self, node: &str, rack: &str, slots: u32) {
+        self.register_typed(node, rack, slots, "cpu");
+    }
+
+    pub fn register_typed(&self, node: &str, rack: &str, slots: u32, device_type: &str) {
         let _: RegisterReply = self.post(
             "/v1/nodes/register",
             &RegisterNode {
                 node: node.into(),
                 rack: rack.into(),
                 slots,
-                device_type: "cpu".into(),
+                device_type: device_type.into(),
                 addr: "127.0.0.1".into(),
             },
         );
