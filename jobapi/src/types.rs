@@ -72,6 +72,15 @@ pub struct DeviceThroughput {
     pub steps_per_s: f64,
 }
 
+/// The service a job has had on one device type under a scheduling policy:
+/// round-seconds of its placement, each weighted by its share of the job's
+/// workers on that type (what Gavel and Hadar call attained service).
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
+pub struct DeviceService {
+    pub device_type: String,
+    pub seconds: f64,
+}
+
 /// Reply to a submit.
 #[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
 pub struct SubmitReply {
@@ -148,6 +157,10 @@ pub struct JobStatus {
     /// under a scheduling policy without `throughput`), by type name.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub measured_throughput: Vec<DeviceThroughput>,
+    /// The service it has had per device type, as the scheduling policy
+    /// counts it (kept across server restarts).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub service: Vec<DeviceService>,
     /// Set when part of the job's stored state cannot be read: the fields
     /// that depend on it are left empty, and only this job is affected.
     #[serde(default, skip_serializing_if = "Option::is_none")]

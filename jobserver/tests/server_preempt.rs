@@ -363,3 +363,36 @@ fn a_job_without_throughput_is_profiled_on_each_type_before_the_policy_schedules
     }
     assert!(!text.iter().any(|t| t.contains("tiny")), "{text:#?}");
 }
+
+#[test]
+fn attained_service_is_counted_per_type_and_survives_a_restart() {
+    let dir = TempDir::new("service");
+    let mut s = gavel_server(&dir, &[]);
+    s.register("n1", "r1", 2);
+    let a = s.submit(&sched_job(100));
+    launch_on(&s, "n1", &a, 0, 5001);
+    let before = wait_for(Duration::from_secs(20), || {
+        let st = s.status(&a);
+        st.service.first().filter(|d| d.seconds >= 0.6).cloned()
+    })
+    .unwrap_or_else(|| panic!("no service counted\n{}", s.stderr()));
+    assert_eq!(before.device_type, "cpu");
+    s.kill();
+    // The policy's view of who has had what must not restart from zero.
+    let s = gavel_server(&dir, &[]);
+    let after = s.status(&a).service;
+    assert_eq!(after.len(), 1, "{after:?}");
+    assert!(
+        after[0].seconds >= before.seconds,
+        "{before:?} then {after:?}"
+    );
+    let grown = wait_for(Duration::from_secs(20), || {
+        let st = s.status(&a);
+        (st.service[0].seconds > after[0].seconds).then_some(())
+    });
+    assert!(
+        grown.is_some(),
+        "a running job keeps gaining service\n{}",
+        s.stderr()
+    );
+}

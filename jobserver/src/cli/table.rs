@@ -133,6 +133,14 @@ pub fn job(j: &JobStatus, events: &[EventLine]) -> String {
             .collect();
         out.push_str(&format!("profiled steps/s: {}\n", m.join(", ")));
     }
+    if !j.service.is_empty() {
+        let m: Vec<String> = j
+            .service
+            .iter()
+            .map(|t| format!("{} {:.1} s", t.device_type, t.seconds))
+            .collect();
+        out.push_str(&format!("service: {}\n", m.join(", ")));
+    }
     out.push_str(&format!(
         "workers {}, planner {}, global batch {}, last completed step {}\n",
         j.workers,
@@ -240,6 +248,7 @@ mod tests {
             resume_step: 0,
             preempting: false,
             measured_throughput: vec![],
+            service: vec![],
             error: None,
         }
     }
@@ -274,6 +283,12 @@ mod tests {
             t.contains("profiled steps/s: k80 1.250, v100 4.000\n"),
             "{t}"
         );
+        assert!(!t.contains("service:"), "{t}");
+        st.service = vec![gw_jobapi::types::DeviceService {
+            device_type: "v100".into(),
+            seconds: 720.0,
+        }];
+        assert!(job(&st, &[]).contains("service: v100 720.0 s\n"));
         let lines: Vec<&str> = s.lines().collect();
         let head = lines.iter().position(|l| l.starts_with("RANK")).unwrap();
         assert_eq!(

@@ -79,6 +79,12 @@ CREATE TABLE IF NOT EXISTS job_profile (
     steps_per_s REAL NOT NULL,
     PRIMARY KEY (job_id, device_type)
 );
+CREATE TABLE IF NOT EXISTS job_service (
+    job_id      TEXT NOT NULL REFERENCES jobs(id),
+    device_type TEXT NOT NULL,
+    seconds     REAL NOT NULL,
+    PRIMARY KEY (job_id, device_type)
+);
 CREATE TABLE IF NOT EXISTS batch_changes (
     job_id       TEXT NOT NULL REFERENCES jobs(id),
     step         INTEGER NOT NULL,

@@ -13,10 +13,11 @@
 //!   every rank stops at the same one, and a resumed placement may not ask
 //!   for an earlier step.
 //!
-//! The policy is the very code the simulator calls (`gwjob simulate`); what
-//! it keeps between rounds, and each job's attained service, live in memory
-//! here and restart empty with the server, which only shifts fairness: what
-//! correctness needs (placements, checkpoints, resume steps) is in SQLite.
+//! The policy is the very code the simulator calls (`gwjob simulate`). Each
+//! job's attained service is in SQLite (`job_service`) with everything
+//! correctness needs (placements, checkpoints, resume steps), so a restart
+//! keeps fairness; only what a policy caches between rounds (Gavel's last
+//! LP) lives in memory and restarts empty.
 //! HadarE's forks are not run live: its policy is refused at start. A job
 //! submitted without its speed per device type is profiled first
 //! (`profile.rs`), out of the policy's sight.
@@ -25,10 +26,9 @@ use crate::server::db::{event, now};
 use crate::server::error::{ApiError, ApiResult};
 use crate::server::jobs::{self, Job};
 use crate::server::profile::{self, inventory};
-use gw_jobapi::types::{DeviceThroughput, JobState};
+use gw_jobapi::types::{DeviceService, DeviceThroughput, JobState};
 use gw_scheduler::policy::{self, JobState as PolicyJob, Policy, Round};
 use rusqlite::{OptionalExtension, Transaction, params};
-use std::collections::HashMap;
 
 /// The policy the server runs, as recorded in the database at start (so
 /// that request handlers know jobs wait for a round); None without one.
@@ -71,8 +71,6 @@ pub struct Rounds {
     /// Unix time the server started: the policy's clock starts there.
     start: f64,
     round: u64,
-    /// Seconds each job ran on each device type (by name).
-    attained: HashMap<String, HashMap<String, f64>>,
 }
 
 /// A job as this round sees it.
@@ -91,7 +89,6 @@ impl Rounds {
             round_s,
             start: now(),
             round: 0,
-            attained: HashMap::new(),
         }
     }
 
@@ -128,12 +125,20 @@ impl Rounds {
         let mut both: Vec<(Seen, (i64, f64))> = seen.into_iter().zip(order).collect();
         both.sort_by_key(|(_, (seq, _))| *seq);
         let (seen, order): (Vec<Seen>, Vec<(i64, f64)>) = both.into_iter().unzip();
-        self.account(&seen, &types);
-        let policy_jobs: Vec<PolicyJob> = seen
-            .iter()
-            .zip(&order)
-            .map(|(s, (seq, arrival))| self.policy_job(s, *seq, *arrival, &types))
-            .collect();
+        self.account(tx, &seen, &types)?;
+        let mut policy_jobs = Vec::with_capacity(seen.len());
+        for (s, (seq, arrival)) in seen.iter().zip(&order) {
+            let had = service(tx, &s.job.id)?;
+            let attained: Vec<f64> = types
+                .iter()
+                .map(|t| {
+                    had.iter()
+                        .find(|d| &d.device_type == t)
+                        .map_or(0.0, |d| d.seconds)
+                })
+                .collect();
+            policy_jobs.push(self.policy_job(s, *seq, *arrival, &types, attained));
+        }
         let now_s = now() - self.start;
         let round = Round {
             now_s,
@@ -200,19 +205,31 @@ impl Rounds {
     }
 
     /// Adds the round just ended to each running job's attained service.
-    fn account(&mut self, seen: &[Seen], types: &[String]) {
+    fn account(&self, tx: &Transaction<'_>, seen: &[Seen], types: &[String]) -> ApiResult<()> {
         for s in seen.iter().filter(|s| s.job.state == JobState::Running) {
             let workers = f64::from(s.job.workers().max(1));
-            let per = self.attained.entry(s.job.id.clone()).or_default();
             for (t, n) in types.iter().zip(&s.placed) {
                 if *n > 0 {
-                    *per.entry(t.clone()).or_default() += self.round_s * f64::from(*n) / workers;
+                    tx.execute(
+                        "INSERT INTO job_service(job_id, device_type, seconds) VALUES (?1, ?2, ?3)
+                         ON CONFLICT(job_id, device_type)
+                         DO UPDATE SET seconds = seconds + excluded.seconds",
+                        params![s.job.id, t, self.round_s * f64::from(*n) / workers],
+                    )?;
                 }
             }
         }
+        Ok(())
     }
 
-    fn policy_job(&self, s: &Seen, seq: i64, arrival: f64, types: &[String]) -> PolicyJob {
+    fn policy_job(
+        &self,
+        s: &Seen,
+        seq: i64,
+        arrival: f64,
+        types: &[String],
+        attained_s: Vec<f64>,
+    ) -> PolicyJob {
         let spec = &s.job.spec;
         let tput: Vec<f64> = types
             .iter()
@@ -231,7 +248,6 @@ impl Rounds {
         // A job submitted without --steps before the policy was enabled
         // counts as about to finish.
         let steps = spec.steps.unwrap_or(done.saturating_add(1));
-        let attained = self.attained.get(&s.job.id);
         PolicyJob {
             id: u64::try_from(seq).unwrap_or(0),
             workers: s.job.workers(),
@@ -240,10 +256,7 @@ impl Rounds {
             remaining_steps: (steps.saturating_sub(done) as f64).max(0.5),
             arrival_s: arrival - self.start,
             placed: s.placed.clone(),
-            attained_s: types
-                .iter()
-                .map(|t| attained.and_then(|a| a.get(t)).copied().unwrap_or(0.0))
-                .collect(),
+            attained_s,
         }
     }
 
@@ -308,6 +321,20 @@ impl Rounds {
             _ => Ok(()),
         }
     }
+}
+
+/// The job's attained service per device type, by type name.
+pub fn service(tx: &Transaction<'_>, id: &str) -> ApiResult<Vec<DeviceService>> {
+    let mut st = tx.prepare(
+        "SELECT device_type, seconds FROM job_service WHERE job_id = ?1 ORDER BY device_type",
+    )?;
+    let rows = st.query_map(params![id], |r| {
+        Ok(DeviceService {
+            device_type: r.get(0)?,
+            seconds: r.get(1)?,
+        })
+    })?;
+    Ok(rows.collect::<rusqlite::Result<Vec<_>>>()?)
 }
 
 fn pairs(types: &[String], n: &[u32]) -> Vec<(String, u32)> {

@@ -47,6 +47,7 @@ fn status_or_error(tx: &Transaction<'_>, job: &Job) -> JobStatus {
             resume_step: job.sched.resume_step,
             preempting: job.sched.preempt,
             measured_throughput: Vec::new(),
+            service: Vec::new(),
             error: Some(e.message),
         }
     })
@@ -114,6 +115,7 @@ fn status_of(tx: &Transaction<'_>, job: &Job) -> ApiResult<JobStatus> {
         resume_step: job.sched.resume_step,
         preempting: job.sched.preempt,
         measured_throughput: crate::server::profile::measured(tx, &job.id)?,
+        service: crate::server::rounds::service(tx, &job.id)?,
         error: None,
     })
 }
