@@ -348,6 +348,27 @@ fn a_job_without_throughput_is_profiled_on_each_type_before_the_policy_schedules
         s.status(&a).preempting.then_some(())
     })
     .unwrap_or_else(|| panic!("the policy never moved the job\n{}", s.stderr()));
+    for rank in 0..2 {
+        assert!(s.step_begin(&a, &token, rank, 6).expect("6").checkpoint);
+    }
+    s.heartbeat("s1", &exits(&a, 1));
+    let (token, resume) = launch_on(&s, "f1", &a, 2, 5003);
+    assert_eq!(resume, "6");
+    run_steps(&s, &a, &token, &[(6, 0.25)]);
+
+    // A type that comes up later is profiled too: the running job is sent
+    // there at the next round.
+    s.register_typed("h1", "r4", 2, "huge");
+    wait_for(Duration::from_secs(20), || {
+        s.status(&a).preempting.then_some(())
+    })
+    .unwrap_or_else(|| panic!("the job was never sent to the new type\n{}", s.stderr()));
+    for rank in 0..2 {
+        assert!(s.step_begin(&a, &token, rank, 7).expect("7").checkpoint);
+    }
+    s.heartbeat("f1", &exits(&a, 2));
+    let (_, resume) = launch_on(&s, "h1", &a, 3, 5004);
+    assert_eq!(resume, "7");
     let text = event_texts(&s, &a);
     for want in [
         "to be profiled on 2 x fast (not yet measured on fast, slow)",
@@ -355,6 +376,7 @@ fn a_job_without_throughput_is_profiled_on_each_type_before_the_policy_schedules
         "preempted: to be profiled on slow next",
         "profiled on slow: 1.333 steps/s (median of steps 4..=5)",
         "preempted: it runs on 2 x slow, the policy gives it 2 x fast",
+        "preempted: to be profiled on 2 x huge",
     ] {
         assert!(
             text.iter().any(|t| t.contains(want)),

@@ -163,7 +163,9 @@ impl Rounds {
     }
 
     /// A job still to be profiled: a pending one waits for the next type
-    /// on its list; either way its slots are kept from the policy.
+    /// on its list, a running one not on such a type (a type that came up
+    /// after it was profiled) is sent there; either way its slots are kept
+    /// from the policy.
     fn profile(
         &self,
         tx: &Transaction<'_>,
@@ -173,10 +175,34 @@ impl Rounds {
         types: &[String],
         avail: &mut [u32],
     ) -> ApiResult<()> {
+        let want = vec![(todo[0].clone(), job.workers())];
         let hold: Vec<u32> = match job.state {
-            JobState::Running => placed.to_vec(),
+            JobState::Running => {
+                let on: Vec<&String> = types
+                    .iter()
+                    .zip(placed)
+                    .filter(|(_, n)| **n > 0)
+                    .map(|(t, _)| t)
+                    .collect();
+                let profiling_here = matches!(on.as_slice(), [t] if todo.contains(t));
+                if !profiling_here && !job.sched.preempt {
+                    jobs::set_want(tx, &job.id, Some(&want))?;
+                    jobs::set_preempt(tx, &job.id, true)?;
+                    event(
+                        tx,
+                        Some(&job.id),
+                        None,
+                        &format!(
+                            "round {}: job {} preempted: to be profiled on {}",
+                            self.round,
+                            job.id,
+                            describe(Some(&want))
+                        ),
+                    )?;
+                }
+                placed.to_vec()
+            }
             _ => {
-                let want = vec![(todo[0].clone(), job.workers())];
                 if job.sched.want.as_ref() != Some(&want) {
                     jobs::set_want(tx, &job.id, Some(&want))?;
                     event(
