@@ -480,8 +480,8 @@ fn p2p_one_sided_latency_in_perftests_shape() {
 /// `--op write` and `--op read`: one-sided writes (persistent puts) and
 /// reads (persistent gets: rank 1 reads rank 0's buffer) in ib_write_bw's
 /// and ib_read_bw's columns, every message checked where it landed (`-c
-/// 1`), one way and both ways, over shared memory and libfabric's tcp
-/// provider.
+/// 1`), one way and both ways, over shared memory, libfabric's tcp
+/// provider and gradwire's TCP (reads answered by the owner's progress).
 #[test]
 fn p2p_one_sided_in_perftests_shape() {
     let bench = gwbench();
@@ -491,6 +491,7 @@ fn p2p_one_sided_in_perftests_shape() {
         ("read", "shm", false),
         ("read", "shm", true),
         ("read", "ofi", false),
+        ("read", "tcp", true),
     ] {
         let mut args = vec![
             "--transport",
@@ -530,42 +531,6 @@ fn p2p_one_sided_in_perftests_shape() {
         }
         assert!(rows[2][3] > 0.0, "{}", r.all());
     }
-}
-
-/// TCP has no one-sided reads: `--op read` over it fails on both ranks
-/// alike, with an error naming the transport, before anything is timed.
-#[test]
-fn p2p_read_over_tcp_is_refused_naming_the_transport() {
-    let bench = gwbench();
-    let args = [
-        "--transport",
-        "tcp",
-        "-n",
-        "2",
-        bench.to_str().unwrap(),
-        "p2p",
-        "--op",
-        "read",
-        "-b",
-        "8",
-        "-e",
-        "8",
-    ];
-    let r = run(&gwrun(), &args);
-    assert_ne!(r.code, Some(0), "{}", r.all());
-    assert!(
-        r.all()
-            .contains("needs one-sided reads, and the transport to rank")
-            && r.all().contains("(tcp) has none"),
-        "{}",
-        r.all()
-    );
-    assert!(
-        r.all()
-            .contains("gwbench: error: p2p --op read get_init of 8 bytes"),
-        "{}",
-        r.all()
-    );
 }
 
 #[test]

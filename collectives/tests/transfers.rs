@@ -2,10 +2,10 @@
 //! (`get_init`) between two ranks over shared memory, TCP and libfabric
 //! (tcp and shm providers): one way and both ways, one write or read and
 //! several a round, contents changing every round and checked byte for
-//! byte; and the refusals (lengths that do not match, more than two ranks,
-//! TCP's missing one-sided reads). Every transport has one-sided writes
-//! (TCP's emulated over the stream), so put_init's refusal of one without
-//! them has no case here.
+//! byte; and the refusals (lengths that do not match, more than two ranks).
+//! Every transport has one-sided writes and reads (TCP's emulated over the
+//! stream), so the refusal of a put or get on a transport without them has
+//! no case here.
 
 use gw_collectives::local::local_world;
 use gw_collectives::{Communicator, PersistentTransfer, TransportChoice};
@@ -142,9 +142,6 @@ const SETUPS: [(TransportChoice, Option<&str>, &str); 4] = [
     (TransportChoice::Ofi, Some("shm"), "ofishm"),
 ];
 
-/// The setups with one-sided reads (TCP has none).
-const READ_SETUPS: [(TransportChoice, Option<&str>, &str); 3] = [SETUPS[0], SETUPS[2], SETUPS[3]];
-
 #[test]
 fn puts_land_one_way_and_both_ways() {
     for (t, p, name) in SETUPS {
@@ -159,7 +156,7 @@ fn puts_land_one_way_and_both_ways() {
 
 #[test]
 fn gets_fetch_one_way_and_both_ways() {
-    for (t, p, name) in READ_SETUPS {
+    for (t, p, name) in SETUPS {
         for (len, reps) in [(1, 1), (4099, 4), (3 << 20, 2)] {
             for bidir in [false, true] {
                 let key = format!("get{name}{len}{reps}{bidir}");
@@ -178,7 +175,7 @@ fn one_plan_runs_many_rounds() {
             70_001,
         );
     }
-    for (t, p, name) in READ_SETUPS {
+    for (t, p, name) in SETUPS {
         many_rounds(
             world(2, t, p, &format!("getmany{name}")).1,
             Kind::Get,
@@ -263,31 +260,5 @@ fn gets_are_refused_with_reasons() {
             "rank 0 lends 64 bytes a round, read into this rank's receive buffer of 0"
         };
         assert!(e.contains(want), "rank {r}: {e}");
-    }
-    // TCP has no one-sided reads: refused at init on the reader, naming
-    // the transport and the peer.
-    let (_s, comms) = world(2, TransportChoice::Tcp, None, "gettcp");
-    let threads: Vec<_> = comms
-        .into_iter()
-        .map(|c| {
-            std::thread::spawn(move || {
-                let expose = [1u8; 8];
-                let mut into = [0u8; 8];
-                (
-                    c.rank(),
-                    c.get_init(&expose, &mut into, 1)
-                        .err()
-                        .map(|e| e.to_string()),
-                )
-            })
-        })
-        .collect();
-    for t in threads {
-        let (r, e) = t.join().unwrap();
-        let e = e.unwrap_or_else(|| panic!("rank {r}: a get over TCP was planned"));
-        assert!(
-            e.contains("one-sided reads") && e.contains("tcp"),
-            "rank {r}: {e}"
-        );
     }
 }

@@ -209,6 +209,14 @@ pub enum FrameKind {
     /// the high 32 bits of `total` (its key), and the low 32 bits are the
     /// write's immediate, delivered once the bytes are in.
     Put = 10,
+    /// TCP only: a one-sided read asked over the stream. No payload; the
+    /// receiver sends back the `tag.seq` bytes at byte `offset` of its
+    /// published region named by the high 32 bits of `total` (its key), in
+    /// a [`FrameKind::Fetched`] frame for read `tag.comm` of the sender.
+    Get = 11,
+    /// TCP only: the bytes a [`FrameKind::Get`] asked for; `offset` is the
+    /// reader's read id.
+    Fetched = 12,
 }
 
 /// The fixed header in front of every segment.
@@ -305,6 +313,8 @@ impl FrameHeader {
             8 => FrameKind::Imm,
             9 => FrameKind::Grant,
             10 => FrameKind::Put,
+            11 => FrameKind::Get,
+            12 => FrameKind::Fetched,
             k => return Err(Error::Protocol(format!("unknown frame kind {k}"))),
         };
         let flags = b[5];
@@ -329,7 +339,13 @@ impl FrameHeader {
         let total = u64_at(56);
         match kind {
             // Control frames carry no payload; their `offset` is an id.
-            FrameKind::Rts | FrameKind::Cts | FrameKind::Credit | FrameKind::Imm if len != 0 => {
+            FrameKind::Rts
+            | FrameKind::Cts
+            | FrameKind::Credit
+            | FrameKind::Imm
+            | FrameKind::Get
+                if len != 0 =>
+            {
                 return Err(Error::Protocol(format!(
                     "a {kind:?} frame with a {len}-byte payload"
                 )));
@@ -440,14 +456,15 @@ mod tests {
         }
 
         /// Whatever 64 bytes decode encode back to exactly those bytes, for
-        /// every kind (`arb_header` leaves out grants and puts): decoding
+        /// every kind (`arb_header` leaves out grants, puts, gets and
+        /// fetches): decoding
         /// drops nothing a peer sent, and the roundtrip holds beyond the
         /// headers this crate builds. The magic, kind, flags and length are
         /// steered toward values that decode; the rest is arbitrary.
         #[test]
         fn decoded_bytes_encode_back_to_themselves(
             rest in prop::collection::vec(any::<u8>(), HEADER_LEN),
-            kind in 0u8..12,
+            kind in 0u8..14,
             flags in 0u8..4,
             len in prop_oneof![Just(0u32), Just(crate::rma::GRANT_LEN as u32), any::<u32>()],
             offset in prop_oneof![0u64..64, any::<u64>()],

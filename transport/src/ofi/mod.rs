@@ -729,7 +729,12 @@ impl OfiTransport {
                 let text = String::from_utf8_lossy(payload).into_owned();
                 return Err(remote_err(peer, &self.provider, format!("aborted: {text}")));
             }
-            FrameKind::Cts | FrameKind::Rendezvous | FrameKind::Imm | FrameKind::Put => {
+            FrameKind::Cts
+            | FrameKind::Rendezvous
+            | FrameKind::Imm
+            | FrameKind::Put
+            | FrameKind::Get
+            | FrameKind::Fetched => {
                 return Err(Error::Protocol(format!(
                     "{} sent a {:?} frame, which the ofi transport does not use",
                     who(peer, &self.provider),

@@ -840,7 +840,7 @@ fn examine(p: &Peer, rx: &Consumer, raw: &[u8; HEADER_LEN]) -> Result<Head> {
                 p.who()
             )));
         }
-        FrameKind::Grant | FrameKind::Put => {
+        FrameKind::Grant | FrameKind::Put | FrameKind::Get | FrameKind::Fetched => {
             return Err(Error::Protocol(format!(
                 "shared memory from {}: a {:?} frame, which only RDMA and TCP transports send",
                 p.who(),

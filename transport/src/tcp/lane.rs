@@ -44,6 +44,15 @@ pub(crate) enum Rx {
         dst: MemPtr,
         got: usize,
     },
+    /// Reading the bytes of one of this rank's one-sided reads (a
+    /// `FrameKind::Fetched` frame) into its destination; request `req`
+    /// completes once they are whole.
+    Fetched {
+        hdr: FrameHeader,
+        req: u64,
+        dst: MemPtr,
+        got: usize,
+    },
     /// Reading the reason text of an abort frame.
     Abort { hdr: FrameHeader, buf: Vec<u8> },
     /// A frame whose receive was not posted when its header came in. Its

@@ -18,6 +18,12 @@
 //! is always read to the end: no frame waits behind one nobody asked for.
 //! Control frames (`Rts`, `Cts`, `Credit`) go on lane 0, ahead of data not
 //! yet started.
+//!
+//! One-sided transfers are emulated over the same streams: a write is a
+//! `Put` frame whose payload the receiver stores into its published region,
+//! and a read is a `Get` frame that the region's owner answers, from its
+//! own progress, with a `Fetched` frame of the bytes (what an RDMA READ
+//! does without the owner's CPU, libfabric's tcp provider also does on it).
 
 mod iface;
 mod lane;
@@ -30,8 +36,8 @@ use crate::error::{Error, Result};
 use crate::recv_core::{Credits, DEFAULT_EAGER_FRAMES, Posted, Posting, RecvCore};
 use crate::reqmap::{self, ReqMap};
 use crate::seam::{
-    Arrival, MemHandle, MemPtr, Properties, Rank, Readiness, RemoteRegion, Request, Tag, Tested,
-    Transport, TransportId, WriteImm,
+    Arrival, MemHandle, MemPtr, Properties, Rank, ReadFrom, Readiness, RemoteRegion, Request, Tag,
+    Tested, Transport, TransportId, WriteImm,
 };
 use crate::wire::{FrameHeader, FrameKind, HEADER_LEN};
 use gw_rendezvous::PeerInfo;
@@ -116,6 +122,13 @@ enum ReqState {
 /// The request number of frames that belong to no request (control frames).
 const CONTROL: u64 = 0;
 
+/// A one-sided read of ours in flight: where its bytes go.
+struct PendingRead {
+    peer: Rank,
+    dst: MemPtr,
+    len: usize,
+}
+
 /// A message of ours announced to its receiver, waiting for its `Cts`.
 struct Announced {
     id: u64,
@@ -198,6 +211,9 @@ pub struct TcpTransport {
     free_mems: Vec<u32>,
     /// Immediates of peers' one-sided writes (`FrameKind::Put`), not taken.
     imms: VecDeque<Arrival>,
+    /// This rank's one-sided reads waiting for their `Fetched` frame, by
+    /// request id (the id the `Get` carried).
+    reads: HashMap<u64, PendingRead>,
     reqs: ReqMap<ReqState>,
     next_req: u64,
     registry: Option<Registry>,
@@ -247,6 +263,7 @@ impl TcpTransport {
             mem_gens: Vec::new(),
             free_mems: Vec::new(),
             imms: VecDeque::with_capacity(crate::seam::REQS_RESERVED),
+            reads: HashMap::new(),
             // Reserved: a table that grows when more requests than ever are
             // live at once would allocate in a steady-state step (hashbrown
             // rehashes in place while at most half full).
@@ -791,7 +808,11 @@ impl TcpTransport {
             for li in 0..nlanes {
                 loop {
                     let Conn {
-                        lanes, core, addr, ..
+                        lanes,
+                        core,
+                        addr,
+                        credits,
+                        ..
                     } = &mut *conn;
                     let Some(lane) = lanes[li].as_mut() else {
                         break;
@@ -862,6 +883,18 @@ impl TcpTransport {
                                     // this one's kind: pull ahead only after
                                     // small ones.
                                     lane.stage.ahead = hdr.len as usize <= SMALL;
+                                    // Every frame may carry credits back (see
+                                    // `send_lane`), the one-sided ones handled
+                                    // here too: dropped, the peer would have to
+                                    // announce every later message.
+                                    if matches!(
+                                        hdr.kind,
+                                        FrameKind::Put | FrameKind::Get | FrameKind::Fetched
+                                    ) && hdr.src_rank == peer
+                                        && hdr.credits > 0
+                                    {
+                                        credits.give_back(hdr.credits, peer)?;
+                                    }
                                     match hdr.kind {
                                         FrameKind::Close => {
                                             closed_lanes += 1;
@@ -902,6 +935,75 @@ impl TcpTransport {
                                                     "sent a write claiming to be from rank {}",
                                                     hdr.src_rank
                                                 ))
+                                            };
+                                            lane.rx = target.map_err(|what| Error::Remote {
+                                                rank: peer,
+                                                addr: addr.clone(),
+                                                what,
+                                            })?;
+                                            continue;
+                                        }
+                                        FrameKind::Get => {
+                                            let src = if hdr.src_rank == peer {
+                                                region_range(
+                                                    &self.mems,
+                                                    &self.mem_gens,
+                                                    (hdr.total >> 32) as u32,
+                                                    hdr.offset,
+                                                    hdr.tag.seq,
+                                                    Access::Read,
+                                                )
+                                            } else {
+                                                Err(format!(
+                                                    "sent a read claiming to be from rank {}",
+                                                    hdr.src_rank
+                                                ))
+                                            };
+                                            let ptr = src.map_err(|what| Error::Remote {
+                                                rank: peer,
+                                                addr: addr.clone(),
+                                                what,
+                                            })?;
+                                            lane.rx = Rx::new();
+                                            // Served from this rank's progress, behind
+                                            // what the lane already carries.
+                                            let reply = FrameHeader {
+                                                offset: hdr.tag.comm,
+                                                len: hdr.tag.seq,
+                                                ..FrameHeader::control(FrameKind::Fetched, me, 0)
+                                            };
+                                            lane.sendq.push_back(OutSeg {
+                                                req: CONTROL,
+                                                hdr: reply.encode(),
+                                                ptr,
+                                                len: hdr.tag.seq as usize,
+                                                done: 0,
+                                                stamped: false,
+                                            });
+                                            moved = true;
+                                            continue;
+                                        }
+                                        FrameKind::Fetched => {
+                                            let id = hdr.offset;
+                                            let target = match self.reads.get(&id) {
+                                                Some(r)
+                                                    if r.peer == peer
+                                                        && r.len as u64 == hdr.len =>
+                                                {
+                                                    Ok(Rx::Fetched {
+                                                        hdr,
+                                                        req: id,
+                                                        dst: r.dst,
+                                                        got: 0,
+                                                    })
+                                                }
+                                                Some(r) if r.peer == peer => Err(format!(
+                                                    "answered read {id} with {} bytes where {} were asked for",
+                                                    hdr.len, r.len
+                                                )),
+                                                _ => Err(format!(
+                                                    "sent the bytes of read {id}, which this rank never asked it for"
+                                                )),
                                             };
                                             lane.rx = target.map_err(|what| Error::Remote {
                                                 rank: peer,
@@ -995,7 +1097,9 @@ impl TcpTransport {
                                 Err(e) => return Err(peer_io_error(peer, addr, "receiving", e)),
                             }
                         }
-                        Rx::Payload { hdr, dst, got, .. } | Rx::Put { hdr, dst, got }
+                        Rx::Payload { hdr, dst, got, .. }
+                        | Rx::Put { hdr, dst, got }
+                        | Rx::Fetched { hdr, dst, got, .. }
                             if *got < hdr.len as usize =>
                         {
                             let len = hdr.len as usize;
@@ -1037,6 +1141,14 @@ impl TcpTransport {
                                 // Look again when told (poller, poke).
                                 lane.readable = false;
                             }
+                        }
+                        Rx::Fetched { req, .. } => {
+                            // The bytes are in: the read is done.
+                            let req = *req;
+                            self.reads.remove(&req);
+                            self.reqs.insert(req, ReqState::Done);
+                            lane.rx = Rx::new();
+                            moved = true;
                         }
                         Rx::Put { hdr, .. } => {
                             // The bytes are in: the immediate may be taken.
@@ -1115,30 +1227,91 @@ fn put_target(
     gens: &[u16],
     hdr: FrameHeader,
 ) -> std::result::Result<Rx, String> {
-    let key = (hdr.total >> 32) as u32;
+    let dst = region_range(
+        mems,
+        gens,
+        (hdr.total >> 32) as u32,
+        hdr.offset,
+        hdr.len,
+        Access::Write,
+    )?;
+    Ok(Rx::Put { hdr, dst, got: 0 })
+}
+
+/// The TCP key of `remote`, once `[off, +len)` of it is known to be a range
+/// `peer` published; `what` and `prep` word the refusal ("write_imm to rank
+/// 1" ... "into a region rank 0 published").
+fn remote_key(
+    peer: Rank,
+    remote: &RemoteRegion,
+    off: u64,
+    len: usize,
+    what: &str,
+    prep: &str,
+) -> Result<u32> {
+    if remote.rank != peer {
+        return Err(Error::InvalidArgument(format!(
+            "{what} {prep} a region rank {} published",
+            remote.rank
+        )));
+    }
+    if off
+        .checked_add(len as u64)
+        .is_none_or(|end| end > remote.len)
+    {
+        return Err(Error::InvalidArgument(format!(
+            "{what}: [{off}, +{len}) lies outside its published region of {} bytes",
+            remote.len
+        )));
+    }
+    u32::try_from(remote.key).map_err(|_| {
+        Error::InvalidArgument(format!(
+            "{what}: key {:#x} is not a TCP region's",
+            remote.key
+        ))
+    })
+}
+
+/// What a peer's one-sided transfer does to this rank's region, for the
+/// words of its refusal.
+#[derive(Clone, Copy)]
+enum Access {
+    Write,
+    Read,
+}
+
+/// Bytes `[off, +len)` of the published region that a peer's one-sided
+/// transfer names by `key`, bounds-checked; why not otherwise.
+fn region_range(
+    mems: &[Option<(MemPtr, usize)>],
+    gens: &[u16],
+    key: u32,
+    off: u64,
+    len: u64,
+    access: Access,
+) -> std::result::Result<MemPtr, String> {
     let (index, generation) = ((key & 0xffff) as usize, (key >> 16) as u16);
+    let (did, into) = match access {
+        Access::Write => ("wrote", "into"),
+        Access::Read => ("read", "from"),
+    };
     let Some((base, size)) = mems.get(index).copied().flatten() else {
         return Err(format!(
-            "wrote one-sidedly into region {index}, which this rank has not registered"
+            "{did} one-sidedly {into} region {index}, which this rank has not registered"
         ));
     };
     if gens.get(index) != Some(&generation) {
         return Err(format!(
-            "wrote one-sidedly into region {index} through a stale descriptor (registered anew since)"
+            "{did} one-sidedly {into} region {index} through a stale descriptor (registered anew since)"
         ));
     }
-    let (off, len) = (hdr.offset, hdr.len);
     if off.checked_add(len).is_none_or(|end| end > size as u64) {
         return Err(format!(
-            "wrote [{off}, +{len}) into a published region of {size} bytes"
+            "{did} [{off}, +{len}) {into} a published region of {size} bytes"
         ));
     }
-    Ok(Rx::Put {
-        hdr,
-        // SAFETY: off + len <= size, within the registered region.
-        dst: MemPtr(unsafe { base.0.add(off as usize) }),
-        got: 0,
-    })
+    // SAFETY: off + len <= size, within the registered region.
+    Ok(MemPtr(unsafe { base.0.add(off as usize) }))
 }
 
 fn start_payload(hdr: FrameHeader, p: &Posted<()>) -> Rx {
@@ -1220,9 +1393,9 @@ impl Transport for TcpTransport {
             name: "tcp",
             bandwidth_gbps: 1.0,
             latency_us: 25.0,
-            // Emulated: `FrameKind::Put` frames over the stream.
+            // Emulated: `Put`, `Get` and `Fetched` frames over the stream.
             one_sided_write: true,
-            one_sided_read: false,
+            one_sided_read: true,
             offloaded_writes: false,
             gpu_memory: false,
             max_segment: self.cfg.segment_bytes,
@@ -1479,27 +1652,8 @@ impl Transport for TcpTransport {
     fn write_imm(&mut self, peer: Rank, w: &WriteImm) -> Result<Request> {
         self.check_send(peer, "write_imm to")?;
         let src = self.mem(w.mem, w.offset, w.len)?;
-        if w.remote.rank != peer {
-            return Err(Error::InvalidArgument(format!(
-                "write_imm to rank {peer} into a region rank {} published",
-                w.remote.rank
-            )));
-        }
-        if w.remote_offset
-            .checked_add(w.len as u64)
-            .is_none_or(|end| end > w.remote.len)
-        {
-            return Err(Error::InvalidArgument(format!(
-                "write_imm to rank {peer}: [{}, +{}) lies outside its published region of {} bytes",
-                w.remote_offset, w.len, w.remote.len
-            )));
-        }
-        let Ok(key) = u32::try_from(w.remote.key) else {
-            return Err(Error::InvalidArgument(format!(
-                "write_imm to rank {peer}: key {:#x} is not a TCP region's",
-                w.remote.key
-            )));
-        };
+        let what = format!("write_imm to rank {peer}");
+        let key = remote_key(peer, &w.remote, w.remote_offset, w.len, &what, "into")?;
         let hdr = FrameHeader {
             offset: w.remote_offset,
             len: w.len as u64,
@@ -1529,6 +1683,42 @@ impl Transport for TcpTransport {
         Ok(Request::new(self.id, req))
     }
 
+    fn read(&mut self, peer: Rank, r: &ReadFrom) -> Result<Request> {
+        self.check_send(peer, "read from")?;
+        let dst = self.mem(r.mem, r.offset, r.len)?;
+        let what = format!("read from rank {peer}");
+        let key = remote_key(peer, &r.remote, r.remote_offset, r.len, &what, "out of")?;
+        // The answer's length travels in the header's 32-bit length field.
+        if r.len >= u32::MAX as usize {
+            return Err(Error::InvalidArgument(format!(
+                "{what}: {} bytes in one read; TCP's reads carry less than 4 GiB",
+                r.len
+            )));
+        }
+        let req = self.new_req(ReqState::Recv);
+        let hdr = FrameHeader {
+            offset: r.remote_offset,
+            total: u64::from(key) << 32,
+            tag: Tag {
+                comm: req,
+                seq: r.len as u64,
+                ..Tag::NONE
+            },
+            ..FrameHeader::control(FrameKind::Get, self.me, 0)
+        };
+        let conn = self.conns.get_mut(&peer).ok_or_else(|| vanished(peer))?;
+        Self::queue_control(conn, hdr);
+        self.reads.insert(
+            req,
+            PendingRead {
+                peer,
+                dst,
+                len: r.len,
+            },
+        );
+        Ok(Request::new(self.id, req))
+    }
+
     fn next_imm(&mut self) -> Result<Option<Arrival>> {
         if self.aborted {
             return Err(Error::Aborted("the TCP transport was aborted".into()));
@@ -1538,6 +1728,7 @@ impl Transport for TcpTransport {
 
     fn abort(&mut self, reason: &str) {
         self.imms.clear();
+        self.reads.clear();
         let text = reason.as_bytes();
         let text = &text[..text.len().min(MAX_ABORT_TEXT as usize)];
         let hdr = control_header(FrameKind::Abort, self.me, text.len());
@@ -1586,3 +1777,5 @@ impl Drop for TcpTransport {
 
 #[cfg(test)]
 mod tests;
+#[cfg(test)]
+mod tests_read;

@@ -6,14 +6,14 @@ use crate::seam::Outstanding;
 use std::net::Ipv4Addr;
 use std::time::{Duration, Instant};
 
-const LIMIT: Duration = Duration::from_secs(20);
+pub(super) const LIMIT: Duration = Duration::from_secs(20);
 
-fn tag(step: u32) -> Tag {
+pub(super) fn tag(step: u32) -> Tag {
     crate::test_tags::tag(7, 3, 0, 0, step)
 }
 
 /// Ranks 0 and 1 with `lanes` sockets between them, connected.
-fn pair(lanes: usize) -> (TcpTransport, TcpTransport) {
+pub(super) fn pair(lanes: usize) -> (TcpTransport, TcpTransport) {
     pair_with(TcpConfig {
         lanes,
         ..TcpConfig::default()
@@ -67,14 +67,14 @@ fn pair_polled(cfg: TcpConfig, poll: Option<&mio::Poll>) -> (TcpTransport, TcpTr
     }
 }
 
-fn pattern(len: usize, seed: u8) -> Vec<u8> {
+pub(super) fn pattern(len: usize, seed: u8) -> Vec<u8> {
     (0..len)
         .map(|i| (i as u8).wrapping_mul(31) ^ seed)
         .collect()
 }
 
 /// Progresses both until `done` holds, or fails naming `what`.
-fn until(
+pub(super) fn until(
     a: &mut TcpTransport,
     b: &mut TcpTransport,
     what: &str,
