@@ -2,8 +2,8 @@
 //! allocate nothing and register nothing, as persistent all-reduce rounds
 //! do not (`persistent_no_alloc.rs`, whose way of measuring this follows):
 //! a counting `#[global_allocator]`, no libtest harness, both ranks threads
-//! of this process with their own communicator over real shared memory or
-//! libfabric's tcp provider. Each rank plans a transfer both ways, runs
+//! of this process with their own communicator over real shared memory,
+//! TCP or libfabric's tcp provider. Each rank plans a transfer both ways, runs
 //! `WARMUP` rounds, meets the other at a barrier while rank 0 reads the
 //! counters, runs `MEASURED` rounds with new contents every round (every
 //! round's bytes checked), and the counters are read again. A window with
@@ -136,6 +136,7 @@ fn main() {
     let mut failures = Vec::new();
     for (key, (transport, provider)) in [
         (TransportChoice::Shm, None),
+        (TransportChoice::Tcp, None),
         (TransportChoice::Ofi, Some("tcp;ofi_rxm")),
     ]
     .into_iter()

@@ -1239,19 +1239,22 @@ fn put_target(
 }
 
 /// The TCP key of `remote`, once `[off, +len)` of it is known to be a range
-/// `peer` published; `what` and `prep` word the refusal ("write_imm to rank
-/// 1" ... "into a region rank 0 published").
+/// `peer` published; `verb` and `prep` word the refusal ("write_imm to"
+/// rank 1 "into" a region rank 0 published). Nothing is formatted unless
+/// it is refused: this runs on every one-sided transfer.
 fn remote_key(
     peer: Rank,
     remote: &RemoteRegion,
     off: u64,
     len: usize,
-    what: &str,
-    prep: &str,
+    verb: &'static str,
+    prep: &'static str,
 ) -> Result<u32> {
+    let what = || format!("{verb} rank {peer}");
     if remote.rank != peer {
         return Err(Error::InvalidArgument(format!(
-            "{what} {prep} a region rank {} published",
+            "{} {prep} a region rank {} published",
+            what(),
             remote.rank
         )));
     }
@@ -1260,13 +1263,15 @@ fn remote_key(
         .is_none_or(|end| end > remote.len)
     {
         return Err(Error::InvalidArgument(format!(
-            "{what}: [{off}, +{len}) lies outside its published region of {} bytes",
+            "{}: [{off}, +{len}) lies outside its published region of {} bytes",
+            what(),
             remote.len
         )));
     }
     u32::try_from(remote.key).map_err(|_| {
         Error::InvalidArgument(format!(
-            "{what}: key {:#x} is not a TCP region's",
+            "{}: key {:#x} is not a TCP region's",
+            what(),
             remote.key
         ))
     })
@@ -1652,8 +1657,14 @@ impl Transport for TcpTransport {
     fn write_imm(&mut self, peer: Rank, w: &WriteImm) -> Result<Request> {
         self.check_send(peer, "write_imm to")?;
         let src = self.mem(w.mem, w.offset, w.len)?;
-        let what = format!("write_imm to rank {peer}");
-        let key = remote_key(peer, &w.remote, w.remote_offset, w.len, &what, "into")?;
+        let key = remote_key(
+            peer,
+            &w.remote,
+            w.remote_offset,
+            w.len,
+            "write_imm to",
+            "into",
+        )?;
         let hdr = FrameHeader {
             offset: w.remote_offset,
             len: w.len as u64,
@@ -1686,12 +1697,18 @@ impl Transport for TcpTransport {
     fn read(&mut self, peer: Rank, r: &ReadFrom) -> Result<Request> {
         self.check_send(peer, "read from")?;
         let dst = self.mem(r.mem, r.offset, r.len)?;
-        let what = format!("read from rank {peer}");
-        let key = remote_key(peer, &r.remote, r.remote_offset, r.len, &what, "out of")?;
+        let key = remote_key(
+            peer,
+            &r.remote,
+            r.remote_offset,
+            r.len,
+            "read from",
+            "out of",
+        )?;
         // The answer's length travels in the header's 32-bit length field.
         if r.len >= u32::MAX as usize {
             return Err(Error::InvalidArgument(format!(
-                "{what}: {} bytes in one read; TCP's reads carry less than 4 GiB",
+                "read from rank {peer}: {} bytes in one read; TCP's reads carry less than 4 GiB",
                 r.len
             )));
         }
