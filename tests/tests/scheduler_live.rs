@@ -18,7 +18,9 @@ use gw_tests::{bin, gwrun};
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
-const STEPS: u64 = 400;
+/// About 90 steps a second under the job server here (two step calls a
+/// rank and step): long enough that the 1 s rounds preempt with margin.
+const STEPS: u64 = 800;
 
 fn train_args(out: &Path, ckpt: &Path) -> Vec<String> {
     [
