@@ -1262,12 +1262,10 @@ pub unsafe extern "C" fn gwSendRecv(
 }
 
 /// Non-blocking `gwSend`: `sendbuff` must not change until `gwWait` (or a
-/// `gwTest` that says done) on `*request`. Like every operation of a
-/// communicator, requests run one at a time in the order they were posted:
-/// a large send waits for the peer's receive before anything posted after it
-/// starts, so two ranks that each post a large send before their receive
-/// wait for each other (until the timeout). Exchange with `gwSendRecv`, or
-/// post the receive first on one side.
+/// `gwTest` that says done) on `*request`. Point-to-point requests start as
+/// soon as they are posted, beside collectives and each other, so two ranks
+/// may each post a large send before their receive (as MPI's `Isend` then
+/// `Irecv`); messages between a pair still match in posting order.
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn gwSendAsync(
     sendbuff: *const std::ffi::c_void,

@@ -20,7 +20,7 @@ use crate::element::Element;
 use crate::engine::{Completion, DirectOp, Msg, OpDesc, Plan, Ptr};
 use crate::mailbox;
 use crate::model::{CostModel, Shape};
-use crate::op::{DType, Fingerprint, OpKind, RedOp};
+use crate::op::{DType, Fingerprint, OpKind, P2P_SEQ, RedOp};
 use crate::reduce::Kernel;
 use gw_rendezvous::launch_env::fnv1a;
 use gw_rendezvous::{LaunchEnv, StoreClient, StoreServer};
@@ -30,11 +30,6 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
-
-/// The sequence number of every point-to-point message (they are told apart
-/// by their per-pair step instead), chosen so that it can never be mistaken
-/// for a collective's.
-const P2P_SEQ: u64 = u64::MAX;
 
 /// Completions kept for reuse (see [`Communicator::completion`]): enough for
 /// a blocking loop (which needs two: the one just finished may still be held

@@ -13,8 +13,8 @@
 //! the poller until the peers send) and waits.
 //!
 //! The [`Engine`] sits behind one mutex; whoever holds it turns the engine,
-//! so operations still run one at a time in submission order whichever
-//! thread runs them. The engine thread never holds the lock while it sleeps
+//! so collectives still run one at a time in submission order (and
+//! point-to-point messages beside them) whichever thread runs them. The engine thread never holds the lock while it sleeps
 //! in the poller, and parks (off the poller) while a caller drives.
 //! `GW_INLINE=0` turns caller driving off.
 

@@ -4,6 +4,11 @@
 //! Callers submit operations through a channel; the engine runs them one at
 //! a time in submission order (the order every rank agrees on), carrying out
 //! each [`Action`] of the schedule over the transport that reaches the peer.
+//! Point-to-point messages are the exception: they are not part of that
+//! order (two ranks may post their sends and receives in any order, as MPI
+//! allows), so each one runs as soon as it is submitted, beside the ordered
+//! operation and the other messages. Their tags (a per-pair, per-direction
+//! message number) keep them apart from each other and from collectives.
 //! Who turns the engine is `drive.rs`'s business: its own thread, so that a
 //! non-blocking collective advances while the caller computes, or a caller
 //! blocked on its operation, which saves the hand-offs between threads.
@@ -124,6 +129,28 @@ struct Running {
     span: tracing::Span,
     /// When it started, for `GW_TRACE` (0 when tracing is off).
     trace_us: f64,
+}
+
+impl Running {
+    fn is_finished(&self) -> bool {
+        self.sched.is_done() && self.inflight.is_empty() && self.blocked.is_empty()
+    }
+
+    /// Puts the finished operation on the `GW_TRACE` timeline.
+    fn trace_done(&self) {
+        if self.trace_us > 0.0 {
+            let fp = &self.op.fp;
+            let bytes = fp.count * fp.dtype.size() as u64;
+            trace::record(
+                fp.op.name(),
+                trace::Lane::Collective,
+                self.trace_us,
+                fp.seq,
+                bytes,
+                None,
+            );
+        }
+    }
 }
 
 /// The vectors of a [`Running`] operation, kept between operations so that
@@ -281,6 +308,8 @@ pub(crate) struct Engine {
     abort: Arc<AtomicBool>,
     queue: VecDeque<OpDesc>,
     current: Option<Running>,
+    /// Point-to-point messages in flight, beside `current`.
+    messages: Vec<Running>,
     failed: Option<Error>,
     scratch: Vec<u64>,
     scratch_handles: Vec<Option<MemHandle>>,
@@ -336,6 +365,7 @@ impl Engine {
                 abort,
                 queue: VecDeque::new(),
                 current: None,
+                messages: Vec::new(),
                 failed: None,
                 scratch: Vec::new(),
                 scratch_handles: vec![None; nt],
@@ -357,10 +387,11 @@ impl Engine {
         if self.abort.load(Ordering::Acquire) && self.failed.is_none() {
             self.fail(aborted());
         }
+        self.start_messages();
         if self.current.is_none() {
             self.start_next();
         }
-        if self.current.is_none() && self.queue.is_empty() {
+        if self.current.is_none() && self.queue.is_empty() && self.messages.is_empty() {
             if self.shutting_down {
                 return Turn::Exit;
             }
@@ -401,7 +432,7 @@ impl Engine {
         // at once (the timeout is reported from there).
         let stalled = now.duration_since(since) >= PEER_CHECK_EVERY
             && now.duration_since(st.last_check) >= PEER_CHECK_EVERY;
-        let late = self.current.as_ref().is_some_and(|r| now >= r.deadline);
+        let late = self.next_deadline().is_some_and(|d| now >= d);
         if stalled || late {
             st.last_check = now;
             STALL_CHECKS.fetch_add(1, Ordering::Relaxed);
@@ -414,13 +445,20 @@ impl Engine {
             return Turn::Spin;
         }
         Turn::Sleep {
-            timeout: self.current.as_ref().map(|r| {
-                r.deadline
-                    .saturating_duration_since(now)
-                    .min(PEER_CHECK_EVERY)
-            }),
+            timeout: self
+                .next_deadline()
+                .map(|d| d.saturating_duration_since(now).min(PEER_CHECK_EVERY)),
             idle: false,
         }
+    }
+
+    /// The earliest deadline of the operations running.
+    fn next_deadline(&self) -> Option<Instant> {
+        self.current
+            .iter()
+            .chain(&self.messages)
+            .map(|r| r.deadline)
+            .min()
     }
 
     /// Whether more threads than cores run ranks here (spinners should yield).
@@ -439,7 +477,7 @@ impl Engine {
 
     pub fn is_idle(&mut self) -> bool {
         self.drain_messages();
-        self.current.is_none() && self.queue.is_empty()
+        self.current.is_none() && self.queue.is_empty() && self.messages.is_empty()
     }
 
     /// Arms every transport's wakeups before the driver sleeps in the
@@ -518,7 +556,9 @@ impl Engine {
 
     fn check(&mut self) -> Result<()> {
         self.check_links()?;
-        if let Some(r) = self.current.as_mut() {
+        // Messages are never compared with what other ranks do (they need
+        // not agree on an order), but the board still says who failed.
+        if let Some(r) = self.current.as_mut().or(self.messages.first_mut()) {
             let stalled = Instant::now() >= r.stalled_at;
             let me = self.cfg.me;
             if let Some(e) =
@@ -527,13 +567,15 @@ impl Engine {
                 return Err(e);
             }
         }
-        if self
+        let now = Instant::now();
+        if let Some(i) = self
             .current
-            .as_ref()
-            .is_some_and(|r| Instant::now() >= r.deadline)
+            .iter()
+            .chain(&self.messages)
+            .position(|r| now >= r.deadline)
         {
             let others = self.others_doing();
-            if let Some(r) = &self.current {
+            if let Some(r) = self.current.iter().chain(&self.messages).nth(i) {
                 return Err(Error::Timeout {
                     secs: self.cfg.timeout.as_secs_f64(),
                     what: format!(
@@ -706,8 +748,66 @@ impl Engine {
             op.done.finish(Err(e));
             return;
         }
+        self.current = Some(self.running(op, sched, key, prepared, window, round, spare));
+    }
+
+    /// Starts every point-to-point message queued, wherever it stands in
+    /// the queue: it waits for nothing the other ranks order.
+    fn start_messages(&mut self) {
+        if self.failed.is_some() || !self.queue.iter().any(|op| op.fp.is_message()) {
+            return;
+        }
+        let nt = self.transports.len();
+        let mut i = 0;
+        while i < self.queue.len() {
+            if !self.queue[i].fp.is_message() {
+                i += 1;
+                continue;
+            }
+            let Some(mut op) = self.queue.remove(i) else {
+                break;
+            };
+            match std::mem::replace(&mut op.plan, Plan::Started) {
+                Plan::Built(sched) => {
+                    // Messages allocate anyway (their schedule is built per
+                    // call), so their vectors are their own.
+                    let spare = Spare {
+                        handles: vec![None; nt],
+                        window_handles: vec![None; nt],
+                        ..Spare::default()
+                    };
+                    let r = self.running(
+                        op,
+                        sched,
+                        None,
+                        None,
+                        (Ptr(std::ptr::null_mut()), 0),
+                        0,
+                        spare,
+                    );
+                    self.messages.push(r);
+                }
+                _ => op.done.finish(Err(Error::Internal(
+                    "a point-to-point message without its schedule".into(),
+                ))),
+            }
+        }
+    }
+
+    /// An operation about to run, holding `spare`'s vectors.
+    #[allow(clippy::too_many_arguments)]
+    fn running(
+        &self,
+        op: OpDesc,
+        sched: Box<dyn Schedule>,
+        key: Option<sched_cache::Key>,
+        prepared: Option<u64>,
+        window: (Ptr, usize),
+        round: u8,
+        spare: Spare,
+    ) -> Running {
         let span = tracing::debug_span!("op", seq = op.fp.seq, op = op.fp.op.name());
-        self.current = Some(Running {
+        Running {
             span,
             op,
             sched,
@@ -729,7 +829,7 @@ impl Engine {
             } else {
                 0.0
             },
-        });
+        }
     }
 
     /// Grows the communicator's scratch buffer (rarely: it only ever grows) and
@@ -768,6 +868,9 @@ impl Engine {
         for t in &mut self.transports {
             moved |= t.progress()?;
         }
+        if !self.messages.is_empty() {
+            moved |= self.step_messages()?;
+        }
         let Some(mut r) = self.current.take() else {
             return Ok(moved);
         };
@@ -776,19 +879,8 @@ impl Engine {
         match res {
             Ok(m) => {
                 moved |= m;
-                if r.sched.is_done() && r.inflight.is_empty() && r.blocked.is_empty() {
-                    if r.trace_us > 0.0 {
-                        let fp = &r.op.fp;
-                        let bytes = fp.count * fp.dtype.size() as u64;
-                        trace::record(
-                            fp.op.name(),
-                            trace::Lane::Collective,
-                            r.trace_us,
-                            fp.seq,
-                            bytes,
-                            None,
-                        );
-                    }
+                if r.is_finished() {
+                    r.trace_done();
                     self.release(&mut r);
                     self.retire(r).finish(Ok(()));
                     moved = true;
@@ -803,6 +895,37 @@ impl Engine {
                 Err(e)
             }
         }
+    }
+
+    /// Advances every point-to-point message in flight, finishing those
+    /// that are done.
+    fn step_messages(&mut self) -> Result<bool> {
+        let mut moved = false;
+        let mut messages = std::mem::take(&mut self.messages);
+        let mut i = 0;
+        let mut res = Ok(());
+        while i < messages.len() {
+            let span = messages[i].span.clone();
+            match span.in_scope(|| self.advance(&mut messages[i])) {
+                Ok(m) => moved |= m,
+                Err(e) => {
+                    res = Err(e);
+                    break;
+                }
+            }
+            if messages[i].is_finished() {
+                let mut r = messages.swap_remove(i);
+                r.trace_done();
+                self.release(&mut r);
+                r.op.done.finish(Ok(()));
+                moved = true;
+            } else {
+                i += 1;
+            }
+        }
+        // Those left (all of them, on an error) stay for fail() to finish.
+        self.messages = messages;
+        res.map(|()| moved)
     }
 
     fn advance(&mut self, r: &mut Running) -> Result<bool> {
@@ -1234,6 +1357,10 @@ impl Engine {
             if let Some(id) = r.prepared {
                 self.put_prepared(id, r.sched);
             }
+            r.op.done.finish(Err(e.clone()));
+        }
+        for mut r in std::mem::take(&mut self.messages) {
+            self.release(&mut r);
             r.op.done.finish(Err(e.clone()));
         }
         for op in self.queue.drain(..) {

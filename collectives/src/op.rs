@@ -209,14 +209,19 @@ pub struct Fingerprint {
 
 impl fmt::Display for Fingerprint {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(
-            f,
-            "{}(seq={}, count={}, dtype={}",
-            self.op.name(),
-            self.seq,
-            self.count,
-            self.dtype.name()
-        )?;
+        // Messages share one sequence number (see `P2P_SEQ`): it says nothing.
+        if self.is_message() {
+            write!(f, "{}(dtype={}", self.op.name(), self.dtype.name())?;
+        } else {
+            write!(
+                f,
+                "{}(seq={}, count={}, dtype={}",
+                self.op.name(),
+                self.seq,
+                self.count,
+                self.dtype.name()
+            )?;
+        }
         if self.redop != RedOp::None {
             write!(f, ", op={}", self.redop.name())?;
         }
@@ -235,7 +240,19 @@ const COUNT_BYTES: usize = Signature::LEN - 7;
 /// The largest element count a signature can carry.
 pub const MAX_COUNT: u64 = (1 << (8 * COUNT_BYTES)) - 1;
 
+/// The sequence number of every point-to-point message (they are told apart
+/// by their per-pair step instead), chosen so that it can never be mistaken
+/// for a collective's.
+pub(crate) const P2P_SEQ: u64 = u64::MAX;
+
 impl Fingerprint {
+    /// Whether this is a point-to-point message (a send, a receive or both)
+    /// rather than a step of the sequence every rank runs in one order: the
+    /// engine runs these beside that sequence, not in it.
+    pub(crate) fn is_message(&self) -> bool {
+        self.op == OpKind::SendRecv && self.seq == P2P_SEQ
+    }
+
     /// The tag of message `step` of this call.
     pub fn tag(&self, step: u32) -> Tag {
         let mut sig = [0u8; Signature::LEN];

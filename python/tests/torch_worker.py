@@ -160,8 +160,8 @@ def p2p():
     for count in (1, 1000, 1 << 20):
         mine = torch.arange(count, dtype=torch.float32) + r * 10
         got = torch.empty(count)
-        # Even ranks send first, odd ones receive first: requests run in
-        # posting order, so two neighbours must not both start with a send.
+        # Blocking calls, as with MPI_Send: a large send returns once its
+        # receive has it, so even ranks send first and odd ones receive first.
         if r % 2 == 0:
             dist.send(mine, right)
             dist.recv(got, left)
@@ -176,6 +176,14 @@ def p2p():
         for q in reqs:
             q.wait()
         same(buf, torch.full((5,), left, dtype=torch.int64), "isend/irecv")
+    # Every rank posts its large send before its receive (MPI code swapping
+    # buffers does): the receive must not wait behind the rank's own send.
+    big = 1 << 20
+    got = torch.empty(big)
+    reqs = [dist.isend(torch.arange(big, dtype=torch.float32) + r, right), dist.irecv(got, left)]
+    for q in reqs:
+        q.wait()
+    same(got, torch.arange(big, dtype=torch.float32) + left, f"isend then irecv x{big}")
 
 
 def killed():

@@ -69,6 +69,54 @@ fn exchange_64mib_both_transports() {
     exchange(3, "shm", &["64M"]);
 }
 
+/// Sends and receives posted in each rank's own order (all sends first,
+/// then shuffled, with an all-reduce among them) all complete: a large
+/// send waits for its receive, and that receive must not wait behind the
+/// rank's own send. With `GW_TIMEOUT` 30 a wait of that kind fails the run.
+fn p2p_overlap(n: u32, transport: &str, iters: &str) {
+    let env = [
+        ("GW_TRANSPORT", transport),
+        ("GW_TIMEOUT", "30"),
+        ("GW_OFI_PROVIDER", "tcp;ofi_rxm"),
+    ];
+    let run = gwrun(n, "gwtest", &["p2p-overlap", iters], &env, LONG);
+    assert!(run.status.success(), "n={n} {transport}: {}", run.all());
+    for r in 0..n {
+        let line = format!("[{r}] rank {r}: p2p-overlap ok: {iters} iterations");
+        assert!(
+            run.stdout.contains(&line),
+            "n={n} {transport}: missing {line:?}\n{}",
+            run.all()
+        );
+    }
+    assert!(
+        run.stdout.contains(&format!("transports {transport}")),
+        "{}",
+        run.all()
+    );
+}
+
+#[test]
+fn p2p_in_any_posting_order_shm() {
+    for n in [2, 3, 4, 8] {
+        p2p_overlap(n, "shm", "40");
+    }
+}
+
+#[test]
+fn p2p_in_any_posting_order_tcp() {
+    for n in [2, 3, 4] {
+        p2p_overlap(n, "tcp", "40");
+    }
+}
+
+#[test]
+fn p2p_in_any_posting_order_ofi() {
+    for n in [2, 4] {
+        p2p_overlap(n, "ofi", "12");
+    }
+}
+
 fn survivors_name_the_dead_rank(transport: &str) {
     survivors_name_the_dead_rank_in(transport, "kill-mid-transfer");
 }

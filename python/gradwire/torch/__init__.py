@@ -16,9 +16,8 @@ gwrun, which sets torchrun's variables; tcp://; an explicit `store=`).
 Supported: all_reduce (SUM, AVG, PRODUCT, MIN, MAX, and PREMUL_SUM as
 gradwire's weighted all-reduce), broadcast, all_gather and
 all_gather_into_tensor, reduce_scatter and reduce_scatter_tensor, reduce,
-gather, scatter, all_to_all, all_to_all_single, barrier, send/recv (isend/irecv: gradwire's requests run
-in posting order, so two ranks exchanging large messages must not both
-post their send first; tags are not supported); dtypes float32, float64,
+gather, scatter, all_to_all, all_to_all_single, barrier, send/recv (isend/irecv start at once, in any order
+on either rank; tags are not supported); dtypes float32, float64,
 float16, bfloat16, int32, int64, uint8, and bool (MIN/MAX only). An all_reduce asked for
 asynchronously (DDP's gradient buckets) is queued with gradwire's
 non-blocking call and its Work completes when gradwire finishes it, so the
@@ -456,9 +455,8 @@ class GradwireBackend(_C10DBackend):
         return work
 
     def send(self, tensors, dst, tag=0):
-        # Queued like gradwire's other requests, which run in posting order:
-        # a large send waits for the peer's receive before anything posted
-        # after it starts, so exchanging ranks must not both send first.
+        # Starts at once, beside gradwire's other requests: exchanging ranks
+        # may both post their send first.
         return self._p2p("gwSendAsync", tensors, dst, tag, "send")
 
     def recv(self, tensors, src, tag=0):

@@ -61,6 +61,115 @@ fn exchange(comm: &Communicator, sizes: &[usize]) -> Result<String, String> {
     ))
 }
 
+/// Every rank posts its sends to and receives from every other rank in an
+/// order of its own (in the first iteration all sends first, as two MPI
+/// ranks swapping buffers with `Isend` then `Irecv` do), with a
+/// non-blocking all-reduce among them, and only then waits, in another
+/// order of its own: no message may wait for the order its peer posted in.
+fn p2p_overlap(comm: &Communicator, iters: usize) -> Result<String, String> {
+    use rand::seq::SliceRandom;
+    let (r, n) = (comm.rank(), comm.size());
+    let e = |e: Error| e.to_string();
+    // The sizes are the same draw on every rank; the orders are each rank's own.
+    let mut shared = rand::rngs::StdRng::seed_from_u64(0xb2b);
+    let mut own = rand::rngs::StdRng::seed_from_u64(0x1000 + u64::from(r));
+    let mut checked = 0usize;
+    let peers: Vec<u32> = (0..n).filter(|&p| p != r).collect();
+    for it in 0..iters {
+        let lens: Vec<Vec<usize>> = (0..n)
+            .map(|_| {
+                (0..n)
+                    .map(|_| {
+                        if shared.random_bool(0.5) {
+                            shared.random_range(0..8192)
+                        } else {
+                            shared.random_range(256 << 10..4 << 20)
+                        }
+                    })
+                    .collect()
+            })
+            .collect();
+        let mark = |src: u32, dst: u32, len: usize, i: usize| pattern(src, dst, len, i) ^ it as u8;
+        let sends: Vec<Vec<u8>> = peers
+            .iter()
+            .map(|&to| {
+                let len = lens[r as usize][to as usize];
+                (0..len).map(|i| mark(r, to, len, i)).collect()
+            })
+            .collect();
+        let mut recvs: Vec<Vec<u8>> = peers
+            .iter()
+            .map(|&from| vec![0u8; lens[from as usize][r as usize]])
+            .collect();
+        // Posts: (is_send, index into peers); sends first in iteration 0.
+        let mut posts: Vec<(bool, usize)> = (0..peers.len())
+            .flat_map(|k| [(true, k), (false, k)])
+            .collect();
+        if it == 0 {
+            posts.sort_by_key(|&(send, _)| !send);
+        } else {
+            posts.shuffle(&mut own);
+        }
+        let reduce_at = own.random_range(0..=posts.len());
+        let mut handles = Vec::with_capacity(posts.len());
+        let mut reduce = None;
+        for (j, &(is_send, k)) in posts.iter().enumerate() {
+            if j == reduce_at {
+                reduce = Some(
+                    comm.iall_reduce(vec![i64::from(r) + it as i64; 1000], RedOp::Sum, None)
+                        .map_err(e)?,
+                );
+            }
+            let peer = peers[k];
+            // SAFETY: `sends` and `recvs` are neither moved nor touched
+            // until every handle has been waited for below.
+            let h = unsafe {
+                if is_send {
+                    let b = &sends[k];
+                    comm.sendrecv_raw(DType::U8, Some((peer, b.as_ptr(), b.len())), None)
+                } else {
+                    let b = &mut recvs[k];
+                    comm.sendrecv_raw(DType::U8, None, Some((peer, b.as_mut_ptr(), b.len())))
+                }
+            }
+            .map_err(e)?;
+            handles.push((is_send, peer, h));
+        }
+        let reduce = match reduce {
+            Some(p) => p,
+            None => comm
+                .iall_reduce(vec![i64::from(r) + it as i64; 1000], RedOp::Sum, None)
+                .map_err(e)?,
+        };
+        handles.shuffle(&mut own);
+        for (is_send, peer, h) in &handles {
+            let dir = if *is_send { "send to" } else { "receive from" };
+            h.wait()
+                .map_err(|err| format!("iteration {it}: {dir} rank {peer}: {err}"))?;
+        }
+        let want: i64 = (0..i64::from(n)).map(|q| q + it as i64).sum();
+        if let Some(x) = reduce.wait().map_err(e)?.iter().find(|&&x| x != want) {
+            return Err(format!("iteration {it}: all-reduce gave {x}, want {want}"));
+        }
+        for (k, &from) in peers.iter().enumerate() {
+            let got = &recvs[k];
+            let len = got.len();
+            if let Some(i) = (0..len).find(|&i| got[i] != mark(from, r, len, i)) {
+                return Err(format!(
+                    "iteration {it}: wrong byte {i} of {len} from rank {from}: got {}, want {}",
+                    got[i],
+                    mark(from, r, len, i)
+                ));
+            }
+            checked += len;
+        }
+    }
+    Ok(format!(
+        "p2p-overlap ok: {iters} iterations, {checked} bytes checked, transports {}",
+        comm.transport_summary()
+    ))
+}
+
 /// Rank `victim` dies by SIGKILL in the middle of a large exchange; the others
 /// must report an error naming it.
 fn kill_mid_transfer(comm: &Communicator, victim: u32) -> Result<String, String> {
@@ -374,7 +483,7 @@ fn main() -> ExitCode {
     let args: Vec<String> = std::env::args().skip(1).collect();
     let Some(cmd) = args.first().cloned() else {
         eprintln!(
-            "usage: gwtest exchange [SIZES...] | collectives [SIZES...] | all-reduce [SIZES...] | kill-mid-transfer VICTIM | kill-mid-persistent VICTIM | mismatch | collective-mismatch | init"
+            "usage: gwtest exchange [SIZES...] | collectives [SIZES...] | all-reduce [SIZES...] | kill-mid-transfer VICTIM | kill-mid-persistent VICTIM | p2p-overlap [ITERS] | mismatch | collective-mismatch | init"
         );
         return ExitCode::from(2);
     };
@@ -399,6 +508,10 @@ fn main() -> ExitCode {
         "collectives" => collectives(&comm, &args[1..]),
         "all-reduce" => all_reduces(&comm, &args[1..]),
         "nonblocking" => nonblocking(&comm),
+        "p2p-overlap" => p2p_overlap(
+            &comm,
+            args.get(1).and_then(|v| v.parse().ok()).unwrap_or(20),
+        ),
         "stress" => stress(
             &comm,
             args.get(1).and_then(|v| v.parse().ok()).unwrap_or(1000),
