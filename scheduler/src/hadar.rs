@@ -15,6 +15,7 @@
 //! Decisions are revisited every round, so slots the prices held back
 //! serve no later arrival before the next round; they go, at the end, to
 //! jobs not yet admitted, in the same order, on their fastest free types.
+//! Last, [`exchange`] trades types between jobs where that raises Σ u_j.
 //! docs/scheduler.md has the competitive-ratio argument.
 
 use crate::policy::{Decision, Policy, Round, Slots, usable};
@@ -107,10 +108,105 @@ pub fn pass(round: &Round<'_>) -> Pass {
             take(&mut decision.run[i], &mut free, &mut busy, a);
         }
     }
+    exchange(round, &mut decision.run, &mut free);
     Pass {
         decision,
         free,
         order,
+    }
+}
+
+/// u_j with all its workers on type k.
+fn whole_utility(round: &Round<'_>, i: usize, k: usize) -> f64 {
+    let j = &round.jobs[i];
+    (round.round_s * j.tput[k] / j.remaining_steps.max(1e-9)).min(1.0)
+}
+
+/// The type a job runs on whole, if it runs on one type.
+fn whole_type(run: &Slots, workers: u32) -> Option<usize> {
+    run.iter().position(|n| *n == workers && workers > 0)
+}
+
+/// Raises the round's primal, Σ_j u_j, after the priced pass, by moves
+/// that keep every type's count: the pass hands types out one job at a
+/// time against prices that rise as it goes, so an early job may take a
+/// fast type it gains little from while a later one, which would gain
+/// more, gets a slow one, and slots the prices held back may sit on a
+/// type faster than the one a job got. Per pair of types (k, l), a job
+/// moves to free slots of l where u_j rises, largest rise first; then,
+/// among the jobs of each width on k or l, the ones with the largest
+/// u_j(l) − u_j(k) take l's places (for two types and fixed counts that
+/// sort is the optimum). Jobs spanning types stay where they are. A few
+/// sweeps over the pairs, each O(n log n).
+fn exchange(round: &Round<'_>, run: &mut [Slots], free: &mut [u32]) {
+    const SWEEPS: usize = 4;
+    let types = free.len();
+    let on = |run: &[Slots], i: usize| whole_type(&run[i], round.jobs[i].workers);
+    for _ in 0..SWEEPS {
+        let mut changed = false;
+        for k in 0..types {
+            for l in 0..types {
+                if k == l {
+                    continue;
+                }
+                // Into l's free slots.
+                let mut up: Vec<(f64, usize)> = (0..run.len())
+                    .filter(|&i| on(run, i) == Some(k))
+                    .map(|i| (whole_utility(round, i, l) - whole_utility(round, i, k), i))
+                    .filter(|(gain, _)| *gain > 1e-12)
+                    .collect();
+                up.sort_by(|a, b| b.0.total_cmp(&a.0).then(a.1.cmp(&b.1)));
+                for (_, i) in up {
+                    let w = round.jobs[i].workers;
+                    if free[l] >= w {
+                        free[l] -= w;
+                        free[k] += w;
+                        run[i][k] = 0;
+                        run[i][l] = w;
+                        changed = true;
+                    }
+                }
+                if k > l {
+                    continue;
+                }
+                // Trades between k and l, per width, among the jobs that
+                // can run on both.
+                let mut group: Vec<(u32, f64, bool, usize)> = (0..run.len())
+                    .filter_map(|i| {
+                        let t = on(run, i)?;
+                        let tput = &round.jobs[i].tput;
+                        let both = tput[k] > 0.0 && tput[l] > 0.0;
+                        (both && (t == k || t == l)).then(|| {
+                            let d = whole_utility(round, i, l) - whole_utility(round, i, k);
+                            (round.jobs[i].workers, d, t == k, i)
+                        })
+                    })
+                    .collect();
+                // By width, then by gain from l (ties: those already on l first).
+                group.sort_by(|a, b| {
+                    a.0.cmp(&b.0)
+                        .then(b.1.total_cmp(&a.1))
+                        .then(a.2.cmp(&b.2))
+                        .then(a.3.cmp(&b.3))
+                });
+                for same in group.chunk_by(|a, b| a.0 == b.0) {
+                    let w = same[0].0;
+                    let on_l = same.iter().filter(|g| !g.2).count();
+                    for (rank, &(_, _, was_k, i)) in same.iter().enumerate() {
+                        let to_l = rank < on_l;
+                        if to_l == was_k {
+                            let (from, to) = if to_l { (k, l) } else { (l, k) };
+                            run[i][from] = 0;
+                            run[i][to] = w;
+                            changed = true;
+                        }
+                    }
+                }
+            }
+        }
+        if !changed {
+            break;
+        }
     }
 }
 
@@ -216,6 +312,68 @@ mod tests {
         assert_eq!(p.decision.run[0], [0, 2]);
         assert_eq!(p.decision.run[2], [0, 2]);
         assert_eq!(p.free, [0, 0]);
+    }
+
+    #[test]
+    fn the_type_goes_to_the_job_that_gains_more_from_it() {
+        // a comes first (more of its remaining work per slot-round) and
+        // would take the fast type, where it is barely faster; b is 10×
+        // faster there. Trading places raises u_a + u_b from 2.1e-5 Δ to
+        // 2.9e-5 Δ.
+        let jobs = [job(1, 1, [2.0, 1.9], 1e5), job(2, 1, [10.0, 1.0], 1e6)];
+        let round = Round {
+            now_s: 0.0,
+            round_s: 60.0,
+            total: &[1, 1],
+            free: &[1, 1],
+            jobs: &jobs,
+        };
+        let p = pass(&round);
+        assert_eq!(p.order, [0, 1]);
+        p.decision.check(&round).expect("within the inventory");
+        assert_eq!(p.decision.run[0], [0, 1]);
+        assert_eq!(p.decision.run[1], [1, 0]);
+    }
+
+    #[test]
+    fn a_job_moves_to_free_slots_of_a_faster_type_and_spans_stay() {
+        let jobs = [
+            job(1, 2, [4.0, 1.0], 1e5),
+            job(2, 2, [4.0, 1.0], 1e5),
+            job(3, 2, [4.0, 1.0], 1e5),
+        ];
+        let round = Round {
+            now_s: 0.0,
+            round_s: 60.0,
+            total: &[3, 5],
+            free: &[3, 5],
+            jobs: &jobs,
+        };
+        // Job 0 on the slow type with 2 fast slots free: it moves. Job 1
+        // spans both types: left alone. Job 2 has nowhere faster to go.
+        let mut run = vec![vec![0, 2], vec![1, 1], vec![0, 2]];
+        let mut free = vec![2, 0];
+        exchange(&round, &mut run, &mut free);
+        assert_eq!(run, [vec![2, 0], vec![1, 1], vec![0, 2]]);
+        assert_eq!(free, [0, 2]);
+    }
+
+    #[test]
+    fn no_trade_puts_a_job_on_a_type_it_cannot_run_on() {
+        // b would gain far more from type 0 than a (long, so its utility is
+        // small anywhere) would lose, but a cannot run on type 1.
+        let jobs = [job(1, 1, [2.0, 0.0], 1e7), job(2, 1, [10.0, 1.0], 1e5)];
+        let round = Round {
+            now_s: 0.0,
+            round_s: 60.0,
+            total: &[1, 1],
+            free: &[0, 0],
+            jobs: &jobs,
+        };
+        let mut run = vec![vec![1, 0], vec![0, 1]];
+        let mut free = vec![0, 0];
+        exchange(&round, &mut run, &mut free);
+        assert_eq!(run, [vec![1, 0], vec![0, 1]]);
     }
 
     #[test]
