@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Every collective of gradwire against OpenMPI, MPICH and Gloo, in the same run.
+"""Every collective of gradwire, and its point-to-point, against OpenMPI, MPICH and Gloo, in the same run.
 
     python3 scripts/compare-collectives.py [-t shm|tcp] [-p RANKS] [-r ROUNDS]
         [-T SECONDS] [-c COLL,COLL,...] [-b MIN] [-e MAX] [-f FACTOR]
@@ -14,6 +14,11 @@ bench/peers/gloo_coll.py -n RANKS COLL -T SECONDS` (PyTorch's Gloo
 backend), all float32 sum (root 0), out of place (Gloo's all-reduce,
 broadcast and reduce in place, as torch.distributed has them), each timed
 loop sized to about SECONDS on the slowest rank, every result checked.
+`-c p2p` (in the default list; 2 ranks only) runs `gwbench p2p -T SECONDS`
+against `bench/peers/mpi_p2p` under each MPI (Gloo has no point-to-point
+program here): ping-pong latency, one-way and bidirectional bandwidth,
+each loop sized by time, sends in windows of 64; reported as p2p_lat
+(peer/gradwire, so above 1 is gradwire faster), p2p_bw and p2p_bibw.
 Transports: shm is gradwire's shared memory against OpenMPI's ob1 with its
 shared-memory BTL and MPICH's default (ch4 with UCX, which uses shared
 memory between local ranks); tcp is gradwire's TCP over loopback against
@@ -43,7 +48,10 @@ import subprocess
 import sys
 
 REPO = os.path.abspath(os.path.join(os.path.dirname(__file__), ".."))
-COLLS = ["allreduce", "reduce_scatter", "allgather", "broadcast", "reduce"]
+COLLS = ["allreduce", "reduce_scatter", "allgather", "broadcast", "reduce", "p2p"]
+# What a p2p run reports, each compared as a collective's busbw is; latency
+# is the one where lower is better.
+P2P_METRICS = {"p2p_lat": "latency_us", "p2p_bw": "bw", "p2p_bibw": "bibw"}
 BEHIND_FROM = 64 << 10
 
 
@@ -110,7 +118,11 @@ def build_peers(a, out):
                   f"{'openmpi-bin libopenmpi-dev' if name == 'openmpi' else 'mpich libmpich-dev'})")
             continue
         exe = os.path.join(out, f"mpi_coll.{name}")
+        p2p_exe = os.path.join(out, f"mpi_p2p.{name}")
+        p2p_src = os.path.join(REPO, "bench", "peers", "mpi_p2p.c")
         r = subprocess.run([cc, "-O2", "-o", exe, src, "-lm"], capture_output=True, text=True)
+        if r.returncode == 0:
+            r = subprocess.run([cc, "-O2", "-o", p2p_exe, p2p_src, "-lm"], capture_output=True, text=True)
         if r.returncode != 0:
             print(f"# skipped {name}: {cc} failed:\n{r.stderr}")
             continue
@@ -159,6 +171,7 @@ def run(argv, env, log):
 
 
 def gradwire(a, coll, sz, log):
+    """{size: busbw}, or for p2p {size: {metric: value}}."""
     target = os.environ.get("CARGO_TARGET_DIR", os.path.join(REPO, "target"))
     bindir = os.path.join(target, "release")
     js = log + ".json"
@@ -170,11 +183,20 @@ def gradwire(a, coll, sz, log):
         doc = json.load(f)
     if not doc.get("ok"):
         raise RuntimeError(f"gwbench found wrong results (see {js})")
+    if coll == "p2p":
+        return {row["size"]: {m: row[k] for m, k in P2P_METRICS.items()} for row in doc["rows"]}
     return {row["size"]: row["out_of_place"]["busbw"] for row in doc["rows"]}
 
 
 def peer(argv, env, a, coll, sz, log):
-    out = run(argv[:-1] + [argv[-1], coll, "-T", str(a.seconds)] + [f"{s}:1:5" for s in sz], env, log)
+    """As gradwire(): the peer program's figures for every size."""
+    if coll == "p2p":
+        if not argv[-1].startswith(os.path.join(a.out, "mpi_coll.")):
+            raise RuntimeError("no point-to-point program for this peer")
+        argv = argv[:-1] + [argv[-1].replace("mpi_coll.", "mpi_p2p.")]
+        out = run(argv + ["-T", str(a.seconds)] + [f"{s}:1:5" for s in sz], env, log)
+    else:
+        out = run(argv[:-1] + [argv[-1], coll, "-T", str(a.seconds)] + [f"{s}:1:5" for s in sz], env, log)
     got = {}
     for line in out.splitlines():
         if not line.startswith(("mpi coll=", "gloo coll=")):
@@ -182,7 +204,11 @@ def peer(argv, env, a, coll, sz, log):
         f = dict(kv.split("=", 1) for kv in line.split()[1:])
         if f["wrong"] != "0":
             raise RuntimeError(f"{log}: wrong results: {line}")
-        got[int(f["size"])] = float(f["busbw"])
+        if coll == "p2p":
+            got[int(f["size"])] = {"p2p_lat": float(f["lat_us"]), "p2p_bw": float(f["bw"]),
+                                   "p2p_bibw": float(f["bibw"])}
+        else:
+            got[int(f["size"])] = float(f["busbw"])
     return got
 
 
@@ -191,8 +217,13 @@ def main():
     os.makedirs(a.out, exist_ok=True)
     sz = sizes(a)
     peers = build_peers(a, a.out)
+    if "p2p" in a.colls and a.ranks != 2:
+        print(f"# skipped p2p: it runs on 2 ranks, not {a.ranks}")
+        a.colls = [c for c in a.colls if c != "p2p"]
+    # What is reported: every collective, and p2p as its three metrics.
+    shown = [m for c in a.colls for m in (P2P_METRICS if c == "p2p" else [c])]
     # busbw[coll][who][size] = [per round]
-    bw = {c: {w: {} for w in ["gradwire", *peers]} for c in a.colls}
+    bw = {c: {w: {} for w in ["gradwire", *peers]} for c in shown}
     for r in range(a.rounds):
         print(f"# round {r + 1} of {a.rounds}", flush=True)
         order = ["gradwire", *peers]
@@ -200,6 +231,8 @@ def main():
             order.reverse()
         for c in a.colls:
             for who in order:
+                if c == "p2p" and who == "gloo":
+                    continue  # no point-to-point program for Gloo here
                 log = os.path.join(a.out, f"{c}.{who}.{a.transport}{a.ranks}.r{r}.log")
                 try:
                     got = gradwire(a, c, sz, log) if who == "gradwire" else \
@@ -208,14 +241,19 @@ def main():
                     print(f"# {c} {who}: {e}", flush=True)
                     continue
                 for s, v in got.items():
-                    bw[c][who].setdefault(s, []).append(v)
+                    for m, x in (v.items() if c == "p2p" else [(c, v)]):
+                        bw[m][who].setdefault(s, []).append(x)
 
     results = {"transport": a.transport, "ranks": a.ranks, "rounds": a.rounds, "seconds": a.seconds,
                "collectives": {}}
     behind = []
-    for c in a.colls:
-        print(f"\n{c}, {a.transport}, {a.ranks} ranks: busbw GB/s (median over rounds); "
-              "gradwire/peer = median [min-max] of per-round ratios")
+    for c in shown:
+        lower_better = c == "p2p_lat"
+        what = {"p2p_lat": "ping-pong latency us", "p2p_bw": "one-way GB/s",
+                "p2p_bibw": "bidirectional GB/s"}.get(c, "busbw GB/s")
+        print(f"\n{c}, {a.transport}, {a.ranks} ranks: {what} (median over rounds); "
+              "gradwire/peer = median [min-max] of per-round ratios"
+              + (" of peer/gradwire time (above 1: gradwire faster)" if lower_better else ""))
         head = f"{'bytes':>10} {'gradwire':>9}"
         for p in peers:
             head += f" {p:>9} {'gradwire/' + p:>24}"
@@ -230,7 +268,7 @@ def main():
                 if not theirs or len(theirs) != len(gw[s]):
                     line += f" {'n/a':>9} {'n/a':>24}"
                     continue
-                ratios = [g / t for g, t in zip(gw[s], theirs) if t > 0]
+                ratios = [(t / g if lower_better else g / t) for g, t in zip(gw[s], theirs) if t > 0 and g > 0]
                 med = statistics.median(ratios)
                 mark = " behind" if s >= BEHIND_FROM and med < 1.0 else ""
                 if mark:

@@ -161,7 +161,7 @@ impl Sub {
 }
 
 /// The flags p2p refuses: they describe a reduction or a root it does not have.
-const COLL_ONLY: [&str; 6] = ["dtype", "redop", "root", "algo", "persistent", "time"];
+const COLL_ONLY: [&str; 5] = ["dtype", "redop", "root", "algo", "persistent"];
 /// The flags only p2p takes (its perftest shape).
 const P2P_ONLY: [&str; 2] = ["bidir", "lat"];
 
@@ -446,6 +446,9 @@ pub struct P2pOpts {
     pub json: Option<PathBuf>,
     /// `--op` (with `--bidir`, `--lat`): perftest's tables instead of gwbench's.
     pub perftest: Option<Perftest>,
+    /// `-T`: each of the three timed loops about this many seconds (`iters`
+    /// the least count), as for collectives.
+    pub time: Option<f64>,
 }
 
 /// The operation of `p2p --op`.
@@ -782,6 +785,10 @@ pub fn parse<S: Into<OsString>>(args: impl IntoIterator<Item = S>) -> Result<Com
                 ));
             }
         };
+        if perftest.is_some() && o.time.is_some() {
+            // perftest's tables count iterations (-n), as ib_write_bw's do.
+            return err("-T (--time) goes with gwbench's own p2p table, not with --op");
+        }
         return Ok(Command::P2p(P2pOpts {
             sizes,
             iters: o.iters,
@@ -789,6 +796,7 @@ pub fn parse<S: Into<OsString>>(args: impl IntoIterator<Item = S>) -> Result<Com
             check: o.check,
             json: o.json,
             perftest,
+            time: o.time,
         }));
     };
     let cmd = Cli::command();
@@ -1056,7 +1064,10 @@ mod tests {
         }
         for (args, want) in [
             ("p2p -d half", "-d (--datatype) does not apply to p2p"),
-            ("p2p -T 1", "-T (--time) does not apply to p2p"),
+            (
+                "p2p --op write -T 1",
+                "-T (--time) goes with gwbench's own p2p table, not with --op",
+            ),
             ("p2p --op=max", "-o (--op) does not apply to p2p"),
             ("p2p -r 0", "-r (--root) does not apply to p2p"),
             ("p2p -a ring", "-a (--algo) does not apply to p2p"),

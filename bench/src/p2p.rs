@@ -3,12 +3,15 @@
 //! Per size:
 //! - latency: ping-pong (rank 0 sends, rank 1 echoes), half the mean round
 //!   trip as rank 0 measures it;
-//! - one-way bandwidth: rank 0 posts `-n` sends back to back, rank 1 the
-//!   matching receives, then rank 1 acknowledges with one byte; rank 0's
-//!   time from the start to the acknowledgement;
-//! - bidirectional bandwidth: both ranks post `-n` sendrecv calls at once;
-//!   bytes moved in both directions over the slower rank's time;
+//! - one-way bandwidth: rank 0 posts `-n` sends, [`WINDOW`] at a time (as
+//!   osu_bw does), rank 1 the matching receives, then rank 1 acknowledges
+//!   with one byte; rank 0's time from the start to the acknowledgement;
+//! - bidirectional bandwidth: both ranks post `-n` sendrecv calls, a window
+//!   at a time; bytes moved in both directions over the slower rank's time;
 //! - with `-c 1`, one more exchange of a known pattern, checked byte by byte.
+//!
+//! With `-T` each of the three loops is sized by time instead of `-n`, as
+//! the collectives' are (`bench/peers/mpi_p2p.c` measures MPI the same way).
 //!
 //! Only point-to-point calls are used, so it runs without any collective
 //! algorithm.
@@ -25,8 +28,16 @@ pub fn pattern(src: u32, size: usize, i: usize) -> u8 {
     ((src as usize * 131 + i * 7 + size) % 251) as u8
 }
 
-/// Posts `k` transfers (each a send of `send`, a receive into `recv`, or both)
-/// back to back and waits for all of them.
+/// Transfers in flight at once in the bandwidth loops (osu_bw's window).
+/// Point-to-point messages all run at once, so without a window `-n` large
+/// messages would all be in flight together.
+pub const WINDOW: usize = 64;
+
+/// The most iterations `-T` sizes a loop to.
+const MAX_TIMED_ITERS: usize = 1 << 27;
+
+/// Posts `k` transfers (each a send of `send`, a receive into `recv`, or
+/// both), [`WINDOW`] at a time, and waits for all of them.
 fn post(
     comm: &Communicator,
     peer: u32,
@@ -36,25 +47,48 @@ fn post(
 ) -> Result<(), Error> {
     let s = send.map(|b| (peer, b.as_ptr(), b.len()));
     let r = recv.map(|b| (peer, b.as_mut_ptr(), b.len()));
-    let mut handles: Vec<Handle> = Vec::with_capacity(k);
+    let mut handles: Vec<Handle> = Vec::with_capacity(k.min(WINDOW));
     let mut first = None;
-    for _ in 0..k {
-        // SAFETY: the slices are borrowed for this whole function, and every
-        // submitted handle is waited for before it returns.
-        match unsafe { comm.sendrecv_raw(DType::U8, s, r) } {
-            Ok(h) => handles.push(h),
-            Err(e) => {
-                first = Some(e);
-                break;
+    let mut left = k;
+    while left > 0 && first.is_none() {
+        let w = left.min(WINDOW);
+        for _ in 0..w {
+            // SAFETY: the slices are borrowed for this whole function, and
+            // every submitted handle is waited for before it returns.
+            match unsafe { comm.sendrecv_raw(DType::U8, s, r) } {
+                Ok(h) => handles.push(h),
+                Err(e) => {
+                    first = Some(e);
+                    break;
+                }
             }
         }
-    }
-    for h in handles {
-        if let Err(e) = h.wait() {
-            first.get_or_insert(e);
+        for h in handles.drain(..) {
+            if let Err(e) = h.wait() {
+                first.get_or_insert(e);
+            }
         }
+        left -= w;
     }
     first.map_or(Ok(()), Err)
+}
+
+/// The three timed loops of a size's row.
+#[derive(Clone, Copy)]
+enum Loop {
+    PingPong,
+    Stream,
+    BothWays,
+}
+
+impl Loop {
+    fn name(self) -> &'static str {
+        match self {
+            Loop::PingPong => "ping-pong",
+            Loop::Stream => "one-way stream",
+            Loop::BothWays => "bidirectional exchange",
+        }
+    }
 }
 
 pub(crate) struct P2p<'a> {
@@ -93,15 +127,53 @@ impl P2p<'_> {
         }
     }
 
-    fn latency(&mut self, size: usize, warmup: usize, iters: usize) -> Result<f64, Error> {
-        for _ in 0..warmup {
-            self.round(size)?;
+    /// Seconds this rank spent on `k` iterations of `lp`.
+    fn timed(&mut self, lp: Loop, size: usize, k: usize) -> Result<f64, Error> {
+        match lp {
+            Loop::PingPong => self.pingpong(size, k),
+            Loop::Stream => self.stream(size, k),
+            Loop::BothWays => self.both_ways(size, k),
         }
+    }
+
+    /// Seconds this rank spent on `k` round trips.
+    fn pingpong(&mut self, size: usize, k: usize) -> Result<f64, Error> {
         let t0 = Instant::now();
-        for _ in 0..iters {
+        for _ in 0..k {
             self.round(size)?;
         }
-        Ok(t0.elapsed().as_secs_f64() / iters as f64 / 2.0)
+        Ok(t0.elapsed().as_secs_f64())
+    }
+
+    /// The larger of the two ranks' `mine`.
+    fn slower(&mut self, mine: f64) -> Result<f64, Error> {
+        let mut theirs = [0.0f64];
+        self.comm
+            .sendrecv(&[mine], self.peer, &mut theirs, self.peer)?;
+        Ok(mine.max(theirs[0]))
+    }
+
+    /// `-T`: the count whose `timed` loop lasts about `target` seconds on
+    /// the slower rank, from timing 1, 2, 4, ... until a loop lasts a tenth
+    /// of it; never fewer than `least`. Both ranks scale the same time, so
+    /// both run the same count.
+    fn count_for(
+        &mut self,
+        target: f64,
+        least: usize,
+        size: usize,
+        lp: Loop,
+    ) -> Result<usize, Error> {
+        let mut k = 1usize;
+        loop {
+            let mine = self.timed(lp, size, k)?;
+            let t = self.slower(mine)?;
+            if t >= target / 10.0 || k >= MAX_TIMED_ITERS {
+                let n = (k as f64 * target / t.max(1e-9)).ceil();
+                return Ok((n as usize).clamp(least, MAX_TIMED_ITERS.max(least)));
+            }
+            k *= 2;
+        }
     }
 
     /// Seconds for `k` one-way messages plus the acknowledgement (rank 0).
@@ -131,10 +203,7 @@ impl P2p<'_> {
             Some(&mut self.recv[..size]),
         )?;
         let mine = t0.elapsed().as_secs_f64();
-        let mut theirs = [0.0f64];
-        self.comm
-            .sendrecv(&[mine], self.peer, &mut theirs, self.peer)?;
-        Ok(mine.max(theirs[0]))
+        self.slower(mine)
     }
 
     /// Exchanges the pattern once; wrong bytes on (this rank, both ranks).
@@ -192,7 +261,7 @@ pub fn run(comm: &Communicator, o: &P2pOpts) -> Result<bool, Fail> {
         max_bytes: o.sizes.max,
         step_factor: o.sizes.factor,
         iters: o.iters,
-        time_s: None,
+        time_s: o.time,
         warmup: o.warmup,
         check: o.check,
         ranks: comm
@@ -239,23 +308,28 @@ pub fn run(comm: &Communicator, o: &P2pOpts) -> Result<bool, Fail> {
         for (i, x) in b.send[..size].iter_mut().enumerate() {
             *x = pattern(me, size, i);
         }
-        let lat = b
-            .latency(size, o.warmup, o.iters)
-            .map_err(lib("ping-pong", size))?;
-        if o.warmup > 0 {
-            b.stream(size, o.warmup)
-                .map_err(lib("one-way warm-up", size))?;
+        // Each loop: its warm-up, its count (-n, or sized by -T), its timing.
+        let mut secs = [0.0f64; 3];
+        let mut counts = [o.iters; 3];
+        for (l, lp) in [Loop::PingPong, Loop::Stream, Loop::BothWays]
+            .into_iter()
+            .enumerate()
+        {
+            let what = lp.name();
+            if o.warmup > 0 {
+                b.timed(lp, size, o.warmup)
+                    .map_err(lib(&format!("{what} warm-up"), size))?;
+            }
+            if let Some(t) = o.time {
+                counts[l] = b
+                    .count_for(t, o.iters, size, lp)
+                    .map_err(lib(&format!("{what} loop sizing"), size))?;
+            }
+            secs[l] = b.timed(lp, size, counts[l]).map_err(lib(what, size))?;
         }
-        let one = b
-            .stream(size, o.iters)
-            .map_err(lib("one-way stream", size))?;
-        if o.warmup > 0 {
-            b.both_ways(size, o.warmup)
-                .map_err(lib("bidirectional warm-up", size))?;
-        }
-        let two = b
-            .both_ways(size, o.iters)
-            .map_err(lib("bidirectional exchange", size))?;
+        // Rank 0's round trips, as ping-pong latency is reported.
+        let lat = secs[0] / counts[0] as f64 / 2.0;
+        let (one, two) = (secs[1], secs[2]);
         let wrong = if o.check {
             let (mine, total) = b.check(size).map_err(lib("checked exchange", size))?;
             // Each rank's failed check counts once, as in the collective table.
@@ -267,12 +341,11 @@ pub fn run(comm: &Communicator, o: &P2pOpts) -> Result<bool, Fail> {
         } else {
             None
         };
-        let bytes = (size * o.iters) as f64;
         let row = P2pRow {
             size,
             latency_us: lat * 1e6,
-            bw: bytes / one / 1e9,
-            bibw: 2.0 * bytes / two / 1e9,
+            bw: (size * counts[1]) as f64 / one / 1e9,
+            bibw: 2.0 * (size * counts[2]) as f64 / two / 1e9,
             wrong,
         };
         print(&report::p2p_row_line(&row));

@@ -628,6 +628,61 @@ fn p2p_two_ranks() {
     assert_eq!(v["rows"][4]["size"], 32768, "{j}");
 }
 
+/// `p2p -T`: each of a row's three loops is sized to about the target, so
+/// two sizes take at least 6 × 0.1 s; the header says so; `-J` keeps it.
+#[test]
+fn p2p_time_sized_loops() {
+    let json = std::env::temp_dir().join(format!("gwbench-test-{}-p2pT.json", std::process::id()));
+    let t0 = std::time::Instant::now();
+    let r = bench(
+        2,
+        &[
+            "p2p",
+            "-b",
+            "1K",
+            "-e",
+            "64K",
+            "-f",
+            "64",
+            "-n",
+            "1",
+            "-w",
+            "1",
+            "-T",
+            "0.1",
+            "-J",
+            json.to_str().unwrap(),
+        ],
+    );
+    let took = t0.elapsed();
+    assert_eq!(r.code, Some(0), "{}", r.all());
+    assert!(took >= Duration::from_millis(600), "{took:?}\n{}", r.all());
+    assert!(
+        r.rank0()
+            .iter()
+            .any(|l| l.ends_with("timed loops: about 0.1 s each")),
+        "{}",
+        r.all()
+    );
+    let j = std::fs::read_to_string(&json).unwrap();
+    let _ = std::fs::remove_file(&json);
+    let v: serde_json::Value = serde_json::from_str(&j).expect("-J writes valid JSON");
+    assert_eq!(v["header"]["time_s"], 0.1, "{j}");
+    assert_eq!(v["ok"], true, "{j}");
+    for (row, size) in v["rows"]
+        .as_array()
+        .expect("rows")
+        .iter()
+        .zip([1024, 65536])
+    {
+        assert_eq!(row["size"], size, "{j}");
+        assert_eq!(row["wrong"], 0, "{j}");
+        for k in ["latency_us", "bw", "bibw"] {
+            assert!(row[k].as_f64().is_some_and(|x| x > 0.0), "{k}: {j}");
+        }
+    }
+}
+
 #[test]
 fn p2p_refuses_other_world_sizes() {
     let r = bench(3, &["p2p", "-e", "8"]);

@@ -1,5 +1,6 @@
 //! The peer programs of `scripts/compare-collectives.py` compute what
-//! they time: `bench/peers/mpi_coll.c`, built with OpenMPI's compiler, and
+//! they time: `bench/peers/mpi_coll.c` and `mpi_p2p.c`, built with
+//! OpenMPI's compiler, and
 //! `bench/peers/gloo_coll.py` (PyTorch's Gloo backend) run every
 //! collective at 2 and 3 ranks (a size that is not a multiple of the
 //! ranks' blocks included) and must report every element right and the
@@ -30,8 +31,14 @@ fn have(tool: &str) -> bool {
         .is_ok_and(|o| o.status.success())
 }
 
-/// The program built into a fresh directory, or `None` (said) without OpenMPI.
+/// `mpi_coll` built into a fresh directory, or `None` (said) without OpenMPI.
 fn build() -> Option<PathBuf> {
+    build_named("mpi_coll")
+}
+
+/// `bench/peers/NAME.c` built into a fresh directory, or `None` (said)
+/// without OpenMPI.
+fn build_named(name: &str) -> Option<PathBuf> {
     if !(have("mpicc.openmpi") && have("mpirun.openmpi")) {
         if std::env::var("GW_TEST_MPI").as_deref() == Ok("required") {
             panic!("GW_TEST_MPI=required but mpicc.openmpi or mpirun.openmpi is missing");
@@ -43,8 +50,8 @@ fn build() -> Option<PathBuf> {
     }
     let dir = std::env::temp_dir().join(format!("gw-peer-programs-{}", std::process::id()));
     std::fs::create_dir_all(&dir).expect("temp dir");
-    let exe = dir.join("mpi_coll");
-    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("peers/mpi_coll.c");
+    let exe = dir.join(name);
+    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join(format!("peers/{name}.c"));
     let out = Command::new("mpicc.openmpi")
         .args(["-O2", "-Wall", "-Werror", "-o"])
         .arg(&exe)
@@ -244,6 +251,61 @@ fn time_sized_loops_and_bad_arguments() {
         assert!(!out.status.success(), "{args:?} was accepted");
         assert!(
             String::from_utf8_lossy(&out.stderr).contains("mpi_coll: "),
+            "{args:?}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+}
+
+/// `mpi_p2p`: every exchange checked, gwbench's columns, `-n` counts
+/// honoured, `-T` sizing all three loops, bad arguments refused.
+#[test]
+fn p2p_program_is_right_and_time_sized() {
+    let Some(exe) = build_named("mpi_p2p") else {
+        return;
+    };
+    let text = mpirun(&exe, 2, &SIZES);
+    let got = rows(&text);
+    assert_eq!(got.len(), 3, "{text}");
+    for (row, size) in got.iter().zip(["8", "1000", "65536"]) {
+        assert_eq!(field(row, "coll"), "p2p");
+        assert_eq!(field(row, "size"), size, "{row:?}");
+        assert_eq!(field(row, "wrong"), "0", "{row:?}");
+        assert_eq!(field(row, "iters"), "3,3,3", "{row:?}");
+        for k in ["lat_us", "bw", "bibw"] {
+            let x: f64 = field(row, k).parse().expect(k);
+            assert!(x > 0.0 && x.is_finite(), "{k}: {row:?}");
+        }
+    }
+    let t0 = Instant::now();
+    let text = mpirun(&exe, 2, &["-T", "0.1", "4096:1:1"]);
+    let got = rows(&text);
+    assert_eq!(got.len(), 1, "{text}");
+    assert!(t0.elapsed() >= Duration::from_millis(300), "{text}");
+    let iters: Vec<u64> = field(&got[0], "iters")
+        .split(',')
+        .map(|x| x.parse().expect("iters"))
+        .collect();
+    assert!(iters.len() == 3 && iters.iter().all(|&k| k > 1), "{text}");
+    for (ranks, args) in [
+        (3u32, &["8:1:1"][..]),
+        (2, &["8:0:1"][..]),
+        (2, &["-T", "0", "8:1:1"][..]),
+    ] {
+        let out = Command::new("mpirun.openmpi")
+            .args([
+                "--allow-run-as-root",
+                "--oversubscribe",
+                "-n",
+                &ranks.to_string(),
+            ])
+            .arg(&exe)
+            .args(args)
+            .output()
+            .expect("run mpirun.openmpi");
+        assert!(!out.status.success(), "{ranks} ranks {args:?} was accepted");
+        assert!(
+            String::from_utf8_lossy(&out.stderr).contains("mpi_p2p: "),
             "{args:?}: {}",
             String::from_utf8_lossy(&out.stderr)
         );
