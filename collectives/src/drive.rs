@@ -280,6 +280,14 @@ pub(crate) fn engine_thread(driver: Arc<Driver>, mut poll: Poll, started: SyncSe
                     Err(err) if err.kind() == std::io::ErrorKind::Interrupted => {}
                     Err(err) => e.poll_failed(err),
                 }
+                drop(e);
+                // Waiting, not idle (a message posted long before its peer
+                // sends keeps the engine from parking): a persistent round
+                // left for a `wait` still runs once nothing has moved for
+                // as long as a park, as it would from a park.
+                if st.idle_for() >= PARK_MAX {
+                    crate::deferred::take_over(&driver);
+                }
             }
         }
     }

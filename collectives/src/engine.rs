@@ -9,6 +9,10 @@
 //! allows), so each one runs as soon as it is submitted, beside the ordered
 //! operation and the other messages. Their tags (a per-pair, per-direction
 //! message number) keep them apart from each other and from collectives.
+//! Memory keeps its order, though: an operation never starts while an
+//! earlier one that touches the same bytes, one of them writing, has not
+//! ended (`OpDesc::conflicts`), so `isend(t)` after a non-blocking
+//! all-reduce of `t` sends the reduced `t`, as it would on one CUDA stream.
 //! Who turns the engine is `drive.rs`'s business: its own thread, so that a
 //! non-blocking collective advances while the caller computes, or a caller
 //! blocked on its operation, which saves the hand-offs between threads.
@@ -661,6 +665,13 @@ impl Engine {
     }
 
     fn start_next(&mut self) {
+        // Not while a message still uses its memory (see the module comment).
+        if self.failed.is_none()
+            && let Some(front) = self.queue.front()
+            && self.messages.iter().any(|m| m.op.conflicts(front))
+        {
+            return;
+        }
         let Some(mut op) = self.queue.pop_front() else {
             return;
         };
@@ -752,7 +763,8 @@ impl Engine {
     }
 
     /// Starts every point-to-point message queued, wherever it stands in
-    /// the queue: it waits for nothing the other ranks order.
+    /// the queue (it waits for nothing the other ranks order), unless an
+    /// earlier operation still to end touches its memory.
     fn start_messages(&mut self) {
         if self.failed.is_some() || !self.queue.iter().any(|op| op.fp.is_message()) {
             return;
@@ -760,7 +772,7 @@ impl Engine {
         let nt = self.transports.len();
         let mut i = 0;
         while i < self.queue.len() {
-            if !self.queue[i].fp.is_message() {
+            if !self.queue[i].fp.is_message() || self.held_back(i) {
                 i += 1;
                 continue;
             }
@@ -792,6 +804,18 @@ impl Engine {
                 ))),
             }
         }
+    }
+
+    /// Whether queued operation `i` touches memory that the running
+    /// operations, or those queued before it, still use.
+    fn held_back(&self, i: usize) -> bool {
+        let op = &self.queue[i];
+        self.current
+            .iter()
+            .chain(&self.messages)
+            .map(|r| &r.op)
+            .chain(self.queue.iter().take(i))
+            .any(|earlier| earlier.conflicts(op))
     }
 
     /// An operation about to run, holding `spare`'s vectors.

@@ -187,6 +187,27 @@ pub(crate) struct OpDesc {
     pub done: Arc<Completion>,
 }
 
+impl OpDesc {
+    /// Whether `self` and `other` touch the same bytes and at least one of
+    /// them writes them (a send buffer is read, a receive buffer written):
+    /// then the later of the two must not start before the earlier ends,
+    /// whatever kinds of operation they are. Point-to-point messages run
+    /// out of posting order only where this says they may.
+    pub fn conflicts(&self, other: &OpDesc) -> bool {
+        let spans = |o: &OpDesc| {
+            [
+                (o.send.0 as usize, o.send_bytes, false),
+                (o.recv.0 as usize, o.recv_bytes, true),
+            ]
+        };
+        spans(self).iter().any(|&(a, n, wa)| {
+            spans(other).iter().any(|&(b, m, wb)| {
+                (wa || wb) && n > 0 && m > 0 && a < b.saturating_add(m) && b < a.saturating_add(n)
+            })
+        })
+    }
+}
+
 pub(crate) enum Msg {
     Op(OpDesc),
     Shutdown,

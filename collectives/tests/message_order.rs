@@ -1,0 +1,183 @@
+//! Point-to-point messages run beside collectives, out of posting order,
+//! but never out of order with an earlier operation on the same memory:
+//! an `isend` of a buffer that a non-blocking all-reduce is still writing
+//! sends the reduced values, and a non-blocking all-reduce of a buffer an
+//! `irecv` is still filling reduces what arrived. Over shared memory and
+//! TCP, 2 ranks, 4 MiB (so that starting early would read or write half
+//! done buffers), several rounds. And a receive left waiting does not keep
+//! a persistent round left for its `wait` from running.
+
+// Only its rank runner is used here.
+#[allow(dead_code)]
+mod common;
+
+use common::on_each_rank;
+use gw_collectives::local::local_world;
+use gw_collectives::{DType, Error, OpKind, RawOp, RedOp, TransportChoice};
+use std::time::{Duration, Instant};
+
+const COUNT: usize = 1 << 20;
+const ROUNDS: usize = 4;
+
+fn all_reduce_in_place(buf: &mut [f32]) -> RawOp {
+    RawOp {
+        kind: OpKind::AllReduce,
+        dtype: DType::F32,
+        redop: RedOp::Sum,
+        count: buf.len(),
+        root: 0,
+        send: buf.as_ptr().cast(),
+        recv: buf.as_mut_ptr().cast(),
+        weight: None,
+    }
+}
+
+fn check(t: TransportChoice, key: &'static str) {
+    let (_store, comms) =
+        local_world(2, key, |_, cfg| cfg.transport.set(t)).expect("communicators");
+    on_each_rank(comms, key, move |c| {
+        let me = c.rank();
+        let peer = 1 - me;
+        let err = |e: Error| format!("{key} rank {me}: {e}");
+        for round in 0..ROUNDS {
+            let r = round as f32;
+            // 1. Rank 0: all-reduce t, then isend t at once. Rank 1: the
+            //    all-reduce, then receive. Rank 1 must get the sums.
+            let mut t: Vec<f32> = (0..COUNT)
+                .map(|i| (i % 97) as f32 + r + me as f32)
+                .collect();
+            let mut got = vec![0f32; COUNT];
+            // SAFETY: t and got are neither moved nor touched until both
+            // handles have been waited for.
+            let (ar, p2p) = unsafe {
+                let ar = c
+                    .submit_raw(all_reduce_in_place(&mut t), None)
+                    .map_err(err)?;
+                let p2p = if me == 0 {
+                    c.sendrecv_raw(DType::F32, Some((peer, t.as_ptr().cast(), COUNT)), None)
+                } else {
+                    c.sendrecv_raw(
+                        DType::F32,
+                        None,
+                        Some((peer, got.as_mut_ptr().cast(), COUNT)),
+                    )
+                }
+                .map_err(err)?;
+                (ar, p2p)
+            };
+            ar.wait().map_err(err)?;
+            p2p.wait().map_err(err)?;
+            let sum = |i: usize| 2.0 * ((i % 97) as f32 + r) + 1.0;
+            if me == 1
+                && let Some(i) = (0..COUNT).find(|&i| got[i] != sum(i))
+            {
+                return Err(format!(
+                    "{key} round {round}: element {i} sent after the all-reduce is {}, the sum is {}",
+                    got[i],
+                    sum(i)
+                ));
+            }
+            // 2. Rank 0: irecv into u, then all-reduce u at once. Rank 1:
+            //    a pause, the send, then the all-reduce of its own v. Rank
+            //    0's all-reduce must reduce what arrived.
+            let mut u = vec![-1f32; COUNT];
+            let mut v: Vec<f32> = (0..COUNT).map(|i| (i % 89) as f32 * 2.0 + r).collect();
+            if me == 0 {
+                // SAFETY: as above, for u.
+                let (rx, ar) = unsafe {
+                    let rx = c
+                        .sendrecv_raw(DType::F32, None, Some((peer, u.as_mut_ptr().cast(), COUNT)))
+                        .map_err(err)?;
+                    let ar = c
+                        .submit_raw(all_reduce_in_place(&mut u), None)
+                        .map_err(err)?;
+                    (rx, ar)
+                };
+                rx.wait().map_err(err)?;
+                ar.wait().map_err(err)?;
+                let want = |i: usize| 2.0 * ((i % 89) as f32 * 2.0 + r);
+                if let Some(i) = (0..COUNT).find(|&i| u[i] != want(i)) {
+                    return Err(format!(
+                        "{key} round {round}: element {i} of the all-reduce after the receive is {}, want {}",
+                        u[i],
+                        want(i)
+                    ));
+                }
+            } else {
+                std::thread::sleep(Duration::from_millis(50));
+                c.send(peer, &v).map_err(err)?;
+                c.all_reduce_in_place(&mut v, RedOp::Sum).map_err(err)?;
+            }
+        }
+        Ok(())
+    });
+}
+
+#[test]
+fn messages_keep_their_order_with_operations_on_the_same_memory_shm() {
+    check(TransportChoice::Shm, "message_order_shm");
+}
+
+#[test]
+fn messages_keep_their_order_with_operations_on_the_same_memory_tcp() {
+    check(TransportChoice::Tcp, "message_order_tcp");
+}
+
+/// Rank 0 posts a receive, then starts a small persistent all-reduce (left
+/// for its `wait`, see `deferred.rs`) and waits for the receive; rank 1
+/// sends only after its own round of that all-reduce, which needs rank 0's.
+/// The engine, kept from parking by the pending receive, must still run
+/// rank 0's round once nothing has moved for its parking time.
+fn deferred_round_beside_a_waiting_message(t: TransportChoice, key: &'static str) {
+    let (_store, comms) = local_world(2, key, |_, cfg| {
+        cfg.transport.set(t);
+        cfg.timeout.set(Duration::from_secs(20));
+    })
+    .expect("communicators");
+    on_each_rank(comms, key, move |c| {
+        let me = c.rank();
+        let peer = 1 - me;
+        let err = |e: Error| format!("{key} rank {me}: {e}");
+        let mut send = vec![me as f32 + 1.0; 16];
+        let mut recv = vec![0f32; 16];
+        let mut msg = vec![0f32; 8];
+        let t0 = Instant::now();
+        {
+            let mut req = c
+                .all_reduce_init(&mut send, &mut recv, RedOp::Sum)
+                .map_err(err)?;
+            if me == 0 {
+                // SAFETY: msg is untouched until the receive is waited for.
+                let rx = unsafe {
+                    c.sendrecv_raw(DType::F32, None, Some((peer, msg.as_mut_ptr().cast(), 8)))
+                }
+                .map_err(err)?;
+                req.start().map_err(err)?;
+                rx.wait().map_err(err)?;
+                req.wait().map_err(err)?;
+            } else {
+                req.start().map_err(err)?;
+                req.wait().map_err(err)?;
+                c.send(peer, &[7f32; 8]).map_err(err)?;
+            }
+        }
+        if recv.iter().any(|x| *x != 3.0) || (me == 0 && msg.iter().any(|x| *x != 7.0)) {
+            return Err(format!("{key} rank {me}: wrong results {recv:?} {msg:?}"));
+        }
+        let took = t0.elapsed();
+        if took > Duration::from_secs(10) {
+            return Err(format!("{key} rank {me}: took {took:?}"));
+        }
+        Ok(())
+    });
+}
+
+#[test]
+fn a_waiting_message_does_not_hold_back_a_deferred_round_shm() {
+    deferred_round_beside_a_waiting_message(TransportChoice::Shm, "message_order_deferred_shm");
+}
+
+#[test]
+fn a_waiting_message_does_not_hold_back_a_deferred_round_tcp() {
+    deferred_round_beside_a_waiting_message(TransportChoice::Tcp, "message_order_deferred_tcp");
+}
