@@ -145,14 +145,12 @@ impl Running {
         if self.trace_us > 0.0 {
             let fp = &self.op.fp;
             let bytes = fp.count * fp.dtype.size() as u64;
-            trace::record(
-                fp.op.name(),
-                trace::Lane::Collective,
-                self.trace_us,
-                fp.seq,
-                bytes,
-                None,
-            );
+            let lane = if fp.is_message() {
+                trace::Lane::Message
+            } else {
+                trace::Lane::Collective
+            };
+            trace::record(fp.op.name(), lane, self.trace_us, fp.seq, bytes, None);
         }
     }
 }

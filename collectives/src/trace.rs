@@ -67,6 +67,9 @@ pub(crate) enum Lane {
     Transfer = 1,
     Wait = 2,
     Compute = 3,
+    /// Point-to-point messages, which run beside the collectives (a lane
+    /// of their own, since a viewer cannot draw overlapping slices on one).
+    Message = 4,
 }
 
 struct Event {
@@ -151,6 +154,7 @@ pub(crate) fn flush(path: &str) -> std::io::Result<()> {
         (1, "transfers"),
         (2, "waits"),
         (3, "compute"),
+        (4, "messages"),
     ] {
         let _ = writeln!(
             text,
@@ -202,6 +206,7 @@ mod tests {
         record("all_reduce", Lane::Collective, t0, SEQ, 4096, None);
         record("send", Lane::Transfer, t0, SEQ, 2048, Some(1));
         crate::trace_span("compute", std::time::Instant::now(), SEQ);
+        record("send/recv", Lane::Message, t0, SEQ, 0, None);
         flush(path).expect("flush");
         // A second rank appends to the same file.
         if let Ok(mut s) = STATE.lock() {
@@ -219,7 +224,7 @@ mod tests {
             .iter()
             .filter(|e| e["ph"] == "X" && e["args"]["seq"] == SEQ)
             .collect();
-        assert_eq!(events.len(), 4);
+        assert_eq!(events.len(), 5);
         assert_eq!(events[0]["name"], "all_reduce");
         assert_eq!(events[0]["args"]["bytes"], 4096);
         assert_eq!(events[1]["args"]["peer"], 1);
@@ -227,7 +232,18 @@ mod tests {
             (&events[2]["name"], &events[2]["tid"]),
             (&"compute".into(), &3.into())
         );
-        assert_eq!(events[3]["pid"], 1);
+        assert_eq!(
+            (&events[3]["name"], &events[3]["tid"]),
+            (&"send/recv".into(), &4.into())
+        );
+        assert_eq!(events[4]["pid"], 1);
+        assert!(
+            v.as_array()
+                .expect("array")
+                .iter()
+                .any(|e| e["ph"] == "M" && e["tid"] == 4 && e["args"]["name"] == "messages"),
+            "the messages lane is named"
+        );
         assert!(
             events
                 .iter()
