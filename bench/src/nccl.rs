@@ -20,6 +20,27 @@ use std::time::Instant;
 /// more for a second; none is that fast).
 const MAX_TIMED_ITERS: usize = 1 << 27;
 
+/// `-T`: the count whose loop lasts about `target` seconds, from timing 1,
+/// 2, 4, ... iterations until a batch lasts a tenth of it; never fewer
+/// than `least`. `time(k)` runs k iterations and returns the slowest
+/// rank's seconds, the same on every rank, so all derive the same count.
+/// The collectives' loops and p2p's use it alike.
+pub(crate) fn count_for_time<E>(
+    target: f64,
+    least: usize,
+    mut time: impl FnMut(usize) -> Result<f64, E>,
+) -> Result<usize, E> {
+    let mut k = 1usize;
+    loop {
+        let t = time(k)?;
+        if t >= target / 10.0 || k >= MAX_TIMED_ITERS {
+            let n = (k as f64 * target / t.max(1e-9)).ceil();
+            return Ok((n as usize).clamp(least, MAX_TIMED_ITERS.max(least)));
+        }
+        k *= 2;
+    }
+}
+
 /// Buffer sizes of one row, in elements (nccl-tests' `getCollByteCount`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Layout {
@@ -498,10 +519,8 @@ impl<'a, T: Value> Bench<'a, T> {
         Ok(max[0])
     }
 
-    /// `-T`: the count whose loop lasts about `target` seconds on the
-    /// slowest rank, from timing 1, 2, 4, ... calls until a batch lasts a
-    /// tenth of it; never fewer than `-n`. Every rank scales the same
-    /// all-reduced time, so all run the same count.
+    /// `-T`: the count of calls whose loop lasts about `target` seconds on
+    /// the slowest rank (see [`count_for_time`]); never fewer than `-n`.
     fn iters_for(
         &mut self,
         target: f64,
@@ -509,17 +528,12 @@ impl<'a, T: Value> Bench<'a, T> {
         in_place: bool,
         size: usize,
     ) -> Result<usize, Fail> {
-        let mut k = 1usize;
-        loop {
+        let least = self.o.iters;
+        count_for_time(target, least, |k| {
             let t0 = Instant::now();
             self.call(l, in_place, k, "loop sizing", size)?;
-            let t = self.slowest(t0.elapsed().as_secs_f64())?;
-            if t >= target / 10.0 || k >= MAX_TIMED_ITERS {
-                let n = (k as f64 * target / t.max(1e-9)).ceil();
-                return Ok((n as usize).clamp(self.o.iters, MAX_TIMED_ITERS.max(self.o.iters)));
-            }
-            k *= 2;
-        }
+            self.slowest(t0.elapsed().as_secs_f64())
+        })
     }
 
     /// Wrong elements in this rank's result.

@@ -33,9 +33,6 @@ pub fn pattern(src: u32, size: usize, i: usize) -> u8 {
 /// messages would all be in flight together.
 pub const WINDOW: usize = 64;
 
-/// The most iterations `-T` sizes a loop to.
-const MAX_TIMED_ITERS: usize = 1 << 27;
-
 /// Posts `k` transfers (each a send of `send`, a receive into `recv`, or
 /// both), [`WINDOW`] at a time, and waits for all of them.
 fn post(
@@ -153,10 +150,9 @@ impl P2p<'_> {
         Ok(mine.max(theirs[0]))
     }
 
-    /// `-T`: the count whose `timed` loop lasts about `target` seconds on
-    /// the slower rank, from timing 1, 2, 4, ... until a loop lasts a tenth
-    /// of it; never fewer than `least`. Both ranks scale the same time, so
-    /// both run the same count.
+    /// `-T`: the count whose `lp` loop lasts about `target` seconds on the
+    /// slower rank (see [`crate::nccl::count_for_time`]); never fewer than
+    /// `least`.
     fn count_for(
         &mut self,
         target: f64,
@@ -164,16 +160,10 @@ impl P2p<'_> {
         size: usize,
         lp: Loop,
     ) -> Result<usize, Error> {
-        let mut k = 1usize;
-        loop {
+        crate::nccl::count_for_time(target, least, |k| {
             let mine = self.timed(lp, size, k)?;
-            let t = self.slower(mine)?;
-            if t >= target / 10.0 || k >= MAX_TIMED_ITERS {
-                let n = (k as f64 * target / t.max(1e-9)).ceil();
-                return Ok((n as usize).clamp(least, MAX_TIMED_ITERS.max(least)));
-            }
-            k *= 2;
-        }
+            self.slower(mine)
+        })
     }
 
     /// Seconds for `k` one-way messages plus the acknowledgement (rank 0).
