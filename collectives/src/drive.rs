@@ -14,8 +14,9 @@
 //!
 //! The [`Engine`] sits behind one mutex; whoever holds it turns the engine,
 //! so collectives still run one at a time in submission order (and
-//! point-to-point messages beside them) whichever thread runs them. The engine thread never holds the lock while it sleeps
-//! in the poller, and parks (off the poller) while a caller drives.
+//! point-to-point messages beside them) whichever thread runs them. The
+//! engine thread never holds the lock while it sleeps in the poller, and
+//! parks (off the poller) while a caller drives.
 //! `GW_INLINE=0` turns caller driving off.
 
 use crate::deferred::Deferrable;
