@@ -409,6 +409,64 @@ gwResult_t gwReduce(const void *sendbuff,
 gwResult_t gwBarrier(gwComm_t comm);
 
 /**
+ * `gwAllReduce` ordered on CUDA stream `stream` (a `cudaStream_t`; NULL is
+ * the default stream), as `ncclAllReduce`: `sendbuff` is read after the
+ * work queued before the call on `stream`, and work queued after it sees
+ * `recvbuff`. Buffers may be device or host memory.
+ */
+gwResult_t gwAllReduceStream(const void *sendbuff,
+                             void *recvbuff,
+                             size_t count,
+                             gwDataType_t datatype,
+                             gwRedOp_t op,
+                             gwComm_t comm,
+                             void *stream);
+
+/**
+ * `gwReduceScatter` ordered on `stream`, as `gwAllReduceStream`.
+ */
+gwResult_t gwReduceScatterStream(const void *sendbuff,
+                                 void *recvbuff,
+                                 size_t recvcount,
+                                 gwDataType_t datatype,
+                                 gwRedOp_t op,
+                                 gwComm_t comm,
+                                 void *stream);
+
+/**
+ * `gwAllGather` ordered on `stream`, as `gwAllReduceStream`.
+ */
+gwResult_t gwAllGatherStream(const void *sendbuff,
+                             void *recvbuff,
+                             size_t sendcount,
+                             gwDataType_t datatype,
+                             gwComm_t comm,
+                             void *stream);
+
+/**
+ * `gwBroadcast` ordered on `stream`, as `gwAllReduceStream`.
+ */
+gwResult_t gwBroadcastStream(const void *sendbuff,
+                             void *recvbuff,
+                             size_t count,
+                             gwDataType_t datatype,
+                             int root,
+                             gwComm_t comm,
+                             void *stream);
+
+/**
+ * `gwReduce` ordered on `stream`, as `gwAllReduceStream`.
+ */
+gwResult_t gwReduceStream(const void *sendbuff,
+                          void *recvbuff,
+                          size_t count,
+                          gwDataType_t datatype,
+                          gwRedOp_t op,
+                          int root,
+                          gwComm_t comm,
+                          void *stream);
+
+/**
  * Starts `gwAllReduce` and returns at once with `*request`; the buffers must
  * stay valid and untouched until `gwWait` returns. Ordering as `gwAllReduce`.
  */

@@ -28,6 +28,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Duration;
 
+mod cuda;
 pub mod step;
 
 /// Library version, `major * 10000 + minor * 100 + patch`.
@@ -160,6 +161,8 @@ pub struct gwConfig_t {
 
 struct CommState {
     comm: Communicator,
+    /// Device state: staging buffers, peers' IPC mappings.
+    cuda: cuda::CommCuda,
     /// Every message reported for this communicator, kept until destroy so
     /// that pointers returned by `gwGetLastError` stay valid.
     errors: Mutex<Vec<CString>>,
@@ -369,6 +372,52 @@ fn raw(kind: OpKind, dt: DType, op: RedOp, count: usize, send: *const u8, recv: 
     }
 }
 
+/// A reducing collective's operation from the C arguments (every form of
+/// all-reduce, reduce-scatter and reduce builds it the same way).
+fn reducing(
+    kind: OpKind,
+    sendbuff: *const std::ffi::c_void,
+    recvbuff: *mut std::ffi::c_void,
+    count: usize,
+    datatype: DataTypeArg,
+    op: RedOpArg,
+) -> CResult<RawOp> {
+    Ok(raw(
+        kind,
+        dtype(datatype)?,
+        redop(op)?,
+        count,
+        sendbuff.cast(),
+        recvbuff.cast(),
+    ))
+}
+
+/// A collective that moves data without reducing it (all-gather, broadcast).
+fn plain(
+    kind: OpKind,
+    sendbuff: *const std::ffi::c_void,
+    recvbuff: *mut std::ffi::c_void,
+    count: usize,
+    datatype: DataTypeArg,
+) -> CResult<RawOp> {
+    Ok(raw(
+        kind,
+        dtype(datatype)?,
+        RedOp::None,
+        count,
+        sendbuff.cast(),
+        recvbuff.cast(),
+    ))
+}
+
+/// `op` with its root checked against the communicator.
+fn rooted(op: CResult<RawOp>, root: c_int, st: &CommState) -> CResult<RawOp> {
+    Ok(RawOp {
+        root: root_of(root, st)?,
+        ..op?
+    })
+}
+
 /// Runs `op` to completion (blocking form) or hands back a request (async form).
 fn run(
     comm: gwComm_t,
@@ -385,6 +434,14 @@ fn run(
         let op = mk(&st)?;
         check_count(&op)?;
         match request {
+            None if cuda::run(&st, &op, None)? => {}
+            Some(_) if cuda::device_given(&st, &op)? => {
+                return fail(
+                    gwInvalidArgument,
+                    "invalid argument: the ...Async calls take host memory; \
+                     for device memory use the blocking or the ...Stream call",
+                );
+            }
             None => {
                 // No registry lock is held while blocking: gwCommAbort can run.
                 // SAFETY: the C caller promises the buffers per the header's
@@ -516,6 +573,7 @@ fn publish(c: Communicator, comm: *mut gwComm_t) -> CResult<()> {
         id,
         Arc::new(CommState {
             comm: c,
+            cuda: cuda::CommCuda::default(),
             errors: Mutex::new(Vec::new()),
         }),
     );
@@ -777,14 +835,7 @@ pub unsafe extern "C" fn gwAllReduce(
     comm: gwComm_t,
 ) -> gwResult_t {
     run(comm, None, |_| {
-        Ok(raw(
-            OpKind::AllReduce,
-            dtype(datatype)?,
-            redop(op)?,
-            count,
-            sendbuff.cast(),
-            recvbuff.cast(),
-        ))
+        reducing(OpKind::AllReduce, sendbuff, recvbuff, count, datatype, op)
     })
 }
 
@@ -840,14 +891,14 @@ pub unsafe extern "C" fn gwReduceScatter(
     comm: gwComm_t,
 ) -> gwResult_t {
     run(comm, None, |_| {
-        Ok(raw(
+        reducing(
             OpKind::ReduceScatter,
-            dtype(datatype)?,
-            redop(op)?,
+            sendbuff,
+            recvbuff,
             recvcount,
-            sendbuff.cast(),
-            recvbuff.cast(),
-        ))
+            datatype,
+            op,
+        )
     })
 }
 
@@ -864,14 +915,7 @@ pub unsafe extern "C" fn gwAllGather(
     comm: gwComm_t,
 ) -> gwResult_t {
     run(comm, None, |_| {
-        Ok(raw(
-            OpKind::AllGather,
-            dtype(datatype)?,
-            RedOp::None,
-            sendcount,
-            sendbuff.cast(),
-            recvbuff.cast(),
-        ))
+        plain(OpKind::AllGather, sendbuff, recvbuff, sendcount, datatype)
     })
 }
 
@@ -888,17 +932,11 @@ pub unsafe extern "C" fn gwBroadcast(
     comm: gwComm_t,
 ) -> gwResult_t {
     run(comm, None, |st| {
-        Ok(RawOp {
-            root: root_of(root, st)?,
-            ..raw(
-                OpKind::Broadcast,
-                dtype(datatype)?,
-                RedOp::None,
-                count,
-                sendbuff.cast(),
-                recvbuff.cast(),
-            )
-        })
+        rooted(
+            plain(OpKind::Broadcast, sendbuff, recvbuff, count, datatype),
+            root,
+            st,
+        )
     })
 }
 
@@ -916,17 +954,11 @@ pub unsafe extern "C" fn gwReduce(
     comm: gwComm_t,
 ) -> gwResult_t {
     run(comm, None, |st| {
-        Ok(RawOp {
-            root: root_of(root, st)?,
-            ..raw(
-                OpKind::Reduce,
-                dtype(datatype)?,
-                redop(op)?,
-                count,
-                sendbuff.cast(),
-                recvbuff.cast(),
-            )
-        })
+        rooted(
+            reducing(OpKind::Reduce, sendbuff, recvbuff, count, datatype, op),
+            root,
+            st,
+        )
     })
 }
 
@@ -945,6 +977,127 @@ pub unsafe extern "C" fn gwBarrier(comm: gwComm_t) -> gwResult_t {
     })
 }
 
+/// Runs `op` ordered on a CUDA stream (the `...Stream` calls): it reads
+/// the buffers after the work queued before it on `stream`, and work queued
+/// after it sees the result. This version returns once the result is in
+/// place (later versions may return once it is queued).
+fn run_stream(
+    comm: gwComm_t,
+    stream: *mut std::ffi::c_void,
+    mk: impl FnOnce(&CommState) -> CResult<RawOp>,
+) -> gwResult_t {
+    guard(comm, || {
+        let st = lookup(comm)?;
+        let op = mk(&st)?;
+        check_count(&op)?;
+        if cuda::run(&st, &op, Some(stream))? {
+            return Ok(());
+        }
+        cuda::sync_stream_if_loaded(stream)?;
+        // SAFETY: the C caller promises the buffers until this call returns.
+        unsafe { st.comm.run_raw(op, None)? };
+        Ok(())
+    })
+}
+
+/// `gwAllReduce` ordered on CUDA stream `stream` (a `cudaStream_t`; NULL is
+/// the default stream), as `ncclAllReduce`: `sendbuff` is read after the
+/// work queued before the call on `stream`, and work queued after it sees
+/// `recvbuff`. Buffers may be device or host memory.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn gwAllReduceStream(
+    sendbuff: *const std::ffi::c_void,
+    recvbuff: *mut std::ffi::c_void,
+    count: usize,
+    datatype: DataTypeArg,
+    op: RedOpArg,
+    comm: gwComm_t,
+    stream: *mut std::ffi::c_void,
+) -> gwResult_t {
+    run_stream(comm, stream, |_| {
+        reducing(OpKind::AllReduce, sendbuff, recvbuff, count, datatype, op)
+    })
+}
+
+/// `gwReduceScatter` ordered on `stream`, as `gwAllReduceStream`.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn gwReduceScatterStream(
+    sendbuff: *const std::ffi::c_void,
+    recvbuff: *mut std::ffi::c_void,
+    recvcount: usize,
+    datatype: DataTypeArg,
+    op: RedOpArg,
+    comm: gwComm_t,
+    stream: *mut std::ffi::c_void,
+) -> gwResult_t {
+    run_stream(comm, stream, |_| {
+        reducing(
+            OpKind::ReduceScatter,
+            sendbuff,
+            recvbuff,
+            recvcount,
+            datatype,
+            op,
+        )
+    })
+}
+
+/// `gwAllGather` ordered on `stream`, as `gwAllReduceStream`.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn gwAllGatherStream(
+    sendbuff: *const std::ffi::c_void,
+    recvbuff: *mut std::ffi::c_void,
+    sendcount: usize,
+    datatype: DataTypeArg,
+    comm: gwComm_t,
+    stream: *mut std::ffi::c_void,
+) -> gwResult_t {
+    run_stream(comm, stream, |_| {
+        plain(OpKind::AllGather, sendbuff, recvbuff, sendcount, datatype)
+    })
+}
+
+/// `gwBroadcast` ordered on `stream`, as `gwAllReduceStream`.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn gwBroadcastStream(
+    sendbuff: *const std::ffi::c_void,
+    recvbuff: *mut std::ffi::c_void,
+    count: usize,
+    datatype: DataTypeArg,
+    root: c_int,
+    comm: gwComm_t,
+    stream: *mut std::ffi::c_void,
+) -> gwResult_t {
+    run_stream(comm, stream, |st| {
+        rooted(
+            plain(OpKind::Broadcast, sendbuff, recvbuff, count, datatype),
+            root,
+            st,
+        )
+    })
+}
+
+/// `gwReduce` ordered on `stream`, as `gwAllReduceStream`.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn gwReduceStream(
+    sendbuff: *const std::ffi::c_void,
+    recvbuff: *mut std::ffi::c_void,
+    count: usize,
+    datatype: DataTypeArg,
+    op: RedOpArg,
+    root: c_int,
+    comm: gwComm_t,
+    stream: *mut std::ffi::c_void,
+) -> gwResult_t {
+    run_stream(comm, stream, |st| {
+        rooted(
+            reducing(OpKind::Reduce, sendbuff, recvbuff, count, datatype, op),
+            root,
+            st,
+        )
+    })
+}
+
 /// Starts `gwAllReduce` and returns at once with `*request`; the buffers must
 /// stay valid and untouched until `gwWait` returns. Ordering as `gwAllReduce`.
 #[unsafe(no_mangle)]
@@ -958,14 +1111,7 @@ pub unsafe extern "C" fn gwAllReduceAsync(
     request: *mut gwRequest_t,
 ) -> gwResult_t {
     run(comm, Some(request), |_| {
-        Ok(raw(
-            OpKind::AllReduce,
-            dtype(datatype)?,
-            redop(op)?,
-            count,
-            sendbuff.cast(),
-            recvbuff.cast(),
-        ))
+        reducing(OpKind::AllReduce, sendbuff, recvbuff, count, datatype, op)
     })
 }
 
@@ -997,14 +1143,14 @@ pub unsafe extern "C" fn gwReduceScatterAsync(
     request: *mut gwRequest_t,
 ) -> gwResult_t {
     run(comm, Some(request), |_| {
-        Ok(raw(
+        reducing(
             OpKind::ReduceScatter,
-            dtype(datatype)?,
-            redop(op)?,
+            sendbuff,
+            recvbuff,
             recvcount,
-            sendbuff.cast(),
-            recvbuff.cast(),
-        ))
+            datatype,
+            op,
+        )
     })
 }
 
@@ -1019,14 +1165,7 @@ pub unsafe extern "C" fn gwAllGatherAsync(
     request: *mut gwRequest_t,
 ) -> gwResult_t {
     run(comm, Some(request), |_| {
-        Ok(raw(
-            OpKind::AllGather,
-            dtype(datatype)?,
-            RedOp::None,
-            sendcount,
-            sendbuff.cast(),
-            recvbuff.cast(),
-        ))
+        plain(OpKind::AllGather, sendbuff, recvbuff, sendcount, datatype)
     })
 }
 
@@ -1042,17 +1181,11 @@ pub unsafe extern "C" fn gwBroadcastAsync(
     request: *mut gwRequest_t,
 ) -> gwResult_t {
     run(comm, Some(request), |st| {
-        Ok(RawOp {
-            root: root_of(root, st)?,
-            ..raw(
-                OpKind::Broadcast,
-                dtype(datatype)?,
-                RedOp::None,
-                count,
-                sendbuff.cast(),
-                recvbuff.cast(),
-            )
-        })
+        rooted(
+            plain(OpKind::Broadcast, sendbuff, recvbuff, count, datatype),
+            root,
+            st,
+        )
     })
 }
 
@@ -1069,17 +1202,11 @@ pub unsafe extern "C" fn gwReduceAsync(
     request: *mut gwRequest_t,
 ) -> gwResult_t {
     run(comm, Some(request), |st| {
-        Ok(RawOp {
-            root: root_of(root, st)?,
-            ..raw(
-                OpKind::Reduce,
-                dtype(datatype)?,
-                redop(op)?,
-                count,
-                sendbuff.cast(),
-                recvbuff.cast(),
-            )
-        })
+        rooted(
+            reducing(OpKind::Reduce, sendbuff, recvbuff, count, datatype, op),
+            root,
+            st,
+        )
     })
 }
 
@@ -1171,12 +1298,19 @@ fn run_p2p(
             // SAFETY: checked non-null.
             unsafe { *r = std::ptr::null_mut() };
         }
-        let (dt, send, recv) = mk(&st)?;
+        let (dt, mut send, mut recv) = mk(&st)?;
+        // Device buffers go through pinned host memory (blocking calls only).
+        let staged = cuda::stage_p2p(&st, dt, &mut send, &mut recv, request.is_some())?;
         // SAFETY: the C caller promises the buffers per the header's
         // contract until the call (or the request) completes.
         let h = unsafe { st.comm.sendrecv_raw(dt, send, recv)? };
         match request {
-            None => h.wait()?,
+            None => {
+                h.wait()?;
+                if let Some(s) = staged {
+                    s.finish()?;
+                }
+            }
             Some(r) => {
                 let id = new_handle();
                 requests().lock().unwrap_or_else(|p| p.into_inner()).insert(

@@ -4,15 +4,20 @@
 //! dynamic loading panics on first use when `libcuda.so.1` is absent. So
 //! the driver is opened here with `dlopen`, and its absence is an error
 //! that says so ("CUDA driver not found (libcuda.so.1: <the loader's
-//! reason>)"), never a panic. Only what is called is bound.
+//! reason>)"), never a panic. Every entry point used is bound at load
+//! ([`crate::api`]).
 
+use crate::api::{Api, CUresult};
 use crate::error::{Error, Result};
 use libloading::Library;
-use std::ffi::c_int;
+use std::ffi::{CStr, c_char, c_int};
+use std::sync::OnceLock;
 
 /// The driver library, opened and initialised (`cuInit`).
 pub struct Driver {
-    lib: Library,
+    // Kept open: `api` points into it.
+    _lib: Library,
+    api: Api,
     version: c_int,
 }
 
@@ -30,10 +35,50 @@ pub fn driver_lib_name() -> String {
     std::env::var("GW_CUDA_DRIVER_LIB").unwrap_or_else(|_| "libcuda.so.1".into())
 }
 
+/// Whether this process has the driver loaded already (by CUDA's runtime,
+/// PyTorch, CuPy, or gradwire). A process that has not cannot hold device
+/// or pinned memory, so host-only programs never pay for loading it.
+pub fn loaded_in_process() -> bool {
+    // Once loaded, the driver stays: a yes is remembered, a no asked again
+    // (dlopen with RTLD_NOLOAD costs a lookup under the loader's lock).
+    static LOADED: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+    if LOADED.load(std::sync::atomic::Ordering::Relaxed) {
+        return true;
+    }
+    let yes = probe_loaded();
+    if yes {
+        LOADED.store(true, std::sync::atomic::Ordering::Relaxed);
+    }
+    yes
+}
+
+fn probe_loaded() -> bool {
+    let name = driver_lib_name();
+    // SAFETY: RTLD_NOLOAD opens nothing new: it only finds a library that
+    // is already loaded, whose initialisers have run.
+    let lib = unsafe {
+        libloading::os::unix::Library::open(
+            Some(&name),
+            libloading::os::unix::RTLD_NOW | 0x4, /* RTLD_NOLOAD */
+        )
+    };
+    lib.is_ok()
+}
+
 impl Driver {
     /// Opens the driver and calls `cuInit(0)`.
     pub fn load() -> Result<Driver> {
         Self::load_from(&driver_lib_name())
+    }
+
+    /// The process's driver, loaded on first use; later calls return the
+    /// same driver, or the same error.
+    pub fn global() -> Result<&'static Driver> {
+        static DRIVER: OnceLock<Result<Driver>> = OnceLock::new();
+        DRIVER
+            .get_or_init(Driver::load)
+            .as_ref()
+            .map_err(Clone::clone)
     }
 
     /// [`Driver::load`] from the library `name`.
@@ -45,37 +90,22 @@ impl Driver {
             lib: name.clone(),
             reason: loader_reason(&name, &e),
         })?;
-        let symbol = |s: &'static str| Error::Symbol {
-            lib: name.clone(),
-            symbol: s,
-            reason: String::new(),
+        let api = Api::bind(&lib, &name)?;
+        let mut d = Driver {
+            _lib: lib,
+            api,
+            version: 0,
         };
-        // SAFETY: the driver API's signatures (cuda.h): CUresult cuInit(unsigned)
-        // and CUresult cuDriverGetVersion(int*).
-        unsafe {
-            let init = lib
-                .get::<unsafe extern "C" fn(u32) -> c_int>(b"cuInit\0")
-                .map_err(|_| symbol("cuInit"))?;
-            let code = init(0);
-            if code != 0 {
-                return Err(Error::Driver {
-                    call: "cuInit",
-                    code,
-                });
-            }
-            let get = lib
-                .get::<unsafe extern "C" fn(*mut c_int) -> c_int>(b"cuDriverGetVersion\0")
-                .map_err(|_| symbol("cuDriverGetVersion"))?;
-            let mut version = 0;
-            let code = get(&mut version);
-            if code != 0 {
-                return Err(Error::Driver {
-                    call: "cuDriverGetVersion",
-                    code,
-                });
-            }
-            Ok(Driver { lib, version })
-        }
+        // SAFETY: cuInit has no preconditions; the out-pointer is valid.
+        d.check("cuInit", unsafe { (d.api.init)(0) }, "")?;
+        let mut version = 0;
+        d.check(
+            "cuDriverGetVersion",
+            unsafe { (d.api.driver_get_version)(&mut version) },
+            "",
+        )?;
+        d.version = version;
+        Ok(d)
     }
 
     /// The driver's CUDA version, as `cuDriverGetVersion` gives it (13000 for 13.0).
@@ -83,9 +113,32 @@ impl Driver {
         self.version
     }
 
-    /// The library, for the calls that later layers bind.
-    pub fn library(&self) -> &Library {
-        &self.lib
+    /// The bound entry points.
+    pub fn api(&self) -> &Api {
+        &self.api
+    }
+
+    /// `Ok` for CUDA_SUCCESS, else the error with the driver's name for the code.
+    pub fn check(&self, call: &'static str, code: CUresult, what: &str) -> Result<()> {
+        if code == 0 {
+            return Ok(());
+        }
+        let mut p: *const c_char = std::ptr::null();
+        // SAFETY: cuGetErrorName writes a pointer to a static string, or
+        // leaves it null for an unknown code.
+        let name = unsafe {
+            if (self.api.get_error_name)(code, &mut p) == 0 && !p.is_null() {
+                CStr::from_ptr(p).to_string_lossy().into_owned()
+            } else {
+                "an unknown error".into()
+            }
+        };
+        Err(Error::Driver {
+            call,
+            code,
+            name,
+            what: what.to_string(),
+        })
     }
 }
 

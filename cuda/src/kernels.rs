@@ -245,16 +245,29 @@ GW_FN gw_u16 gw_f32_to_f16(float x) {
 }
 "#;
 
-/// Every kernel's entry name, `gw_reduce_<dtype>_<op>` and `gw_copy_<dtype>`.
+/// Inputs and outputs of one fan kernel at most: ranks sharing a GPU.
+pub const MAX_FAN: usize = 16;
+
+/// Every kernel's entry name, `gw_reduce_<dtype>_<op>`,
+/// `gw_fan_<dtype>_<op>` and `gw_copy_<dtype>`.
 pub fn entry_names() -> Vec<String> {
     let mut v = Vec::new();
     for e in Elem::ALL {
         for op in Op::ALL {
             v.push(reduce_name(e, op));
+            v.push(fan_name(e, op));
         }
         v.push(copy_name(e));
     }
     v
+}
+
+/// `gw_fan_<dtype>_<op>`: every output gets the reduction of every input,
+/// `((in0 ∘ in1) ∘ in2) …`, each step one `gw_step` (rounded to the
+/// element type, as a chain of `gw_reduce` calls would store it), the last
+/// one divided for avg.
+pub fn fan_name(e: Elem, op: Op) -> String {
+    format!("gw_fan_{}_{}", e.name(), op.name())
 }
 
 pub fn reduce_name(e: Elem, op: Op) -> String {
@@ -269,12 +282,35 @@ pub fn copy_name(e: Elem) -> String {
 pub fn source() -> String {
     let mut s = String::from(PRELUDE);
     for e in Elem::ALL {
+        let _ = write!(
+            s,
+            "\ntypedef struct {{ {st}* p[{MAX_FAN}]; }} gw_ptrs_{en};\n",
+            st = e.storage(),
+            en = e.name()
+        );
+        copy_fn(&mut s, e);
         for op in Op::ALL {
             reduce_fn(&mut s, e, op);
+            fan_fn(&mut s, e, op);
         }
-        copy_fn(&mut s, e);
     }
     s
+}
+
+/// One thread reads every input's element before writing any output's,
+/// so outputs may be inputs (every rank's all-reduce in place).
+fn fan_fn(s: &mut String, e: Elem, op: Op) {
+    let (st, ct, en, on) = (e.storage(), e.compute(), e.name(), op.name());
+    let args = format!(
+        "gw_ptrs_{en} outs, int nout, gw_ptrs_{en} ins, int nin, gw_u64 n, int fin, {ct} div"
+    );
+    let call = format!(
+        "{st} acc = ins.p[0][i]; \
+         for (int k = 1; k < nin; ++k) acc = gw_step_{en}_{on}(acc, ins.p[k][i], 0, ({ct})0, 0, ({ct})0, fin && k == nin - 1, div); \
+         if (nin == 1 && fin) acc = gw_copy1_{en}(acc, 0, ({ct})0, 1, div); \
+         for (int k = 0; k < nout; ++k) outs.p[k][i] = acc;"
+    );
+    kernel_pair(s, &fan_name(e, op), &args, &call);
 }
 
 /// The scaling, the operator and the final division of one element, as
@@ -365,7 +401,10 @@ mod tests {
             assert_eq!(src.matches(&device).count(), 1, "{name}");
             assert_eq!(src.matches(&host).count(), 1, "{name} on the host");
         }
-        assert_eq!(entry_names().len(), Elem::ALL.len() * (Op::ALL.len() + 1));
+        assert_eq!(
+            entry_names().len(),
+            Elem::ALL.len() * (2 * Op::ALL.len() + 1)
+        );
     }
 
     #[test]

@@ -9,12 +9,17 @@
 //! machines without them. Device buffers in the collectives, IPC and the
 //! stream-ordered calls build on this (issue 25; see `docs/gpu.md`).
 
+pub mod api;
+pub mod device;
 pub mod driver;
 pub mod error;
 pub mod kernels;
+pub mod memory;
 pub mod nvrtc;
 
+pub use device::{Gpu, Scaling};
 pub use driver::Driver;
 pub use error::{Error, Result};
 pub use kernels::{Elem, Op};
+pub use memory::{DeviceBuf, MemKind, PinnedBuf};
 pub use nvrtc::Nvrtc;

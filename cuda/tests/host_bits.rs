@@ -19,7 +19,11 @@ use std::process::Command;
 
 /// The source built as a shared library for this machine.
 fn host_library() -> Library {
-    let dir = PathBuf::from(env!("CARGO_TARGET_TMPDIR"));
+    // The build's scratch directory, or (on a machine the test binary was
+    // copied to, such as the GPU check's) the system's.
+    let dir = Some(PathBuf::from(env!("CARGO_TARGET_TMPDIR")))
+        .filter(|d| d.is_dir())
+        .unwrap_or_else(std::env::temp_dir);
     let src = dir.join("gw_kernels_host.cpp");
     let so = dir.join(format!("libgw_kernels_host_{}.so", std::process::id()));
     std::fs::write(&src, kernels::source()).expect("write the source");
@@ -125,18 +129,18 @@ fn elements(e: Elem, n: usize, rng: &mut rand::rngs::StdRng) -> Vec<u8> {
 
 /// Calls `gw_host_reduce_<e>_<op>` or `gw_host_copy_<e>` with the compute
 /// type's scalars.
-struct Args {
-    wa: Option<f64>,
-    wb: Option<f64>,
-    fin: bool,
-    nranks: u32,
+pub struct Args {
+    pub wa: Option<f64>,
+    pub wb: Option<f64>,
+    pub fin: bool,
+    pub nranks: u32,
 }
 
 type ReduceFn<C> = unsafe extern "C" fn(*mut u8, *const u8, *const u8, u64, i32, C, i32, C, i32, C);
 type CopyFn<C> = unsafe extern "C" fn(*mut u8, *const u8, u64, i32, C, i32, C);
 
 /// The host path applies a weight only when it is not 1.
-fn on(w: Option<f64>) -> Option<f64> {
+pub fn on(w: Option<f64>) -> Option<f64> {
     w.filter(|&w| w != 1.0)
 }
 
@@ -250,9 +254,140 @@ fn same_bits(e: Elem, exact_nans: bool, what: &str, got: &[u8], want: &[u8], a: 
     }
 }
 
+/// One way to run a generated kernel: on the host (the source compiled by
+/// c++) or on a GPU. `reduce` writes `dst` (which is `a` when `in_place`).
+pub trait Runner {
+    fn reduce(&self, e: Elem, op: Op, a: &[u8], b: &[u8], x: &Args, in_place: bool) -> Vec<u8>;
+    fn copy(&self, e: Elem, src: &[u8], x: &Args) -> Vec<u8>;
+    /// The fan kernel over `ins` (in rank order), `nout` outputs; with
+    /// `in_place` the outputs are the inputs. Returns every output.
+    fn fan(&self, e: Elem, op: Op, ins: &[Vec<u8>], avg: bool, in_place: bool) -> Vec<Vec<u8>>;
+}
+
+type FanFn<C> = unsafe extern "C" fn(
+    [*mut u8; kernels::MAX_FAN],
+    i32,
+    [*mut u8; kernels::MAX_FAN],
+    i32,
+    u64,
+    i32,
+    C,
+);
+
+#[allow(clippy::too_many_arguments)]
+unsafe fn fan_as<C: Copy>(
+    lib: &Library,
+    name: &str,
+    conv: impl Fn(f64) -> C,
+    outs: &mut [Vec<u8>],
+    ins: &mut [Vec<u8>],
+    n: usize,
+    avg: bool,
+) {
+    let sym = format!("{}\0", name.replacen("gw_", "gw_host_", 1));
+    // SAFETY: the generated signature for this compute type.
+    let f = unsafe { lib.get::<FanFn<C>>(sym.as_bytes()) }.expect(name);
+    let mut o = [std::ptr::null_mut(); kernels::MAX_FAN];
+    let nout = outs.len();
+    for (k, v) in outs.iter_mut().enumerate() {
+        o[k] = v.as_mut_ptr();
+    }
+    let mut i = [std::ptr::null_mut(); kernels::MAX_FAN];
+    let nin = ins.len();
+    for (k, v) in ins.iter_mut().enumerate() {
+        i[k] = v.as_mut_ptr();
+    }
+    // SAFETY: every pointer holds n elements.
+    unsafe {
+        f(
+            o,
+            nout as i32,
+            i,
+            nin as i32,
+            n as u64,
+            avg as i32,
+            conv(nin as f64),
+        )
+    }
+}
+
+struct HostRunner(Library);
+
+impl Runner for HostRunner {
+    fn fan(&self, e: Elem, op: Op, ins: &[Vec<u8>], avg: bool, in_place: bool) -> Vec<Vec<u8>> {
+        let name = kernels::fan_name(e, op);
+        let n = ins[0].len() / e.size();
+        let mut ins = ins.to_vec();
+        if in_place {
+            // The outputs are the inputs: one set of buffers for both.
+            let mut bufs = std::mem::take(&mut ins);
+            let sym = format!("{}\0", name.replacen("gw_", "gw_host_", 1));
+            let mut arr = [std::ptr::null_mut(); kernels::MAX_FAN];
+            for (slot, v) in arr.iter_mut().zip(bufs.iter_mut()) {
+                *slot = v.as_mut_ptr();
+            }
+            let k = bufs.len() as i32;
+            macro_rules! call {
+                ($c:ty, $conv:expr) => {{
+                    // SAFETY: the generated signature; every buffer holds n elements.
+                    let f = unsafe { self.0.get::<FanFn<$c>>(sym.as_bytes()) }.expect("fan");
+                    unsafe { f(arr, k, arr, k, n as u64, avg as i32, $conv(f64::from(k))) }
+                }};
+            }
+            match e {
+                Elem::F64 => call!(f64, |v| v),
+                Elem::F32 | Elem::F16 | Elem::Bf16 => call!(f32, |v: f64| v as f32),
+                Elem::I32 => call!(u32, |_| 0u32),
+                Elem::I64 => call!(u64, |_| 0u64),
+                Elem::U8 => call!(u8, |_| 0u8),
+            }
+            return bufs;
+        }
+        let mut outs = vec![vec![0u8; ins[0].len()]; 3];
+        by_compute!(e, fan_as, &self.0, &name, &mut outs, &mut ins, n, avg);
+        outs
+    }
+
+    fn reduce(&self, e: Elem, op: Op, a: &[u8], b: &[u8], x: &Args, in_place: bool) -> Vec<u8> {
+        let name = kernels::reduce_name(e, op);
+        let n = a.len() / e.size();
+        let mut got = if in_place {
+            a.to_vec()
+        } else {
+            vec![0u8; a.len()]
+        };
+        let p = got.as_mut_ptr();
+        let src = if in_place { p as *const u8 } else { a.as_ptr() };
+        by_compute!(e, reduce_as, &self.0, &name, p, src, b.as_ptr(), n, x);
+        got
+    }
+
+    fn copy(&self, e: Elem, src: &[u8], x: &Args) -> Vec<u8> {
+        let name = kernels::copy_name(e);
+        let mut got = vec![0u8; src.len()];
+        let n = src.len() / e.size();
+        by_compute!(
+            e,
+            copy_as,
+            &self.0,
+            &name,
+            got.as_mut_ptr(),
+            src.as_ptr(),
+            n,
+            x
+        );
+        got
+    }
+}
+
 #[test]
 fn generated_kernels_match_the_host_path_bit_for_bit() {
-    let lib = host_library();
+    check_every_kernel(&HostRunner(host_library()));
+}
+
+/// Every dtype × operator × weights × division, in place and not, and
+/// the copies, against gw-collectives' host kernels.
+pub fn check_every_kernel(runner: &dyn Runner) {
     let mut rng = rand::rngs::StdRng::seed_from_u64(25);
     let n = 4099;
     let mut checked = 0;
@@ -290,18 +425,7 @@ fn generated_kernels_match_the_host_path_bit_for_bit() {
                             nranks,
                         };
                         let name = kernels::reduce_name(e, op);
-                        let mut got = vec![0u8; a.len()];
-                        by_compute!(
-                            e,
-                            reduce_as,
-                            &lib,
-                            &name,
-                            got.as_mut_ptr(),
-                            a.as_ptr(),
-                            b.as_ptr(),
-                            n,
-                            &x
-                        );
+                        let got = runner.reduce(e, op, &a, &b, &x, false);
                         let what = format!("{name} wa={wa:?} wb={wb:?} fin={fin} avg={avg}");
                         // A selection with no arithmetic around it keeps payloads.
                         let exact = matches!(op, Op::Min | Op::Max)
@@ -310,9 +434,7 @@ fn generated_kernels_match_the_host_path_bit_for_bit() {
                             && !x.fin;
                         same_bits(e, exact, &what, &got, &want, &a, &b);
                         // In place: dst is a.
-                        let mut inplace = a.clone();
-                        let p = inplace.as_mut_ptr();
-                        by_compute!(e, reduce_as, &lib, &name, p, p, b.as_ptr(), n, &x);
+                        let inplace = runner.reduce(e, op, &a, &b, &x, true);
                         same_bits(
                             e,
                             exact,
@@ -350,17 +472,7 @@ fn generated_kernels_match_the_host_path_bit_for_bit() {
                 nranks: 4,
             };
             let name = kernels::copy_name(e);
-            let mut got = vec![0u8; src.len()];
-            by_compute!(
-                e,
-                copy_as,
-                &lib,
-                &name,
-                got.as_mut_ptr(),
-                src.as_ptr(),
-                n,
-                &x
-            );
+            let got = runner.copy(e, &src, &x);
             // A plain copy (and a 16-bit round trip) keeps payloads.
             let exact = s.is_none() && !avg;
             same_bits(
@@ -375,4 +487,145 @@ fn generated_kernels_match_the_host_path_bit_for_bit() {
         }
     }
     assert!(checked > 100, "{checked} combinations");
+    check_fans(runner, &mut rng);
+}
+
+/// The fan kernel equals a chain of host steps in rank order, the last
+/// one divided for avg, into every output, in place or not.
+fn check_fans(runner: &dyn Runner, rng: &mut rand::rngs::StdRng) {
+    let n = 1031;
+    for e in Elem::ALL {
+        for op in Op::ALL {
+            for avg in [false, true] {
+                if avg && (op != Op::Sum || !e.is_float()) {
+                    continue;
+                }
+                for nin in [2usize, 3, 5, kernels::MAX_FAN] {
+                    let ins: Vec<Vec<u8>> = (0..nin).map(|_| elements(e, n, rng)).collect();
+                    let k = Kernel::new(dtype(e), redop(op, avg), nin as u32).expect("kernel");
+                    let mut want = ins[0].clone();
+                    for (j, x) in ins.iter().enumerate().skip(1) {
+                        let acc = want.clone();
+                        // SAFETY: distinct buffers of n elements.
+                        unsafe {
+                            k.reduce(
+                                want.as_mut_ptr(),
+                                acc.as_ptr(),
+                                None,
+                                x.as_ptr(),
+                                None,
+                                n,
+                                j == nin - 1,
+                            )
+                        };
+                    }
+                    let exact = matches!(op, Op::Min | Op::Max);
+                    for in_place in [false, true] {
+                        let outs = runner.fan(e, op, &ins, avg, in_place);
+                        for (o, got) in outs.iter().enumerate() {
+                            let what = format!(
+                                "{} nin={nin} avg={avg} in_place={in_place} output {o}",
+                                kernels::fan_name(e, op)
+                            );
+                            same_bits(e, exact, &what, got, &want, &ins[0], &ins[1]);
+                        }
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// The kernels on GPU 0, through gw-cuda's launches.
+struct GpuRunner {
+    gpu: &'static gw_cuda::Gpu,
+    stream: gw_cuda::api::CUstream,
+}
+
+impl GpuRunner {
+    fn upload(&self, bytes: &[u8]) -> gw_cuda::DeviceBuf {
+        let buf = gw_cuda::DeviceBuf::new(self.gpu.driver(), bytes.len()).expect("cuMemAlloc");
+        buf.upload(bytes).expect("upload");
+        buf
+    }
+
+    fn finish(&self, buf: &gw_cuda::DeviceBuf, bytes: usize) -> Vec<u8> {
+        // SAFETY: our own stream.
+        unsafe { gw_cuda::memory::sync_stream(self.gpu.driver(), self.stream) }.expect("sync");
+        let mut out = vec![0u8; bytes];
+        buf.download(&mut out).expect("download");
+        out
+    }
+
+    fn scaling(x: &Args) -> gw_cuda::Scaling {
+        gw_cuda::Scaling {
+            a: on(x.wa),
+            b: on(x.wb),
+            div: x.fin.then_some(f64::from(x.nranks)),
+        }
+    }
+}
+
+impl Runner for GpuRunner {
+    fn fan(&self, e: Elem, op: Op, ins: &[Vec<u8>], avg: bool, in_place: bool) -> Vec<Vec<u8>> {
+        let bytes = ins[0].len();
+        let dins: Vec<gw_cuda::DeviceBuf> = ins.iter().map(|v| self.upload(v)).collect();
+        let douts: Vec<gw_cuda::DeviceBuf> = if in_place {
+            Vec::new()
+        } else {
+            (0..3)
+                .map(|_| gw_cuda::DeviceBuf::new(self.gpu.driver(), bytes).expect("alloc"))
+                .collect()
+        };
+        let outs = if in_place { &dins } else { &douts };
+        let o: Vec<u64> = outs.iter().map(|b| b.ptr()).collect();
+        let i: Vec<u64> = dins.iter().map(|b| b.ptr()).collect();
+        let n = (bytes / e.size()) as u64;
+        let div = avg.then_some(ins.len() as f64);
+        self.gpu
+            .fan(e, op, &o, &i, n, div, self.stream)
+            .expect("launch");
+        outs.iter().map(|b| self.finish(b, bytes)).collect()
+    }
+
+    fn reduce(&self, e: Elem, op: Op, a: &[u8], b: &[u8], x: &Args, in_place: bool) -> Vec<u8> {
+        let (da, db) = (self.upload(a), self.upload(b));
+        let out = gw_cuda::DeviceBuf::new(self.gpu.driver(), a.len()).expect("cuMemAlloc");
+        let dst = if in_place { &da } else { &out };
+        let n = (a.len() / e.size()) as u64;
+        self.gpu
+            .reduce(
+                e,
+                op,
+                dst.ptr(),
+                da.ptr(),
+                db.ptr(),
+                n,
+                Self::scaling(x),
+                self.stream,
+            )
+            .expect("launch");
+        self.finish(dst, a.len())
+    }
+
+    fn copy(&self, e: Elem, src: &[u8], x: &Args) -> Vec<u8> {
+        let ds = self.upload(src);
+        let out = gw_cuda::DeviceBuf::new(self.gpu.driver(), src.len()).expect("cuMemAlloc");
+        let n = (src.len() / e.size()) as u64;
+        let s = Self::scaling(x);
+        self.gpu
+            .copy(e, out.ptr(), ds.ptr(), n, s.a, s.div, self.stream)
+            .expect("launch");
+        self.finish(&out, src.len())
+    }
+}
+
+#[test]
+#[ignore = "needs an NVIDIA GPU: set GW_TEST_CUDA=1"]
+fn device_kernels_match_the_host_path_bit_for_bit() {
+    let gpu = gw_cuda::Gpu::get(0).expect("GPU 0");
+    gpu.make_current().expect("context");
+    gpu.prepare().expect("compile and load the kernels");
+    let stream = gpu.new_stream().expect("stream");
+    check_every_kernel(&GpuRunner { gpu, stream });
 }

@@ -131,6 +131,11 @@ def declare(lib):
         "gwTest": [vp, pint],
         "gwWait": [vp, c_int],
         "gwAllReduceInit": [vp, vp, c_size, c_int, c_int, vp, pvp],
+        "gwAllReduceStream": [vp, vp, c_size, c_int, c_int, vp, vp],
+        "gwReduceScatterStream": [vp, vp, c_size, c_int, c_int, vp, vp],
+        "gwAllGatherStream": [vp, vp, c_size, c_int, vp, vp],
+        "gwBroadcastStream": [vp, vp, c_size, c_int, c_int, vp, vp],
+        "gwReduceStream": [vp, vp, c_size, c_int, c_int, c_int, vp, vp],
         "gwStart": [vp],
         "gwRequestFree": [vp],
     }
