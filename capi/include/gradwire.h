@@ -688,6 +688,18 @@ gwResult_t gwAllReduceInit(const void *sendbuff,
 gwResult_t gwStart(gwRequest_t request);
 
 /**
+ * `gwStart` ordered on CUDA stream `stream` (NULL: the default stream):
+ * the round reads `sendbuff` after the work queued before it on `stream`,
+ * and work queued after it sees `recvbuff`; it returns once the round is
+ * queued. Where every rank's buffers are on one GPU the round is queued
+ * entirely on the device (flags in device memory, no host message), and
+ * rounds of one request should stay on one stream (a round on another
+ * stream first waits for the previous one). Otherwise, and for host
+ * memory, the round runs before this returns.
+ */
+gwResult_t gwStartStream(gwRequest_t request, void *stream);
+
+/**
  * Frees a persistent request (`gwAllReduceInit`): if a round is running,
  * waits for it first (as `gwWait` without a limit), then deregisters the
  * buffers and forgets the plan. The request is freed in every case, and

@@ -39,7 +39,7 @@ pub(crate) struct CommCuda {
     opened: Mutex<HashMap<(u32, [u8; 64]), CUdeviceptr>>,
 }
 
-fn cuda_err(e: gw_cuda::Error) -> Failure {
+pub(crate) fn cuda_err(e: gw_cuda::Error) -> Failure {
     let code = match e {
         gw_cuda::Error::Memory(_) | gw_cuda::Error::InvalidArgument(_) => gwInvalidArgument,
         _ => gwSystemError,
@@ -307,7 +307,7 @@ pub(crate) fn run(st: &CommState, op: &RawOp, stream: Option<CUstream>) -> CResu
 
 /// Waits for `stream`: the C caller's (the `...Stream` calls' contract: a
 /// live stream or NULL) or this module's own.
-fn sync(drv: &Driver, stream: CUstream) -> CResult<()> {
+pub(crate) fn sync(drv: &Driver, stream: CUstream) -> CResult<()> {
     // SAFETY: see above.
     unsafe { memory::sync_stream(drv, stream) }.map_err(cuda_err)
 }
@@ -425,17 +425,43 @@ fn staged(
     Ok(())
 }
 
-/// Whether this all-reduce may go the IPC way, as far as this rank can
-/// tell (the records decide).
-fn ipc_wanted(st: &CommState, op: &RawOp, dev: &DeviceUse) -> bool {
+/// For a persistent all-reduce: its GPU, when both buffers are device
+/// memory (checked, and the device idle), `None` for host memory.
+pub(crate) fn device_all_reduce(st: &CommState, op: &RawOp) -> CResult<Option<&'static Gpu>> {
+    let (n, rank) = (st.comm.size() as usize, st.comm.rank() as usize);
+    let (send_bytes, recv_bytes) = extents(op, n, rank);
+    let Some(dev) = device_use(op, send_bytes, recv_bytes)? else {
+        return Ok(None);
+    };
+    if !(dev.send.is_device() && dev.recv.is_device()) {
+        return fail(
+            gwInvalidArgument,
+            "invalid argument: a persistent all-reduce takes both buffers in device memory \
+             or both in host memory",
+        );
+    }
+    let drv = dev.gpu.driver();
+    dev.gpu.synchronize().map_err(cuda_err)?;
+    memory::check_extent(drv, op.send as u64, send_bytes, "sendbuff").map_err(cuda_err)?;
+    memory::check_extent(drv, op.recv as u64, recv_bytes, "recvbuff").map_err(cuda_err)?;
+    Ok(Some(dev.gpu))
+}
+
+/// Whether an all-reduce on device buffers may go the IPC way, as far as
+/// this rank can tell (the records decide).
+pub(crate) fn ipc_possible(st: &CommState, op: &RawOp) -> bool {
     op.kind == OpKind::AllReduce
         && op.weight.is_none()
-        && dev.send.is_device()
-        && dev.recv.is_device()
         && st.comm.size() > 1
         && st.comm.size() as usize <= gw_cuda::kernels::MAX_FAN
         && st.comm.local_size() == st.comm.size()
         && std::env::var("GW_CUDA_IPC").as_deref() != Ok("0")
+}
+
+/// Whether this all-reduce may go the IPC way, as far as this rank can
+/// tell (the records decide).
+fn ipc_wanted(st: &CommState, op: &RawOp, dev: &DeviceUse) -> bool {
+    dev.send.is_device() && dev.recv.is_device() && ipc_possible(st, op)
 }
 
 const RECORD: usize = 160;
@@ -489,7 +515,7 @@ impl Record {
 /// Handles are kept per allocation (base address and the driver's buffer
 /// id, which a later allocation at the same address does not share), as
 /// `cuIpcGetMemHandle` costs far more than the two lookups.
-fn export(drv: &Driver, ptr: CUdeviceptr) -> Option<(IpcMemHandle, u64)> {
+pub(crate) fn export(drv: &Driver, ptr: CUdeviceptr) -> Option<(IpcMemHandle, u64)> {
     static EXPORTED: Mutex<Option<HashMap<(u64, u64), IpcMemHandle>>> = Mutex::new(None);
     let (base, _) = memory::address_range(drv, ptr).ok()?;
     let id = memory::buffer_id(drv, base).ok()?;
@@ -510,7 +536,7 @@ fn export(drv: &Driver, ptr: CUdeviceptr) -> Option<(IpcMemHandle, u64)> {
 
 /// Where the IPC all-reduce's time goes (`GW_CUDA_PROFILE=1`): totals per
 /// phase, printed to stderr every 200 calls.
-struct Profile {
+pub(crate) struct Profile {
     on: bool,
     t: std::time::Instant,
     phase: usize,
@@ -528,7 +554,7 @@ const PHASES: [&str; 6] = [
 static TOTALS: Mutex<([f64; 6], u32)> = Mutex::new(([0.0; 6], 0));
 
 impl Profile {
-    fn start(t: std::time::Instant) -> Profile {
+    pub(crate) fn start(t: std::time::Instant) -> Profile {
         Profile {
             on: std::env::var("GW_CUDA_PROFILE").as_deref() == Ok("1"),
             t,
@@ -564,7 +590,7 @@ impl Profile {
 }
 
 /// A peer's buffer mapped into this process (opened once per handle).
-fn import(
+pub(crate) fn import(
     st: &CommState,
     drv: &Driver,
     peer: u32,
@@ -649,60 +675,117 @@ fn all_reduce_ipc(
     stream: CUstream,
     mut prof: Profile,
 ) -> CResult<bool> {
-    let drv = gpu.driver();
-    let (n, rank) = (st.comm.size() as usize, st.comm.rank() as usize);
-    let (e, bop) = match (elem(op.dtype), binop(op.redop)) {
-        (Some(e), Some(b)) => (e, b),
-        _ => return Ok(false),
-    };
     prof.mark();
-    let send = export(drv, op.send as u64);
-    let recv = if op.recv.cast_const() == op.send {
-        send
-    } else {
-        export(drv, op.recv as u64)
-    };
-    prof.mark();
-    let none = (IpcMemHandle { reserved: [0; 64] }, 0);
-    let mine = Record {
-        // Only rank 0 launches the kernel, so only it needs them compiled.
-        ok: send.is_some() && recv.is_some() && (rank != 0 || gpu.prepare().is_ok()),
-        ordinal: gpu.ordinal,
-        count: op.count as u64,
-        send: send.unwrap_or(none),
-        recv: recv.unwrap_or(none),
-    };
-    let mut all = vec![0u8; RECORD * n];
-    host_op(
-        st,
-        OpKind::AllGather,
-        RECORD,
-        mine.encode().as_ptr(),
-        all.as_mut_ptr(),
-    )?;
-    let recs: Vec<Record> = all.chunks(RECORD).map(Record::decode).collect();
-    prof.mark();
-    if let Some((r, x)) = recs
-        .iter()
-        .enumerate()
-        .find(|(_, x)| x.count != op.count as u64)
-    {
-        return fail(
-            gwInvalidUsage,
-            format!(
-                "all-reduce count mismatch: rank {rank} has {}, rank {r} has {}",
-                op.count, x.count
-            ),
-        );
-    }
-    if !recs.iter().all(|x| x.ok && x.ordinal == gpu.ordinal) {
+    let Some(plan) = IpcPlan::exchange(st, op, gpu, &mut prof)? else {
         return Ok(false);
+    };
+    prof.mark();
+    if let Some(fan) = &plan.fan {
+        fan.launch(gpu, stream)?;
+        sync(gpu.driver(), stream)?;
     }
-    // One rank (0) does the GPU's work for all: the ranks share one GPU,
-    // so splitting it would only add context switches between processes.
-    // Its fan kernel reads every rank's send buffer once and writes every
-    // rank's receive buffer once: 2·n·bytes, the least there is.
-    if rank == 0 {
+    prof.mark();
+    // Every rank returns once its receive buffer holds the result (and no
+    // rank reads its send buffer any more).
+    barrier(st)?;
+    prof.mark();
+    Ok(true)
+}
+
+/// What rank 0's kernel needs: every rank's buffers in this process.
+pub(crate) struct Fan {
+    e: Elem,
+    op: Op,
+    sends: Vec<CUdeviceptr>,
+    recvs: Vec<CUdeviceptr>,
+    count: u64,
+    div: Option<f64>,
+}
+
+impl Fan {
+    pub(crate) fn launch(&self, gpu: &Gpu, stream: CUstream) -> CResult<()> {
+        gpu.fan(
+            self.e,
+            self.op,
+            &self.recvs,
+            &self.sends,
+            self.count,
+            self.div,
+            stream,
+        )
+        .map_err(cuda_err)
+    }
+}
+
+/// An all-reduce every rank can run over IPC: one rank (0) does the GPU's
+/// work for all, since the ranks share one GPU and splitting it would only
+/// add context switches between processes. Its fan kernel reads every
+/// rank's send buffer once and writes every rank's receive buffer once:
+/// 2·n·bytes, the least there is.
+pub(crate) struct IpcPlan {
+    /// Rank 0's kernel; `None` on the other ranks.
+    pub(crate) fan: Option<Fan>,
+}
+
+impl IpcPlan {
+    /// Exchanges the records; `None` when some rank cannot take part.
+    pub(crate) fn exchange(
+        st: &CommState,
+        op: &RawOp,
+        gpu: &'static Gpu,
+        prof: &mut Profile,
+    ) -> CResult<Option<IpcPlan>> {
+        let drv = gpu.driver();
+        let (n, rank) = (st.comm.size() as usize, st.comm.rank() as usize);
+        let (e, bop) = match (elem(op.dtype), binop(op.redop)) {
+            (Some(e), Some(b)) => (e, b),
+            _ => return Ok(None),
+        };
+        let send = export(drv, op.send as u64);
+        let recv = if op.recv.cast_const() == op.send {
+            send
+        } else {
+            export(drv, op.recv as u64)
+        };
+        prof.mark();
+        let none = (IpcMemHandle { reserved: [0; 64] }, 0);
+        let mine = Record {
+            // Only rank 0 launches the kernel, so only it needs them compiled.
+            ok: send.is_some() && recv.is_some() && (rank != 0 || gpu.prepare().is_ok()),
+            ordinal: gpu.ordinal,
+            count: op.count as u64,
+            send: send.unwrap_or(none),
+            recv: recv.unwrap_or(none),
+        };
+        let mut all = vec![0u8; RECORD * n];
+        host_op(
+            st,
+            OpKind::AllGather,
+            RECORD,
+            mine.encode().as_ptr(),
+            all.as_mut_ptr(),
+        )?;
+        let recs: Vec<Record> = all.chunks(RECORD).map(Record::decode).collect();
+        prof.mark();
+        if let Some((r, x)) = recs
+            .iter()
+            .enumerate()
+            .find(|(_, x)| x.count != op.count as u64)
+        {
+            return fail(
+                gwInvalidUsage,
+                format!(
+                    "all-reduce count mismatch: rank {rank} has {}, rank {r} has {}",
+                    op.count, x.count
+                ),
+            );
+        }
+        if !recs.iter().all(|x| x.ok && x.ordinal == gpu.ordinal) {
+            return Ok(None);
+        }
+        if rank != 0 {
+            return Ok(Some(IpcPlan { fan: None }));
+        }
         let mut sends = Vec::with_capacity(n);
         let mut recvs = Vec::with_capacity(n);
         for (r, x) in recs.iter().enumerate() {
@@ -714,20 +797,17 @@ fn all_reduce_ipc(
                 recvs.push(import(st, drv, r as u32, &x.recv)?);
             }
         }
-        prof.mark();
-        let div = (op.redop == RedOp::Avg).then_some(n as f64);
-        gpu.fan(e, bop, &recvs, &sends, op.count as u64, div, stream)
-            .map_err(cuda_err)?;
-        sync(drv, stream)?;
-    } else {
-        prof.mark();
+        Ok(Some(IpcPlan {
+            fan: Some(Fan {
+                e,
+                op: bop,
+                sends,
+                recvs,
+                count: op.count as u64,
+                div: (op.redop == RedOp::Avg).then_some(n as f64),
+            }),
+        }))
     }
-    prof.mark();
-    // Every rank returns once its receive buffer holds the result (and no
-    // rank reads its send buffer any more).
-    barrier(st)?;
-    prof.mark();
-    Ok(true)
 }
 
 #[cfg(test)]

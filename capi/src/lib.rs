@@ -29,6 +29,7 @@ use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Duration;
 
 mod cuda;
+mod cuda_persistent;
 pub mod step;
 
 /// Library version, `major * 10000 + minor * 100 + patch`.
@@ -179,6 +180,8 @@ enum RequestKind {
     /// `gwAllReduceInit`: started by `gwStart` any number of times, freed
     /// only by `gwRequestFree`.
     Persistent(RawPersistent),
+    /// `gwAllReduceInit` on device memory.
+    Device(cuda_persistent::DevicePersistent),
 }
 
 static NEXT_HANDLE: AtomicUsize = AtomicUsize::new(1);
@@ -1578,6 +1581,15 @@ pub unsafe extern "C" fn gwTest(request: gwRequest_t, done: *mut c_int) -> gwRes
                 Ok(true) => Some(Ok(())),
                 Err(e) => Some(Err(e)),
             },
+            RequestKind::Device(d) => {
+                let finished = d.test()?;
+                // SAFETY: checked non-null.
+                unsafe { *done = finished as c_int };
+                if finished {
+                    d.wait(Some(Duration::ZERO))?;
+                }
+                return Ok(());
+            }
         };
         // SAFETY: checked non-null.
         unsafe { *done = res.is_some() as c_int };
@@ -1612,6 +1624,7 @@ pub unsafe extern "C" fn gwWait(request: gwRequest_t, timeout_ms: c_int) -> gwRe
                 Ok(true) => Some(Ok(())),
                 Err(e) => Some(Err(e)),
             },
+            (RequestKind::Device(d), limit) => d.wait(limit)?.then_some(Ok(())),
         };
         match res {
             None => {
@@ -1668,14 +1681,17 @@ pub unsafe extern "C" fn gwAllReduceInit(
             recvbuff.cast(),
         );
         check_count(&op)?;
-        // SAFETY: the C caller promises the buffers per the contract above,
-        // until gwRequestFree returns.
-        let p = unsafe { st.comm.prepare_raw(op, None)? };
+        let kind = match cuda_persistent::DevicePersistent::init(&st, &op)? {
+            Some(d) => RequestKind::Device(d),
+            // SAFETY: the C caller promises the buffers per the contract
+            // above, until gwRequestFree returns.
+            None => RequestKind::Persistent(unsafe { st.comm.prepare_raw(op, None)? }),
+        };
         let id = new_handle();
         requests().lock().unwrap_or_else(|p| p.into_inner()).insert(
             id,
             Arc::new(Request {
-                kind: RequestKind::Persistent(p),
+                kind,
                 comm: st.clone(),
             }),
         );
@@ -1704,6 +1720,7 @@ pub unsafe extern "C" fn gwStart(request: gwRequest_t) -> gwResult_t {
             // SAFETY: the caller promised the buffers at gwAllReduceInit,
             // until gwRequestFree.
             RequestKind::Persistent(p) => unsafe { p.start(&r.comm.comm) },
+            RequestKind::Device(d) => return d.start(&r.comm, None),
         };
         finish(
             &r,
@@ -1712,6 +1729,37 @@ pub unsafe extern "C" fn gwStart(request: gwRequest_t) -> gwResult_t {
                 e => e,
             }),
         )
+    })
+}
+
+/// `gwStart` ordered on CUDA stream `stream` (NULL: the default stream):
+/// the round reads `sendbuff` after the work queued before it on `stream`,
+/// and work queued after it sees `recvbuff`; it returns once the round is
+/// queued. Where every rank's buffers are on one GPU the round is queued
+/// entirely on the device (flags in device memory, no host message), and
+/// rounds of one request should stay on one stream (a round on another
+/// stream first waits for the previous one). Otherwise, and for host
+/// memory, the round runs before this returns.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn gwStartStream(
+    request: gwRequest_t,
+    stream: *mut std::ffi::c_void,
+) -> gwResult_t {
+    guard(std::ptr::null_mut(), || {
+        let r = lookup_request(request)?;
+        match &r.kind {
+            RequestKind::Device(d) => d.start(&r.comm, Some(stream)),
+            RequestKind::Persistent(p) => {
+                cuda::sync_stream_if_loaded(stream)?;
+                // SAFETY: as gwStart.
+                let res = unsafe { p.start(&r.comm.comm) }.and_then(|_| p.wait(&r.comm.comm));
+                finish(&r, res)
+            }
+            RequestKind::Once(_) => fail(
+                gwInvalidUsage,
+                format!("gwStartStream: request {request:p} is not persistent"),
+            ),
+        }
     })
 }
 
@@ -1732,6 +1780,10 @@ pub unsafe extern "C" fn gwRequestFree(request: gwRequest_t) -> gwResult_t {
         let res = match &r.kind {
             RequestKind::Once(h) => h.wait(),
             RequestKind::Persistent(p) => p.free(&r.comm.comm),
+            RequestKind::Device(d) => {
+                d.wait(None)?;
+                Ok(())
+            }
         };
         finish(&r, res)
     })

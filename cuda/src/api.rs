@@ -91,6 +91,9 @@ api! {
     stream_create = "cuStreamCreate": fn(*mut CUstream, c_uint);
     stream_destroy = "cuStreamDestroy_v2": fn(CUstream);
     stream_synchronize = "cuStreamSynchronize": fn(CUstream);
+    stream_query = "cuStreamQuery": fn(CUstream);
+    stream_wait_value32 = "cuStreamWaitValue32_v2": fn(CUstream, CUdeviceptr, u32, c_uint);
+    stream_write_value32 = "cuStreamWriteValue32_v2": fn(CUstream, CUdeviceptr, u32, c_uint);
     event_create = "cuEventCreate": fn(*mut CUevent, c_uint);
     event_record = "cuEventRecord": fn(CUevent, CUstream);
     event_synchronize = "cuEventSynchronize": fn(CUevent);

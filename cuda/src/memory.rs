@@ -325,6 +325,62 @@ pub unsafe fn sync_stream(drv: &Driver, stream: CUstream) -> Result<()> {
     drv.check("cuStreamSynchronize", code, "")
 }
 
+/// Queues `*addr = value` on `stream`, after the work before it (with a
+/// memory fence: the work's writes are visible first).
+///
+/// # Safety
+/// `addr` is 4 live device bytes; `stream` is live.
+pub unsafe fn write_flag(
+    drv: &Driver,
+    stream: CUstream,
+    addr: CUdeviceptr,
+    value: u32,
+) -> Result<()> {
+    // SAFETY: per the contract; flag 0 is CU_STREAM_WRITE_VALUE_DEFAULT.
+    let code = unsafe { (drv.api().stream_write_value32)(stream, addr, value, 0) };
+    drv.check("cuStreamWriteValue32", code, &format!("{addr:#x}"))
+}
+
+/// Queues a wait on `stream` until `(int32)(*addr - value) >= 0`: the flag
+/// has reached `value`, counting with wrap-around.
+///
+/// # Safety
+/// As [`write_flag`].
+pub unsafe fn wait_flag(
+    drv: &Driver,
+    stream: CUstream,
+    addr: CUdeviceptr,
+    value: u32,
+) -> Result<()> {
+    // SAFETY: per the contract; flag 0 is CU_STREAM_WAIT_VALUE_GEQ.
+    let code = unsafe { (drv.api().stream_wait_value32)(stream, addr, value, 0) };
+    drv.check("cuStreamWaitValue32", code, &format!("{addr:#x}"))
+}
+
+/// Whether everything queued on `stream` has run (`cuStreamQuery`).
+///
+/// # Safety
+/// `stream` is null or live.
+pub unsafe fn stream_done(drv: &Driver, stream: CUstream) -> Result<bool> {
+    // SAFETY: per the contract.
+    let code = unsafe { (drv.api().stream_query)(stream) };
+    if code == 600 {
+        // CUDA_ERROR_NOT_READY
+        return Ok(false);
+    }
+    drv.check("cuStreamQuery", code, "").map(|_| true)
+}
+
+/// Sets `bytes` device bytes at `ptr` to `value`, synchronously.
+///
+/// # Safety
+/// `[ptr, ptr + bytes)` is live device memory.
+pub unsafe fn memset(drv: &Driver, ptr: CUdeviceptr, value: u8, bytes: usize) -> Result<()> {
+    // SAFETY: per the contract.
+    let code = unsafe { (drv.api().memset_d8)(ptr, value, bytes) };
+    drv.check("cuMemsetD8", code, &format!("{ptr:#x}"))
+}
+
 #[cfg(test)]
 mod tests {
     use super::host_readable;

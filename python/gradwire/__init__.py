@@ -212,17 +212,89 @@ def _op_code(op):
     return int(op)
 
 
+class _Dev:
+    """A device array (anything with `__cuda_array_interface__`: CuPy,
+    PyTorch CUDA tensors, Numba), seen through the same attributes the
+    calls read from numpy arrays."""
+
+    def __init__(self, obj):
+        iface = obj.__cuda_array_interface__
+        self.obj = obj
+        self.shape = tuple(iface["shape"]) or (1,)
+        self.dtype = np.dtype(iface["typestr"])
+        self.size = int(np.prod(self.shape))
+        self.ptr = iface["data"][0]
+        strides = iface.get("strides")
+        if strides is not None and tuple(strides) != _c_strides(self.shape, self.dtype.itemsize):
+            raise ValueError("gradwire: device arrays must be C-contiguous (call .contiguous() or "
+                             "cupy.ascontiguousarray first)")
+
+    @property
+    def ndim(self):
+        return len(self.shape)
+
+
+def _c_strides(shape, itemsize):
+    out, step = [], itemsize
+    for d in reversed(shape):
+        out.append(step)
+        step *= d
+    return tuple(reversed(out))
+
+
+def _is_device(x):
+    return hasattr(x, "__cuda_array_interface__")
+
+
+def _empty_like_kind(like, shape, dtype):
+    """A new device array of `like`'s kind (torch or CuPy) and device."""
+    mod = type(like.obj).__module__.split(".")[0]
+    if mod == "torch":
+        import torch
+        tdt = torch.from_numpy(np.empty(0, dtype)).dtype
+        return _Dev(torch.empty(shape, dtype=tdt, device=like.obj.device))
+    if mod == "cupy":
+        import cupy
+        with cupy.cuda.Device(like.obj.device.id):
+            return _Dev(cupy.empty(shape, dtype))
+    raise TypeError(f"gradwire: cannot allocate a result like a {type(like.obj).__name__}; pass out=")
+
+
+def _stream_handle(stream):
+    """A raw cudaStream_t from a torch or CuPy stream, or an int."""
+    for attr in ("cuda_stream", "ptr"):
+        if hasattr(stream, attr):
+            return ctypes.c_void_p(int(getattr(stream, attr)))
+    return ctypes.c_void_p(int(stream))
+
+
+def _result(r):
+    return r.obj if isinstance(r, _Dev) else r
+
+
 def _send(array):
-    """A C-contiguous numpy view of `array` (copied if it is not contiguous)."""
+    """A C-contiguous numpy view of `array` (copied if it is not contiguous),
+    or a device array as it is."""
+    if _is_device(array):
+        return _Dev(array)
     a = np.asarray(array)
     if a.ndim == 0:
         a = a.reshape(1)
     return np.ascontiguousarray(a)
 
 
-def _recv(out, shape, dtype, what):
+def _recv(out, shape, dtype, what, like=None):
     if out is None:
+        if isinstance(like, _Dev):
+            return _empty_like_kind(like, shape, dtype)
         return np.empty(shape, dtype)
+    if _is_device(out):
+        d = _Dev(out)
+        if d.dtype != dtype:
+            raise TypeError(f"gradwire: {what}: out has dtype {d.dtype}, expected {np.dtype(dtype)}")
+        if d.size != int(np.prod(shape)):
+            raise ValueError(f"gradwire: {what}: out has {d.size} elements, expected {int(np.prod(shape))}")
+        return d
     if not isinstance(out, np.ndarray):
         raise TypeError(f"gradwire: {what}: out must be a numpy array")
     if not out.flags.c_contiguous or not out.flags.writeable:
@@ -235,6 +307,8 @@ def _recv(out, shape, dtype, what):
 
 
 def _ptr(a):
+    if isinstance(a, _Dev):
+        return ctypes.c_void_p(a.ptr)
     return ctypes.c_void_p(a.ctypes.data)
 
 
@@ -444,7 +518,7 @@ class Comm:
     def _allreduce_args(self, array, op, weight, out):
         a = _send(array)
         dt = _dtype_code(a.dtype)
-        r = _recv(out, a.shape, a.dtype, "allreduce")
+        r = _recv(out, a.shape, a.dtype, "allreduce", a)
         if weight is not None:
             if op not in ("sum", None) and _op_code(op) != OPS.get("sum"):
                 raise ValueError("gradwire: allreduce: weight is only valid with op='sum'")
@@ -457,52 +531,62 @@ class Comm:
             raise ValueError(f"gradwire: reduce_scatter: {a.size} elements do not split over {self.size} ranks")
         n = a.size // self.size
         shape = (a.shape[0] // self.size,) + a.shape[1:] if a.shape[0] % self.size == 0 else (n,)
-        r = _recv(out, shape, a.dtype, "reduce_scatter")
+        r = _recv(out, shape, a.dtype, "reduce_scatter", a)
         return (_ptr(a), _ptr(r), n, _dtype_code(a.dtype), _op_code(op), self._handle()), a, r
 
     def _allgather_args(self, array, out):
         a = _send(array)
-        r = _recv(out, (self.size,) + a.shape, a.dtype, "allgather")
+        r = _recv(out, (self.size,) + a.shape, a.dtype, "allgather", a)
         return (_ptr(a), _ptr(r), a.size, _dtype_code(a.dtype), self._handle()), a, r
 
     def _broadcast_args(self, array, root, out):
         a = _send(array)
-        r = _recv(out, a.shape, a.dtype, "broadcast")
+        r = _recv(out, a.shape, a.dtype, "broadcast", a)
         return (_ptr(a), _ptr(r), a.size, _dtype_code(a.dtype), int(root), self._handle()), a, r
 
-    # -- blocking collectives
-    def allreduce(self, array, op="sum", weight=None, out=None):
-        """Element-wise `op` over ranks; with `weight`, Σ_r weight_r·array_r (floating types).
-        Returns `out` (a new array if None; may be `array` itself for in place)."""
-        fname, args, a, r = self._allreduce_args(array, op, weight, out)
-        self._call(fname, *args)
-        return r
+    # -- blocking collectives (numpy arrays, or device arrays: anything with
+    # __cuda_array_interface__; with stream=, ordered on that CUDA stream)
+    def _run(self, fname, args, stream):
+        if stream is None:
+            self._call(fname, *args)
+        else:
+            self._call(fname + "Stream", *args, _stream_handle(stream))
 
-    def reduce_scatter(self, array, op="sum", out=None):
+    def allreduce(self, array, op="sum", weight=None, out=None, stream=None):
+        """Element-wise `op` over ranks; with `weight`, Σ_r weight_r·array_r (floating types).
+        Returns `out` (a new array of the input's kind if None; may be `array` itself for in
+        place)."""
+        fname, args, a, r = self._allreduce_args(array, op, weight, out)
+        if stream is not None and weight is not None:
+            raise ValueError("gradwire: allreduce: weight has no stream-ordered form")
+        self._run(fname, args, stream)
+        return _result(r)
+
+    def reduce_scatter(self, array, op="sum", out=None, stream=None):
         """Rank r gets block r of the reduction (array.size must divide by size)."""
         args, a, r = self._reduce_scatter_args(array, op, out)
-        self._call("gwReduceScatter", *args)
-        return r
+        self._run("gwReduceScatter", args, stream)
+        return _result(r)
 
-    def allgather(self, array, out=None):
+    def allgather(self, array, out=None, stream=None):
         """Every rank's array stacked in rank order: shape (size, *array.shape)."""
         args, a, r = self._allgather_args(array, out)
-        self._call("gwAllGather", *args)
-        return r
+        self._run("gwAllGather", args, stream)
+        return _result(r)
 
-    def broadcast(self, array, root=0, out=None):
+    def broadcast(self, array, root=0, out=None, stream=None):
         """root's array on every rank (array's shape and dtype must agree on all ranks)."""
         args, a, r = self._broadcast_args(array, root, out)
-        self._call("gwBroadcast", *args)
-        return r
+        self._run("gwBroadcast", args, stream)
+        return _result(r)
 
-    def reduce(self, array, op="sum", root=0, out=None):
+    def reduce(self, array, op="sum", root=0, out=None, stream=None):
         """The reduction on `root` (returned there); None on the other ranks."""
         a = _send(array)
-        r = _recv(out, a.shape, a.dtype, "reduce")
-        self._call("gwReduce", _ptr(a), _ptr(r), a.size, _dtype_code(a.dtype), _op_code(op),
-                   int(root), self._handle())
-        return r if self.rank == int(root) else None
+        r = _recv(out, a.shape, a.dtype, "reduce", a)
+        self._run("gwReduce", (_ptr(a), _ptr(r), a.size, _dtype_code(a.dtype), _op_code(op),
+                               int(root), self._handle()), stream)
+        return _result(r) if self.rank == int(root) else None
 
     def barrier(self):
         self._call("gwBarrier", self._handle())

@@ -137,6 +137,7 @@ def declare(lib):
         "gwBroadcastStream": [vp, vp, c_size, c_int, c_int, vp, vp],
         "gwReduceStream": [vp, vp, c_size, c_int, c_int, c_int, vp, vp],
         "gwStart": [vp],
+        "gwStartStream": [vp, vp],
         "gwRequestFree": [vp],
     }
     for name, args in sigs.items():

@@ -55,9 +55,16 @@ for n in 1 2 3 4; do
 done
 GW_CUDA_IPC=0 check "collectives-staged-2" gwrun -n 2 python3 gpu_collectives.py check
 GW_CHECK_BIG=1 check "collectives-4GiB-2" gwrun -n 2 python3 gpu_collectives.py check
+# GW_CHECK_PROFILE=1: where the IPC all-reduce's time goes (not counted).
+if [ "${GW_CHECK_PROFILE:-0}" = 1 ]; then
+  for n in 2 4; do
+    echo "== where the IPC all-reduce's time goes, $n ranks (microseconds per call)"
+    timeout 120 gwrun -n "$n" python3 gpu_collectives.py profile 2>&1 | grep -E 'profile' | head -8
+  done
+fi
 for n in 2 4; do
-  echo "== where the IPC all-reduce's time goes, $n ranks (microseconds per call)"
-  timeout 120 gwrun -n "$n" python3 gpu_collectives.py profile 2>&1 | grep -E 'profile' | head -8
+  echo "== persistent against ordinary, $n ranks"
+  timeout 120 gwrun -n "$n" python3 gpu_collectives.py persistent "$FIG/persistent-$n.json" 2>&1 | grep -E '^\[0\] #' || true
 done
 for n in 2 4; do
   rm -f /tmp/gw-gloo-store-$n

@@ -245,6 +245,72 @@ def check_errors():
     record(name, rc != 0 and "Stream call" in msg, f"rc={rc} {msg}")
 
 
+def check_persistent():
+    """gwAllReduceInit on device buffers: rounds with new data each time,
+    started with gwStart and with gwStartStream on a torch stream."""
+    for dtype, op, count in ((torch.float32, "sum", 1 << 20), (torch.float16, "avg", 65537),
+                             (torch.int64, "max", 1000)):
+        name = f"persistent {str(dtype)[6:]} {op} n={count}"
+        try:
+            x = torch.empty(count, dtype=dtype, device=dev)
+            y = torch.empty_like(x)
+            req = ctypes.c_void_p()
+            call("gwAllReduceInit", x.data_ptr(), y.data_ptr(), count, DT[dtype], OPS[op], H, ctypes.byref(req))
+            ok = True
+            for rnd in range(12):
+                inputs = [data(r, f"{name} round {rnd}", dtype, count) for r in range(n)]
+                x.copy_(inputs[rank])
+                want = chain_reference(inputs, op, dtype)
+                if rnd % 2 == 0:
+                    call("gwStart", req)
+                    call("gwWait", req, 10000)  # a hang is a failure, not a stuck check
+                    got = y
+                else:
+                    s = torch.cuda.Stream()
+                    s.wait_stream(torch.cuda.current_stream())
+                    with torch.cuda.stream(s):
+                        call("gwStartStream", req, s.cuda_stream)
+                        got = y.clone()
+                    t0 = time.time()
+                    while not s.query():
+                        if time.time() - t0 > 10:
+                            raise RuntimeError("gwStartStream: the stream did not finish in 10 s")
+                        time.sleep(0.001)
+                if not same(got, want):
+                    ok = False
+                    break
+            call("gwRequestFree", req)
+            record(name, ok)
+        except RuntimeError as e:
+            record(name, False, str(e))
+
+
+def check_python_api():
+    """The package's own calls on CUDA tensors: results come back as
+    tensors on the device, with and without a stream."""
+    name = "python api: allreduce, broadcast, allgather on torch CUDA tensors"
+    try:
+        x = torch.full((1000,), float(rank + 1), device=dev)
+        y = comm.allreduce(x)
+        ok = isinstance(y, torch.Tensor) and y.is_cuda and bool(torch.all(y == sum(range(1, n + 1))))
+        comm.allreduce(x, out=x)
+        ok = ok and bool(torch.all(x == sum(range(1, n + 1))))
+        b = comm.broadcast(torch.full((10,), float(rank), device=dev), root=n - 1)
+        ok = ok and b.is_cuda and bool(torch.all(b == n - 1))
+        g = comm.allgather(torch.full((3,), float(rank), device=dev))
+        ok = ok and tuple(g.shape) == (n, 3) and bool(torch.all(g[:, 0].cpu() == torch.arange(n, dtype=torch.float32)))
+        s = torch.cuda.Stream()
+        with torch.cuda.stream(s):
+            z = torch.ones(5000, device=dev)
+            comm.allreduce(z, out=z, stream=s)
+            w = z * 3
+        s.synchronize()
+        ok = ok and bool(torch.all(w == 3 * n))
+        record(name, ok)
+    except Exception as e:  # noqa: BLE001 - reported as a failure
+        record(name, False, repr(e))
+
+
 def check_big():
     name = "4 GiB all-reduce"
     count = 1 << 30
@@ -368,6 +434,41 @@ def bench(out):
     dist.destroy_process_group()
 
 
+def bench_persistent(out):
+    """Persistent (gwStart + gwWait) against the ordinary call, same buffers."""
+    rounds = int(os.environ.get("GW_BENCH_ROUNDS", "5"))
+    rows = []
+    for size in (64 << 10, 1 << 20):
+        count = size // 4
+        x = torch.ones(count, device=dev)
+        req = ctypes.c_void_p()
+        call("gwAllReduceInit", x.data_ptr(), x.data_ptr(), count, 5, 0, H, ctypes.byref(req))
+
+        def persistent():
+            call("gwStart", req)
+            call("gwWait", req, 10000)
+
+        def ordinary():
+            call("gwAllReduce", x.data_ptr(), x.data_ptr(), count, 5, 0, H)
+
+        times = {"ordinary": [], "persistent": []}
+        for _ in range(rounds):
+            times["ordinary"].append(timed(ordinary, budget=0.15))
+            times["persistent"].append(timed(persistent, budget=0.15))
+        call("gwRequestFree", req)
+        med = {k: statistics.median(v) for k, v in times.items()}
+        rows.append({"bytes": size, "ranks": n, "rounds_s": times, "median_s": med,
+                     "speedup": med["ordinary"] / med["persistent"]})
+        if rank == 0:
+            spread = {k: " ".join(f"{t * 1e6:.1f}" for t in v) for k, v in times.items()}
+            print(f"# persistent {size:>8} B: ordinary {med['ordinary'] * 1e6:.1f} us [{spread['ordinary']}], "
+                  f"persistent {med['persistent'] * 1e6:.1f} us [{spread['persistent']}] -> "
+                  f"{med['ordinary'] / med['persistent']:.2f}x", flush=True)
+    if rank == 0:
+        with open(out, "w") as f:
+            json.dump(rows, f, indent=1)
+
+
 def profile():
     """Where the IPC all-reduce's time goes (GW_CUDA_PROFILE's lines)."""
     os.environ["GW_CUDA_PROFILE"] = "1"
@@ -386,6 +487,10 @@ def main():
         profile()
         comm.destroy()
         return
+    if mode == "persistent":
+        bench_persistent(sys.argv[2])
+        comm.destroy()
+        return
     if mode == "check":
         staged = os.environ.get("GW_CUDA_IPC") == "0"
         if os.environ.get("GW_CHECK_BIG") == "1":
@@ -394,6 +499,8 @@ def main():
             check_all_reduce(staged)
             check_others()
             check_stream_order()
+            check_persistent()
+            check_python_api()
             check_errors()
         failed = sum(1 for _, ok in results if not ok)
         print(f"RESULT rank {rank}: {len(results) - failed} passed, {failed} failed", flush=True)
