@@ -193,23 +193,38 @@ impl DevicePersistent {
     }
 
     /// Waits for the last round, at most `limit`; `Ok(false)` if it is
-    /// still running then.
-    pub(crate) fn wait(&self, limit: Option<Duration>) -> CResult<bool> {
-        let s = match self.state.lock().unwrap_or_else(|p| p.into_inner()).running {
-            None => return Ok(true),
-            Some(s) => s as CUstream,
-        };
-        match limit {
-            None => cuda::sync(self.gpu.driver(), s)?,
-            Some(t) => {
-                let end = Instant::now() + t;
-                while !self.test()? {
-                    if Instant::now() >= end {
-                        return Ok(false);
-                    }
-                    std::thread::sleep(Duration::from_micros(20));
-                }
+    /// still running then. Without a limit it waits the communicator's
+    /// operation timeout (`GW_TIMEOUT`) and then fails naming the round:
+    /// a rank that died or never started it leaves the others' streams
+    /// waiting on its flag, which no host message would reveal.
+    pub(crate) fn wait(&self, st: &CommState, limit: Option<Duration>) -> CResult<bool> {
+        let (s, round) = {
+            let state = self.state.lock().unwrap_or_else(|p| p.into_inner());
+            match state.running {
+                None => return Ok(true),
+                Some(s) => (s as CUstream, state.round),
             }
+        };
+        let deadline = limit.unwrap_or(st.comm.config().timeout.value);
+        let end = Instant::now() + deadline;
+        let mut pause = Duration::from_micros(5);
+        // SAFETY: a stream queued on by start.
+        while !unsafe { memory::stream_done(self.gpu.driver(), s) }.map_err(cuda::cuda_err)? {
+            if Instant::now() >= end {
+                if limit.is_some() {
+                    return Ok(false);
+                }
+                return Err(crate::Failure {
+                    code: crate::gwTimeout,
+                    msg: format!(
+                        "timeout: round {round} of a persistent device all-reduce did not finish \
+                         within GW_TIMEOUT ({:?}); a rank may have died or not started it",
+                        deadline
+                    ),
+                });
+            }
+            std::thread::sleep(pause);
+            pause = (pause * 2).min(Duration::from_micros(200));
         }
         self.state.lock().unwrap_or_else(|p| p.into_inner()).running = None;
         Ok(true)

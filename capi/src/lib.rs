@@ -1586,7 +1586,7 @@ pub unsafe extern "C" fn gwTest(request: gwRequest_t, done: *mut c_int) -> gwRes
                 // SAFETY: checked non-null.
                 unsafe { *done = finished as c_int };
                 if finished {
-                    d.wait(Some(Duration::ZERO))?;
+                    d.wait(&r.comm, Some(Duration::ZERO))?;
                 }
                 return Ok(());
             }
@@ -1624,7 +1624,7 @@ pub unsafe extern "C" fn gwWait(request: gwRequest_t, timeout_ms: c_int) -> gwRe
                 Ok(true) => Some(Ok(())),
                 Err(e) => Some(Err(e)),
             },
-            (RequestKind::Device(d), limit) => d.wait(limit)?.then_some(Ok(())),
+            (RequestKind::Device(d), limit) => d.wait(&r.comm, limit)?.then_some(Ok(())),
         };
         match res {
             None => {
@@ -1781,7 +1781,7 @@ pub unsafe extern "C" fn gwRequestFree(request: gwRequest_t) -> gwResult_t {
             RequestKind::Once(h) => h.wait(),
             RequestKind::Persistent(p) => p.free(&r.comm.comm),
             RequestKind::Device(d) => {
-                d.wait(None)?;
+                d.wait(&r.comm, None)?;
                 Ok(())
             }
         };
