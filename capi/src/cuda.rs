@@ -14,18 +14,25 @@
 //!   rank order. Host messages carry only the handles and one barrier.
 //! - **Staged** (everything else): the device data is copied into pinned
 //!   host buffers kept per communicator, the host operation runs, and the
-//!   result is copied back.
+//!   result is copied back. All-reduce, broadcast and reduce larger than a
+//!   segment (`GW_CUDA_STAGE_BYTES`, 4 MiB) go segment by segment through
+//!   three pinned slots, the copies on streams of their own overlapping the
+//!   host operation on the segment between (`gw_cuda::pipeline`).
 //!
 //! Whether a rank takes the IPC way is decided from every rank's record,
 //! so all ranks decide alike; a rank with host buffers there takes the
 //! staged way with the others.
 
-use crate::{CResult, CommState, Failure, fail, gwInvalidArgument, gwInvalidUsage, gwSystemError};
+use crate::{
+    CResult, CommState, Failure, fail, gwInternalError, gwInvalidArgument, gwInvalidUsage,
+    gwSystemError,
+};
 use gw_collectives::communicator::RawOp;
 use gw_collectives::{DType, OpKind, RedOp};
 use gw_cuda::api::{CUdeviceptr, CUstream, IpcMemHandle};
 use gw_cuda::memory::{self, MemKind};
-use gw_cuda::{Driver, Elem, Gpu, Op, PinnedBuf};
+use gw_cuda::pipeline::{Action, Done, Pipeline};
+use gw_cuda::{Driver, Elem, Event, Gpu, Op, PinnedBuf};
 use std::collections::HashMap;
 use std::ffi::c_void;
 use std::sync::Mutex;
@@ -301,7 +308,11 @@ pub(crate) fn run(st: &CommState, op: &RawOp, stream: Option<CUstream>) -> CResu
             return Ok(true);
         }
     }
-    staged(st, op, &dev, stream, send_bytes, recv_bytes)?;
+    if pipelines(op, &dev, recv_bytes) {
+        staged_pipelined(st, op, &dev, recv_bytes)?;
+    } else {
+        staged(st, op, &dev, stream, send_bytes, recv_bytes)?;
+    }
     Ok(true)
 }
 
@@ -334,19 +345,156 @@ fn one_rank(op: &RawOp, gpu: &'static Gpu, stream: Option<CUstream>, bytes: usiz
     sync(drv, s)
 }
 
-/// One non-blocking stream per GPU for the blocking calls' work.
+/// The blocking calls' stream on `gpu`.
 fn internal_stream(gpu: &'static Gpu) -> CResult<CUstream> {
+    own_stream(gpu, 0)
+}
+
+/// Non-blocking stream number `which` of this process on `gpu` (0: the
+/// blocking calls' work, 1 and 2: the staging pipeline's copies in and
+/// out), created once.
+fn own_stream(gpu: &'static Gpu, which: u8) -> CResult<CUstream> {
     struct S(CUstream);
     // SAFETY: a stream handle may be used from any thread.
     unsafe impl Send for S {}
-    static STREAMS: Mutex<Vec<(i32, S)>> = Mutex::new(Vec::new());
+    static STREAMS: Mutex<Vec<(i32, u8, S)>> = Mutex::new(Vec::new());
     let mut all = STREAMS.lock().unwrap_or_else(|p| p.into_inner());
-    if let Some((_, s)) = all.iter().find(|(o, _)| *o == gpu.ordinal) {
+    if let Some((_, _, s)) = all
+        .iter()
+        .find(|(o, w, _)| *o == gpu.ordinal && *w == which)
+    {
         return Ok(s.0);
     }
     let s = gpu.new_stream().map_err(cuda_err)?;
-    all.push((gpu.ordinal, S(s)));
+    all.push((gpu.ordinal, which, S(s)));
     Ok(s)
+}
+
+/// Segment size of the staging pipeline: `GW_CUDA_STAGE_BYTES` (every rank
+/// must use the same, since each segment is a host operation of its own),
+/// whole elements.
+fn stage_bytes(es: usize) -> usize {
+    let b = std::env::var("GW_CUDA_STAGE_BYTES")
+        .ok()
+        .and_then(|v| v.parse::<usize>().ok())
+        .filter(|b| *b > 0)
+        .unwrap_or(4 << 20);
+    (b / es).max(1) * es
+}
+
+/// Pinned slots the pipeline cycles through.
+const STAGE_SLOTS: usize = 3;
+
+/// Whether `op` may be staged segment by segment: an elementwise
+/// operation (each segment an operation of its own) on device buffers of
+/// more than one segment.
+fn pipelines(op: &RawOp, dev: &DeviceUse, bytes: usize) -> bool {
+    let elementwise = matches!(
+        op.kind,
+        OpKind::AllReduce | OpKind::Broadcast | OpKind::Reduce
+    );
+    let device = dev.recv.is_device() && (dev.send.is_device() || op.kind == OpKind::Broadcast);
+    elementwise && device && bytes > stage_bytes(op.dtype.size())
+}
+
+/// The staged way, segment by segment ([`gw_cuda::pipeline`]): the copies
+/// to the host and back run on two copy streams of their own while the
+/// host operation works on the segment between, each in place in its
+/// pinned slot.
+fn staged_pipelined(st: &CommState, op: &RawOp, dev: &DeviceUse, bytes: usize) -> CResult<()> {
+    let gpu = dev.gpu;
+    let drv = gpu.driver();
+    let rank = st.comm.rank() as usize;
+    let es = op.dtype.size();
+    let seg = stage_bytes(es);
+    let root = op.root as usize == rank;
+    let copy_in = op.kind != OpKind::Broadcast || root;
+    let copy_out = op.kind != OpKind::Reduce || root;
+    let (s_in, s_out) = (own_stream(gpu, 1)?, own_stream(gpu, 2)?);
+    let mut bufs = st.cuda.staging.lock().unwrap_or_else(|p| p.into_inner());
+    while bufs.len() < 4 + STAGE_SLOTS {
+        bufs.push(PinnedBuf::new(drv, 0).map_err(cuda_err)?);
+    }
+    let mut slots = Vec::with_capacity(STAGE_SLOTS);
+    for b in bufs[4..4 + STAGE_SLOTS].iter_mut() {
+        if b.len() < seg {
+            *b = PinnedBuf::new(drv, seg).map_err(cuda_err)?;
+        }
+        slots.push(b.as_ptr());
+    }
+    let mut pipe = Pipeline::new(bytes, seg, STAGE_SLOTS, copy_in, copy_out);
+    // An event after a copy just queued on stream `s`.
+    let queued = |copy: gw_cuda::Result<()>, s: CUstream| -> CResult<Event> {
+        copy.map_err(cuda_err)?;
+        let ev = Event::new(drv).map_err(cuda_err)?;
+        // SAFETY: our own stream.
+        unsafe { ev.record(s) }.map_err(cuda_err)?;
+        Ok(ev)
+    };
+    let result = (|| -> CResult<()> {
+        let mut pending: std::collections::VecDeque<(Done, Event)> = Default::default();
+        loop {
+            let mut runs = Vec::new();
+            for a in pipe.poll() {
+                match a {
+                    Action::CopyIn { seg, slot } => {
+                        let r = pipe.range(seg);
+                        let dev = op.send as u64 + r.start as u64;
+                        // SAFETY: a segment of the checked send extent into a
+                        // slot of `seg` bytes, both alive until the event.
+                        let copy = unsafe {
+                            memory::copy_dtoh(drv, slots[slot], dev, r.len(), Some(s_in))
+                        };
+                        pending.push_back((Done::CopiedIn(seg), queued(copy, s_in)?));
+                    }
+                    Action::CopyOut { seg, slot } => {
+                        let r = pipe.range(seg);
+                        let dev = op.recv as u64 + r.start as u64;
+                        // SAFETY: as the copy in, to the checked receive extent.
+                        let copy = unsafe {
+                            memory::copy_htod(drv, dev, slots[slot], r.len(), Some(s_out))
+                        };
+                        pending.push_back((Done::CopiedOut(seg), queued(copy, s_out)?));
+                    }
+                    // After the copies are queued, so that they overlap it.
+                    Action::Run { seg, slot } => runs.push((seg, slot)),
+                }
+            }
+            let ran = !runs.is_empty();
+            for (seg, slot) in runs {
+                let host = RawOp {
+                    count: pipe.range(seg).len() / es,
+                    send: slots[slot],
+                    recv: slots[slot],
+                    ..*op
+                };
+                // SAFETY: the slot holds the segment and is ours (the lock).
+                unsafe { st.comm.run_raw(host, None)? };
+                pipe.on(Done::Ran(seg)).map_err(pipeline_bug)?;
+            }
+            if pipe.is_done() {
+                return Ok(());
+            }
+            if !ran {
+                let Some((done, ev)) = pending.pop_front() else {
+                    return Err(pipeline_bug("stalled with nothing in flight".into()));
+                };
+                ev.wait().map_err(cuda_err)?;
+                pipe.on(done).map_err(pipeline_bug)?;
+            }
+        }
+    })();
+    // No copy may still use the slots (or the caller's buffers) once the
+    // lock is released, error or not.
+    let drained = sync(drv, s_in).and(sync(drv, s_out));
+    result.and(drained)
+}
+
+fn pipeline_bug(msg: String) -> Failure {
+    Failure {
+        code: gwInternalError,
+        msg: format!("internal error: staging pipeline: {msg}"),
+    }
 }
 
 /// The device data through pinned host buffers and the host operation.

@@ -13,13 +13,16 @@ pub mod api;
 pub mod device;
 pub mod driver;
 pub mod error;
+pub mod event;
 pub mod kernels;
 pub mod memory;
 pub mod nvrtc;
+pub mod pipeline;
 
 pub use device::{Gpu, Scaling};
 pub use driver::Driver;
 pub use error::{Error, Result};
+pub use event::Event;
 pub use kernels::{Elem, Op};
 pub use memory::{DeviceBuf, MemKind, PinnedBuf};
 pub use nvrtc::Nvrtc;

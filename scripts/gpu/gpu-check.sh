@@ -53,7 +53,8 @@ cd "$HERE"
 for n in 1 2 3 4; do
   check "collectives-ipc-$n" gwrun -n "$n" python3 gpu_collectives.py check
 done
-GW_CUDA_IPC=0 check "collectives-staged-2" gwrun -n 2 python3 gpu_collectives.py check
+# Staged, in 64 KiB segments so that the pipeline runs many of them.
+GW_CUDA_IPC=0 GW_CUDA_STAGE_BYTES=65536 check "collectives-staged-2" gwrun -n 2 python3 gpu_collectives.py check
 GW_CHECK_BIG=1 check "collectives-4GiB-2" gwrun -n 2 python3 gpu_collectives.py check
 # GW_CHECK_PROFILE=1: where the IPC all-reduce's time goes (not counted).
 if [ "${GW_CHECK_PROFILE:-0}" = 1 ]; then
