@@ -310,8 +310,10 @@ pub(crate) fn route(
     } else {
         None
     };
+    let mut ofi_gpudirect = None;
     let ofi_idx = match ofi {
         Some(mut t) => {
+            ofi_gpudirect = Some(t.gpudirect());
             t.set_peers(peers)?;
             transports.push(Box::new(t));
             Some(transports.len() - 1)
@@ -350,6 +352,8 @@ pub(crate) fn route(
             }
         );
     }
+
+    tracing::info!("GPUDirect RDMA: {}", gpudirect_line(&names, ofi_gpudirect));
 
     let link = if names.contains(&"tcp") || names.contains(&"ofi") {
         LinkKind::Tcp
@@ -392,6 +396,25 @@ pub(crate) fn route(
 /// How many ranks share the busiest processor of the most crowded host,
 /// ⌈ranks / processors⌉ (at least 1): every rank computes it from the same
 /// records.
+/// The init line on GPUDirect RDMA: the ofi provider's answer where ofi
+/// carries data, else which transports do instead.
+fn gpudirect_line(names: &[&str], ofi: Option<String>) -> String {
+    if let Some(line) = ofi.filter(|_| names.contains(&"ofi")) {
+        return line;
+    }
+    let mut used: Vec<&str> = names.iter().copied().filter(|n| *n != "self").collect();
+    used.sort_unstable();
+    used.dedup();
+    if used.is_empty() {
+        return "off (one rank: nothing moves between ranks)".into();
+    }
+    format!(
+        "off (no RDMA transport in use: {}; device data is staged through pinned host \
+         memory, or goes over CUDA IPC between ranks on one GPU)",
+        used.join(", ")
+    )
+}
+
 fn oversubscription(peers: &[PeerInfo]) -> f64 {
     let mut hosts: std::collections::BTreeMap<&str, (u32, u32)> = Default::default();
     for p in peers {

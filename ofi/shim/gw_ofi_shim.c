@@ -445,6 +445,29 @@ int gw_ofi_mr_reg(struct fid_domain *domain, const void *buf, size_t len,
 			 NULL);
 }
 
+/* Device memory (FI_HMEM): `iface` is an enum fi_hmem_iface (FI_HMEM_CUDA
+ * is 1) and `device` its device ordinal. The fabric must have been opened
+ * with FI_HMEM. */
+int gw_ofi_mr_reg_hmem(struct fid_domain *domain, const void *buf,
+		       size_t len, uint64_t access, uint64_t requested_key,
+		       int iface, int device, struct fid_mr **mr)
+{
+	struct iovec iov;
+	struct fi_mr_attr attr;
+
+	iov.iov_base = (void *)buf;
+	iov.iov_len = len;
+	memset(&attr, 0, sizeof(attr));
+	attr.mr_iov = &iov;
+	attr.iov_count = 1;
+	attr.access = access;
+	attr.requested_key = requested_key;
+	attr.iface = (enum fi_hmem_iface)iface;
+	attr.device.cuda = device;
+	*mr = NULL;
+	return fi_mr_regattr(domain, &attr, 0, mr);
+}
+
 /* FI_MR_ENDPOINT: bind to the endpoint, then enable. */
 int gw_ofi_mr_bind_ep(struct fid_mr *mr, struct fid_ep *ep)
 {

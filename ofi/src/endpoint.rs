@@ -340,7 +340,7 @@ impl Endpoint {
     /// is dropped and no transfer using it is in flight.
     pub unsafe fn register(&self, ptr: *const u8, len: usize, access: u64) -> Result<Mr> {
         // SAFETY: the caller's promise is passed on.
-        unsafe { register(&self.core.domain, Some(&self.core), ptr, len, access) }
+        unsafe { register(&self.core.domain, Some(&self.core), ptr, len, access, None) }
     }
 
     /// Operations posted whose completion has not been read yet.

@@ -53,8 +53,19 @@ impl Fabric {
     /// `"tcp;ofi_rxm"` or `"shm"`), or of the first usable one of
     /// [`crate::PREFERRED_PROVIDERS`] when `None`.
     pub fn open(provider: Option<&str>) -> Result<Fabric> {
+        Self::open_with(provider, false)
+    }
+
+    /// [`Fabric::open`] for a provider that also registers device memory
+    /// (`FI_HMEM`, for GPUDirect RDMA); one without it is
+    /// [`Error::MissingCapability`] naming FI_HMEM.
+    pub fn open_hmem(provider: Option<&str>) -> Result<Fabric> {
+        Self::open_with(provider, true)
+    }
+
+    fn open_with(provider: Option<&str>, hmem: bool) -> Result<Fabric> {
         library()?;
-        let (raw_info, info, choice) = choose(provider)?;
+        let (raw_info, info, choice) = choose(provider, hmem)?;
         let mut fabric = std::ptr::null_mut();
         // SAFETY: raw_info is a live fi_info; fabric receives the object,
         // which FabricCore closes.

@@ -219,6 +219,7 @@ shim! {
     fn gw_ofi_av_insert(av: *mut FidAv, addr: *const c_void, out: *mut u64) -> c_int;
 
     fn gw_ofi_mr_reg(domain: *mut FidDomain, buf: *const c_void, len: usize, access: u64, requested_key: u64, mr: *mut *mut FidMr) -> c_int;
+    fn gw_ofi_mr_reg_hmem(domain: *mut FidDomain, buf: *const c_void, len: usize, access: u64, requested_key: u64, iface: c_int, device: c_int, mr: *mut *mut FidMr) -> c_int;
     fn gw_ofi_mr_bind_ep(mr: *mut FidMr, ep: *mut FidEp) -> c_int;
     fn gw_ofi_mr_key(mr: *mut FidMr) -> u64;
     fn gw_ofi_mr_desc(mr: *mut FidMr) -> *mut c_void;

@@ -4,7 +4,8 @@
 //! gradwire needs an RDM endpoint (reliable, connectionless), messages and
 //! RMA reads and writes with at least 4 bytes of immediate data; it can
 //! honour the `FI_CONTEXT`/`FI_RX_CQ_DATA` modes and every mr_mode bit but
-//! raw keys, unmap notification and device memory. When asked for a
+//! raw keys and unmap notification (device memory, `FI_MR_HMEM`, only when
+//! asked for with `FI_HMEM`: GPUDirect RDMA). When asked for a
 //! provider that cannot serve, the error says whether it is absent (and
 //! which ones exist) or what it lacks, so a wrong `GW_TRANSPORT` setting
 //! is answered in one line.
@@ -149,6 +150,12 @@ pub(crate) struct InfoList(*mut FiInfo);
 impl InfoList {
     /// fi_getinfo; an empty list for `-FI_ENODATA` (no match).
     fn get(prov: Option<&str>, strict: bool) -> Result<InfoList> {
+        Self::get_with(prov, strict, false)
+    }
+
+    /// As [`InfoList::get`]; with `hmem`, gradwire's needs plus device
+    /// memory (`FI_HMEM`, and the `FI_MR_HMEM` registration it implies).
+    fn get_with(prov: Option<&str>, strict: bool, hmem: bool) -> Result<InfoList> {
         library()?;
         let cprov = match prov {
             Some(p) => Some(
@@ -160,9 +167,9 @@ impl InfoList {
         let hints = if strict {
             GwHints {
                 prov_name: cprov.as_ref().map_or(std::ptr::null(), |c| c.as_ptr()),
-                caps: WANTED_CAPS,
+                caps: WANTED_CAPS | if hmem { FI_HMEM } else { 0 },
                 mode: ACCEPTED_MODE,
-                mr_mode: ACCEPTED_MR_MODE,
+                mr_mode: ACCEPTED_MR_MODE | if hmem { FI_MR_HMEM } else { 0 },
                 ep_type: ffi::FI_EP_RDM,
                 threading: ffi::FI_THREAD_DOMAIN,
                 no_hints: 0,
@@ -237,10 +244,22 @@ pub fn providers() -> Result<Vec<String>> {
     Ok(names)
 }
 
+/// Whether provider `prov` can register device memory (`FI_HMEM` with
+/// gradwire's other needs): `None` if it can, else why not, in words.
+/// GPUDirect RDMA needs it.
+pub fn hmem_support(prov: &str) -> Result<Option<String>> {
+    let list = InfoList::get_with(Some(prov), true, true)?;
+    let found = list.entries().into_iter().any(|(_, i)| {
+        i.provider.eq_ignore_ascii_case(prov) && i.caps & FI_HMEM != 0 && i.lacks().is_none()
+    });
+    Ok((!found).then(|| format!("provider {prov} offers no FI_HMEM with FI_MSG and FI_RMA")))
+}
+
 /// The first entry of provider `prov` (exactly that `prov_name`) that
-/// meets gradwire's needs, or why there is none.
-pub(crate) fn select(prov: &str) -> Result<(OwnedInfo, Info)> {
-    let list = InfoList::get(Some(prov), true)?;
+/// meets gradwire's needs (with `hmem`, also device memory), or why there
+/// is none.
+pub(crate) fn select(prov: &str, hmem: bool) -> Result<(OwnedInfo, Info)> {
+    let list = InfoList::get_with(Some(prov), true, hmem)?;
     let mut lacking = None;
     for (p, info) in list.entries() {
         if !info.provider.eq_ignore_ascii_case(prov) {
@@ -248,6 +267,10 @@ pub(crate) fn select(prov: &str) -> Result<(OwnedInfo, Info)> {
         }
         if let Some(missing) = info.lacks() {
             lacking.get_or_insert(missing);
+            continue;
+        }
+        if hmem && info.caps & FI_HMEM == 0 {
+            lacking.get_or_insert("FI_HMEM".to_owned());
             continue;
         }
         // SAFETY: p is an entry of the live list; fi_dupinfo copies it.
@@ -264,6 +287,13 @@ pub(crate) fn select(prov: &str) -> Result<(OwnedInfo, Info)> {
         return Err(Error::MissingCapability {
             provider: prov.to_owned(),
             missing,
+        });
+    }
+    if hmem && select(prov, false).is_ok() {
+        // It serves gradwire, only not with device memory.
+        return Err(Error::MissingCapability {
+            provider: prov.to_owned(),
+            missing: "FI_HMEM (device memory)".to_owned(),
         });
     }
     // Nothing matched our hints: is the provider there at all?
@@ -314,14 +344,14 @@ fn lack_summary(offered: &[Info]) -> String {
 
 /// The provider named, or the first of [`PREFERRED_PROVIDERS`] that
 /// serves, with a sentence saying why it was chosen.
-pub(crate) fn choose(prov: Option<&str>) -> Result<(OwnedInfo, Info, String)> {
+pub(crate) fn choose(prov: Option<&str>, hmem: bool) -> Result<(OwnedInfo, Info, String)> {
     if let Some(p) = prov {
-        let (raw, info) = select(p)?;
+        let (raw, info) = select(p, hmem)?;
         return Ok((raw, info, format!("asked for {p}")));
     }
     let mut reasons = Vec::new();
     for p in PREFERRED_PROVIDERS {
-        match select(p) {
+        match select(p, hmem) {
             Ok((raw, info)) => {
                 reasons.push(format!("chose {p}"));
                 return Ok((raw, info, reasons.join("; ")));

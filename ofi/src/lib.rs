@@ -37,7 +37,7 @@ pub use endpoint::{Completion, Endpoint, EpConfig, FiAddr, Remote, lingering_end
 pub use error::{Error, FiCall, Result};
 pub use fabric::{Domain, Fabric};
 pub use flags::*;
-pub use info::{Info, PREFERRED_PROVIDERS, Progress, providers};
+pub use info::{Info, PREFERRED_PROVIDERS, Progress, hmem_support, providers};
 pub use mr::{Mr, MrDesc};
 
 use std::ffi::{CStr, CString, c_char};

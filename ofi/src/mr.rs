@@ -144,9 +144,31 @@ impl Domain {
     /// until then.
     pub unsafe fn register(&self, ptr: *const u8, len: usize, access: u64) -> Result<Mr> {
         // SAFETY: the caller's promise is passed on.
-        unsafe { register(&self.core, None, ptr, len, access) }
+        unsafe { register(&self.core, None, ptr, len, access, None) }
+    }
+
+    /// Registers CUDA device memory of GPU `device` (`FI_HMEM_CUDA`) for
+    /// GPUDirect RDMA: the NIC reads and writes the GPU's memory directly.
+    /// The fabric must have been opened with [`crate::Fabric::open_hmem`];
+    /// otherwise [`Error::Usage`] says so.
+    ///
+    /// # Safety
+    ///
+    /// As [`Domain::register`], for device memory.
+    pub unsafe fn register_cuda(
+        &self,
+        ptr: *const u8,
+        len: usize,
+        access: u64,
+        device: i32,
+    ) -> Result<Mr> {
+        // SAFETY: the caller's promise is passed on.
+        unsafe { register(&self.core, None, ptr, len, access, Some(device)) }
     }
 }
+
+/// `enum fi_hmem_iface`'s FI_HMEM_CUDA.
+const FI_HMEM_CUDA: i32 = 1;
 
 /// Registers on `domain`, binding to `ep` under FI_MR_ENDPOINT.
 ///
@@ -159,6 +181,7 @@ pub(crate) unsafe fn register(
     ptr: *const u8,
     len: usize,
     access: u64,
+    cuda_device: Option<i32>,
 ) -> Result<Mr> {
     let info = domain.info();
     let addr = ptr as usize;
@@ -179,6 +202,13 @@ pub(crate) unsafe fn register(
             info.provider
         )));
     }
+    if cuda_device.is_some() && info.caps & FI_HMEM == 0 {
+        return Err(Error::Usage(format!(
+            "provider {} was opened without FI_HMEM, so it cannot register GPU memory \
+             (open the fabric with Fabric::open_hmem)",
+            info.provider
+        )));
+    }
     let prov_key = info.mr(FI_MR_PROV_KEY);
     let requested = if prov_key { 0 } else { domain.next_key() };
     let _g = domain.lock();
@@ -186,10 +216,32 @@ pub(crate) unsafe fn register(
     // SAFETY: the domain is live and locked; the caller promised the range
     // stays valid while registered; mr receives the object, closed by Mr
     // (or below on failure).
-    let ret =
-        unsafe { ffi::gw_ofi_mr_reg(domain.domain, ptr.cast(), len, access, requested, &mut mr) };
+    let (ret, call) = match cuda_device {
+        None => (
+            unsafe {
+                ffi::gw_ofi_mr_reg(domain.domain, ptr.cast(), len, access, requested, &mut mr)
+            },
+            "fi_mr_reg",
+        ),
+        // SAFETY: as above; the caller promised device memory of `device`.
+        Some(device) => (
+            unsafe {
+                ffi::gw_ofi_mr_reg_hmem(
+                    domain.domain,
+                    ptr.cast(),
+                    len,
+                    access,
+                    requested,
+                    FI_HMEM_CUDA,
+                    device,
+                    &mut mr,
+                )
+            },
+            "fi_mr_regattr",
+        ),
+    };
     if ret != 0 {
-        let c = fi_call("fi_mr_reg", ret as isize);
+        let c = fi_call(call, ret as isize);
         return Err(refuse(c.call, c.errno, c.text));
     }
     let close = |mr: *mut FidMr| {

@@ -596,3 +596,68 @@ fn what_each_provider_negotiates() {
         assert!(i.cq_data_size >= 4 && i.caps & FI_RMA != 0);
     }
 }
+
+#[test]
+fn device_memory_needs_a_provider_with_fi_hmem_and_says_so() {
+    if let Some(why) = skip_reason() {
+        println!("skipped: {why}");
+        return;
+    }
+    // libfabric 1.17's tcp provider offers no FI_HMEM: the query, the
+    // opening and the registration each say so.
+    let why = hmem_support("tcp;ofi_rxm").expect("fi_getinfo");
+    println!("tcp;ofi_rxm: {why:?}");
+    let why = why.expect("tcp;ofi_rxm has no FI_HMEM in libfabric 1.17");
+    assert!(why.contains("FI_HMEM"), "{why}");
+    let err = Fabric::open_hmem(Some("tcp;ofi_rxm"))
+        .err()
+        .expect("no FI_HMEM");
+    let msg = err.to_string();
+    assert!(matches!(err, Error::MissingCapability { .. }), "{msg}");
+    assert!(msg.contains("FI_HMEM"), "{msg}");
+    // A fabric opened without FI_HMEM refuses device memory before
+    // libfabric sees it.
+    let f = Fabric::open(Some("tcp;ofi_rxm")).expect("tcp");
+    let d = Domain::open(&f).expect("domain");
+    let buf = Buf::new(4096);
+    // SAFETY: refused before anything is registered.
+    let Err(err) = (unsafe { d.register_cuda(buf.ptr(), 4096, FI_REMOTE_WRITE, 0) }) else {
+        panic!("registered device memory on a fabric opened without FI_HMEM");
+    };
+    let msg = err.to_string();
+    assert!(matches!(err, Error::Usage(_)), "{msg}");
+    assert!(msg.contains("without FI_HMEM"), "{msg}");
+}
+
+#[test]
+fn shm_opened_with_fi_hmem_registers_device_memory_through_fi_mr_regattr() {
+    if let Some(why) = skip_reason() {
+        println!("skipped: {why}");
+        return;
+    }
+    assert_eq!(
+        hmem_support("shm").expect("fi_getinfo"),
+        None,
+        "shm offers FI_HMEM"
+    );
+    let f = Fabric::open_hmem(Some("shm")).expect("shm with FI_HMEM");
+    assert!(f.info().caps & FI_HMEM != 0);
+    assert!(f.info().mr(FI_MR_HMEM), "{}", f.info().mr_mode_names());
+    let d = Domain::open(&f).expect("domain");
+    let buf = Buf::new(4096);
+    // Host memory declared as GPU 0's. Where no CUDA driver exists
+    // libfabric's CUDA interface is absent, and the error names the call
+    // that refused; a real device buffer is the GPU check's business.
+    // SAFETY: buf outlives the attempt.
+    let r = unsafe { d.register_cuda(buf.ptr(), 4096, FI_REMOTE_WRITE, 0) };
+    println!("{:?}", r.as_ref().map(|_| "registered"));
+    // SAFETY: probing for the driver runs only its initialisers.
+    let cuda = unsafe { libloading::Library::new("libcuda.so.1") }.is_ok();
+    if !cuda {
+        match r {
+            Err(Error::Register { call, .. }) => assert_eq!(call.call, "fi_mr_regattr"),
+            Err(e) => panic!("refused by something else: {e}"),
+            Ok(_) => panic!("registered CUDA memory with no CUDA driver on the machine"),
+        }
+    }
+}

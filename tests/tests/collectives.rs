@@ -321,3 +321,41 @@ fn every_rank_uses_rank_zeros_cost_model() {
         );
     }
 }
+
+/// At init, `GW_DEBUG=info` says whether device memory could move by
+/// GPUDirect RDMA and, if not, why (issue 25): here no transport has a
+/// NIC, libfabric's tcp provider offers no FI_HMEM, and its shm provider's
+/// FI_HMEM is CUDA IPC within a host.
+#[test]
+fn init_says_whether_gpudirect_rdma_is_possible_and_why_not() {
+    for (env, want) in [
+        (
+            vec![("GW_TRANSPORT", "shm")],
+            "GPUDirect RDMA: off (no RDMA transport in use: shm;",
+        ),
+        (
+            vec![("GW_TRANSPORT", "tcp")],
+            "GPUDirect RDMA: off (no RDMA transport in use: tcp;",
+        ),
+        (
+            vec![("GW_TRANSPORT", "ofi"), ("GW_OFI_PROVIDER", "tcp;ofi_rxm")],
+            "GPUDirect RDMA: off (provider tcp;ofi_rxm offers no FI_HMEM",
+        ),
+        (
+            vec![("GW_TRANSPORT", "ofi"), ("GW_OFI_PROVIDER", "shm")],
+            "GPUDirect RDMA: off (provider shm moves data within one host",
+        ),
+    ] {
+        let mut env = env;
+        env.push(("GW_DEBUG", "info"));
+        let run = gwrun(2, "gwtest", &["collectives", "7"], &env, DEADLINE);
+        assert!(run.status.success(), "{env:?}: {}", run.all());
+        let lines = run.all().matches(want).count();
+        assert_eq!(
+            lines,
+            2,
+            "{env:?}: want {want:?} from each rank: {}",
+            run.all()
+        );
+    }
+}

@@ -471,6 +471,26 @@ impl OfiTransport {
         Ok(name_to_hex(&n))
     }
 
+    /// Whether device memory could move by GPUDirect RDMA on this
+    /// transport's provider, or why not, in words (for `GW_DEBUG=info`).
+    pub fn gpudirect(&self) -> String {
+        let p = self.provider();
+        match gw_ofi::hmem_support(p) {
+            // Device memory through shm goes by CUDA IPC, not a NIC.
+            Ok(None) if p == "shm" => {
+                "off (provider shm moves data within one host: its FI_HMEM is CUDA IPC, \
+                 not a NIC)"
+                    .into()
+            }
+            Ok(None) => format!(
+                "possible (provider {p} offers FI_HMEM), not used yet: device data is staged \
+                 through pinned host memory"
+            ),
+            Ok(Some(why)) => format!("off ({why})"),
+            Err(e) => format!("off (fi_getinfo for FI_HMEM failed: {e})"),
+        }
+    }
+
     /// The provider in use.
     pub fn provider(&self) -> &str {
         &self.provider
