@@ -46,6 +46,7 @@ impl Handle {
     /// Blocks until the operation finishes. The calling thread turns the
     /// engine itself while that makes progress (see `drive.rs`).
     pub fn wait(&self) -> Result<()> {
+        self.done.mark_waited();
         if crate::trace::enabled() {
             let t0 = crate::trace::now_us();
             self.driver.drive(&self.done);
@@ -63,6 +64,7 @@ impl Handle {
 
     /// Blocks at most `timeout`; `None` if the operation is still running.
     pub fn wait_timeout(&self, timeout: Duration) -> Option<Result<()>> {
+        self.done.mark_waited();
         self.driver.kick();
         self.done.wait(Some(timeout))
     }

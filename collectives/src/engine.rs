@@ -122,7 +122,10 @@ struct Running {
     expect: Vec<(u32, Rank, ActionId)>,
     /// Immediates that came before their `Landed` action was ready.
     arrived: Vec<Arrival>,
+    /// When it times out. A point-to-point message has none (`armed`
+    /// false, `deadline` far away) until a caller waits for it.
     deadline: Instant,
+    armed: bool,
     /// When the operation stops making progress long enough, it is posted
     /// on the board and compared with what the other ranks are doing.
     stalled_at: Instant,
@@ -426,6 +429,7 @@ impl Engine {
         // Read the clock only when nothing moved: a moving operation needs
         // no timing, and the clock read costs as much as a small step.
         let now = Instant::now();
+        self.arm_waited_messages(now);
         let since = *st.idle_since.get_or_insert(now);
         // Checks (the board is a store round trip, and allocates) wait
         // until the operation has stalled: a failure elsewhere shows as a
@@ -451,6 +455,17 @@ impl Engine {
                 .next_deadline()
                 .map(|d| d.saturating_duration_since(now).min(PEER_CHECK_EVERY)),
             idle: false,
+        }
+    }
+
+    /// Starts the timeout of every message a caller now waits for.
+    fn arm_waited_messages(&mut self, now: Instant) {
+        let timeout = self.cfg.timeout;
+        for r in self.messages.iter_mut().filter(|r| !r.armed) {
+            if r.op.done.is_waited() {
+                r.armed = true;
+                r.deadline = now + timeout;
+            }
         }
     }
 
@@ -786,7 +801,7 @@ impl Engine {
                         window_handles: vec![None; nt],
                         ..Spare::default()
                     };
-                    let r = self.running(
+                    let mut r = self.running(
                         op,
                         sched,
                         None,
@@ -795,6 +810,9 @@ impl Engine {
                         0,
                         spare,
                     );
+                    // Its timeout starts when someone waits for it.
+                    r.armed = false;
+                    r.deadline = far_future();
                     self.messages.push(r);
                 }
                 _ => op.done.finish(Err(Error::Internal(
@@ -844,6 +862,7 @@ impl Engine {
             expect: spare.expect,
             arrived: spare.arrived,
             deadline: Instant::now() + self.cfg.timeout,
+            armed: true,
             stalled_at: Instant::now() + (self.cfg.timeout / 8).min(STALL),
             posted: false,
             trace_us: if trace::enabled() {
@@ -1457,4 +1476,11 @@ fn failed_earlier(e: &Error) -> Error {
         Error::Aborted(_) => e.clone(),
         _ => Error::Aborted(format!("the communicator failed earlier: {e}")),
     }
+}
+
+/// A deadline no operation reaches: an unwaited message's.
+fn far_future() -> Instant {
+    let now = Instant::now();
+    // About 30 years; checked, since Instant's range is the platform's.
+    now.checked_add(Duration::from_secs(1 << 30)).unwrap_or(now)
 }

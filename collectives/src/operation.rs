@@ -33,6 +33,11 @@ pub(crate) struct Completion {
     /// operation nobody sleeps on costs no futex wake.
     sleepers: AtomicU32,
     spin: Duration,
+    /// Someone waits for it (`Handle::wait`, `wait_timeout`; a test does
+    /// not count): a point-to-point message's timeout counts from then,
+    /// as Gloo's does, so a receive posted long before its send is not a
+    /// failure.
+    waited: AtomicBool,
 }
 
 impl Completion {
@@ -49,6 +54,17 @@ impl Completion {
     pub fn reset(&mut self) {
         *self.state.get_mut().unwrap_or_else(|p| p.into_inner()) = None;
         *self.ready.get_mut() = false;
+        *self.waited.get_mut() = false;
+    }
+
+    /// Records that a caller waits for the operation.
+    pub fn mark_waited(&self) {
+        self.waited.store(true, Ordering::Relaxed);
+    }
+
+    /// Whether a caller has waited for the operation.
+    pub fn is_waited(&self) -> bool {
+        self.waited.load(Ordering::Relaxed)
     }
 
     pub fn finish(&self, r: Result<()>) {
