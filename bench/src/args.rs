@@ -311,6 +311,13 @@ struct Opts {
     )]
     persistent: bool,
 
+    /// Where the buffers live: host memory, or CUDA device memory (GPU:
+    /// the local rank modulo the GPUs; needs an NVIDIA driver and NVRTC).
+    /// Collectives only
+    #[arg(long = "device", value_name = "host|cuda", default_value = "host",
+          value_parser = ["host", "cuda"])]
+    device: String,
+
     /// With p2p --op send, write or read: both ranks stream at once
     #[arg(long = "bidir")]
     bidir: bool,
@@ -434,6 +441,15 @@ pub struct CollOpts {
     pub json: Option<PathBuf>,
     /// `-P 1`: persistent all-reduce.
     pub persistent: bool,
+    /// `--device cuda`: buffers in device memory.
+    pub device: Device,
+}
+
+/// Where a benchmark's buffers live.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Device {
+    Host,
+    Cuda,
 }
 
 /// Options of the point-to-point benchmark.
@@ -754,6 +770,12 @@ pub fn parse<S: Into<OsString>>(args: impl IntoIterator<Item = S>) -> Result<Com
                 a.get_long().unwrap_or("?")
             ));
         }
+        if o.device != "host" {
+            return err(format!(
+                "--device {} applies to the collectives; p2p measures host memory only",
+                o.device
+            ));
+        }
         let op = match o.redop {
             OpArg::P2p(op) => Some(op),
             OpArg::Red(_) => None,
@@ -854,6 +876,11 @@ pub fn parse<S: Into<OsString>>(args: impl IntoIterator<Item = S>) -> Result<Com
         algo: o.algo,
         json: o.json,
         persistent: o.persistent,
+        device: if o.device == "cuda" {
+            Device::Cuda
+        } else {
+            Device::Host
+        },
     }))
 }
 

@@ -8,10 +8,12 @@
 //! one more call is checked element by element, outside the timed region.
 
 use crate::Fail;
-use crate::args::{Coll, CollOpts};
+use crate::args::{Coll, CollOpts, Device};
 use crate::check::{Pattern, Value, count_wrong, poison};
 use crate::report::{self, Header, Meas, RankLine, Row, Summary};
+use gradwire::device::{DeviceComm, DeviceRequest};
 use gw_collectives::{Algo, Communicator, DType, Error, RawOp, RawPersistent, RedOp};
+use gw_cuda::{DeviceBuf, Gpu};
 use half::{bf16, f16};
 use std::io::Write as _;
 use std::time::Instant;
@@ -201,6 +203,48 @@ pub unsafe fn launch(
     Ok(())
 }
 
+/// `--device cuda`: device buffers mirroring `send` and `recv` (filled
+/// from them before each measurement, read back for `-c 1`), and the
+/// communicator's device paths, the ones C and Python callers take.
+struct OnDevice<'a> {
+    dc: DeviceComm<'a>,
+    gpu: &'static Gpu,
+    send: DeviceBuf,
+    recv: DeviceBuf,
+}
+
+impl<'a> OnDevice<'a> {
+    /// GPU `local rank % GPUs`, its kernels compiled up front, and the
+    /// buffers.
+    fn new(comm: &'a Communicator, send_bytes: usize, recv_bytes: usize) -> Result<Self, Fail> {
+        let cuda = |e: gw_cuda::Error| Fail::Other(format!("--device cuda: {e}"));
+        let count = gw_cuda::device::count().map_err(cuda)?;
+        if count < 1 {
+            return Err(Fail::Other("--device cuda: the driver sees no GPU".into()));
+        }
+        let gpu = Gpu::get(comm.local_rank() as i32 % count).map_err(cuda)?;
+        gpu.make_current().map_err(cuda)?;
+        gpu.prepare().map_err(cuda)?;
+        Ok(OnDevice {
+            dc: DeviceComm::new(comm),
+            gpu,
+            send: DeviceBuf::new(gpu.driver(), send_bytes).map_err(cuda)?,
+            recv: DeviceBuf::new(gpu.driver(), recv_bytes).map_err(cuda)?,
+        })
+    }
+}
+
+/// `v` as bytes.
+fn bytes_of<T: Value>(v: &[T]) -> &[u8] {
+    // SAFETY: Value types are plain numbers without padding.
+    unsafe { std::slice::from_raw_parts(v.as_ptr().cast(), std::mem::size_of_val(v)) }
+}
+
+fn bytes_of_mut<T: Value>(v: &mut [T]) -> &mut [u8] {
+    // SAFETY: as bytes_of; every bit pattern is some value of these types.
+    unsafe { std::slice::from_raw_parts_mut(v.as_mut_ptr().cast(), std::mem::size_of_val(v)) }
+}
+
 struct Bench<'a, T: Value> {
     comm: &'a Communicator,
     o: &'a CollOpts,
@@ -212,6 +256,9 @@ struct Bench<'a, T: Value> {
     sizes: Vec<(usize, Layout)>,
     /// With `-P 1`: the persistent all-reduce of the size being measured.
     persistent: Option<RawPersistent>,
+    dev: Option<OnDevice<'a>>,
+    /// With `-P 1 --device cuda`: the persistent device all-reduce.
+    dev_persistent: Option<DeviceRequest>,
 }
 
 impl<'a, T: Value> Bench<'a, T> {
@@ -226,6 +273,10 @@ impl<'a, T: Value> Bench<'a, T> {
             .collect();
         let max_send = sizes.iter().map(|(_, l)| l.send).max().unwrap_or(0);
         let max_buf = sizes.iter().map(|(_, l)| l.in_place()).max().unwrap_or(0);
+        let dev = match o.device {
+            Device::Host => None,
+            Device::Cuda => Some(OnDevice::new(comm, max_send * esz, max_buf * esz)?),
+        };
         Ok(Bench {
             comm,
             o,
@@ -236,6 +287,8 @@ impl<'a, T: Value> Bench<'a, T> {
             recv: alloc(max_buf, "receive")?,
             sizes,
             persistent: None,
+            dev,
+            dev_persistent: None,
         })
     }
 
@@ -297,6 +350,12 @@ impl<'a, T: Value> Bench<'a, T> {
         let header = self.header();
         for l in report::header_lines(&header) {
             self.print(&l);
+        }
+        if let Some(d) = &self.dev {
+            self.print(&format!(
+                "# Buffers: CUDA device memory (rank 0: GPU {}, {}), results checked after copying back",
+                d.gpu.ordinal, d.gpu.arch
+            ));
         }
         for l in report::COLUMNS {
             self.print(l);
@@ -365,8 +424,33 @@ impl<'a, T: Value> Bench<'a, T> {
         Ok(out_of_bounds == 0)
     }
 
-    /// Fills the inputs of one call with the pattern and poisons the outputs.
-    fn prepare(&mut self, l: &Layout, in_place: bool) {
+    /// Fills the inputs of one call with the pattern and poisons the outputs
+    /// (on the device too, with `--device cuda`).
+    fn prepare(&mut self, l: &Layout, in_place: bool) -> Result<(), Fail> {
+        self.prepare_host(l, in_place);
+        let Some(d) = &self.dev else { return Ok(()) };
+        let up = |buf: &DeviceBuf, v: &[T]| {
+            buf.upload(bytes_of(v))
+                .map_err(|e| Fail::Other(format!("--device cuda: filling the buffers: {e}")))
+        };
+        if in_place {
+            up(&d.recv, &self.recv[..l.in_place()])
+        } else {
+            up(&d.send, &self.send[..l.send])?;
+            up(&d.recv, &self.recv[..l.recv])
+        }
+    }
+
+    /// Copies this rank's result back from the device for `-c 1`.
+    fn fetch(&mut self, l: &Layout, in_place: bool) -> Result<(), Fail> {
+        let Some(d) = &self.dev else { return Ok(()) };
+        let n = if in_place { l.in_place() } else { l.recv };
+        d.recv
+            .download(bytes_of_mut(&mut self.recv[..n]))
+            .map_err(|e| Fail::Other(format!("--device cuda: reading the result: {e}")))
+    }
+
+    fn prepare_host(&mut self, l: &Layout, in_place: bool) {
         let (me, p) = (self.me, self.pattern);
         if !in_place {
             for (j, x) in self.send[..l.send].iter_mut().enumerate() {
@@ -393,15 +477,19 @@ impl<'a, T: Value> Bench<'a, T> {
     fn op(&mut self, l: &Layout, in_place: bool) -> RawOp {
         let c = l.count;
         let mine = self.me as usize * c;
-        let recv = self.recv.as_mut_ptr();
+        // Device addresses are not Rust allocations: wrapping arithmetic.
+        let (send0, recv): (*const T, *mut T) = match &self.dev {
+            Some(d) => (d.send.ptr() as *const T, d.recv.ptr() as *mut T),
+            None => (self.send.as_ptr(), self.recv.as_mut_ptr()),
+        };
+        // mine + c <= n · c = l.in_place() <= the receive buffer for the
+        // collectives that offset.
         let (send, recv): (*const T, *mut T) = if !in_place {
-            (self.send.as_ptr(), recv)
+            (send0, recv)
         } else {
-            // SAFETY: mine + c <= n · c = l.in_place() <= recv.len() for the
-            // collectives that offset.
             match self.o.coll {
-                Coll::ReduceScatter => (recv, unsafe { recv.add(mine) }),
-                Coll::AllGather => (unsafe { recv.add(mine) }, recv),
+                Coll::ReduceScatter => (recv, recv.wrapping_add(mine)),
+                Coll::AllGather => (recv.wrapping_add(mine), recv),
                 _ => (recv, recv),
             }
         };
@@ -436,6 +524,29 @@ impl<'a, T: Value> Bench<'a, T> {
             ),
             err: e,
         };
+        let op = self.op(l, in_place);
+        if let Some(d) = &self.dev {
+            let dfail = |e: String| {
+                Fail::Other(format!(
+                    "{} of {size} bytes ({}, {what}) on the device: {e}",
+                    self.o.coll.name(),
+                    if in_place { "in-place" } else { "out-of-place" }
+                ))
+            };
+            if let Some(p) = &self.dev_persistent {
+                for _ in 0..k {
+                    p.start(&d.dc).map_err(dfail)?;
+                    p.wait().map_err(dfail)?;
+                }
+                return Ok(());
+            }
+            for _ in 0..k {
+                // SAFETY: `op` points into the device buffers, sized for
+                // every row, untouched until each call returns.
+                unsafe { d.dc.run(&op) }.map_err(dfail)?;
+            }
+            return Ok(());
+        }
         if let Some(p) = &self.persistent {
             for _ in 0..k {
                 // SAFETY: the request points into self.send / self.recv,
@@ -445,7 +556,6 @@ impl<'a, T: Value> Bench<'a, T> {
             }
             return Ok(());
         }
-        let op = self.op(l, in_place);
         // SAFETY: `op` points into self.send / self.recv, sized for every row
         // at construction; nothing touches them until `launch` has waited for
         // every call.
@@ -461,17 +571,27 @@ impl<'a, T: Value> Bench<'a, T> {
         l: &Layout,
         in_place: bool,
     ) -> Result<(f64, Option<(u64, u64)>), Fail> {
-        self.prepare(l, in_place);
+        self.prepare(l, in_place)?;
         if self.o.persistent {
             let op = self.op(l, in_place);
-            // SAFETY: `op` points into self.send / self.recv, which live as
-            // long as the bench and are not resized; the request is freed at
-            // the end of this measurement.
-            let p = unsafe { self.comm.prepare_raw(op, self.o.algo) }
-                .map_err(|e| Fail::lib("persistent all-reduce init", e))?;
-            self.persistent = Some(p);
+            if let Some(d) = &self.dev {
+                // SAFETY: `op` points into the device buffers, which live as
+                // long as the bench; the request is dropped (after its last
+                // round) at the end of this measurement.
+                let p = unsafe { d.dc.all_reduce_init(&op) }
+                    .map_err(|e| Fail::Other(format!("persistent device all-reduce init: {e}")))?;
+                self.dev_persistent = Some(p);
+            } else {
+                // SAFETY: `op` points into self.send / self.recv, which live
+                // as long as the bench and are not resized; the request is
+                // freed at the end of this measurement.
+                let p = unsafe { self.comm.prepare_raw(op, self.o.algo) }
+                    .map_err(|e| Fail::lib("persistent all-reduce init", e))?;
+                self.persistent = Some(p);
+            }
         }
         let r = self.measure_prepared(size, l, in_place);
+        self.dev_persistent = None;
         if let Some(p) = self.persistent.take() {
             p.free(self.comm)
                 .map_err(|e| Fail::lib("freeing the persistent all-reduce", e))?;
@@ -500,8 +620,9 @@ impl<'a, T: Value> Bench<'a, T> {
         if !self.o.check {
             return Ok((slowest, None));
         }
-        self.prepare(l, in_place);
+        self.prepare(l, in_place)?;
         self.call(l, in_place, 1, "checked", size)?;
+        self.fetch(l, in_place)?;
         let wrong = self.count_wrong(l, in_place) as i64;
         let mut total = [0i64; 2];
         self.comm

@@ -853,3 +853,39 @@ fn trace_file_holds_every_ranks_collectives_and_transfers() {
     }
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// `--device cuda` runs the collectives on device buffers through the C
+/// ABI's device paths (the GPU check runs it on a GPU). Where there is no
+/// NVIDIA driver it fails in one line per rank naming the loader's reason,
+/// never a panic; p2p refuses it by name.
+#[test]
+fn device_cuda_without_a_driver_is_one_line_naming_it() {
+    // SAFETY: probing for the driver runs only its initialisers.
+    if unsafe { libloading::Library::new("libcuda.so.1") }.is_ok() {
+        println!("skipped: this machine has a CUDA driver (the GPU check covers it)");
+        return;
+    }
+    let r = bench(2, &["allreduce", "--device", "cuda", "-b", "8", "-e", "1K"]);
+    assert_eq!(r.code, Some(1), "{}", r.all());
+    let errors: Vec<&str> = r
+        .stderr
+        .lines()
+        .filter(|l| l.contains("gwbench: error:"))
+        .collect();
+    assert_eq!(errors.len(), 2, "one line per rank: {}", r.all());
+    for e in errors {
+        assert!(
+            e.contains("--device cuda: CUDA driver not found (libcuda.so.1: "),
+            "{}",
+            r.all()
+        );
+    }
+    assert!(!r.all().contains("panicked"), "{}", r.all());
+    let r = bench(2, &["p2p", "--device", "cuda"]);
+    assert_eq!(r.code, Some(2), "{}", r.all());
+    assert!(
+        r.all().contains("--device cuda applies to the collectives"),
+        "{}",
+        r.all()
+    );
+}

@@ -37,6 +37,23 @@ use std::collections::HashMap;
 use std::ffi::c_void;
 use std::sync::Mutex;
 
+/// What the device paths need of a communicator: the communicator for
+/// host messages, and its device state. The C ABI's `CommState` and
+/// [`crate::device::DeviceComm`] (Rust callers such as gwbench) both are.
+pub(crate) trait DeviceHost {
+    fn comm(&self) -> &gw_collectives::Communicator;
+    fn cuda(&self) -> &CommCuda;
+}
+
+impl DeviceHost for CommState {
+    fn comm(&self) -> &gw_collectives::Communicator {
+        &self.comm
+    }
+    fn cuda(&self) -> &CommCuda {
+        &self.cuda
+    }
+}
+
 /// Per-communicator device state: pinned staging buffers and the peers'
 /// opened IPC mappings.
 #[derive(Default)]
@@ -118,8 +135,8 @@ fn device_use(op: &RawOp, send_bytes: usize, recv_bytes: usize) -> CResult<Optio
 }
 
 /// Whether any of `op`'s buffers is device memory.
-pub(crate) fn device_given(st: &CommState, op: &RawOp) -> CResult<bool> {
-    let (s, r) = extents(op, st.comm.size() as usize, st.comm.rank() as usize);
+pub(crate) fn device_given(st: &(impl DeviceHost + ?Sized), op: &RawOp) -> CResult<bool> {
+    let (s, r) = extents(op, st.comm().size() as usize, st.comm().rank() as usize);
     Ok(device_use(op, s, r)?.is_some())
 }
 
@@ -173,7 +190,7 @@ impl StagedP2p<'_> {
 /// Rewrites a send or receive on device memory to pinned host buffers
 /// (the send's data copied in); `None` for host memory.
 pub(crate) fn stage_p2p<'a>(
-    st: &'a CommState,
+    st: &'a (impl DeviceHost + ?Sized),
     dt: DType,
     send: &mut Option<(u32, *const u8, usize)>,
     recv: &mut Option<(u32, *mut u8, usize)>,
@@ -206,7 +223,7 @@ pub(crate) fn stage_p2p<'a>(
     }
     let drv = dev.gpu.driver();
     dev.gpu.synchronize().map_err(cuda_err)?;
-    let mut bufs = st.cuda.staging.lock().unwrap_or_else(|p| p.into_inner());
+    let mut bufs = st.cuda().staging.lock().unwrap_or_else(|p| p.into_inner());
     while bufs.len() < 4 {
         bufs.push(PinnedBuf::new(drv, 0).map_err(cuda_err)?);
     }
@@ -272,9 +289,13 @@ fn in_place_offset(op: &RawOp, rank: usize) -> Option<isize> {
 /// Runs `op` if any of its buffers is device memory; `Ok(false)` leaves
 /// it to the host path. With `stream`, waits for the work queued on it
 /// first, and work queued after the call sees the result.
-pub(crate) fn run(st: &CommState, op: &RawOp, stream: Option<CUstream>) -> CResult<bool> {
+pub(crate) fn run(
+    st: &(impl DeviceHost + ?Sized),
+    op: &RawOp,
+    stream: Option<CUstream>,
+) -> CResult<bool> {
     let t0 = std::time::Instant::now();
-    let (n, rank) = (st.comm.size() as usize, st.comm.rank() as usize);
+    let (n, rank) = (st.comm().size() as usize, st.comm().rank() as usize);
     let (send_bytes, recv_bytes) = extents(op, n, rank);
     let Some(dev) = device_use(op, send_bytes, recv_bytes)? else {
         return Ok(false);
@@ -401,17 +422,22 @@ fn pipelines(op: &RawOp, dev: &DeviceUse, bytes: usize) -> bool {
 /// to the host and back run on two copy streams of their own while the
 /// host operation works on the segment between, each in place in its
 /// pinned slot.
-fn staged_pipelined(st: &CommState, op: &RawOp, dev: &DeviceUse, bytes: usize) -> CResult<()> {
+fn staged_pipelined(
+    st: &(impl DeviceHost + ?Sized),
+    op: &RawOp,
+    dev: &DeviceUse,
+    bytes: usize,
+) -> CResult<()> {
     let gpu = dev.gpu;
     let drv = gpu.driver();
-    let rank = st.comm.rank() as usize;
+    let rank = st.comm().rank() as usize;
     let es = op.dtype.size();
     let seg = stage_bytes(es);
     let root = op.root as usize == rank;
     let copy_in = op.kind != OpKind::Broadcast || root;
     let copy_out = op.kind != OpKind::Reduce || root;
     let (s_in, s_out) = (own_stream(gpu, 1)?, own_stream(gpu, 2)?);
-    let mut bufs = st.cuda.staging.lock().unwrap_or_else(|p| p.into_inner());
+    let mut bufs = st.cuda().staging.lock().unwrap_or_else(|p| p.into_inner());
     while bufs.len() < 4 + STAGE_SLOTS {
         bufs.push(PinnedBuf::new(drv, 0).map_err(cuda_err)?);
     }
@@ -469,7 +495,7 @@ fn staged_pipelined(st: &CommState, op: &RawOp, dev: &DeviceUse, bytes: usize) -
                     ..*op
                 };
                 // SAFETY: the slot holds the segment and is ours (the lock).
-                unsafe { st.comm.run_raw(host, None)? };
+                unsafe { st.comm().run_raw(host, None)? };
                 pipe.on(Done::Ran(seg)).map_err(pipeline_bug)?;
             }
             if pipe.is_done() {
@@ -499,7 +525,7 @@ fn pipeline_bug(msg: String) -> Failure {
 
 /// The device data through pinned host buffers and the host operation.
 fn staged(
-    st: &CommState,
+    st: &(impl DeviceHost + ?Sized),
     op: &RawOp,
     dev: &DeviceUse,
     stream: Option<CUstream>,
@@ -507,8 +533,8 @@ fn staged(
     recv_bytes: usize,
 ) -> CResult<()> {
     let drv = dev.gpu.driver();
-    let rank = st.comm.rank() as usize;
-    let mut bufs = st.cuda.staging.lock().unwrap_or_else(|p| p.into_inner());
+    let rank = st.comm().rank() as usize;
+    let mut bufs = st.cuda().staging.lock().unwrap_or_else(|p| p.into_inner());
     let mut host = *op;
     let in_place =
         in_place_offset(op, rank).filter(|_| dev.send.is_device() && dev.recv.is_device());
@@ -560,7 +586,7 @@ fn staged(
     }
     // SAFETY: host buffers of the extents' sizes, held (the lock) until the
     // operation ends.
-    unsafe { st.comm.run_raw(host, None)? };
+    unsafe { st.comm().run_raw(host, None)? };
     let root_only = op.kind == OpKind::Reduce && op.root as usize != rank;
     if dev.recv.is_device() && !root_only {
         // SAFETY: as the copy in.
@@ -575,8 +601,11 @@ fn staged(
 
 /// For a persistent all-reduce: its GPU, when both buffers are device
 /// memory (checked, and the device idle), `None` for host memory.
-pub(crate) fn device_all_reduce(st: &CommState, op: &RawOp) -> CResult<Option<&'static Gpu>> {
-    let (n, rank) = (st.comm.size() as usize, st.comm.rank() as usize);
+pub(crate) fn device_all_reduce(
+    st: &(impl DeviceHost + ?Sized),
+    op: &RawOp,
+) -> CResult<Option<&'static Gpu>> {
+    let (n, rank) = (st.comm().size() as usize, st.comm().rank() as usize);
     let (send_bytes, recv_bytes) = extents(op, n, rank);
     let Some(dev) = device_use(op, send_bytes, recv_bytes)? else {
         return Ok(None);
@@ -597,18 +626,18 @@ pub(crate) fn device_all_reduce(st: &CommState, op: &RawOp) -> CResult<Option<&'
 
 /// Whether an all-reduce on device buffers may go the IPC way, as far as
 /// this rank can tell (the records decide).
-pub(crate) fn ipc_possible(st: &CommState, op: &RawOp) -> bool {
+pub(crate) fn ipc_possible(st: &(impl DeviceHost + ?Sized), op: &RawOp) -> bool {
     op.kind == OpKind::AllReduce
         && op.weight.is_none()
-        && st.comm.size() > 1
-        && st.comm.size() as usize <= gw_cuda::kernels::MAX_FAN
-        && st.comm.local_size() == st.comm.size()
+        && st.comm().size() > 1
+        && st.comm().size() as usize <= gw_cuda::kernels::MAX_FAN
+        && st.comm().local_size() == st.comm().size()
         && std::env::var("GW_CUDA_IPC").as_deref() != Ok("0")
 }
 
 /// Whether this all-reduce may go the IPC way, as far as this rank can
 /// tell (the records decide).
-fn ipc_wanted(st: &CommState, op: &RawOp, dev: &DeviceUse) -> bool {
+fn ipc_wanted(st: &(impl DeviceHost + ?Sized), op: &RawOp, dev: &DeviceUse) -> bool {
     dev.send.is_device() && dev.recv.is_device() && ipc_possible(st, op)
 }
 
@@ -739,12 +768,12 @@ impl Profile {
 
 /// A peer's buffer mapped into this process (opened once per handle).
 pub(crate) fn import(
-    st: &CommState,
+    st: &(impl DeviceHost + ?Sized),
     drv: &Driver,
     peer: u32,
     h: &(IpcMemHandle, u64),
 ) -> CResult<CUdeviceptr> {
-    let mut opened = st.cuda.opened.lock().unwrap_or_else(|p| p.into_inner());
+    let mut opened = st.cuda().opened.lock().unwrap_or_else(|p| p.into_inner());
     if let Some(base) = opened.get(&(peer, h.0.reserved)) {
         return Ok(base + h.1);
     }
@@ -783,7 +812,7 @@ fn binop(r: RedOp) -> Option<Op> {
 
 /// A small host operation on this communicator (the records, barriers).
 fn host_op(
-    st: &CommState,
+    st: &(impl DeviceHost + ?Sized),
     kind: OpKind,
     count: usize,
     send: *const u8,
@@ -800,11 +829,11 @@ fn host_op(
         weight: None,
     };
     // SAFETY: buffers of the layout's sizes, alive for the call.
-    unsafe { st.comm.run_raw(op, None)? };
+    unsafe { st.comm().run_raw(op, None)? };
     Ok(())
 }
 
-fn barrier(st: &CommState) -> CResult<()> {
+fn barrier(st: &(impl DeviceHost + ?Sized)) -> CResult<()> {
     host_op(
         st,
         OpKind::Barrier,
@@ -817,7 +846,7 @@ fn barrier(st: &CommState) -> CResult<()> {
 /// The IPC all-reduce; `Ok(false)` when some rank cannot take it (every
 /// rank then takes the staged way).
 fn all_reduce_ipc(
-    st: &CommState,
+    st: &(impl DeviceHost + ?Sized),
     op: &RawOp,
     gpu: &'static Gpu,
     stream: CUstream,
@@ -878,13 +907,13 @@ pub(crate) struct IpcPlan {
 impl IpcPlan {
     /// Exchanges the records; `None` when some rank cannot take part.
     pub(crate) fn exchange(
-        st: &CommState,
+        st: &(impl DeviceHost + ?Sized),
         op: &RawOp,
         gpu: &'static Gpu,
         prof: &mut Profile,
     ) -> CResult<Option<IpcPlan>> {
         let drv = gpu.driver();
-        let (n, rank) = (st.comm.size() as usize, st.comm.rank() as usize);
+        let (n, rank) = (st.comm().size() as usize, st.comm().rank() as usize);
         let (e, bop) = match (elem(op.dtype), binop(op.redop)) {
             (Some(e), Some(b)) => (e, b),
             _ => return Ok(None),

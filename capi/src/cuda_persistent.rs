@@ -17,8 +17,8 @@
 //! host, a buffer IPC cannot export), each round runs the ordinary device
 //! call instead, synchronously.
 
-use crate::cuda::{self, IpcPlan, Profile};
-use crate::{CResult, CommState};
+use crate::CResult;
+use crate::cuda::{self, DeviceHost, IpcPlan, Profile};
 use gw_collectives::communicator::RawOp;
 use gw_collectives::{DType, OpKind, RedOp};
 use gw_cuda::api::{CUdeviceptr, CUstream, IpcMemHandle};
@@ -33,6 +33,8 @@ pub(crate) struct DevicePersistent {
     op: RawOp,
     way: Way,
     state: Mutex<State>,
+    /// The communicator's `GW_TIMEOUT`, for waits without a limit.
+    timeout: Duration,
 }
 
 // SAFETY: the raw pointers are device addresses and stream handles, usable
@@ -66,7 +68,10 @@ static FLAGS: Mutex<Vec<DeviceBuf>> = Mutex::new(Vec::new());
 impl DevicePersistent {
     /// Plans it if `op`'s buffers are device memory (`None`: host memory,
     /// for the host path's persistent request). Collective.
-    pub(crate) fn init(st: &CommState, op: &RawOp) -> CResult<Option<DevicePersistent>> {
+    pub(crate) fn init(
+        st: &(impl DeviceHost + ?Sized),
+        op: &RawOp,
+    ) -> CResult<Option<DevicePersistent>> {
         let Some(gpu) = cuda::device_all_reduce(st, op)? else {
             return Ok(None);
         };
@@ -75,6 +80,7 @@ impl DevicePersistent {
             op: *op,
             way: Way::Ordinary,
             state: Mutex::new(State::default()),
+            timeout: st.comm().config().timeout.value,
         };
         if !cuda::ipc_possible(st, op) {
             return Ok(Some(ordinary));
@@ -84,7 +90,7 @@ impl DevicePersistent {
             return Ok(Some(ordinary));
         };
         let drv = gpu.driver();
-        let (n, rank) = (st.comm.size() as usize, st.comm.rank() as usize);
+        let (n, rank) = (st.comm().size() as usize, st.comm().rank() as usize);
         // Rank 0's flags, zeroed, their handle broadcast.
         let mut handle = [0u8; 64];
         let mut own = 0;
@@ -111,7 +117,7 @@ impl DevicePersistent {
             weight: None,
         };
         // SAFETY: a 64-byte buffer on every rank, alive for the call.
-        unsafe { st.comm.run_raw(bcast, None)? };
+        unsafe { st.comm().run_raw(bcast, None)? };
         let flags = if rank == 0 {
             own
         } else {
@@ -132,7 +138,11 @@ impl DevicePersistent {
 
     /// Queues one round on `stream` (`None`: after everything this
     /// process queued on the GPU, on the request's own stream).
-    pub(crate) fn start(&self, st: &CommState, stream: Option<CUstream>) -> CResult<()> {
+    pub(crate) fn start(
+        &self,
+        st: &(impl DeviceHost + ?Sized),
+        stream: Option<CUstream>,
+    ) -> CResult<()> {
         let drv = self.gpu.driver();
         self.gpu.make_current().map_err(cuda::cuda_err)?;
         let Way::Flags {
@@ -197,7 +207,7 @@ impl DevicePersistent {
     /// operation timeout (`GW_TIMEOUT`) and then fails naming the round:
     /// a rank that died or never started it leaves the others' streams
     /// waiting on its flag, which no host message would reveal.
-    pub(crate) fn wait(&self, st: &CommState, limit: Option<Duration>) -> CResult<bool> {
+    pub(crate) fn wait(&self, limit: Option<Duration>) -> CResult<bool> {
         let (s, round) = {
             let state = self.state.lock().unwrap_or_else(|p| p.into_inner());
             match state.running {
@@ -205,7 +215,7 @@ impl DevicePersistent {
                 Some(s) => (s as CUstream, state.round),
             }
         };
-        let deadline = limit.unwrap_or(st.comm.config().timeout.value);
+        let deadline = limit.unwrap_or(self.timeout);
         let end = Instant::now() + deadline;
         let mut pause = Duration::from_micros(5);
         // SAFETY: a stream queued on by start.

@@ -30,6 +30,7 @@ use std::time::Duration;
 
 mod cuda;
 mod cuda_persistent;
+pub mod device;
 pub mod step;
 
 /// Library version, `major * 10000 + minor * 100 + patch`.
@@ -437,8 +438,8 @@ fn run(
         let op = mk(&st)?;
         check_count(&op)?;
         match request {
-            None if cuda::run(&st, &op, None)? => {}
-            Some(_) if cuda::device_given(&st, &op)? => {
+            None if cuda::run(&*st, &op, None)? => {}
+            Some(_) if cuda::device_given(&*st, &op)? => {
                 return fail(
                     gwInvalidArgument,
                     "invalid argument: the ...Async calls take host memory; \
@@ -993,7 +994,7 @@ fn run_stream(
         let st = lookup(comm)?;
         let op = mk(&st)?;
         check_count(&op)?;
-        if cuda::run(&st, &op, Some(stream))? {
+        if cuda::run(&*st, &op, Some(stream))? {
             return Ok(());
         }
         cuda::sync_stream_if_loaded(stream)?;
@@ -1303,7 +1304,7 @@ fn run_p2p(
         }
         let (dt, mut send, mut recv) = mk(&st)?;
         // Device buffers go through pinned host memory (blocking calls only).
-        let staged = cuda::stage_p2p(&st, dt, &mut send, &mut recv, request.is_some())?;
+        let staged = cuda::stage_p2p(&*st, dt, &mut send, &mut recv, request.is_some())?;
         // SAFETY: the C caller promises the buffers per the header's
         // contract until the call (or the request) completes.
         let h = unsafe { st.comm.sendrecv_raw(dt, send, recv)? };
@@ -1586,7 +1587,7 @@ pub unsafe extern "C" fn gwTest(request: gwRequest_t, done: *mut c_int) -> gwRes
                 // SAFETY: checked non-null.
                 unsafe { *done = finished as c_int };
                 if finished {
-                    d.wait(&r.comm, Some(Duration::ZERO))?;
+                    d.wait(Some(Duration::ZERO))?;
                 }
                 return Ok(());
             }
@@ -1624,7 +1625,7 @@ pub unsafe extern "C" fn gwWait(request: gwRequest_t, timeout_ms: c_int) -> gwRe
                 Ok(true) => Some(Ok(())),
                 Err(e) => Some(Err(e)),
             },
-            (RequestKind::Device(d), limit) => d.wait(&r.comm, limit)?.then_some(Ok(())),
+            (RequestKind::Device(d), limit) => d.wait(limit)?.then_some(Ok(())),
         };
         match res {
             None => {
@@ -1681,7 +1682,7 @@ pub unsafe extern "C" fn gwAllReduceInit(
             recvbuff.cast(),
         );
         check_count(&op)?;
-        let kind = match cuda_persistent::DevicePersistent::init(&st, &op)? {
+        let kind = match cuda_persistent::DevicePersistent::init(&*st, &op)? {
             Some(d) => RequestKind::Device(d),
             // SAFETY: the C caller promises the buffers per the contract
             // above, until gwRequestFree returns.
@@ -1720,7 +1721,7 @@ pub unsafe extern "C" fn gwStart(request: gwRequest_t) -> gwResult_t {
             // SAFETY: the caller promised the buffers at gwAllReduceInit,
             // until gwRequestFree.
             RequestKind::Persistent(p) => unsafe { p.start(&r.comm.comm) },
-            RequestKind::Device(d) => return d.start(&r.comm, None),
+            RequestKind::Device(d) => return d.start(&*r.comm, None),
         };
         finish(
             &r,
@@ -1748,7 +1749,7 @@ pub unsafe extern "C" fn gwStartStream(
     guard(std::ptr::null_mut(), || {
         let r = lookup_request(request)?;
         match &r.kind {
-            RequestKind::Device(d) => d.start(&r.comm, Some(stream)),
+            RequestKind::Device(d) => d.start(&*r.comm, Some(stream)),
             RequestKind::Persistent(p) => {
                 cuda::sync_stream_if_loaded(stream)?;
                 // SAFETY: as gwStart.
@@ -1781,7 +1782,7 @@ pub unsafe extern "C" fn gwRequestFree(request: gwRequest_t) -> gwResult_t {
             RequestKind::Once(h) => h.wait(),
             RequestKind::Persistent(p) => p.free(&r.comm.comm),
             RequestKind::Device(d) => {
-                d.wait(&r.comm, None)?;
+                d.wait(None)?;
                 Ok(())
             }
         };

@@ -59,6 +59,16 @@ pub struct Scaling {
     pub div: Option<f64>,
 }
 
+/// How many GPUs the driver sees.
+pub fn count() -> Result<i32> {
+    let drv = Driver::global()?;
+    let mut n = 0;
+    // SAFETY: a valid out-pointer.
+    let code = unsafe { (drv.api().device_get_count)(&mut n) };
+    drv.check("cuDeviceGetCount", code, "")?;
+    Ok(n)
+}
+
 impl Gpu {
     /// GPU `ordinal`, set up once per process (its context retained, never
     /// released: other libraries in the process share it).

@@ -56,6 +56,28 @@ done
 # Staged, in 64 KiB segments so that the pipeline runs many of them.
 GW_CUDA_IPC=0 GW_CUDA_STAGE_BYTES=65536 check "collectives-staged-2" gwrun -n 2 python3 gpu_collectives.py check
 GW_CHECK_BIG=1 check "collectives-4GiB-2" gwrun -n 2 python3 gpu_collectives.py check
+# gwbench on device buffers: nccl-tests' columns, results checked (-c 1).
+gwbench_check() {
+  local label=$1; shift
+  timeout "${GW_CHECK_TIMEOUT:-120}" "$@" >"$LOG/$label.log" 2>&1
+  local rc=$?
+  if [ "$rc" -eq 0 ] && grep -q 'Out of bounds values : 0 OK' "$LOG/$label.log"; then
+    pass=$((pass + 1)); echo "== $label: passed"
+  else
+    fail=$((fail + 1)); echo "== $label: FAILED (rc $rc)"; tail -5 "$LOG/$label.log"
+  fi
+  grep -E '^\[0\] +[0-9]' "$LOG/$label.log" | sed 's/^\[0\] //' | head -12
+}
+for n in 1 2 4; do
+  gwbench_check "gwbench-allreduce-$n" gwrun -n "$n" gwbench allreduce --device cuda \
+    -b 64K -e 1G -f 4 -c 1 -T 0.1 -J "$FIG/gwbench-allreduce-$n.json"
+done
+gwbench_check "gwbench-allreduce-persistent-2" gwrun -n 2 gwbench allreduce --device cuda -P 1 \
+  -b 64K -e 1M -f 16 -c 1 -T 0.1 -J "$FIG/gwbench-allreduce-persistent-2.json"
+for coll in reduce_scatter all_gather broadcast reduce; do
+  gwbench_check "gwbench-$coll-2" gwrun -n 2 gwbench "$coll" --device cuda \
+    -b 1M -e 64M -f 8 -c 1 -T 0.1 -J "$FIG/gwbench-$coll-2.json"
+done
 # GW_CHECK_PROFILE=1: where the IPC all-reduce's time goes (not counted).
 if [ "${GW_CHECK_PROFILE:-0}" = 1 ]; then
   for n in 2 4; do
