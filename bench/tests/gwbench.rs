@@ -352,17 +352,21 @@ fn time_sized_loops() {
 fn algorithm_that_cannot_run_is_one_line_exit_1() {
     let r = bench(3, &["allreduce", "-a", "rhd", "-b", "8", "-e", "8"]);
     assert_eq!(r.code, Some(1), "{}", r.all());
-    let errors: Vec<&str> = r
-        .stderr
-        .lines()
-        .filter(|l| l.contains("gwbench: error:"))
-        .collect();
+    let errors = error_lines(&r);
     assert_eq!(errors.len(), 1, "{}", r.all());
     assert!(
         errors[0].contains("rhd") && errors[0].contains("power-of-two"),
         "{}",
         r.all()
     );
+}
+
+/// The lines of stderr that report a gwbench error.
+fn error_lines(r: &Run) -> Vec<&str> {
+    r.stderr
+        .lines()
+        .filter(|l| l.contains("gwbench: error:"))
+        .collect()
 }
 
 /// Rank 0's rows after perftest's column line starting with `first`.
@@ -687,11 +691,7 @@ fn p2p_time_sized_loops() {
 fn p2p_refuses_other_world_sizes() {
     let r = bench(3, &["p2p", "-e", "8"]);
     assert_eq!(r.code, Some(2), "{}", r.all());
-    let errors: Vec<&str> = r
-        .stderr
-        .lines()
-        .filter(|l| l.contains("gwbench: error:"))
-        .collect();
+    let errors = error_lines(&r);
     assert_eq!(errors.len(), 1, "{}", r.all());
     assert!(errors[0].contains("exactly 2 ranks"), "{}", r.all());
 }
@@ -867,11 +867,7 @@ fn device_cuda_without_a_driver_is_one_line_naming_it() {
     }
     let r = bench(2, &["allreduce", "--device", "cuda", "-b", "8", "-e", "1K"]);
     assert_eq!(r.code, Some(1), "{}", r.all());
-    let errors: Vec<&str> = r
-        .stderr
-        .lines()
-        .filter(|l| l.contains("gwbench: error:"))
-        .collect();
+    let errors = error_lines(&r);
     assert_eq!(errors.len(), 2, "one line per rank: {}", r.all());
     for e in errors {
         assert!(
