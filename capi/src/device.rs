@@ -55,7 +55,8 @@ impl<'a> DeviceComm<'a> {
     ///
     /// # Safety
     /// The buffers stay valid, and untouched while a round runs, until the
-    /// request is dropped.
+    /// request is dropped; and the request is dropped before this
+    /// `DeviceComm` (whose peer mappings its kernel reads through).
     pub unsafe fn all_reduce_init(&self, op: &RawOp) -> Result<DeviceRequest, String> {
         match DevicePersistent::init(self, op) {
             Ok(Some(p)) => Ok(DeviceRequest { p }),

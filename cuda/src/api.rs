@@ -71,6 +71,7 @@ api! {
     device_get_count = "cuDeviceGetCount": fn(*mut c_int);
     device_get = "cuDeviceGet": fn(*mut CUdevice, c_int);
     device_get_attribute = "cuDeviceGetAttribute": fn(*mut c_int, c_int, CUdevice);
+    device_get_uuid = "cuDeviceGetUuid_v2": fn(*mut [u8; 16], CUdevice);
     primary_ctx_retain = "cuDevicePrimaryCtxRetain": fn(*mut CUcontext, CUdevice);
     ctx_set_current = "cuCtxSetCurrent": fn(CUcontext);
     ctx_get_current = "cuCtxGetCurrent": fn(*mut CUcontext);

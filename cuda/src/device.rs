@@ -27,6 +27,9 @@ pub struct Gpu {
     pub sms: u32,
     /// The virtual architecture kernels are compiled for (`compute_90`).
     pub arch: String,
+    /// The GPU's UUID: the same physical GPU in every process, whatever
+    /// `CUDA_VISIBLE_DEVICES` numbers it there.
+    pub uuid: [u8; 16],
     kernels: OnceLock<std::result::Result<Kernels, Error>>,
 }
 
@@ -115,6 +118,12 @@ impl Gpu {
         };
         let sms = attr(ATTR_MULTIPROCESSOR_COUNT)?.max(1) as u32;
         let arch = format!("compute_{}{}", attr(ATTR_CC_MAJOR)?, attr(ATTR_CC_MINOR)?);
+        let mut uuid = [0u8; 16];
+        drv.check(
+            "cuDeviceGetUuid",
+            unsafe { (api.device_get_uuid)(&mut uuid, dev) },
+            "",
+        )?;
         let mut ctx = std::ptr::null_mut();
         drv.check(
             "cuDevicePrimaryCtxRetain",
@@ -127,6 +136,7 @@ impl Gpu {
             ctx,
             sms,
             arch,
+            uuid,
             kernels: OnceLock::new(),
         })
     }
@@ -169,7 +179,8 @@ impl Gpu {
     }
 
     fn load_kernels(&self) -> Result<Kernels> {
-        let ptx = Nvrtc::load()?.ptx(&kernels::source(), "gw_kernels.cu", &self.arch)?;
+        let nvrtc = Nvrtc::load_for_driver(self.drv.version())?;
+        let ptx = nvrtc.ptx(&kernels::source(), "gw_kernels.cu", &self.arch)?;
         let image =
             CString::new(ptx).map_err(|_| Error::InvalidArgument("PTX holds a NUL byte".into()))?;
         self.make_current()?;

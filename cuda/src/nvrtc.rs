@@ -49,6 +49,19 @@ impl Nvrtc {
         Self::load_from(&candidates())
     }
 
+    /// As [`Nvrtc::load`], preferring the NVRTC of the driver's CUDA major
+    /// version (`driver`: `cuDriverGetVersion`'s 12080, 13000, ...): a
+    /// driver cannot load PTX from a newer NVRTC than itself.
+    pub fn load_for_driver(driver: i32) -> Result<Nvrtc> {
+        let mut names = candidates();
+        let own = format!("libnvrtc.so.{}", driver / 1000);
+        if let Some(i) = names.iter().position(|n| *n == own) {
+            let n = names.remove(i);
+            names.insert(0, n);
+        }
+        Self::load_from(&names)
+    }
+
     /// Opens the first of `names` that loads.
     pub fn load_from(names: &[String]) -> Result<Nvrtc> {
         let mut tried = Vec::new();

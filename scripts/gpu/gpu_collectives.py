@@ -178,14 +178,16 @@ def check_others():
                 record(name, rank != 0 or same(out, hout))
             except RuntimeError as e:
                 record(name, False, str(e))
-    # Mixed: the root's buffer on the device, the others' on the host.
-    name = "broadcast device root, host receivers"
+    # Every receive buffer on the device, the root's send buffer in host
+    # memory, large enough to be pipelined (12 MiB > GW_CUDA_STAGE_BYTES).
+    name = "broadcast from a host send buffer into device receive buffers, pipelined"
     try:
-        count = 4099
-        want = data(0, "mixed", torch.float32, count)
-        b = want.to(dev) if rank == 0 else torch.zeros(count)
-        call("gwBroadcast", b.data_ptr(), b.data_ptr(), count, DT[torch.float32], 0, H)
-        record(name, same(b, want))
+        count = 3 << 20
+        want = data(0, "mixed-big", torch.float32, count)
+        out = torch.zeros(count, device=dev)
+        src = want if rank == 0 else torch.zeros(1)
+        call("gwBroadcast", src.data_ptr(), out.data_ptr(), count, DT[torch.float32], 0, H)
+        record(name, same(out, want))
     except RuntimeError as e:
         record(name, False, str(e))
     # Point to point between neighbours, device buffers both sides.
