@@ -3,8 +3,11 @@
 # Python 3 with numpy and torch (CUDA build); no Rust, no network.
 #   ./gpu-check.sh [FIGURES_DIR]
 # Runs gw-cuda's GPU tests, the collectives on CUDA tensors at 1-4 ranks
-# (IPC all-reduce and the staged path), the bandwidth tables against Gloo
-# and the host path at 2 and 4 ranks, and ends with "N passed, N failed".
+# (IPC all-reduce, the staged path and its pipeline, persistent rounds, the
+# Python calls), the persistent-against-ordinary timing and the bandwidth
+# tables against Gloo and the host path at 2 and 4 ranks, then gwbench
+# --device cuda (1, 2, 4 ranks), and ends with "N passed, N failed".
+# GW_CHECK_TIMEOUT / GW_BENCH_TIMEOUT bound each step (120 / 200 s).
 set -u
 HERE=$(cd "$(dirname "$0")" && pwd)
 FIG=${1:-$HERE/figures}
@@ -56,28 +59,6 @@ done
 # Staged, in 64 KiB segments so that the pipeline runs many of them.
 GW_CUDA_IPC=0 GW_CUDA_STAGE_BYTES=65536 check "collectives-staged-2" gwrun -n 2 python3 gpu_collectives.py check
 GW_CHECK_BIG=1 check "collectives-4GiB-2" gwrun -n 2 python3 gpu_collectives.py check
-# gwbench on device buffers: nccl-tests' columns, results checked (-c 1).
-gwbench_check() {
-  local label=$1; shift
-  timeout "${GW_CHECK_TIMEOUT:-120}" "$@" >"$LOG/$label.log" 2>&1
-  local rc=$?
-  if [ "$rc" -eq 0 ] && grep -q 'Out of bounds values : 0 OK' "$LOG/$label.log"; then
-    pass=$((pass + 1)); echo "== $label: passed"
-  else
-    fail=$((fail + 1)); echo "== $label: FAILED (rc $rc)"; tail -5 "$LOG/$label.log"
-  fi
-  grep -E '^\[0\] +[0-9]' "$LOG/$label.log" | sed 's/^\[0\] //' | head -12
-}
-for n in 1 2 4; do
-  gwbench_check "gwbench-allreduce-$n" gwrun -n "$n" gwbench allreduce --device cuda \
-    -b 64K -e 1G -f 4 -c 1 -T 0.1 -J "$FIG/gwbench-allreduce-$n.json"
-done
-gwbench_check "gwbench-allreduce-persistent-2" gwrun -n 2 gwbench allreduce --device cuda -P 1 \
-  -b 64K -e 1M -f 16 -c 1 -T 0.1 -J "$FIG/gwbench-allreduce-persistent-2.json"
-for coll in reduce_scatter all_gather broadcast reduce; do
-  gwbench_check "gwbench-$coll-2" gwrun -n 2 gwbench "$coll" --device cuda \
-    -b 1M -e 64M -f 8 -c 1 -T 0.1 -J "$FIG/gwbench-$coll-2.json"
-done
 # GW_CHECK_PROFILE=1: where the IPC all-reduce's time goes (not counted).
 if [ "${GW_CHECK_PROFILE:-0}" = 1 ]; then
   for n in 2 4; do
@@ -93,5 +74,28 @@ for n in 2 4; do
   rm -f /tmp/gw-gloo-store-$n
   echo "== bench, $n ranks"
   GW_GLOO_STORE=/tmp/gw-gloo-store-$n timeout "${GW_BENCH_TIMEOUT:-200}" gwrun -n "$n" python3 gpu_collectives.py bench "$FIG/allreduce-$n.json" 2>&1 | tee "$LOG/bench-$n.log" | grep -E '^\[0\] (#| )' || true
+done
+# gwbench on device buffers: nccl-tests' columns, results checked (-c 1);
+# last, as the tables above carry the targets.
+gwbench_check() {
+  local label=$1; shift
+  timeout "${GW_CHECK_TIMEOUT:-120}" "$@" >"$LOG/$label.log" 2>&1
+  local rc=$?
+  if [ "$rc" -eq 0 ] && grep -q 'Out of bounds values : 0 OK' "$LOG/$label.log"; then
+    pass=$((pass + 1)); echo "== $label: passed"
+  else
+    fail=$((fail + 1)); echo "== $label: FAILED (rc $rc)"; tail -5 "$LOG/$label.log"
+  fi
+  grep -E '^\[0\] +[0-9]' "$LOG/$label.log" | sed 's/^\[0\] //' | head -12
+}
+for n in 1 2 4; do
+  gwbench_check "gwbench-allreduce-$n" gwrun -n "$n" gwbench allreduce --device cuda \
+    -b 64K -e 256M -f 4 -c 1 -T 0.1 -J "$FIG/gwbench-allreduce-$n.json"
+done
+gwbench_check "gwbench-allreduce-persistent-2" gwrun -n 2 gwbench allreduce --device cuda -P 1 \
+  -b 64K -e 1M -f 16 -c 1 -T 0.1 -J "$FIG/gwbench-allreduce-persistent-2.json"
+for coll in reduce_scatter all_gather broadcast reduce; do
+  gwbench_check "gwbench-$coll-2" gwrun -n 2 gwbench "$coll" --device cuda \
+    -b 1M -e 16M -f 4 -c 1 -T 0.1 -J "$FIG/gwbench-$coll-2.json"
 done
 echo "$pass passed, $fail failed"
