@@ -156,17 +156,54 @@ fn device_use(op: &RawOp, send_bytes: usize, recv_bytes: usize) -> CResult<Optio
 
 /// Whether any of `op`'s buffers is device memory.
 pub(crate) fn device_given(st: &(impl DeviceHost + ?Sized), op: &RawOp) -> CResult<bool> {
-    let (s, r) = extents(op, st.comm().size() as usize, st.comm().rank() as usize);
-    Ok(device_use(op, s, r)?.is_some())
+    Ok(device_use_of(st, op)?.is_some())
+}
+
+/// [`device_use`] for `op` on this communicator, with its (send, recv)
+/// extents in bytes.
+fn device_use_of(
+    st: &(impl DeviceHost + ?Sized),
+    op: &RawOp,
+) -> CResult<Option<(DeviceUse, usize, usize)>> {
+    let (send_bytes, recv_bytes) =
+        extents(op, st.comm().size() as usize, st.comm().rank() as usize);
+    Ok(device_use(op, send_bytes, recv_bytes)?.map(|d| (d, send_bytes, recv_bytes)))
+}
+
+/// Before a call reads device buffers: its GPU's context current, the
+/// work queued before it finished (on `stream`, or all of this process's),
+/// and its device buffers' extents checked against their allocations.
+fn settle(
+    dev: &DeviceUse,
+    op: &RawOp,
+    send_bytes: usize,
+    recv_bytes: usize,
+    stream: Option<CUstream>,
+) -> CResult<()> {
+    let (gpu, drv) = (dev.gpu, dev.gpu.driver());
+    gpu.make_current().map_err(cuda_err)?;
+    match stream {
+        Some(s) => sync(drv, s)?,
+        None => gpu.synchronize().map_err(cuda_err)?,
+    }
+    for (kind, ptr, bytes, what) in [
+        (dev.send, op.send as u64, send_bytes, "sendbuff"),
+        (dev.recv, op.recv as u64, recv_bytes, "recvbuff"),
+    ] {
+        if kind.is_device() && bytes > 0 {
+            memory::check_extent(drv, ptr, bytes, what).map_err(cuda_err)?;
+        }
+    }
+    Ok(())
 }
 
 /// Waits for `stream` before a host-memory `...Stream` call, where the
 /// process has CUDA loaded (without it, no stream can exist).
 pub(crate) fn sync_stream_if_loaded(stream: *mut c_void) -> CResult<()> {
-    if stream.is_null() && !gw_cuda::driver::loaded_in_process() {
-        return Ok(());
-    }
     if !gw_cuda::driver::loaded_in_process() {
+        if stream.is_null() {
+            return Ok(());
+        }
         return fail(
             gwInvalidArgument,
             "invalid argument: a CUDA stream was given, but this process has not loaded \
@@ -244,21 +281,12 @@ pub(crate) fn stage_p2p<'a>(
     let drv = dev.gpu.driver();
     dev.gpu.synchronize().map_err(cuda_err)?;
     let mut bufs = st.cuda().staging.lock().unwrap_or_else(|p| p.into_inner());
-    while bufs.len() < 4 {
-        bufs.push(PinnedBuf::new(drv, 0).map_err(cuda_err)?);
-    }
-    let mut grow = |i: usize, bytes: usize| -> CResult<*mut u8> {
-        if bufs[i].len() < bytes {
-            bufs[i] = PinnedBuf::new(drv, bytes.next_power_of_two()).map_err(cuda_err)?;
-        }
-        Ok(bufs[i].as_ptr())
-    };
     if let Some((peer, ptr, count)) = *send
         && dev.send.is_device()
     {
         let bytes = count.saturating_mul(es);
         memory::check_extent(drv, ptr as u64, bytes, "sendbuff").map_err(cuda_err)?;
-        let host = grow(2, bytes)?;
+        let host = pinned(&mut bufs, drv, PIN_P2P_SEND, bytes)?;
         // SAFETY: the extent was just checked; the pinned buffer holds it.
         unsafe { memory::copy_dtoh(drv, host, ptr as u64, bytes, None) }.map_err(cuda_err)?;
         *send = Some((peer, host.cast_const(), count));
@@ -269,11 +297,38 @@ pub(crate) fn stage_p2p<'a>(
     {
         let bytes = count.saturating_mul(es);
         memory::check_extent(drv, ptr as u64, bytes, "recvbuff").map_err(cuda_err)?;
-        let host = grow(3, bytes)?;
+        let host = pinned(&mut bufs, drv, PIN_P2P_RECV, bytes)?;
         back = Some((drv, ptr as u64, host.cast_const(), bytes));
         *recv = Some((peer, host, count));
     }
     Ok(Some(StagedP2p { _bufs: bufs, back }))
+}
+
+/// The communicator's pinned staging buffers by use: a collective's
+/// receive (or both sides, in place) and send, a message's send and
+/// receive, then the pipeline's slots.
+const PIN_RECV: usize = 0;
+const PIN_SEND: usize = 1;
+const PIN_P2P_SEND: usize = 2;
+const PIN_P2P_RECV: usize = 3;
+const PIN_SLOTS: usize = 4;
+
+/// Pinned staging buffer `i` of `bufs`, grown to hold `bytes` (to the
+/// next power of two, so that sizes creeping up do not reallocate each
+/// call).
+fn pinned(
+    bufs: &mut Vec<PinnedBuf>,
+    drv: &'static Driver,
+    i: usize,
+    bytes: usize,
+) -> CResult<*mut u8> {
+    while bufs.len() <= i {
+        bufs.push(PinnedBuf::new(drv, 0).map_err(cuda_err)?);
+    }
+    if bufs[i].len() < bytes {
+        bufs[i] = PinnedBuf::new(drv, bytes.next_power_of_two()).map_err(cuda_err)?;
+    }
+    Ok(bufs[i].as_ptr())
 }
 
 /// Bytes of (send, recv) per the layout table of `gw_collectives::algo`.
@@ -315,28 +370,12 @@ pub(crate) fn run(
     stream: Option<CUstream>,
 ) -> CResult<bool> {
     let t0 = std::time::Instant::now();
-    let (n, rank) = (st.comm().size() as usize, st.comm().rank() as usize);
-    let (send_bytes, recv_bytes) = extents(op, n, rank);
-    let Some(dev) = device_use(op, send_bytes, recv_bytes)? else {
+    let Some((dev, send_bytes, recv_bytes)) = device_use_of(st, op)? else {
         return Ok(false);
     };
+    settle(&dev, op, send_bytes, recv_bytes, stream)?;
     let gpu = dev.gpu;
-    let drv = gpu.driver();
-    gpu.make_current().map_err(cuda_err)?;
-    // The call reads the device buffers: everything queued before must
-    // have finished (the stream's work, or all of this process's).
-    match stream {
-        Some(s) => sync(drv, s)?,
-        None => gpu.synchronize().map_err(cuda_err)?,
-    }
-    for (kind, ptr, bytes, what) in [
-        (dev.send, op.send as u64, send_bytes, "sendbuff"),
-        (dev.recv, op.recv as u64, recv_bytes, "recvbuff"),
-    ] {
-        if kind.is_device() && bytes > 0 {
-            memory::check_extent(drv, ptr, bytes, what).map_err(cuda_err)?;
-        }
-    }
+    let n = st.comm().size() as usize;
     if n == 1 && dev.send.is_device() && dev.recv.is_device() {
         return one_rank(op, gpu, stream, recv_bytes).map(|_| true);
     }
@@ -465,16 +504,9 @@ fn staged_pipelined(
     let copy_out = recv_used && dev.recv.is_device();
     let (s_in, s_out) = (own_stream(gpu, 1)?, own_stream(gpu, 2)?);
     let mut bufs = st.cuda().staging.lock().unwrap_or_else(|p| p.into_inner());
-    while bufs.len() < 4 + STAGE_SLOTS {
-        bufs.push(PinnedBuf::new(drv, 0).map_err(cuda_err)?);
-    }
-    let mut slots = Vec::with_capacity(STAGE_SLOTS);
-    for b in bufs[4..4 + STAGE_SLOTS].iter_mut() {
-        if b.len() < seg {
-            *b = PinnedBuf::new(drv, seg).map_err(cuda_err)?;
-        }
-        slots.push(b.as_ptr());
-    }
+    let slots = (0..STAGE_SLOTS)
+        .map(|k| pinned(&mut bufs, drv, PIN_SLOTS + k, seg))
+        .collect::<CResult<Vec<*mut u8>>>()?;
     let mut pipe = Pipeline::new(bytes, seg, STAGE_SLOTS, copy_in, copy_out);
     // An event after a copy just queued on stream `s`.
     let queued = |copy: gw_cuda::Result<()>, s: CUstream| -> CResult<Event> {
@@ -577,19 +609,10 @@ fn staged(
     let mut host = *op;
     let in_place =
         in_place_offset(op, rank).filter(|_| dev.send.is_device() && dev.recv.is_device());
-    let mut pinned = |i: usize, bytes: usize| -> CResult<*mut u8> {
-        while bufs.len() <= i {
-            bufs.push(PinnedBuf::new(drv, 0).map_err(cuda_err)?);
-        }
-        if bufs[i].len() < bytes {
-            bufs[i] = PinnedBuf::new(drv, bytes.next_power_of_two()).map_err(cuda_err)?;
-        }
-        Ok(bufs[i].as_ptr())
-    };
     if let Some(off) = in_place {
         // One buffer, the same layout as the caller's.
         let span = send_bytes.max(recv_bytes);
-        let base = pinned(0, span)?;
+        let base = pinned(&mut bufs, drv, PIN_RECV, span)?;
         // The lower of the two starts the buffer (reduce-scatter's send,
         // all-gather's receive).
         if off >= 0 {
@@ -601,10 +624,10 @@ fn staged(
         }
     } else {
         if dev.recv.is_device() {
-            host.recv = pinned(0, recv_bytes)?;
+            host.recv = pinned(&mut bufs, drv, PIN_RECV, recv_bytes)?;
         }
         if dev.send.is_device() {
-            host.send = pinned(1, send_bytes)?;
+            host.send = pinned(&mut bufs, drv, PIN_SEND, send_bytes)?;
         }
     }
     if dev.send.is_device() && send_bytes > 0 {
@@ -644,9 +667,7 @@ pub(crate) fn device_all_reduce(
     st: &(impl DeviceHost + ?Sized),
     op: &RawOp,
 ) -> CResult<Option<&'static Gpu>> {
-    let (n, rank) = (st.comm().size() as usize, st.comm().rank() as usize);
-    let (send_bytes, recv_bytes) = extents(op, n, rank);
-    let Some(dev) = device_use(op, send_bytes, recv_bytes)? else {
+    let Some((dev, send_bytes, recv_bytes)) = device_use_of(st, op)? else {
         return Ok(None);
     };
     if !(dev.send.is_device() && dev.recv.is_device()) {
@@ -656,10 +677,7 @@ pub(crate) fn device_all_reduce(
              or both in host memory",
         );
     }
-    let drv = dev.gpu.driver();
-    dev.gpu.synchronize().map_err(cuda_err)?;
-    memory::check_extent(drv, op.send as u64, send_bytes, "sendbuff").map_err(cuda_err)?;
-    memory::check_extent(drv, op.recv as u64, recv_bytes, "recvbuff").map_err(cuda_err)?;
+    settle(&dev, op, send_bytes, recv_bytes, None)?;
     Ok(Some(dev.gpu))
 }
 

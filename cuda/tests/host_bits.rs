@@ -274,13 +274,14 @@ type FanFn<C> = unsafe extern "C" fn(
     C,
 );
 
-#[allow(clippy::too_many_arguments)]
+/// Calls `gw_host_fan_<e>_<op>` on the buffers `outs` and `ins` point at
+/// (the same ones for in place).
 unsafe fn fan_as<C: Copy>(
     lib: &Library,
     name: &str,
     conv: impl Fn(f64) -> C,
-    outs: &mut [Vec<u8>],
-    ins: &mut [Vec<u8>],
+    outs: &[*mut u8],
+    ins: &[*mut u8],
     n: usize,
     avg: bool,
 ) {
@@ -288,20 +289,15 @@ unsafe fn fan_as<C: Copy>(
     // SAFETY: the generated signature for this compute type.
     let f = unsafe { lib.get::<FanFn<C>>(sym.as_bytes()) }.expect(name);
     let mut o = [std::ptr::null_mut(); kernels::MAX_FAN];
-    let nout = outs.len();
-    for (k, v) in outs.iter_mut().enumerate() {
-        o[k] = v.as_mut_ptr();
-    }
+    o[..outs.len()].copy_from_slice(outs);
     let mut i = [std::ptr::null_mut(); kernels::MAX_FAN];
+    i[..ins.len()].copy_from_slice(ins);
     let nin = ins.len();
-    for (k, v) in ins.iter_mut().enumerate() {
-        i[k] = v.as_mut_ptr();
-    }
     // SAFETY: every pointer holds n elements.
     unsafe {
         f(
             o,
-            nout as i32,
+            outs.len() as i32,
             i,
             nin as i32,
             n as u64,
@@ -318,33 +314,15 @@ impl Runner for HostRunner {
         let name = kernels::fan_name(e, op);
         let n = ins[0].len() / e.size();
         let mut ins = ins.to_vec();
+        let ip: Vec<*mut u8> = ins.iter_mut().map(|v| v.as_mut_ptr()).collect();
         if in_place {
             // The outputs are the inputs: one set of buffers for both.
-            let mut bufs = std::mem::take(&mut ins);
-            let sym = format!("{}\0", name.replacen("gw_", "gw_host_", 1));
-            let mut arr = [std::ptr::null_mut(); kernels::MAX_FAN];
-            for (slot, v) in arr.iter_mut().zip(bufs.iter_mut()) {
-                *slot = v.as_mut_ptr();
-            }
-            let k = bufs.len() as i32;
-            macro_rules! call {
-                ($c:ty, $conv:expr) => {{
-                    // SAFETY: the generated signature; every buffer holds n elements.
-                    let f = unsafe { self.0.get::<FanFn<$c>>(sym.as_bytes()) }.expect("fan");
-                    unsafe { f(arr, k, arr, k, n as u64, avg as i32, $conv(f64::from(k))) }
-                }};
-            }
-            match e {
-                Elem::F64 => call!(f64, |v| v),
-                Elem::F32 | Elem::F16 | Elem::Bf16 => call!(f32, |v: f64| v as f32),
-                Elem::I32 => call!(u32, |_| 0u32),
-                Elem::I64 => call!(u64, |_| 0u64),
-                Elem::U8 => call!(u8, |_| 0u8),
-            }
-            return bufs;
+            by_compute!(e, fan_as, &self.0, &name, &ip, &ip, n, avg);
+            return ins;
         }
         let mut outs = vec![vec![0u8; ins[0].len()]; 3];
-        by_compute!(e, fan_as, &self.0, &name, &mut outs, &mut ins, n, avg);
+        let op: Vec<*mut u8> = outs.iter_mut().map(|v| v.as_mut_ptr()).collect();
+        by_compute!(e, fan_as, &self.0, &name, &op, &ip, n, avg);
         outs
     }
 
