@@ -289,15 +289,10 @@ def _recv(out, shape, dtype, what, like=None):
             return _empty_like_kind(like, shape, dtype)
         return np.empty(shape, dtype)
     if _is_device(out):
-        d = _Dev(out)
-        if d.dtype != dtype:
-            raise TypeError(f"gradwire: {what}: out has dtype {d.dtype}, expected {np.dtype(dtype)}")
-        if d.size != int(np.prod(shape)):
-            raise ValueError(f"gradwire: {what}: out has {d.size} elements, expected {int(np.prod(shape))}")
-        return d
-    if not isinstance(out, np.ndarray):
+        out = _Dev(out)  # refuses a strided array itself
+    elif not isinstance(out, np.ndarray):
         raise TypeError(f"gradwire: {what}: out must be a numpy array")
-    if not out.flags.c_contiguous or not out.flags.writeable:
+    elif not out.flags.c_contiguous or not out.flags.writeable:
         raise ValueError(f"gradwire: {what}: out must be a writeable C-contiguous array")
     if out.dtype != dtype:
         raise TypeError(f"gradwire: {what}: out has dtype {out.dtype}, expected {np.dtype(dtype)}")
