@@ -122,10 +122,9 @@ struct Running {
     expect: Vec<(u32, Rank, ActionId)>,
     /// Immediates that came before their `Landed` action was ready.
     arrived: Vec<Arrival>,
-    /// When it times out. A point-to-point message has none (`armed`
-    /// false, `deadline` far away) until a caller waits for it.
-    deadline: Instant,
-    armed: bool,
+    /// When it times out. A point-to-point message has none until a
+    /// caller waits for it.
+    deadline: Option<Instant>,
     /// When the operation stops making progress long enough, it is posted
     /// on the board and compared with what the other ranks are doing.
     stalled_at: Instant,
@@ -461,10 +460,9 @@ impl Engine {
     /// Starts the timeout of every message a caller now waits for.
     fn arm_waited_messages(&mut self, now: Instant) {
         let timeout = self.cfg.timeout;
-        for r in self.messages.iter_mut().filter(|r| !r.armed) {
+        for r in self.messages.iter_mut().filter(|r| r.deadline.is_none()) {
             if r.op.done.is_waited() {
-                r.armed = true;
-                r.deadline = now + timeout;
+                r.deadline = Some(now + timeout);
             }
         }
     }
@@ -474,7 +472,7 @@ impl Engine {
         self.current
             .iter()
             .chain(&self.messages)
-            .map(|r| r.deadline)
+            .filter_map(|r| r.deadline)
             .min()
     }
 
@@ -589,7 +587,7 @@ impl Engine {
             .current
             .iter()
             .chain(&self.messages)
-            .position(|r| now >= r.deadline)
+            .position(|r| r.deadline.is_some_and(|d| now >= d))
         {
             let others = self.others_doing();
             if let Some(r) = self.current.iter().chain(&self.messages).nth(i) {
@@ -811,8 +809,7 @@ impl Engine {
                         spare,
                     );
                     // Its timeout starts when someone waits for it.
-                    r.armed = false;
-                    r.deadline = far_future();
+                    r.deadline = None;
                     self.messages.push(r);
                 }
                 _ => op.done.finish(Err(Error::Internal(
@@ -861,8 +858,7 @@ impl Engine {
             round,
             expect: spare.expect,
             arrived: spare.arrived,
-            deadline: Instant::now() + self.cfg.timeout,
-            armed: true,
+            deadline: Some(Instant::now() + self.cfg.timeout),
             stalled_at: Instant::now() + (self.cfg.timeout / 8).min(STALL),
             posted: false,
             trace_us: if trace::enabled() {
@@ -1476,11 +1472,4 @@ fn failed_earlier(e: &Error) -> Error {
         Error::Aborted(_) => e.clone(),
         _ => Error::Aborted(format!("the communicator failed earlier: {e}")),
     }
-}
-
-/// A deadline no operation reaches: an unwaited message's.
-fn far_future() -> Instant {
-    let now = Instant::now();
-    // About 30 years; checked, since Instant's range is the platform's.
-    now.checked_add(Duration::from_secs(1 << 30)).unwrap_or(now)
 }
