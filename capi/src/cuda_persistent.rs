@@ -226,17 +226,6 @@ impl DevicePersistent {
         Ok(())
     }
 
-    /// Whether the last round has finished.
-    pub(crate) fn test(&self) -> CResult<bool> {
-        let state = self.state.lock().unwrap_or_else(|p| p.into_inner());
-        match state.running {
-            None => Ok(true),
-            // SAFETY: a stream queued on by start.
-            Some(s) => unsafe { memory::stream_done(self.gpu.driver(), s as CUstream) }
-                .map_err(cuda::cuda_err),
-        }
-    }
-
     /// Waits for the last round, at most `limit`; `Ok(false)` if it is
     /// still running then. Without a limit it waits the communicator's
     /// operation timeout (`GW_TIMEOUT`) and then fails naming the round:
