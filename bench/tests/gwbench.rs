@@ -634,7 +634,9 @@ fn p2p_two_ranks() {
 }
 
 /// `p2p -T`: each of a row's three loops is sized to about the target, so
-/// two sizes take at least 6 × 0.1 s; the header says so; `-J` keeps it.
+/// two sizes take most of 6 × 0.1 s (a loop sized from a slower sizing
+/// batch may run short, so the bound is half that, as for the
+/// collectives' `-T` test); the header says so; `-J` keeps it.
 #[test]
 fn p2p_time_sized_loops() {
     let json = std::env::temp_dir().join(format!("gwbench-test-{}-p2pT.json", std::process::id()));
@@ -661,7 +663,7 @@ fn p2p_time_sized_loops() {
     );
     let took = t0.elapsed();
     assert_eq!(r.code, Some(0), "{}", r.all());
-    assert!(took >= Duration::from_millis(600), "{took:?}\n{}", r.all());
+    assert!(took >= Duration::from_millis(300), "{took:?}\n{}", r.all());
     assert!(
         r.rank0()
             .iter()
