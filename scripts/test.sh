@@ -82,10 +82,11 @@ cleanup() {
 trap cleanup EXIT
 
 # libgradwire with the job server's step protocol: the C and Python step
-# tests need it (the default build leaves the HTTP client out); gw-verbs
-# with rdma-sys, so that the verbs layer is built and its no-device path
+# tests need it (the default build leaves the HTTP client out); the verbs
+# backend (gw-collectives/verbs, which builds gw-transport's and gw-verbs'
+# on rdma-sys), so that it is compiled, linted and its no-device path
 # tested (its device tests are ignored without GW_TEST_RDMA_DEVICE).
-features=(--features gw-capi/step --features gw-verbs/verbs)
+features=(--features gw-capi/step --features gw-collectives/verbs)
 
 cargo fmt --all -- --check
 # --lib as well: the C ABI tests need libgradwire.so and .a, which --bins skips.

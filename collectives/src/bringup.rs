@@ -23,6 +23,7 @@ use crate::mailbox;
 use crate::model::{CostModel, LinkKind, Shape};
 use gw_rendezvous::launch_env::fnv1a;
 use gw_rendezvous::{LaunchEnv, PeerInfo, StoreClient, StoreConfig, StoreServer, peers};
+use gw_transport::nic::NicConfig;
 use gw_transport::ofi::{OfiConfig, OfiTransport};
 use gw_transport::shm::{ShmConfig, ShmTransport};
 use gw_transport::tcp::{TcpConfig, TcpTransport};
@@ -41,33 +42,77 @@ const QUEUE_CAPACITY: usize = 64;
 /// rank's record.
 pub(crate) struct Opened {
     pub tcp: Option<TcpTransport>,
-    pub ofi: Option<OfiTransport>,
+    pub rdma: Option<Rdma>,
+}
+
+/// The one-sided NIC transport `GW_TRANSPORT` asked for, opened before
+/// rendezvous: its endpoint name goes into the record.
+pub(crate) enum Rdma {
+    Ofi(OfiTransport),
+    #[cfg(feature = "verbs")]
+    Verbs(gw_transport::verbs::VerbsTransport),
+}
+
+impl Rdma {
+    fn name_hex(&self) -> Result<String> {
+        match self {
+            Rdma::Ofi(t) => t.name_hex(),
+            #[cfg(feature = "verbs")]
+            Rdma::Verbs(t) => t.name_hex(),
+        }
+    }
+
+    /// The route name, the GPUDirect line, and the transport with every
+    /// peer's record (verbs: every queue pair connected).
+    fn join(self, peers: &[PeerInfo]) -> Result<(&'static str, String, Box<dyn Transport>)> {
+        match self {
+            Rdma::Ofi(mut t) => {
+                let line = t.gpudirect();
+                t.set_peers(peers)?;
+                Ok(("ofi", line, Box::new(t)))
+            }
+            #[cfg(feature = "verbs")]
+            Rdma::Verbs(mut t) => {
+                t.set_peers(peers)?;
+                t.connect_all()?;
+                let line = "off (gradwire's verbs backend stages device memory through pinned \
+                            host memory)"
+                    .to_string();
+                Ok(("verbs", line, Box::new(t)))
+            }
+        }
+    }
 }
 
 /// Step 1: the TCP transport, listening, unless only shared memory or
 /// libfabric is used; the libfabric endpoint under `GW_TRANSPORT=ofi`.
 pub(crate) fn listen(env: &LaunchEnv, cfg: &Config) -> Result<Opened> {
     let choice = cfg.transport.value;
-    if choice == TransportChoice::Verbs && env.world > 1 {
-        return Err(verbs_refusal());
-    }
-    let ofi = if choice == TransportChoice::Ofi && env.world > 1 {
-        let t = OfiTransport::new(
+    let rdma = if choice == TransportChoice::Verbs && env.world > 1 {
+        Some(open_verbs(env, cfg)?)
+    } else if choice == TransportChoice::Ofi && env.world > 1 {
+        let t = OfiTransport::open(
             env.rank,
             env.world as usize,
             OfiConfig {
                 provider: cfg.ofi_provider.value.clone(),
-                eager_frames: cfg.eager_frames.value,
-                ..OfiConfig::default()
+                nic: NicConfig {
+                    eager_frames: cfg.eager_frames.value,
+                    ..NicConfig::default()
+                },
             },
         )?;
         tracing::info!("ofi: provider {}", t.provider());
-        Some(t)
+        Some(Rdma::Ofi(t))
     } else {
         None
     };
-    if matches!(choice, TransportChoice::Shm | TransportChoice::Ofi) && env.world > 1 {
-        return Ok(Opened { tcp: None, ofi });
+    if matches!(
+        choice,
+        TransportChoice::Shm | TransportChoice::Ofi | TransportChoice::Verbs
+    ) && env.world > 1
+    {
+        return Ok(Opened { tcp: None, rdma });
     }
     let store_ip = env
         .store
@@ -87,7 +132,7 @@ pub(crate) fn listen(env: &LaunchEnv, cfg: &Config) -> Result<Opened> {
             eager_frames: cfg.eager_frames.value,
         },
     )?);
-    Ok(Opened { tcp, ofi })
+    Ok(Opened { tcp, rdma })
 }
 
 /// What the ranks learnt about each other through the store.
@@ -161,7 +206,7 @@ pub(crate) fn rendezvous(
             .map(|t| vec![t.listen_addr()])
             .unwrap_or_default(),
         tcp_eager: opened.tcp.as_ref().map(|t| t.eager()).unwrap_or_default(),
-        ofi: match &opened.ofi {
+        ofi: match &opened.rdma {
             Some(t) => t.name_hex()?,
             None => String::new(),
         },
@@ -278,7 +323,7 @@ pub(crate) fn route(
     peers: &[PeerInfo],
     shm_secret: &str,
 ) -> Result<Routes> {
-    let Opened { tcp, ofi } = opened;
+    let Opened { tcp, rdma } = opened;
     let me = env.rank;
     let choice = cfg.transport.value;
     let host_id = &peers[me as usize].host_id;
@@ -286,7 +331,10 @@ pub(crate) fn route(
     let tcp_idx = tcp.is_some().then_some(0usize);
     let needs_shm = peers.iter().any(|p| {
         p.rank != me
-            && !matches!(choice, TransportChoice::Tcp | TransportChoice::Ofi)
+            && !matches!(
+                choice,
+                TransportChoice::Tcp | TransportChoice::Ofi | TransportChoice::Verbs
+            )
             && &p.host_id == host_id
     });
     if let Some(mut t) = tcp {
@@ -310,12 +358,12 @@ pub(crate) fn route(
     } else {
         None
     };
-    let mut ofi_gpudirect = None;
-    let ofi_idx = match ofi {
-        Some(mut t) => {
-            ofi_gpudirect = Some(t.gpudirect());
-            t.set_peers(peers)?;
-            transports.push(Box::new(t));
+    let mut rdma_gpudirect = None;
+    let rdma_idx = match rdma {
+        Some(r) => {
+            let (name, line, t) = r.join(peers)?;
+            rdma_gpudirect = Some((name, line));
+            transports.push(t);
             Some(transports.len() - 1)
         }
         None => None,
@@ -331,9 +379,8 @@ pub(crate) fn route(
                     p.rank, p.hostname
                 )));
             }
-            (TransportChoice::Ofi, _) => (ofi_idx, "ofi"),
-            // Refused in `listen`, before rendezvous.
-            (TransportChoice::Verbs, _) => return Err(verbs_refusal()),
+            (TransportChoice::Ofi, _) => (rdma_idx, "ofi"),
+            (TransportChoice::Verbs, _) => (rdma_idx, "verbs"),
             (TransportChoice::Tcp, _) | (TransportChoice::Auto, false) => (tcp_idx, "tcp"),
             (_, true) => (shm_idx, "shm"),
         };
@@ -353,9 +400,9 @@ pub(crate) fn route(
         );
     }
 
-    tracing::info!("GPUDirect RDMA: {}", gpudirect_line(&names, ofi_gpudirect));
+    tracing::info!("GPUDirect RDMA: {}", gpudirect_line(&names, rdma_gpudirect));
 
-    let link = if names.contains(&"tcp") || names.contains(&"ofi") {
+    let link = if names.iter().any(|n| matches!(*n, "tcp" | "ofi" | "verbs")) {
         LinkKind::Tcp
     } else {
         LinkKind::Shm
@@ -396,10 +443,10 @@ pub(crate) fn route(
 /// How many ranks share the busiest processor of the most crowded host,
 /// ⌈ranks / processors⌉ (at least 1): every rank computes it from the same
 /// records.
-/// The init line on GPUDirect RDMA: the ofi provider's answer where ofi
+/// The init line on GPUDirect RDMA: the RDMA transport's answer where it
 /// carries data, else which transports do instead.
-fn gpudirect_line(names: &[&str], ofi: Option<String>) -> String {
-    if let Some(line) = ofi.filter(|_| names.contains(&"ofi")) {
+fn gpudirect_line(names: &[&str], rdma: Option<(&str, String)>) -> String {
+    if let Some((_, line)) = rdma.filter(|(n, _)| names.contains(n)) {
         return line;
     }
     let mut used: Vec<&str> = names.iter().copied().filter(|n| *n != "self").collect();
@@ -587,22 +634,57 @@ fn describe_hosts(host_ids: &[&str]) -> String {
     s
 }
 
-/// What `GW_TRANSPORT=verbs` finds: without an RDMA device (or a build
-/// without the `verbs` feature) the system's reason; with one, that the
-/// backend's data plane is not written yet and what drives the device
-/// meanwhile. Either way init fails here, before any rendezvous.
-fn verbs_refusal() -> Error {
-    let cfg = match gw_verbs::Config::from_env() {
-        Ok(c) => c,
-        Err(e) => return Error::Config(format!("GW_TRANSPORT=verbs: {e}")),
-    };
-    match gw_verbs::open(&cfg) {
+/// `GW_TRANSPORT=verbs`: the device and a queue pair per peer. Without an
+/// RDMA device the error is the system's reason ("no RDMA device: ..."),
+/// before any rendezvous.
+#[cfg(feature = "verbs")]
+fn open_verbs(env: &LaunchEnv, cfg: &Config) -> Result<Rdma> {
+    let device = gw_verbs::Config::from_env()
+        .map_err(|e| Error::Config(format!("GW_TRANSPORT=verbs: {e}")))?;
+    let t = gw_transport::verbs::VerbsTransport::open(
+        env.rank,
+        env.world as usize,
+        &device,
+        NicConfig {
+            eager_frames: cfg.eager_frames.value,
+            ..NicConfig::default()
+        },
+    )?;
+    Ok(Rdma::Verbs(t))
+}
+
+/// `GW_TRANSPORT=verbs` in a build without the verbs backend: what a
+/// device check finds, and how to rebuild.
+#[cfg(not(feature = "verbs"))]
+fn open_verbs(_env: &LaunchEnv, _cfg: &Config) -> Result<Rdma> {
+    let cfg = gw_verbs::Config::from_env()
+        .map_err(|e| Error::Config(format!("GW_TRANSPORT=verbs: {e}")))?;
+    Err(match gw_verbs::open(&cfg) {
         Err(e) => Error::Config(format!("GW_TRANSPORT=verbs: {e}")),
         Ok(hca) => Error::Config(format!(
-            "GW_TRANSPORT=verbs: found {hca:?}, but gradwire's own verbs data plane is not written yet; \
-             GW_TRANSPORT=ofi GW_OFI_PROVIDER='verbs;ofi_rxm' drives the same device through libfabric"
+            "GW_TRANSPORT=verbs: found {hca:?}, but this gradwire was built without its verbs \
+             backend: rebuild with --features gw-collectives/verbs"
         )),
-    }
+    })
+}
+
+/// Under `GW_TRANSPORT=verbs`, waits until every rank has its queue pairs
+/// in RTS: a queue pair still in INIT drops what arrives, and a sender
+/// gives up after its retries (about half a second).
+pub(crate) fn all_connected(
+    store: &mut StoreClient,
+    prefix: &str,
+    me: Rank,
+    world: u32,
+    deadline: Instant,
+) -> Result<()> {
+    store.set(&format!("{prefix}/verbs-up/{me}"), b"1")?;
+    let keys: Vec<String> = (0..world)
+        .map(|r| format!("{prefix}/verbs-up/{r}"))
+        .collect();
+    let keys: Vec<&str> = keys.iter().map(String::as_str).collect();
+    store.wait(&keys, deadline)?;
+    Ok(())
 }
 
 #[cfg(test)]

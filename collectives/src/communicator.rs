@@ -249,8 +249,11 @@ impl Communicator {
         let deadline = start + timeout;
 
         let opened = bringup::listen(&env, &cfg)?;
-        let met = bringup::rendezvous(&env, &key, &opened, timeout, deadline)?;
+        let mut met = bringup::rendezvous(&env, &key, &opened, timeout, deadline)?;
         let mut routes = bringup::route(&env, &key, &cfg, opened, &met.peers, &met.shm_secret)?;
+        if routes.names.contains(&"verbs") {
+            bringup::all_connected(&mut met.store, &met.prefix, env.rank, env.world, deadline)?;
+        }
         let board = Board::new(
             StoreClient::connect(&env.store, &env.token, deadline)?,
             met.prefix.clone(),

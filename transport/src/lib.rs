@@ -20,6 +20,7 @@ pub use seam::{
 };
 pub use wire::{FrameHeader, FrameKind};
 
+pub mod nic;
 pub mod ofi;
 mod recv_core;
 mod regions;
@@ -29,3 +30,4 @@ pub mod shm;
 pub mod tcp;
 #[cfg(test)]
 mod test_tags;
+pub mod verbs;

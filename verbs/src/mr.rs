@@ -14,6 +14,7 @@ use crate::device::{Context, Hca};
 use crate::error::{Errno, Error, Result};
 use crate::qp_plan::ACCESS;
 use std::alloc::Layout;
+use std::marker::PhantomData;
 use std::mem::ManuallyDrop;
 use std::sync::Arc;
 
@@ -185,18 +186,35 @@ pub struct RemoteAddr {
 /// A bounds-checked part of a local registration, for one work request.
 #[derive(Clone, Copy, Debug)]
 pub struct Slice<'a> {
-    pub(crate) mr: &'a MemoryRegion,
-    pub(crate) offset: usize,
-    pub(crate) len: u32,
+    addr: u64,
+    len: u32,
+    lkey: u32,
+    _region: PhantomData<&'a MemoryRegion>,
 }
 
 impl Slice<'_> {
+    /// The bytes `[addr, addr + len)` of a registration whose local key is
+    /// `lkey`, for callers that keep registrations apart from the pointers
+    /// into them (a transport's table of regions).
+    ///
+    /// # Safety
+    /// The range lies inside a live registration with that key, which
+    /// outlives every work request posted with the slice.
+    pub unsafe fn from_raw(addr: u64, len: u32, lkey: u32) -> Slice<'static> {
+        Slice {
+            addr,
+            len,
+            lkey,
+            _region: PhantomData,
+        }
+    }
+
     /// The scatter-gather entry naming it.
     pub(crate) fn sge(&self) -> rdma_sys::ibv_sge {
         rdma_sys::ibv_sge {
-            addr: self.mr.addr + self.offset as u64,
+            addr: self.addr,
             length: self.len,
-            lkey: self.mr.lkey,
+            lkey: self.lkey,
         }
     }
 
@@ -262,9 +280,10 @@ impl MemoryRegion {
     pub fn slice(&self, offset: usize, len: usize) -> Result<Slice<'_>> {
         let len = check_slice(self.len, offset, len)?;
         Ok(Slice {
-            mr: self,
-            offset,
+            addr: self.addr + offset as u64,
             len,
+            lkey: self.lkey,
+            _region: PhantomData,
         })
     }
 }

@@ -357,6 +357,17 @@ impl Qp<ReadyToSend> {
         self.post(wr, src)
     }
 
+    /// Posts an RDMA READ: the peer's bytes at `src` land in `dst`, the
+    /// peer's CPU taking no part. Always signalled.
+    pub fn post_read(&mut self, wr_id: u64, dst: Slice<'_>, src: RemoteAddr) -> Result<()> {
+        let mut wr = self.send_wr(wr_id, dst, rdma_sys::ibv_wr_opcode::IBV_WR_RDMA_READ);
+        wr.wr.rdma = rdma_sys::rdma_t {
+            remote_addr: src.addr,
+            rkey: src.rkey,
+        };
+        self.post(wr, dst)
+    }
+
     /// Posts a send of `src` (a control message) into the peer's next
     /// posted receive. Messages up to the inline limit are copied at post.
     pub fn post_send(&mut self, wr_id: u64, src: Slice<'_>) -> Result<()> {

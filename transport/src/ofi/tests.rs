@@ -2,8 +2,14 @@
 //! (`tcp;ofi_rxm` and `shm`, which need no hardware).
 
 use super::*;
+use crate::nic::test_support::{
+    messages_of_every_size_both_ways, pattern, reg, run, small_config, tag,
+};
+use crate::nic::{name_from_hex, name_to_hex};
 use crate::seam::Outstanding;
+use crate::seam::{MemHandle, ReadFrom, Readiness, RemoteRegion, Transport, WriteImm};
 use crate::test_tags;
+use crate::wire::HEADER_LEN;
 use std::time::{Duration, Instant};
 
 const PROVIDERS: [&str; 2] = ["tcp;ofi_rxm", "shm"];
@@ -11,19 +17,14 @@ const PROVIDERS: [&str; 2] = ["tcp;ofi_rxm", "shm"];
 fn cfg(provider: &str) -> OfiConfig {
     OfiConfig {
         provider: Some(provider.into()),
-        eager_bytes: 4096,
-        eager_frames: 2,
-        slots: 4,
-        segment_bytes: 64 << 10,
-        window: 4,
-        ..OfiConfig::default()
+        nic: small_config(),
     }
 }
 
 /// Ranks 0 and 1, connected; `None` (with the reason printed) where
 /// libfabric or the provider is missing.
 fn pair(c: &OfiConfig) -> Option<(OfiTransport, OfiTransport)> {
-    let mut a = match OfiTransport::new(0, 2, c.clone()) {
+    let mut a = match OfiTransport::open(0, 2, c.clone()) {
         Ok(t) => t,
         Err(e) => {
             let text = e.to_string();
@@ -37,7 +38,7 @@ fn pair(c: &OfiConfig) -> Option<(OfiTransport, OfiTransport)> {
             return None;
         }
     };
-    let mut b = OfiTransport::new(1, 2, c.clone()).unwrap();
+    let mut b = OfiTransport::open(1, 2, c.clone()).unwrap();
     let names = vec![a.name_hex().unwrap(), b.name_hex().unwrap()];
     a.set_peer_names(&names).unwrap();
     b.set_peer_names(&names).unwrap();
@@ -46,74 +47,13 @@ fn pair(c: &OfiConfig) -> Option<(OfiTransport, OfiTransport)> {
     Some((a, b))
 }
 
-fn tag(seq: u64, step: u32) -> Tag {
-    test_tags::tag(0x0f1, seq, 100, 0, step)
-}
-
-fn reg(t: &mut OfiTransport, buf: &mut [u8]) -> MemHandle {
-    // SAFETY: every test keeps the buffer alive and untouched until its
-    // transfers are done, and drops the transport first.
-    unsafe { t.register(buf.as_mut_ptr(), buf.len()) }.unwrap()
-}
-
-fn pattern(len: usize, seed: u8) -> Vec<u8> {
-    (0..len)
-        .map(|i| (i as u8).wrapping_mul(29).wrapping_add(seed))
-        .collect()
-}
-
-/// Progresses both until every request completes (at most 20 s).
-fn run(a: &mut OfiTransport, b: &mut OfiTransport, ra: Vec<Outstanding>, rb: Vec<Outstanding>) {
-    let (mut ra, mut rb) = (ra, rb);
-    let deadline = Instant::now() + Duration::from_secs(20);
-    while !(ra.is_empty() && rb.is_empty()) {
-        assert!(
-            Instant::now() < deadline,
-            "transfers did not finish: {ra:?} {rb:?}"
-        );
-        a.progress().unwrap();
-        b.progress().unwrap();
-        ra.retain_mut(|r| !r.poll(&mut *a).unwrap());
-        rb.retain_mut(|r| !r.poll(&mut *b).unwrap());
-    }
-}
-
 #[test]
 fn messages_of_every_size_both_ways_on_each_provider() {
     for prov in PROVIDERS {
         let Some((mut a, mut b)) = pair(&cfg(prov)) else {
             continue;
         };
-        // Eager (<= 4096), just past it, several segments, many segments.
-        for (k, len) in [0usize, 1, 100, 4096, 4097, 200_000, (3 << 20) + 5]
-            .into_iter()
-            .enumerate()
-        {
-            let mut sa = pattern(len, k as u8);
-            let mut sb = pattern(len, 100 + k as u8);
-            let mut da = vec![0u8; len];
-            let mut db = vec![0u8; len];
-            let (msa, mda) = (reg(&mut a, &mut sa), reg(&mut a, &mut da));
-            let (msb, mdb) = (reg(&mut b, &mut sb), reg(&mut b, &mut db));
-            let t = tag(k as u64, 0);
-            let ra = vec![
-                Outstanding::new(a.isend(1, t, msa, 0, len).unwrap()),
-                Outstanding::new(a.irecv(1, t, mda, 0, len).unwrap()),
-            ];
-            let rb = vec![
-                Outstanding::new(b.irecv(0, t, mdb, 0, len).unwrap()),
-                Outstanding::new(b.isend(0, t, msb, 0, len).unwrap()),
-            ];
-            run(&mut a, &mut b, ra, rb);
-            assert!(db == sa, "{prov}: {len} bytes 0 -> 1 landed wrong");
-            assert!(da == sb, "{prov}: {len} bytes 1 -> 0 landed wrong");
-            for m in [msa, mda] {
-                a.deregister(m).unwrap();
-            }
-            for m in [msb, mdb] {
-                b.deregister(m).unwrap();
-            }
-        }
+        messages_of_every_size_both_ways(&mut a, &mut b, prov);
     }
 }
 
@@ -156,7 +96,7 @@ fn many_messages_posted_late_and_out_of_order() {
                 lens[i]
             );
         }
-        let early = b.peers[0].core.buffers();
+        let early = b.early_buffers(0);
         assert_eq!(early, 2, "{prov}: early buffers are the configured credits");
     }
 }
@@ -201,7 +141,7 @@ fn a_mismatched_call_is_named_on_the_receiver() {
 
 #[test]
 fn bad_input_is_refused_with_errors_that_name_it() {
-    let e = OfiTransport::new(
+    let e = OfiTransport::open(
         0,
         2,
         OfiConfig {
@@ -216,7 +156,7 @@ fn bad_input_is_refused_with_errors_that_name_it() {
         return;
     }
     assert!(e.contains("nosuch") && e.contains("tcp"), "{e}");
-    let e = OfiTransport::new(2, 2, cfg("tcp;ofi_rxm"))
+    let e = OfiTransport::open(2, 2, cfg("tcp;ofi_rxm"))
         .unwrap_err()
         .to_string();
     assert!(e.contains("outside a world of 2"), "{e}");
@@ -238,26 +178,25 @@ fn bad_input_is_refused_with_errors_that_name_it() {
             .contains("outside registered region")
     );
     assert!(
-        name_from_hex(3, "abc")
+        name_from_hex(3, "ofi", "abc")
             .unwrap_err()
             .to_string()
             .contains("rank 3")
     );
     assert_eq!(
-        name_from_hex(3, &name_to_hex(&[0, 255, 7])).unwrap(),
+        name_from_hex(3, "ofi", &name_to_hex(&[0, 255, 7])).unwrap(),
         vec![0, 255, 7]
     );
-    let mut c = OfiTransport::new(0, 2, cfg("tcp;ofi_rxm")).unwrap();
+    let mut c = OfiTransport::open(0, 2, cfg("tcp;ofi_rxm")).unwrap();
     let e = c.connect(1).unwrap_err().to_string();
     assert!(e.contains("published no ofi endpoint name"), "{e}");
 }
 
 #[test]
 fn an_announced_send_whose_receive_never_comes_is_named_after_the_timeout() {
-    let Some((mut a, mut b)) = pair(&OfiConfig {
-        grant_timeout: Duration::from_millis(200),
-        ..cfg("tcp;ofi_rxm")
-    }) else {
+    let mut c = cfg("tcp;ofi_rxm");
+    c.nic.grant_timeout = Duration::from_millis(200);
+    let Some((mut a, mut b)) = pair(&c) else {
         return;
     };
     let mut s = pattern(100_000, 3);
@@ -283,27 +222,6 @@ fn only_hardware_providers_count_as_offloaded_writes() {
     }
     for p in ["tcp;ofi_rxm", "shm", "sockets", "udp;ofi_rxd", "net"] {
         assert!(!offloaded(p), "{p}");
-    }
-}
-
-#[test]
-fn contexts_round_trip() {
-    for c in [
-        Ctx::Bounce(0),
-        Ctx::Bounce(4095),
-        Ctx::Stage(63),
-        Ctx::Write { peer: 0, req: 1 },
-        Ctx::Write {
-            peer: (1 << 22) - 1,
-            req: REQ_MASK,
-        },
-        Ctx::OneSided { peer: 3, req: 7 },
-        Ctx::OneSided {
-            peer: (1 << 22) - 1,
-            req: REQ_MASK,
-        },
-    ] {
-        assert_eq!(Ctx::decode(c.encode()), Some(c));
     }
 }
 
