@@ -726,6 +726,24 @@ const char *gwGetErrorString(gwResult_t result);
 const char *gwGetLastError(gwComm_t comm);
 
 /**
+ * Registers `size` bytes at `buff` with `comm`'s transports, for later
+ * calls on `comm` whose buffers lie inside that range, and stores an
+ * opaque handle in `*handle` for `gwCommDeregister`. The memory must stay
+ * allocated until then. `buff` may be device memory (accepted; it is
+ * staged through buffers registered already). Blocks briefly; involves no
+ * other rank. Thread-safe.
+ */
+gwResult_t gwCommRegister(gwComm_t comm, void *buff, size_t size, void **handle);
+
+/**
+ * Withdraws a registration made by `gwCommRegister` on `comm`. It waits
+ * for this rank's earlier calls on memory inside the range; the handle is
+ * invalid afterwards. A handle of another communicator, or one already
+ * deregistered, is `gwInvalidUsage`. Thread-safe.
+ */
+gwResult_t gwCommDeregister(gwComm_t comm, void *handle);
+
+/**
  * Asks the job server for this rank's plan of the next step (its local
  * batch, gradient weight and all-reduce algorithm) and fills `*info`.
  * Calling it again before `gwStepEnd` returns the same step's plan. Retries

@@ -154,6 +154,16 @@ fn device_use(op: &RawOp, send_bytes: usize, recv_bytes: usize) -> CResult<Optio
     Ok(Some(DeviceUse { gpu, send, recv }))
 }
 
+/// Whether `ptr` is device memory (never, in a process without CUDA).
+pub(crate) fn is_device(ptr: *const c_void) -> CResult<bool> {
+    if !gw_cuda::driver::loaded_in_process() {
+        return Ok(false);
+    }
+    let drv = Driver::global().map_err(cuda_err)?;
+    let kind = memory::classify(drv, ptr).map_err(cuda_err)?;
+    Ok(matches!(kind, MemKind::Device { .. }))
+}
+
 /// Whether any of `op`'s buffers is device memory.
 pub(crate) fn device_given(st: &(impl DeviceHost + ?Sized), op: &RawOp) -> CResult<bool> {
     Ok(device_use_of(st, op)?.is_some())

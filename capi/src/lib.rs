@@ -31,6 +31,7 @@ use std::time::Duration;
 mod cuda;
 mod cuda_persistent;
 pub mod device;
+mod register;
 pub mod step;
 
 /// Library version, `major * 10000 + minor * 100 + patch`.
@@ -807,6 +808,7 @@ pub unsafe extern "C" fn gwCommDestroy(comm: gwComm_t) -> gwResult_t {
             .lock()
             .unwrap_or_else(|p| p.into_inner())
             .remove(&(comm as usize));
+        register::forget(comm);
         drop(st);
         Ok(())
     })

@@ -265,6 +265,26 @@ fn c_persistent_all_reduce_at_2_and_3_ranks() {
     }
 }
 
+/// `gwCommRegister`: calls on registered memory (several offsets and
+/// sizes, all-reduce and point-to-point) are right, deregistering waits
+/// for a call not waited for, and misuse is refused with its reason.
+#[test]
+fn c_registered_buffers_at_1_2_and_3_ranks() {
+    let exe = compile(&manifest().join("tests/c/register.c"), "register_c");
+    for n in [1, 2, 3] {
+        let (out, text) = run(Command::new(gwrun())
+            .args(["-n", &n.to_string(), "--timeout", "60"])
+            .arg(&exe));
+        assert!(out.status.success(), "{n} ranks: {text}");
+        for r in 0..n {
+            assert!(
+                text.contains(&format!("register.c: rank {r} ok")),
+                "{n} ranks: rank {r} did not report ok:\n{text}"
+            );
+        }
+    }
+}
+
 /// `gwTraceSpan` puts a C program's compute on the `GW_TRACE` timeline
 /// beside its collectives, on every rank, and refuses bad arguments.
 #[test]

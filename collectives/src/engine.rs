@@ -30,6 +30,7 @@
 mod direct;
 mod in_place;
 mod prepared;
+mod user_regs;
 
 pub(crate) use direct::DirectOp;
 #[doc(hidden)]
@@ -54,6 +55,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::mpsc::TryRecvError;
 use std::time::{Duration, Instant};
+use user_regs::OpMem;
 
 /// The waker's token; transports use `index << 32 ..`.
 pub(crate) const WAKER: Token = Token(usize::MAX);
@@ -109,8 +111,9 @@ struct Running {
     /// The persistent operation this is a round of (`prepared.rs`): its
     /// schedule goes back to it, and its registrations stay.
     prepared: Option<u64>,
-    /// Per transport: (send handle, recv handle), registered when first used.
-    handles: Vec<Option<(MemHandle, MemHandle)>>,
+    /// Per transport: the send and receive buffers' registrations, made
+    /// (or found among the caller's) when first used.
+    handles: Vec<Option<OpMem>>,
     inflight: Vec<Inflight>,
     blocked: VecDeque<Action>,
     /// One-sided rounds (`prepared.rs`): the window, its registration per
@@ -162,7 +165,7 @@ impl Running {
 /// non-allocating value left behind while an operation holds them.
 #[derive(Default)]
 struct Spare {
-    handles: Vec<Option<(MemHandle, MemHandle)>>,
+    handles: Vec<Option<OpMem>>,
     inflight: Vec<Inflight>,
     blocked: VecDeque<Action>,
     window_handles: Vec<Option<MemHandle>>,
@@ -322,6 +325,8 @@ pub(crate) struct Engine {
     spare: Spare,
     /// Persistent operations' plans (`prepared.rs`).
     prepared: Vec<prepared::Prepared>,
+    /// Buffers the caller registered (`user_regs.rs`).
+    user_regs: Vec<user_regs::UserReg>,
 }
 
 impl Engine {
@@ -377,6 +382,7 @@ impl Engine {
                 schedules: ScheduleCache::new(sched_cache::MAX_ENTRIES, sched_cache::MAX_BYTES),
                 spare: Spare::with_room(),
                 prepared: Vec::new(),
+                user_regs: Vec::new(),
             },
             poll,
             waker,
@@ -557,6 +563,10 @@ impl Engine {
                         // Nothing runs any more, but the buffers may go away:
                         // forget them now.
                         op.done.finish(self.unprepare(id));
+                    } else if let Plan::Deregister(id) = op.plan
+                        && self.failed.is_some()
+                    {
+                        op.done.finish(self.deregister_user(id));
                     } else if let Some(e) = &self.failed {
                         op.done.finish(Err(failed_earlier(e)));
                     } else {
@@ -751,6 +761,18 @@ impl Engine {
             Plan::Unprepare(id) => {
                 self.spare = spare;
                 let res = self.unprepare(id);
+                op.done.finish(res);
+                return;
+            }
+            Plan::Register { id } => {
+                self.spare = spare;
+                let res = self.register_user(id, op.recv, op.recv_bytes);
+                op.done.finish(res);
+                return;
+            }
+            Plan::Deregister(id) => {
+                self.spare = spare;
+                let res = self.deregister_user(id);
                 op.done.finish(res);
                 return;
             }
@@ -1312,19 +1334,9 @@ impl Engine {
                 Error::Internal("a window used by a transport it is not registered with".into())
             })?,
             Buf::Send | Buf::Recv => {
-                if r.handles[t].is_none() {
-                    let tr = &mut self.transports[t];
-                    // SAFETY: the caller keeps both buffers valid until the operation
-                    // completes; they are deregistered in release() before that.
-                    let hs = unsafe { tr.register(r.op.send.0, r.op.send_bytes)? };
-                    let hr = unsafe { tr.register(r.op.recv.0, r.op.recv_bytes)? };
-                    REGISTRATIONS.fetch_add(2, Ordering::Relaxed);
-                    r.handles[t] = Some((hs, hr));
-                }
-                let Some((hs, hr)) = r.handles[t] else {
-                    return Err(Error::Internal("registration vanished".into()));
-                };
-                if l.buf == Buf::Send { hs } else { hr }
+                let m = self.op_mem(r, t)?;
+                let m = if l.buf == Buf::Send { m.send } else { m.recv };
+                return Ok((m.handle, m.offset + off, len));
             }
         };
         Ok((mem, off, len))
@@ -1362,10 +1374,10 @@ impl Engine {
             r.window = (Ptr(std::ptr::null_mut()), 0);
             return;
         }
-        for (t, h) in r.handles.iter_mut().enumerate() {
-            if let Some((hs, hr)) = h.take() {
-                let _ = self.transports[t].deregister(hs);
-                let _ = self.transports[t].deregister(hr);
+        for t in 0..r.handles.len() {
+            if let Some(m) = r.handles[t].take() {
+                self.give_back(t, m.send);
+                self.give_back(t, m.recv);
             }
         }
     }

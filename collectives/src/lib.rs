@@ -26,6 +26,7 @@ mod operation;
 pub mod persistent;
 pub mod put;
 pub mod reduce;
+pub mod registration;
 mod sched_cache;
 pub mod size_curve;
 mod trace;
@@ -43,6 +44,7 @@ pub use gw_transport::{Error, Result};
 pub use op::{DType, Fingerprint, OpKind, RedOp};
 pub use persistent::{Persistent, PersistentAllReduce, RawPersistent};
 pub use put::PersistentTransfer;
+pub use registration::Registration;
 
 /// Under `GW_TRACE`, records a span of the program's own work that began at
 /// `started` and ends now — a training step's compute, say — on this rank's

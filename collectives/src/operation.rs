@@ -175,6 +175,12 @@ pub(crate) enum Plan {
     Prepared(u64),
     /// Forget the persistent operation `id` (deregister its buffers).
     Unprepare(u64),
+    /// Register the operation's receive buffer with every transport under
+    /// `id`, for later operations on memory inside it
+    /// (`engine/user_regs.rs`). Runs nothing.
+    Register { id: u64 },
+    /// Withdraw registration `id`.
+    Deregister(u64),
     /// The schedule moved into the running operation.
     Started,
 }

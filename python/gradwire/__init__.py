@@ -32,7 +32,7 @@ from . import _header, _lib, _step
 
 __all__ = [
     "init", "init_rank", "get_unique_id", "version", "trace_span", "Comm", "Request",
-    "PersistentRequest",
+    "PersistentRequest", "Registration",
     "GradwireError",
     "Result", "DataType", "RedOp", "error_class", "HEADER_PATH", "LIBRARY_PATH", "StepInfo",
     "resume_step",
@@ -432,6 +432,53 @@ class PersistentRequest:
         return f"<gradwire.PersistentRequest {state}>"
 
 
+class Registration:
+    """Memory registered once with a communicator's transports (Comm.register,
+    gwCommRegister): later calls whose arrays lie inside it skip registering them.
+    Holds the array until deregistered. deregister() (or leaving a `with` block, or
+    garbage collection) waits for this rank's earlier calls on the memory, then
+    withdraws the registration."""
+
+    def __init__(self, comm, handle, keep):
+        self._comm = comm
+        self._h = handle
+        self._keep = keep  # the registered memory: alive until deregistered
+
+    @property
+    def array(self):
+        return self._keep
+
+    def deregister(self):
+        """Withdraws the registration (idempotent)."""
+        h, self._h = self._h, None
+        if h is None:
+            return
+        self._comm._registrations.pop(id(self), None)
+        try:
+            comm = self._comm._h
+            if comm is not None:  # a destroyed communicator took its registrations along
+                _check(_C.gwCommDeregister(comm, h), "gwCommDeregister", comm)
+        finally:
+            self._keep = None
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, exc_type, exc, tb):
+        self.deregister()
+        return False
+
+    def __del__(self):
+        try:
+            self.deregister()
+        except Exception:
+            pass
+
+    def __repr__(self):
+        state = "deregistered" if self._h is None else "registered"
+        return f"<gradwire.Registration {state}>"
+
+
 class Comm:
     """A gradwire communicator. Calls must be issued in the same order on every rank."""
 
@@ -441,6 +488,8 @@ class Comm:
         # Persistent requests, freed by destroy(); weak, so an unreferenced one is
         # freed by garbage collection instead.
         self._persistent = weakref.WeakValueDictionary()
+        # Registrations, likewise (dropped by destroy, deregistered by collection).
+        self._registrations = weakref.WeakValueDictionary()
         self._lock = threading.Lock()
         r, n = ctypes.c_int(), ctypes.c_int()
         _check(_C.gwCommRank(self._h, ctypes.byref(r)), "gwCommRank", self._h)
@@ -468,6 +517,8 @@ class Comm:
                 preq.free()  # waits for a running round: the arrays must outlive it
             except GradwireError:
                 pass
+        for reg in list(self._registrations.values()):
+            reg._h, reg._keep = None, None  # gwCommDestroy withdraws them
         for req in list(self._pending.values()):
             res = _C.gwWait(req._h, -1)  # the buffers must outlive the operation
             if res != _SUCCESS:
@@ -641,6 +692,28 @@ class Comm:
 
     def barrier_async(self):
         return self._async("gwBarrierAsync", (self._handle(),), None, None)
+
+    # -- registered memory (NCCL's ncclCommRegister)
+    def register(self, array):
+        """A Registration of `array`'s memory (a C-contiguous numpy array, or a device
+        array, which is accepted and changes nothing: device data is staged through
+        buffers registered already). Calls on arrays inside it, views included, then
+        skip registering their memory. Local to this rank."""
+        if _is_device(array):
+            d = _Dev(array)
+            keep, ptr, nbytes = array, d.ptr, max(d.size * d.dtype.itemsize, 1)
+        else:
+            if not isinstance(array, np.ndarray):
+                raise TypeError("gradwire: register: array must be a numpy array")
+            if not array.flags.c_contiguous:
+                raise ValueError("gradwire: register: array must be C-contiguous")
+            keep, ptr, nbytes = array, array.ctypes.data, array.nbytes
+        h = ctypes.c_void_p()
+        _check(_C.gwCommRegister(self._handle(), ctypes.c_void_p(ptr), nbytes, ctypes.byref(h)),
+               "gwCommRegister", self._h)
+        reg = Registration(self, h, keep)
+        self._registrations[id(reg)] = reg
+        return reg
 
     # -- persistent collectives (planned once, started many times)
     def allreduce_init(self, array, op="sum", out=None):

@@ -139,6 +139,8 @@ def declare(lib):
         "gwStart": [vp],
         "gwStartStream": [vp, vp],
         "gwRequestFree": [vp],
+        "gwCommRegister": [vp, vp, c_size, pvp],
+        "gwCommDeregister": [vp, vp],
     }
     for name, args in sigs.items():
         f = getattr(lib, name)

@@ -274,6 +274,46 @@ def persistent(c):
     c.barrier()
 
 
+def register(c):
+    """Comm.register: calls on views of a registered array are right; deregister
+    (idempotent) waits for an earlier call; misuse raises with the reason."""
+    R, N = c.rank, c.size
+    buf = np.zeros(1 << 20, np.float32)
+    with c.register(buf) as reg:
+        assert reg.array is buf
+        for k in range(8):
+            n = 1000 + k * 30011
+            src, dst = buf[k * 977:k * 977 + n], buf[500000 + k * 331:500000 + k * 331 + n]
+            src[:] = (np.arange(n) * 3 + R * 7 + k) % 11
+            want = sum((np.arange(n) * 3 + r * 7 + k) % 11 for r in range(N)).astype(np.float32)
+            c.allreduce(src, out=dst)
+            assert np.array_equal(dst, want), f"round {k}"
+            c.allreduce(src, out=src)
+            assert np.array_equal(src, want), f"round {k} in place"
+        buf[:5000] = 1
+        req = c.allreduce_async(buf[:5000], out=buf[:5000])
+        reg.deregister()
+        req.wait()
+        assert np.all(buf[:5000] == N)
+        reg.deregister()  # idempotent
+    for bad in (buf[::2], [1.0, 2.0]):
+        try:
+            c.register(bad)
+        except (TypeError, ValueError) as e:
+            assert "gradwire: register" in str(e)
+        else:
+            raise AssertionError("registered a bad array")
+    try:
+        c.register(np.zeros(0, np.float32))
+    except gradwire.InvalidArgumentError as e:
+        assert "at least one byte" in e.message, e.message
+    else:
+        raise AssertionError("registered an empty array")
+    kept = c.register(np.ones(16, np.float32))  # withdrawn by destroy
+    assert repr(kept) == "<gradwire.Registration registered>"
+    c.barrier()
+
+
 def trace(c):
     """Compute reported with gradwire.trace_span lands in GW_TRACE's file
     (read back by test_trace.py); bad names and durations are refused."""
@@ -301,7 +341,7 @@ def main():
     else:
         with c:
             {"ops": ops, "async": async_, "errors": errors, "persistent": persistent,
-             "trace": trace}[scenario](c)
+             "register": register, "trace": trace}[scenario](c)
     print(f"OK {scenario}", flush=True)
 
 

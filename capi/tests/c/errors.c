@@ -27,28 +27,7 @@
 #include <unistd.h>
 
 #include "gradwire.h"
-
-static int failures = 0;
-
-#define EXPECT(call, want)                                                                       \
-  do {                                                                                           \
-    gwResult_t r_ = (call);                                                                      \
-    if (r_ != (want)) {                                                                          \
-      fprintf(stderr, "errors.c:%d: %s returned %d (%s), want %d: %s\n", __LINE__, #call, r_,   \
-              gwGetErrorString(r_), (int)(want), gwGetLastError(NULL));                          \
-      failures++;                                                                                \
-    }                                                                                            \
-  } while (0)
-
-#define EXPECT_MSG(comm, needle)                                                            \
-  do {                                                                                      \
-    const char* m_ = gwGetLastError(comm);                                                  \
-    if (!m_ || !strstr(m_, (needle))) {                                                     \
-      fprintf(stderr, "errors.c:%d: last error \"%s\" lacks \"%s\"\n", __LINE__, m_ ? m_ : "(null)", \
-              (needle));                                                                    \
-      failures++;                                                                           \
-    }                                                                                       \
-  } while (0)
+#include "expect.h"
 
 static void sleep_ms(int ms) {
   struct timespec t;

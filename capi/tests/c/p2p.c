@@ -18,18 +18,7 @@
 #include <stdlib.h>
 
 #include "gradwire.h"
-
-static int failures = 0;
-
-#define EXPECT(call, want)                                                                  \
-  do {                                                                                      \
-    gwResult_t r_ = (call);                                                                 \
-    if (r_ != (want)) {                                                                     \
-      fprintf(stderr, "p2p.c:%d: %s returned %d (%s), want %d: %s\n", __LINE__, #call, r_, \
-              gwGetErrorString(r_), (int)(want), gwGetLastError(NULL));                     \
-      failures++;                                                                           \
-    }                                                                                       \
-  } while (0)
+#include "expect.h"
 
 static float fval(int rank, size_t i, int round) { return (float)((rank * 7 + (int)i * 3 + round) % 1000); }
 

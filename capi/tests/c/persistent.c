@@ -21,30 +21,9 @@
 #include <time.h>
 
 #include "gradwire.h"
+#include "expect.h"
 
 #define ROUNDS 20
-
-static int failures = 0;
-
-#define EXPECT(call, want)                                                                         \
-  do {                                                                                             \
-    gwResult_t r_ = (call);                                                                        \
-    if (r_ != (want)) {                                                                            \
-      fprintf(stderr, "persistent.c:%d: %s returned %d (%s), want %d: %s\n", __LINE__, #call, r_, \
-              gwGetErrorString(r_), (int)(want), gwGetLastError(NULL));                            \
-      failures++;                                                                                  \
-    }                                                                                              \
-  } while (0)
-
-#define EXPECT_MSG(comm, needle)                                                                   \
-  do {                                                                                             \
-    const char* m_ = gwGetLastError(comm);                                                         \
-    if (!m_ || !strstr(m_, (needle))) {                                                            \
-      fprintf(stderr, "persistent.c:%d: last error \"%s\" lacks \"%s\"\n", __LINE__,               \
-              m_ ? m_ : "(null)", (needle));                                                       \
-      failures++;                                                                                  \
-    }                                                                                              \
-  } while (0)
 
 static void sleep_ms(int ms) {
   struct timespec t;

@@ -17,18 +17,7 @@
 #include <time.h>
 
 #include "gradwire.h"
-
-static int failures = 0;
-
-#define EXPECT(call, want)                                                                    \
-  do {                                                                                        \
-    gwResult_t r_ = (call);                                                                   \
-    if (r_ != (want)) {                                                                       \
-      fprintf(stderr, "trace.c:%d: %s returned %d (%s), want %d: %s\n", __LINE__, #call, r_, \
-              gwGetErrorString(r_), (int)(want), gwGetLastError(NULL));                       \
-      failures++;                                                                             \
-    }                                                                                         \
-  } while (0)
+#include "expect.h"
 
 static double now_s(void) {
   struct timespec t;

@@ -26,6 +26,7 @@
 //! growing scratch while an operation reads it would pull memory from
 //! under its transfers. They complete at once and move no bytes.
 
+use super::user_regs::OpMem;
 use super::{Engine, Ptr, Published, REGISTRATIONS, Running, Spare};
 use crate::algo::{Buf, Schedule};
 use crate::operation::OpDesc;
@@ -367,8 +368,8 @@ impl Engine {
             .sched
             .take()
             .ok_or_else(|| Error::Internal("schedule vanished".into()))?;
-        for (slot, h) in spare.handles.iter_mut().zip(&p.handles) {
-            *slot = Some(*h);
+        for (slot, &(hs, hr)) in spare.handles.iter_mut().zip(&p.handles) {
+            *slot = Some(OpMem::lent(hs, hr));
         }
         for (slot, h) in spare.window_handles.iter_mut().zip(&p.window_handles) {
             *slot = *h;
