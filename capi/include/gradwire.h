@@ -729,8 +729,10 @@ const char *gwGetLastError(gwComm_t comm);
  * Registers `size` bytes at `buff` with `comm`'s transports, for later
  * calls on `comm` whose buffers lie inside that range, and stores an
  * opaque handle in `*handle` for `gwCommDeregister`. The memory must stay
- * allocated until then. `buff` may be device memory (accepted; it is
- * staged through buffers registered already). Blocks briefly; involves no
+ * allocated until then. `buff` may be device memory (accepted, with no
+ * effect: device data is staged through pinned host buffers). Only
+ * transports whose registration pins memory (RDMA) use the registration;
+ * on TCP and shared memory it changes nothing. Blocks briefly; involves no
  * other rank. Thread-safe.
  */
 gwResult_t gwCommRegister(gwComm_t comm, void *buff, size_t size, void **handle);
@@ -738,7 +740,8 @@ gwResult_t gwCommRegister(gwComm_t comm, void *buff, size_t size, void **handle)
 /**
  * Withdraws a registration made by `gwCommRegister` on `comm`. It waits
  * for this rank's earlier calls on memory inside the range; the handle is
- * invalid afterwards. A handle of another communicator, or one already
+ * invalid afterwards. Should it fail, the range stays registered and the
+ * handle valid. A handle of another communicator, or one already
  * deregistered, is `gwInvalidUsage`. Thread-safe.
  */
 gwResult_t gwCommDeregister(gwComm_t comm, void *handle);

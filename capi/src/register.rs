@@ -1,13 +1,14 @@
 //! `gwCommRegister` / `gwCommDeregister`: NCCL's `ncclCommRegister` and
 //! `ncclCommDeregister`. Host memory is registered once with every
 //! transport of the communicator (`Communicator::register_raw`), so calls
-//! on buffers inside it skip registering them. Device memory moves through
-//! the communicator's pinned staging buffers, which are registered already,
-//! so registering it is accepted and changes nothing (code written for NCCL
-//! registers its device buffers and must not fail here).
+//! on buffers inside it skip registering them. Device memory never reaches
+//! a transport (it is staged through pinned host buffers, which are
+//! registered per call like other host memory), so registering it is
+//! accepted and changes nothing: code written for NCCL registers its
+//! device buffers and must not fail here.
 
 use crate::gwResult_t::*;
-use crate::{CResult, Failure, fail, guard, gwComm_t, gwResult_t, lookup, new_handle, out};
+use crate::{CResult, fail, guard, gwComm_t, gwResult_t, lookup, new_handle, out};
 use gw_collectives::Registration;
 use std::collections::HashMap;
 use std::ffi::c_void;
@@ -28,8 +29,10 @@ fn registrations() -> &'static Mutex<HashMap<usize, Entry>> {
 /// Registers `size` bytes at `buff` with `comm`'s transports, for later
 /// calls on `comm` whose buffers lie inside that range, and stores an
 /// opaque handle in `*handle` for `gwCommDeregister`. The memory must stay
-/// allocated until then. `buff` may be device memory (accepted; it is
-/// staged through buffers registered already). Blocks briefly; involves no
+/// allocated until then. `buff` may be device memory (accepted, with no
+/// effect: device data is staged through pinned host buffers). Only
+/// transports whose registration pins memory (RDMA) use the registration;
+/// on TCP and shared memory it changes nothing. Blocks briefly; involves no
 /// other rank. Thread-safe.
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn gwCommRegister(
@@ -43,6 +46,15 @@ pub unsafe extern "C" fn gwCommRegister(
         out(handle, "handle")?;
         // SAFETY: checked non-null.
         unsafe { *handle = std::ptr::null_mut() };
+        if buff.is_null() || size == 0 {
+            return fail(
+                gwInvalidArgument,
+                format!(
+                    "invalid argument: register: {size} bytes at {buff:p}: a registration \
+                     needs a non-null pointer and at least one byte"
+                ),
+            );
+        }
         let reg = if crate::cuda::is_device(buff)? {
             None
         } else {
@@ -68,17 +80,24 @@ pub unsafe extern "C" fn gwCommRegister(
 
 /// Withdraws a registration made by `gwCommRegister` on `comm`. It waits
 /// for this rank's earlier calls on memory inside the range; the handle is
-/// invalid afterwards. A handle of another communicator, or one already
+/// invalid afterwards. Should it fail, the range stays registered and the
+/// handle valid. A handle of another communicator, or one already
 /// deregistered, is `gwInvalidUsage`. Thread-safe.
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn gwCommDeregister(comm: gwComm_t, handle: *mut c_void) -> gwResult_t {
     guard(comm, || {
         let st = lookup(comm)?;
-        let entry = take(comm, handle)?;
-        match entry.reg {
-            Some(reg) => st.comm.deregister(reg).map_err(Failure::from),
-            None => Ok(()),
+        // Looked up, not taken: should the engine refuse, the handle stays
+        // valid for another try (the range is still registered).
+        let (id, reg) = find(comm, handle)?;
+        if let Some(reg) = reg {
+            st.comm.deregister(&reg)?;
         }
+        registrations()
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .remove(&id);
+        Ok(())
     })
 }
 
@@ -91,11 +110,12 @@ pub(crate) fn forget(comm: gwComm_t) {
         .retain(|_, e| e.comm != comm as usize);
 }
 
-fn take(comm: gwComm_t, handle: *mut c_void) -> CResult<Entry> {
+/// The registration behind `handle`, checked to be `comm`'s.
+fn find(comm: gwComm_t, handle: *mut c_void) -> CResult<(usize, Option<Registration>)> {
     if handle.is_null() {
         return fail(gwInvalidArgument, "invalid argument: handle is NULL");
     }
-    let mut m = registrations().lock().unwrap_or_else(|p| p.into_inner());
+    let m = registrations().lock().unwrap_or_else(|p| p.into_inner());
     match m.get(&(handle as usize)) {
         None => fail(
             gwInvalidUsage,
@@ -105,9 +125,6 @@ fn take(comm: gwComm_t, handle: *mut c_void) -> CResult<Entry> {
             gwInvalidUsage,
             format!("invalid usage: registration {handle:p} belongs to another communicator"),
         ),
-        Some(_) => m.remove(&(handle as usize)).ok_or_else(|| Failure {
-            code: gwInternalError,
-            msg: "registration vanished".into(),
-        }),
+        Some(e) => Ok((handle as usize, e.reg.clone())),
     }
 }

@@ -326,7 +326,7 @@ pub(crate) struct Engine {
     /// Persistent operations' plans (`prepared.rs`).
     prepared: Vec<prepared::Prepared>,
     /// Buffers the caller registered (`user_regs.rs`).
-    user_regs: Vec<user_regs::UserReg>,
+    user_regs: user_regs::UserRegs,
 }
 
 impl Engine {
@@ -361,6 +361,7 @@ impl Engine {
             .iter()
             .map(|t| t.properties().one_sided_read)
             .collect();
+        let user_regs = user_regs::UserRegs::new(&transports);
         Ok((
             Engine {
                 cfg,
@@ -382,7 +383,7 @@ impl Engine {
                 schedules: ScheduleCache::new(sched_cache::MAX_ENTRIES, sched_cache::MAX_BYTES),
                 spare: Spare::with_room(),
                 prepared: Vec::new(),
-                user_regs: Vec::new(),
+                user_regs,
             },
             poll,
             waker,
@@ -567,6 +568,10 @@ impl Engine {
                         && self.failed.is_some()
                     {
                         op.done.finish(self.deregister_user(id));
+                    } else if let Plan::Register { id } = op.plan {
+                        // At once: it waits for nothing (see user_regs.rs).
+                        op.done
+                            .finish(self.register_user(id, op.recv, op.recv_bytes));
                     } else if let Some(e) = &self.failed {
                         op.done.finish(Err(failed_earlier(e)));
                     } else {
@@ -764,15 +769,16 @@ impl Engine {
                 op.done.finish(res);
                 return;
             }
-            Plan::Register { id } => {
-                self.spare = spare;
-                let res = self.register_user(id, op.recv, op.recv_bytes);
-                op.done.finish(res);
-                return;
-            }
             Plan::Deregister(id) => {
                 self.spare = spare;
                 let res = self.deregister_user(id);
+                op.done.finish(res);
+                return;
+            }
+            // Taken by `drain_messages` before it is ever queued.
+            Plan::Register { id } => {
+                self.spare = spare;
+                let res = self.register_user(id, op.recv, op.recv_bytes);
                 op.done.finish(res);
                 return;
             }
@@ -1412,10 +1418,16 @@ impl Engine {
             self.release(&mut r);
             r.op.done.finish(Err(e.clone()));
         }
-        for op in self.queue.drain(..) {
-            op.done.finish(Err(failed_earlier(&e)));
+        self.failed = Some(e.clone());
+        for op in std::mem::take(&mut self.queue) {
+            match op.plan {
+                // Nothing runs any more, but the buffers may go away: let
+                // their registrations go now, as for one that comes later.
+                Plan::Unprepare(id) => op.done.finish(self.unprepare(id)),
+                Plan::Deregister(id) => op.done.finish(self.deregister_user(id)),
+                _ => op.done.finish(Err(failed_earlier(&e))),
+            }
         }
-        self.failed = Some(e);
     }
 }
 
@@ -1479,7 +1491,7 @@ fn aborted() -> Error {
     Error::Aborted("the communicator was aborted by the application".into())
 }
 
-fn failed_earlier(e: &Error) -> Error {
+pub(super) fn failed_earlier(e: &Error) -> Error {
     match e {
         Error::Aborted(_) => e.clone(),
         _ => Error::Aborted(format!("the communicator failed earlier: {e}")),

@@ -177,7 +177,8 @@ pub(crate) enum Plan {
     Unprepare(u64),
     /// Register the operation's receive buffer with every transport under
     /// `id`, for later operations on memory inside it
-    /// (`engine/user_regs.rs`). Runs nothing.
+    /// (`engine/user_regs.rs`). Runs nothing, and runs when the engine takes
+    /// it from the mailbox, never queued.
     Register { id: u64 },
     /// Withdraw registration `id`.
     Deregister(u64),

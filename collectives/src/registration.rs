@@ -13,10 +13,10 @@ use crate::reduce::Kernel;
 use gw_transport::{Error, Result};
 
 /// A range registered with a communicator's transports
-/// ([`Communicator::register_raw`]); give it back with
+/// ([`Communicator::register_raw`]); withdraw it with
 /// [`Communicator::deregister`]. Dropped without that, the registration
-/// lasts as long as the communicator.
-#[derive(Debug)]
+/// lasts as long as the communicator (and the memory must too).
+#[derive(Clone, Debug)]
 pub struct Registration {
     id: u64,
     comm_id: u64,
@@ -70,10 +70,10 @@ impl Communicator {
     }
 
     /// Withdraws a registration. It waits for this rank's earlier
-    /// operations on memory inside the range; one still in flight that
-    /// uses it (one not waited for) is an `InvalidUsage` error, and the
-    /// range stays registered.
-    pub fn deregister(&self, reg: Registration) -> Result<()> {
+    /// operations on memory inside the range. Should it fail, the range
+    /// stays registered and `reg` may be given again; once it succeeds,
+    /// deregistering `reg` again is an `InvalidUsage` error.
+    pub fn deregister(&self, reg: &Registration) -> Result<()> {
         if reg.comm_id != self.comm_id {
             return Err(Error::InvalidArgument(format!(
                 "deregister: the {} bytes at {:#x} were registered with another communicator",

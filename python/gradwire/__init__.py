@@ -436,8 +436,9 @@ class Registration:
     """Memory registered once with a communicator's transports (Comm.register,
     gwCommRegister): later calls whose arrays lie inside it skip registering them.
     Holds the array until deregistered. deregister() (or leaving a `with` block, or
-    garbage collection) waits for this rank's earlier calls on the memory, then
-    withdraws the registration."""
+    garbage collection, which therefore may block briefly) waits for this rank's
+    earlier calls on the memory, then withdraws the registration. Only RDMA
+    transports use registrations; elsewhere they change nothing."""
 
     def __init__(self, comm, handle, keep):
         self._comm = comm
@@ -449,17 +450,16 @@ class Registration:
         return self._keep
 
     def deregister(self):
-        """Withdraws the registration (idempotent)."""
-        h, self._h = self._h, None
-        if h is None:
-            return
-        self._comm._registrations.pop(id(self), None)
-        try:
-            comm = self._comm._h
+        """Withdraws the registration (idempotent). Should it fail, the memory stays
+        registered and held, and deregister() may be called again."""
+        with self._comm._lock:
+            h, comm = self._h, self._comm._h
+            if h is None:
+                return
             if comm is not None:  # a destroyed communicator took its registrations along
                 _check(_C.gwCommDeregister(comm, h), "gwCommDeregister", comm)
-        finally:
-            self._keep = None
+            self._h, self._keep = None, None
+            self._comm._registrations.pop(id(self), None)
 
     def __enter__(self):
         return self
@@ -490,7 +490,7 @@ class Comm:
         self._persistent = weakref.WeakValueDictionary()
         # Registrations, likewise (dropped by destroy, deregistered by collection).
         self._registrations = weakref.WeakValueDictionary()
-        self._lock = threading.Lock()
+        self._lock = threading.RLock()  # re-entered when collection deregisters under it
         r, n = ctypes.c_int(), ctypes.c_int()
         _check(_C.gwCommRank(self._h, ctypes.byref(r)), "gwCommRank", self._h)
         _check(_C.gwCommCount(self._h, ctypes.byref(n)), "gwCommCount", self._h)
@@ -510,6 +510,7 @@ class Comm:
         """Waits for pending requests, then frees the communicator (idempotent)."""
         with self._lock:
             h, self._h = self._h, None
+            regs = list(self._registrations.values())
         if h is None:
             return
         for preq in list(self._persistent.values()):
@@ -517,15 +518,17 @@ class Comm:
                 preq.free()  # waits for a running round: the arrays must outlive it
             except GradwireError:
                 pass
-        for reg in list(self._registrations.values()):
-            reg._h, reg._keep = None, None  # gwCommDestroy withdraws them
         for req in list(self._pending.values()):
             res = _C.gwWait(req._h, -1)  # the buffers must outlive the operation
             if res != _SUCCESS:
                 req._error = error_class(res)(res, _last_error(h), req._function)
             req._done, req._keep = True, None
         self._pending.clear()
-        _check(_C.gwCommDestroy(h), "gwCommDestroy")
+        try:
+            _check(_C.gwCommDestroy(h), "gwCommDestroy")
+        finally:
+            for reg in regs:  # withdrawn with the communicator; their memory may go now
+                reg._h, reg._keep = None, None
 
     def __enter__(self):
         return self
@@ -709,10 +712,11 @@ class Comm:
                 raise ValueError("gradwire: register: array must be C-contiguous")
             keep, ptr, nbytes = array, array.ctypes.data, array.nbytes
         h = ctypes.c_void_p()
-        _check(_C.gwCommRegister(self._handle(), ctypes.c_void_p(ptr), nbytes, ctypes.byref(h)),
-               "gwCommRegister", self._h)
-        reg = Registration(self, h, keep)
-        self._registrations[id(reg)] = reg
+        with self._lock:
+            _check(_C.gwCommRegister(self._handle(), ctypes.c_void_p(ptr), nbytes, ctypes.byref(h)),
+                   "gwCommRegister", self._h)
+            reg = Registration(self, h, keep)
+            self._registrations[id(reg)] = reg
         return reg
 
     # -- persistent collectives (planned once, started many times)

@@ -70,7 +70,11 @@ def load_library():
             raise ImportError(f"gradwire: GRADWIRE_LIB={env} cannot be loaded: {e}") from e
     cands = [os.path.join(PKG_DIR, LIB_NAME)]
     for r in repo_roots():
-        cands += [os.path.join(r, "target", prof, LIB_NAME) for prof in ("release", "debug")]
+        # The newer of a checkout's builds: a release build left from long ago
+        # must not shadow the debug build made a minute ago.
+        builds = [os.path.join(r, "target", prof, LIB_NAME) for prof in ("release", "debug")]
+        builds.sort(key=lambda p: os.path.getmtime(p) if os.path.isfile(p) else 0, reverse=True)
+        cands += builds
     for p in cands:
         if os.path.isfile(p):
             try:

@@ -59,6 +59,11 @@ pub struct Properties {
     /// that no CPU copies the bytes; where they are emulated (a kernel
     /// copy, a provider over sockets) two-sided transfers may be as fast.
     pub offloaded_writes: bool,
+    /// Whether registering memory pins it with a device (an RDMA NIC), so
+    /// that registering per call costs real time: only such a transport
+    /// lends the caller's registrations to operations (gw-collectives'
+    /// registered memory). On TCP and shm a registration is a table entry.
+    pub pins_memory: bool,
     /// Whether registered memory may live on a GPU.
     pub gpu_memory: bool,
     /// Largest payload moved as one segment; larger messages are cut.

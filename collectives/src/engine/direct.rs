@@ -188,13 +188,17 @@ impl Engine {
         let send = match self.transports[t].send_now(peer, tag, out)? {
             Now::Done => None,
             _ => {
-                // SAFETY: as above; the registration is dropped below,
-                // before we return.
-                let mem = unsafe { self.transports[t].register(src.0, op.bytes)? };
-                match self.transports[t].isend(peer, tag, mem, 0, op.bytes) {
+                // A persistent round's buffer is registered already; else
+                // as any operation's (a caller registration, or its own,
+                // given back below, before we return).
+                let mem = match self.prepared_mem(t, src.0, op.bytes) {
+                    Some(m) => m,
+                    None => self.mem_for(t, src.0, op.bytes)?,
+                };
+                match self.transports[t].isend(peer, tag, mem.handle, mem.offset, op.bytes) {
                     Ok(req) => Some((mem, req)),
                     Err(e) => {
-                        let _ = self.transports[t].deregister(mem);
+                        self.give_back(t, mem);
                         return Err(e);
                     }
                 }
@@ -206,9 +210,10 @@ impl Engine {
         };
         let res = self.direct_complete(op, t, peer, tag, sreq, w);
         if let Some(mem) = mem {
-            // Fails only while the send is still posted, after an error
-            // that fails the communicator (the transports are aborted).
-            let _ = self.transports[t].deregister(mem);
+            // Its own registration's deregistering fails only while the
+            // send is still posted, after an error that fails the
+            // communicator (the transports are aborted).
+            self.give_back(t, mem);
         }
         res
     }

@@ -26,7 +26,7 @@
 //! growing scratch while an operation reads it would pull memory from
 //! under its transfers. They complete at once and move no bytes.
 
-use super::user_regs::OpMem;
+use super::user_regs::{Mem, OpMem, Whose};
 use super::{Engine, Ptr, Published, REGISTRATIONS, Running, Spare};
 use crate::algo::{Buf, Schedule};
 use crate::operation::OpDesc;
@@ -75,6 +75,32 @@ pub(super) struct Prepared {
 }
 
 impl Engine {
+    /// A persistent plan's registration on transport `t` holding `len`
+    /// bytes at `ptr` (its send or receive buffer), lent: the direct path
+    /// runs small persistent rounds on these buffers.
+    pub(super) fn prepared_mem(&self, t: usize, ptr: *mut u8, len: usize) -> Option<Mem> {
+        let at = ptr as usize;
+        let within = |base: Ptr, bytes: usize| {
+            let b = base.0 as usize;
+            len > 0 && at >= b && at.saturating_add(len) <= b.saturating_add(bytes)
+        };
+        self.prepared.iter().find_map(|p| {
+            let &(hs, hr) = p.handles.get(t)?;
+            let (handle, base) = if within(p.send, p.send_bytes) {
+                (hs, p.send)
+            } else if within(p.recv, p.recv_bytes) {
+                (hr, p.recv)
+            } else {
+                return None;
+            };
+            Some(Mem {
+                handle,
+                offset: at - base.0 as usize,
+                whose: Whose::Lent,
+            })
+        })
+    }
+
     /// Plans the persistent operation `id` on the buffers of `op`: the
     /// one-sided schedule if there is one and every peer it talks to is
     /// reached by a transport with one-sided writes (done in hardware, if

@@ -11,18 +11,49 @@
 //! to keep it until it deregisters. Persistent operations register their
 //! own buffers once (`prepared.rs`) and do not look here.
 //!
-//! Registering and deregistering go through the mailbox like any operation
-//! (`Plan::Register`, `Plan::Deregister`), between operations. A
-//! registration still lent to an operation in flight cannot be withdrawn:
-//! deregistering it then is an error that says to wait first.
+//! Only transports whose registration pins memory (`Properties::
+//! pins_memory`: the NIC transports) lend caller registrations; on TCP and
+//! shm a registration is a table entry, and shm sizes its copies by the
+//! region a receive lands in, which must stay the operation's own buffer.
+//!
+//! Registering goes through the mailbox and runs as soon as the engine
+//! takes it (`Plan::Register`): an operation that has its memory already
+//! keeps it, later ones borrow. Deregistering (`Plan::Deregister`) runs in
+//! order and carries the range, so it waits for earlier operations on that
+//! memory; a registration still lent (it cannot be, barring a bug) is
+//! refused rather than pulled from under a transfer, and stays registered.
+//! Empty buffers never borrow: they share one empty registration per
+//! transport, made once.
 
 use super::Ptr;
 use super::{Engine, REGISTRATIONS, Running};
-use gw_transport::{Error, MemHandle, Result};
+use gw_transport::{Error, MemHandle, Result, Transport};
 use std::sync::atomic::Ordering;
 
+/// The caller's registrations, and what each transport does with them.
+pub(super) struct UserRegs {
+    regs: Vec<UserReg>,
+    /// Per transport: whether it lends caller registrations (see above).
+    pins: Vec<bool>,
+    /// Per transport: the one registration of empty buffers.
+    empty: Vec<Option<MemHandle>>,
+}
+
+impl UserRegs {
+    pub fn new(transports: &[Box<dyn Transport>]) -> UserRegs {
+        UserRegs {
+            regs: Vec::new(),
+            pins: transports
+                .iter()
+                .map(|t| t.properties().pins_memory)
+                .collect(),
+            empty: vec![None; transports.len()],
+        }
+    }
+}
+
 /// One caller registration, with every transport.
-pub(super) struct UserReg {
+struct UserReg {
     id: u64,
     ptr: usize,
     len: usize,
@@ -73,8 +104,9 @@ impl OpMem {
 }
 
 impl UserReg {
+    /// Whether `len > 0` bytes at `ptr` lie inside it.
     fn holds(&self, ptr: usize, len: usize) -> bool {
-        ptr >= self.ptr && ptr.saturating_add(len) <= self.ptr.saturating_add(self.len)
+        len > 0 && ptr >= self.ptr && ptr.saturating_add(len) <= self.ptr.saturating_add(self.len)
     }
 }
 
@@ -82,6 +114,9 @@ impl Engine {
     /// `Plan::Register`: registers `[ptr, ptr + len)` with every transport
     /// under `id`.
     pub(super) fn register_user(&mut self, id: u64, ptr: Ptr, len: usize) -> Result<()> {
+        if let Some(e) = &self.failed {
+            return Err(super::failed_earlier(e));
+        }
         let mut handles = Vec::with_capacity(self.transports.len());
         for t in 0..self.transports.len() {
             // SAFETY: the caller of `Communicator::register_raw` keeps the
@@ -99,7 +134,7 @@ impl Engine {
             }
             REGISTRATIONS.fetch_add(1, Ordering::Relaxed);
         }
-        self.user_regs.push(UserReg {
+        self.user_regs.regs.push(UserReg {
             id,
             ptr: ptr.0 as usize,
             len,
@@ -114,10 +149,11 @@ impl Engine {
     pub(super) fn deregister_user(&mut self, id: u64) -> Result<()> {
         let i = self
             .user_regs
+            .regs
             .iter()
             .position(|u| u.id == id)
             .ok_or_else(|| Error::InvalidUsage(format!("registration {id} is not registered")))?;
-        let u = &self.user_regs[i];
+        let u = &self.user_regs.regs[i];
         if u.lent > 0 {
             return Err(Error::InvalidUsage(format!(
                 "deregister: {} operation(s) in flight still use the {} bytes at {:#x}; \
@@ -125,7 +161,7 @@ impl Engine {
                 u.lent, u.len, u.ptr
             )));
         }
-        let u = self.user_regs.swap_remove(i);
+        let u = self.user_regs.regs.swap_remove(i);
         let mut res = Ok(());
         for (t, h) in u.handles.into_iter().enumerate() {
             if let Some(h) = h
@@ -138,10 +174,30 @@ impl Engine {
     }
 
     /// How transport `t` reaches `len` bytes at `ptr` for an operation: a
-    /// caller registration holding them, else a registration of its own.
-    fn mem_for(&mut self, t: usize, ptr: *mut u8, len: usize) -> Result<Mem> {
+    /// caller registration holding them where `t` lends those, the shared
+    /// empty registration for no bytes, else a registration of its own.
+    pub(super) fn mem_for(&mut self, t: usize, ptr: *mut u8, len: usize) -> Result<Mem> {
         let at = ptr as usize;
-        if let Some(u) = self.user_regs.iter_mut().find(|u| u.holds(at, len))
+        if len == 0 {
+            let handle = match self.user_regs.empty[t] {
+                Some(h) => h,
+                None => {
+                    // SAFETY: no bytes: nothing is ever read or written.
+                    let h = unsafe { self.transports[t].register(std::ptr::null_mut(), 0)? };
+                    REGISTRATIONS.fetch_add(1, Ordering::Relaxed);
+                    self.user_regs.empty[t] = Some(h);
+                    h
+                }
+            };
+            return Ok(Mem {
+                handle,
+                offset: 0,
+                whose: Whose::Lent,
+            });
+        }
+        let lends = self.user_regs.pins.get(t).copied().unwrap_or(false);
+        if lends
+            && let Some(u) = self.user_regs.regs.iter_mut().find(|u| u.holds(at, len))
             && let Some(handle) = u.handles.get(t).copied().flatten()
         {
             u.lent += 1;
@@ -188,7 +244,7 @@ impl Engine {
                 let _ = self.transports[t].deregister(m.handle);
             }
             Whose::User(id) => {
-                if let Some(u) = self.user_regs.iter_mut().find(|u| u.id == id) {
+                if let Some(u) = self.user_regs.regs.iter_mut().find(|u| u.id == id) {
                     u.lent = u.lent.saturating_sub(1);
                 }
             }

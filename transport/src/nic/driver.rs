@@ -1173,6 +1173,7 @@ impl<N: Nic> Transport for NicTransport<N> {
             one_sided_write: true,
             one_sided_read: true,
             offloaded_writes: self.nic.offloaded(),
+            pins_memory: true,
             gpu_memory: false,
             max_segment: self.cfg.segment_bytes,
         }

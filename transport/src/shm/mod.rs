@@ -1332,6 +1332,7 @@ impl Transport for ShmTransport {
             // process_vm_writev: the kernel copies, at a quarter of memcpy's
             // speed on the machines measured (docs/performance.md).
             offloaded_writes: false,
+            pins_memory: false,
             gpu_memory: false,
             max_segment: self.cfg.slot_bytes,
         }

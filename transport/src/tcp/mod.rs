@@ -1402,6 +1402,7 @@ impl Transport for TcpTransport {
             one_sided_write: true,
             one_sided_read: true,
             offloaded_writes: false,
+            pins_memory: false,
             gpu_memory: false,
             max_segment: self.cfg.segment_bytes,
         }
