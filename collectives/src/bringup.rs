@@ -683,8 +683,17 @@ pub(crate) fn all_connected(
         .map(|r| format!("{prefix}/verbs-up/{r}"))
         .collect();
     let keys: Vec<&str> = keys.iter().map(String::as_str).collect();
-    store.wait(&keys, deadline)?;
-    Ok(())
+    match store.wait(&keys, deadline) {
+        Ok(_) => Ok(()),
+        // Its message lists the ranks' keys still missing.
+        Err(gw_rendezvous::Error::Timeout { secs, what }) => Err(Error::Timeout {
+            secs,
+            what: format!(
+                "GW_TRANSPORT=verbs: waiting for every rank's queue pairs to connect: {what}"
+            ),
+        }),
+        Err(e) => Err(e.into()),
+    }
 }
 
 #[cfg(test)]

@@ -13,7 +13,7 @@ use crate::config::Config;
 use crate::error::{Errno, Error, Result};
 use crate::gid::{GidChoice, choose_gid, read_gid_table};
 use crate::port::{LinkLayer, Mtu, PortInfo, PortState, choose_port, select_device};
-use crate::qp_plan::LocalPath;
+use crate::qp_plan::{DeviceLimits, LocalPath};
 use std::ffi::CStr;
 use std::mem::MaybeUninit;
 use std::sync::Arc;
@@ -117,6 +117,7 @@ pub struct Hca {
     pub(crate) ctx: Arc<Context>,
     port: PortInfo,
     gid: GidChoice,
+    limits: DeviceLimits,
 }
 
 impl std::fmt::Debug for Hca {
@@ -189,7 +190,37 @@ pub fn open(cfg: &Config) -> Result<Hca> {
         "verbs: {}",
         gid.reason
     );
-    Ok(Hca { ctx, port, gid })
+    let count = |v: i32| u32::try_from(v).unwrap_or(0);
+    let limits = DeviceLimits {
+        max_cqe: count(attr.max_cqe),
+        max_srq_wr: count(attr.max_srq_wr),
+        max_qp_rd_atom: count(attr.max_qp_rd_atom),
+        max_qp_init_rd_atom: count(attr.max_qp_init_rd_atom),
+        max_msg_sz: port_max_msg(&ctx, port.num)?,
+    };
+    Ok(Hca {
+        ctx,
+        port,
+        gid,
+        limits,
+    })
+}
+
+/// The largest message port `num` carries.
+fn port_max_msg(ctx: &Context, num: u8) -> Result<u32> {
+    let mut attr = MaybeUninit::<rdma_sys::ibv_port_attr>::zeroed();
+    // SAFETY: as in query_port.
+    let rc = unsafe { rdma_sys::___ibv_query_port(ctx.ctx, num, attr.as_mut_ptr()) };
+    if rc != 0 {
+        return Err(Error::QueryPort {
+            call: "ibv_query_port",
+            device: ctx.name.clone(),
+            port: num,
+            errno: crate::sys::rc_errno(rc),
+        });
+    }
+    // SAFETY: the query succeeded and filled the struct (zeroed before).
+    Ok(unsafe { attr.assume_init() }.max_msg_sz)
 }
 
 fn query_port(ctx: &Context, num: u8) -> Result<PortInfo> {
@@ -219,6 +250,11 @@ fn query_port(ctx: &Context, num: u8) -> Result<PortInfo> {
 }
 
 impl Hca {
+    /// What the device and its port allow.
+    pub fn limits(&self) -> &DeviceLimits {
+        &self.limits
+    }
+
     /// The device's name (`mlx5_0`).
     pub fn name(&self) -> &str {
         &self.ctx.name

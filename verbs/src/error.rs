@@ -165,6 +165,14 @@ pub enum Error {
         errno: Errno,
     },
 
+    /// Creating a shared receive queue failed.
+    #[error("{call} of {depth} entries failed: {errno}")]
+    CreateSrq {
+        call: &'static str,
+        depth: u32,
+        errno: Errno,
+    },
+
     /// Arming a completion queue, or reading its channel, failed.
     #[error("{call} failed: {errno}")]
     Notify { call: &'static str, errno: Errno },

@@ -80,6 +80,8 @@ mod mr;
 #[cfg(feature = "verbs")]
 mod qp;
 #[cfg(feature = "verbs")]
+mod srq;
+#[cfg(feature = "verbs")]
 mod sys;
 
 pub use completion::{Completion, Opcode};
@@ -88,7 +90,7 @@ pub use endpoint::{ENDPOINT_LEN, QpEndpoint};
 pub use error::{Errno, Error, Result};
 pub use gid::{GidChoice, GidEntry, GidTable, GidType, choose_gid};
 pub use port::{LinkLayer, Mtu, PortInfo, PortState};
-pub use qp_plan::{LocalPath, QpOptions};
+pub use qp_plan::{DeviceLimits, LocalPath, QpOptions};
 pub use reg_cache::RegCache;
 
 #[cfg(feature = "verbs")]
@@ -99,6 +101,8 @@ pub use device::{Hca, device_names, open};
 pub use mr::{MemoryRegion, ProtectionDomain, RegisteredBuffer, RemoteAddr, Slice, check_slice};
 #[cfg(feature = "verbs")]
 pub use qp::{Init, Qp, ReadyToReceive, ReadyToSend, Receiving, Reset};
+#[cfg(feature = "verbs")]
+pub use srq::SharedReceiveQueue;
 
 /// Whether this build can talk to a device (the `verbs` feature).
 pub const ENABLED: bool = cfg!(feature = "verbs");

@@ -24,6 +24,7 @@ use crate::mr::{Pd, ProtectionDomain, RemoteAddr, Slice};
 use crate::qp_plan::{
     InitPlan, LocalPath, QpOptions, RtrPlan, RtsPlan, init_plan, rtr_plan, rts_plan,
 };
+use crate::srq::{SharedReceiveQueue, Srq};
 use std::marker::PhantomData;
 use std::mem::MaybeUninit;
 use std::sync::Arc;
@@ -63,6 +64,7 @@ struct Inner {
     // Dropped after the queue pair (fields drop in order after Drop::drop).
     _send_cq: Arc<Cq>,
     _recv_cq: Arc<Cq>,
+    _srq: Option<Arc<Srq>>,
     _pd: Arc<Pd>,
 }
 
@@ -124,6 +126,30 @@ impl Hca {
         recv_cq: &CompletionQueue,
         opts: &QpOptions,
     ) -> Result<Qp<Reset>> {
+        self.make_qp(pd, send_cq, recv_cq, None, opts)
+    }
+
+    /// As [`Hca::create_qp`], taking its receives from `srq`: receives are
+    /// then posted there, never on the queue pair.
+    pub fn create_qp_on_srq(
+        &self,
+        pd: &ProtectionDomain,
+        send_cq: &CompletionQueue,
+        recv_cq: &CompletionQueue,
+        srq: &SharedReceiveQueue,
+        opts: &QpOptions,
+    ) -> Result<Qp<Reset>> {
+        self.make_qp(pd, send_cq, recv_cq, Some(srq), opts)
+    }
+
+    fn make_qp(
+        &self,
+        pd: &ProtectionDomain,
+        send_cq: &CompletionQueue,
+        recv_cq: &CompletionQueue,
+        srq: Option<&SharedReceiveQueue>,
+        opts: &QpOptions,
+    ) -> Result<Qp<Reset>> {
         opts.validate()?;
         // SAFETY: an all-zero ibv_qp_init_attr is valid (NULL pointers, zero
         // counts); the fields gradwire needs are set below.
@@ -137,6 +163,10 @@ impl Hca {
         attr.cap.max_send_sge = 1;
         attr.cap.max_recv_sge = 1;
         attr.cap.max_inline_data = opts.max_inline;
+        if let Some(q) = srq {
+            attr.srq = q.inner.srq;
+            attr.cap.max_recv_wr = 0;
+        }
         // SAFETY: pd and both CQs are alive (held by the new queue pair).
         let qp = unsafe { rdma_sys::ibv_create_qp(pd.pd.pd, &mut attr) };
         if qp.is_null() {
@@ -161,6 +191,7 @@ impl Hca {
                 opts,
                 _send_cq: send_cq.inner.clone(),
                 _recv_cq: recv_cq.inner.clone(),
+                _srq: srq.map(|q| q.inner.clone()),
                 _pd: pd.pd.clone(),
             },
             _state: PhantomData,

@@ -129,6 +129,33 @@ impl QpOptions {
     }
 }
 
+/// What the device allows, as `ibv_query_device` and `ibv_query_port`
+/// report it: what gradwire sizes its queues and reads by.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct DeviceLimits {
+    /// Entries of one completion queue.
+    pub max_cqe: u32,
+    /// Work requests of one shared receive queue.
+    pub max_srq_wr: u32,
+    /// RDMA reads a queue pair may have in flight as target / initiator.
+    pub max_qp_rd_atom: u32,
+    pub max_qp_init_rd_atom: u32,
+    /// Largest message of the port.
+    pub max_msg_sz: u32,
+}
+
+impl DeviceLimits {
+    /// Reads in flight per queue pair both ways: `wanted`, within what the
+    /// device allows (at least 1; the field is 8 bits).
+    pub fn rd_atomic(&self, wanted: u8) -> u8 {
+        let cap = self
+            .max_qp_rd_atom
+            .min(self.max_qp_init_rd_atom)
+            .clamp(1, 255);
+        wanted.clamp(1, cap as u8)
+    }
+}
+
 /// This side of the connection: the port and GID its queue pair uses.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct LocalPath {
@@ -275,6 +302,22 @@ pub fn rts_plan(local_psn: u32, opts: &QpOptions) -> RtsPlan {
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn reads_in_flight_stay_within_what_the_device_allows() {
+        let lim = |rd, init| DeviceLimits {
+            max_cqe: 1 << 16,
+            max_srq_wr: 1 << 14,
+            max_qp_rd_atom: rd,
+            max_qp_init_rd_atom: init,
+            max_msg_sz: 1 << 30,
+        };
+        assert_eq!(lim(16, 16).rd_atomic(16), 16);
+        assert_eq!(lim(16, 4).rd_atomic(16), 4);
+        assert_eq!(lim(0, 0).rd_atomic(16), 1);
+        assert_eq!(lim(1000, 1000).rd_atomic(200), 200);
+        assert_eq!(lim(16, 16).rd_atomic(0), 1);
+    }
+
     use super::*;
 
     fn roce() -> LocalPath {

@@ -19,8 +19,8 @@
 //! wrote), so one grant table is shared by all peers and a slot's request
 //! says which peer and receive it is. Every immediate may consume a posted
 //! receive (verbs always, libfabric under `FI_RX_CQ_DATA`): the bounce
-//! buffer it used is posted again. Bounce buffers are dealt out to peers
-//! in turn, for stacks whose receives are per connection.
+//! buffer it used is posted again. The bounce buffers form one pool for all
+//! peers (libfabric's endpoint; a shared receive queue on verbs).
 
 use super::{Cqe, Nic, NicError, RemoteAt};
 use crate::error::{Error, Result};
@@ -364,7 +364,7 @@ impl<N: Nic> NicTransport<N> {
         }
         let segment = cfg.segment_bytes.min(max_msg.max(1));
         let each = HEADER_LEN + cfg.eager_bytes.max(GRANT_LEN).max(MAX_ABORT_TEXT);
-        let nbounce = bounce_count(world, cfg.eager_frames);
+        let nbounce = Self::bounce_buffers(world, cfg.eager_frames);
         let mut bounce = Pool::new(&mut nic, nbounce, each)?;
         let stage = Pool::new(&mut nic, STAGE_BUFFERS, each)?;
         let peers = (0..world as Rank)
@@ -388,7 +388,7 @@ impl<N: Nic> NicTransport<N> {
             .collect::<Result<Vec<_>>>()?;
         bounce.free.clear();
         for i in 0..nbounce {
-            post_bounce(&mut nic, &mut bounce, me, world, i)?;
+            post_bounce(&mut nic, &mut bounce, i)?;
         }
         Ok(NicTransport {
             id: TransportId::next(),
@@ -418,10 +418,11 @@ impl<N: Nic> NicTransport<N> {
         self.peers[peer as usize].core.buffers()
     }
 
-    /// Bounce buffers posted for each peer, at most (see `bounce_owner`):
-    /// what a stack with a receive queue per peer must make room for.
-    pub fn bounce_share(world: usize, eager_frames: usize) -> usize {
-        bounce_count(world, eager_frames).div_ceil(world.saturating_sub(1).max(1))
+    /// How many bounce buffers a rank of `world` keeps posted: enough for
+    /// every peer's credits and a few control frames each, within bounds
+    /// (what a stack's receive queue must hold).
+    pub fn bounce_buffers(world: usize, eager_frames: usize) -> usize {
+        (world.saturating_sub(1) * (eager_frames + 4)).clamp(16, 4096)
     }
 
     /// This rank.
@@ -541,8 +542,7 @@ impl<N: Nic> NicTransport<N> {
 
     /// Posts bounce buffer `b` again once its frame is read.
     fn repost(&mut self, b: usize) -> Result<()> {
-        let world = self.peers.len();
-        post_bounce(&mut self.nic, &mut self.bounce, self.me, world, b)
+        post_bounce(&mut self.nic, &mut self.bounce, b)
     }
 
     fn now_ns(&self) -> u64 {
@@ -1127,35 +1127,14 @@ impl<N: Nic> NicTransport<N> {
     }
 }
 
-/// How many bounce buffers a rank of `world` posts: enough for every
-/// peer's credits and a few control frames each, within bounds.
-pub(super) fn bounce_count(world: usize, eager_frames: usize) -> usize {
-    (world.saturating_sub(1) * (eager_frames + 4)).clamp(16, 4096)
-}
-
-/// The peer bounce buffer `i` is posted for, where receives are per
-/// connection: buffers are dealt to the other ranks in turn.
-pub(super) fn bounce_owner(me: Rank, world: usize, i: usize) -> Rank {
-    let others = world.saturating_sub(1).max(1);
-    let k = (i % others) as Rank;
-    if k >= me { k + 1 } else { k }
-}
-
 /// Posts bounce buffer `i` for an incoming frame.
-fn post_bounce<N: Nic>(
-    nic: &mut N,
-    pool: &mut Pool<N::Mr>,
-    me: Rank,
-    world: usize,
-    i: usize,
-) -> Result<()> {
+fn post_bounce<N: Nic>(nic: &mut N, pool: &mut Pool<N::Mr>, i: usize) -> Result<()> {
     let desc = N::local(&pool.mr);
     let each = pool.each;
     let ptr = pool.ptr(i);
-    let from = bounce_owner(me, world, i);
     // SAFETY: the buffer is the pool's and is read only after this
     // receive completes; the pool outlives the NIC.
-    match unsafe { nic.recv(ptr, each, desc, from, Ctx::Bounce(i).encode()) } {
+    match unsafe { nic.recv(ptr, each, desc, Ctx::Bounce(i).encode()) } {
         Ok(()) => Ok(()),
         Err(e) => Err(Error::Internal(format!(
             "{}: posting a receive buffer failed: {e}",

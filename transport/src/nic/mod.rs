@@ -109,8 +109,8 @@ pub trait Nic: Send {
         to: Self::Addr,
         ctx: u64,
     ) -> Result<(), NicError>;
-    /// Posts a receive of up to `len` bytes at `dst` for frames from `from`
-    /// (stacks with one receive queue for all peers ignore `from`).
+    /// Posts a receive of up to `len` bytes at `dst` into the pool that
+    /// every peer's frames and immediates draw on.
     ///
     /// # Safety
     /// See the trait.
@@ -119,7 +119,6 @@ pub trait Nic: Send {
         dst: *mut u8,
         len: usize,
         local: Self::Local,
-        from: Rank,
         ctx: u64,
     ) -> Result<(), NicError>;
     /// Writes `len` bytes at `src` into `to`, then delivers `imm` there.

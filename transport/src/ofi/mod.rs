@@ -190,7 +190,6 @@ impl Nic for OfiNic {
         dst: *mut u8,
         len: usize,
         local: Option<MrDesc>,
-        _from: Rank,
         ctx: u64,
     ) -> Result<(), NicError> {
         // SAFETY: as for send.

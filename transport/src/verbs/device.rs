@@ -8,15 +8,18 @@ use crate::nic::{Cqe, Nic, NicConfig, NicError, NicTransport, RemoteAt};
 use crate::seam::Rank;
 use gw_verbs::{
     CompChannel, Completion, CompletionQueue, Hca, Init, MemoryRegion, ProtectionDomain, Qp,
-    QpOptions, ReadyToSend, RemoteAddr, Slice,
+    QpOptions, ReadyToSend, RemoteAddr, SharedReceiveQueue, Slice,
 };
 use std::collections::VecDeque;
 use std::os::fd::{AsRawFd, RawFd};
 
 /// Completions read from the device at once.
 const POLL_BATCH: usize = 64;
-/// The largest message one work request carries.
-const MAX_MSG: usize = 1 << 31;
+/// RDMA reads in flight per queue pair, where the device allows as many.
+const READS_IN_FLIGHT: u8 = 16;
+/// The fewest sends a queue pair may queue when a large world shares the
+/// completion queue.
+const MIN_SEND_DEPTH: u32 = 16;
 
 /// The transport on a verbs device.
 pub type VerbsTransport = NicTransport<VerbsNic>;
@@ -27,12 +30,13 @@ enum Conn {
     Ready(Qp<ReadyToSend>),
 }
 
-/// The device, its protection domain, one completion queue and a queue
-/// pair per peer.
+/// The device, its protection domain, one completion queue, one shared
+/// receive queue and a queue pair per peer.
 pub struct VerbsNic {
-    // Dropped in order: queue pairs before the queue and the domain they
+    // Dropped in order: queue pairs before the queues and the domain they
     // use (each also holds what it needs alive).
     conns: Vec<Option<Conn>>,
+    srq: SharedReceiveQueue,
     cq: CompletionQueue,
     channel: CompChannel,
     pd: ProtectionDomain,
@@ -73,10 +77,9 @@ fn posted(r: gw_verbs::Result<()>) -> Result<(), NicError> {
 /// `[at, at + len)` lies inside the registration whose key is `lkey`,
 /// which outlives the work request.
 unsafe fn slice(at: *const u8, len: usize, lkey: u32) -> Result<Slice<'static>, NicError> {
+    // The driver cuts messages to the port's largest (see `open`).
     let len = u32::try_from(len)
-        .ok()
-        .filter(|&l| l as usize <= MAX_MSG)
-        .ok_or_else(|| NicError::Other(format!("{len} bytes are more than one work request")))?;
+        .map_err(|_| NicError::Other(format!("{len} bytes are more than one work request")))?;
     // SAFETY: the caller's promise.
     Ok(unsafe { Slice::from_raw(at as u64, len, lkey) })
 }
@@ -90,55 +93,87 @@ fn remote(to: &RemoteAt<Rank>) -> Result<RemoteAddr, NicError> {
 
 impl VerbsNic {
     /// Opens the device `cfg` names (or the first) for rank `me` of
-    /// `world`, with a queue pair in INIT for every peer and room for
-    /// `recv_per_peer` posted receives on each.
+    /// `world`, with a shared receive queue for `receives` posted receives
+    /// and a queue pair in INIT for every peer; also returns the largest
+    /// message of the port.
     pub fn open(
         cfg: &gw_verbs::Config,
         me: Rank,
         world: usize,
-        recv_per_peer: usize,
-    ) -> Result<VerbsNic> {
+        receives: usize,
+    ) -> Result<(VerbsNic, usize)> {
         let setup = |what: &str, e: gw_verbs::Error| Error::Config(format!("verbs: {what}: {e}"));
         let hca =
             gw_verbs::open(cfg).map_err(|e| Error::Config(format!("GW_TRANSPORT=verbs: {e}")))?;
+        let lim = *hca.limits();
+        let receives = u32::try_from(receives).unwrap_or(u32::MAX);
+        if receives > lim.max_srq_wr {
+            return Err(Error::Config(format!(
+                "verbs: {} holds at most {} receives in a shared receive queue; a world of \
+                 {world} needs {receives} (lower GW_EAGER_FRAMES)",
+                hca.name(),
+                lim.max_srq_wr
+            )));
+        }
         let pd = hca
             .alloc_pd()
             .map_err(|e| setup("allocating a protection domain", e))?;
         let channel = hca
             .create_comp_channel()
             .map_err(|e| setup("creating a completion channel", e))?;
-        let opts = QpOptions {
-            recv_depth: QpOptions::default()
-                .recv_depth
-                .max(u32::try_from(recv_per_peer).unwrap_or(u32::MAX)),
-            ..QpOptions::default()
-        };
-        // Every queue pair's sends and receives may complete at once.
+        let srq = hca
+            .create_srq(&pd, receives)
+            .map_err(|e| setup("creating the shared receive queue", e))?;
+        // One completion queue takes every send and every receive: the
+        // send queues shrink (toward MIN_SEND_DEPTH) to fit the device's.
         let peers = world.saturating_sub(1).max(1) as u64;
-        let depth = peers * u64::from(opts.send_depth + opts.recv_depth);
-        let depth = u32::try_from(depth).map_err(|_| {
-            Error::Config(format!(
-                "verbs: a world of {world} needs a completion queue of {depth} entries"
-            ))
-        })?;
+        let room = u64::from(lim.max_cqe).saturating_sub(u64::from(receives));
+        let send_depth = u64::from(QpOptions::default().send_depth)
+            .min(room / peers)
+            .max(u64::from(MIN_SEND_DEPTH)) as u32;
+        let depth = peers * u64::from(send_depth) + u64::from(receives);
+        let depth = u32::try_from(depth)
+            .ok()
+            .filter(|&d| d <= lim.max_cqe)
+            .ok_or_else(|| {
+                Error::Config(format!(
+                    "verbs: a world of {world} needs a completion queue of {depth} entries; {} \
+                     allows {}",
+                    hca.name(),
+                    lim.max_cqe
+                ))
+            })?;
         let cq = hca
             .create_cq(depth, Some(&channel))
             .map_err(|e| setup("creating the completion queue", e))?;
+        let rd = lim.rd_atomic(READS_IN_FLIGHT);
+        let opts = QpOptions {
+            send_depth,
+            max_rd_atomic: rd,
+            ..QpOptions::default()
+        };
         let conns = (0..world as Rank)
             .map(|r| -> Result<Option<Conn>> {
                 if r == me {
                     return Ok(None);
                 }
                 let qp = hca
-                    .create_qp(&pd, &cq, &cq, &opts)
+                    .create_qp_on_srq(&pd, &cq, &cq, &srq, &opts)
                     .and_then(Qp::into_init)
                     .map_err(|e| setup(&format!("the queue pair for rank {r}"), e))?;
                 Ok(Some(Conn::Init(qp)))
             })
             .collect::<Result<Vec<_>>>()?;
         let label = format!("verbs {} port {}", hca.name(), hca.port().num);
-        Ok(VerbsNic {
+        tracing::info!(
+            "{label}: {} queue pairs of {send_depth} sends, {receives} shared receives, \
+             {rd} reads in flight, messages up to {} B",
+            conns.iter().flatten().count(),
+            lim.max_msg_sz
+        );
+        let nic = VerbsNic {
             conns,
+            srq,
             cq,
             channel,
             pd,
@@ -147,7 +182,8 @@ impl VerbsNic {
             label,
             stash: VecDeque::with_capacity(2 * POLL_BATCH),
             raw: vec![Completion::default(); POLL_BATCH],
-        })
+        };
+        Ok((nic, lim.max_msg_sz.max(1) as usize))
     }
 
     fn ready(&mut self, peer: Rank) -> Result<&mut Qp<ReadyToSend>, NicError> {
@@ -196,20 +232,22 @@ impl Nic for VerbsNic {
 
     fn connect(&mut self, peer: Rank, name: &[u8]) -> Result<Rank, NicError> {
         let world = self.conns.len();
-        let slot = self
-            .conns
-            .get_mut(peer as usize)
-            .ok_or_else(|| NicError::Other(format!("rank {peer} is outside the world")))?;
-        let conn = match slot.take() {
-            Some(Conn::Init(qp)) => qp,
-            Some(ready @ Conn::Ready(_)) => {
-                *slot = Some(ready);
-                return Ok(peer);
-            }
-            None => return Err(NicError::Other(format!("rank {peer} is this rank"))),
-        };
+        match self.conns.get(peer as usize) {
+            None => return Err(NicError::Other(format!("rank {peer} is outside the world"))),
+            Some(None) => return Err(NicError::Other(format!("rank {peer} is this rank"))),
+            Some(Some(Conn::Ready(_))) => return Ok(peer),
+            Some(Some(Conn::Init(_))) => {}
+        }
+        // Decoded before the queue pair is taken out: a bad name leaves it
+        // in place. A failed transition destroys it (see gw-verbs' qp.rs);
+        // its receives are in the shared queue, so nothing is lost with it.
         let remote = names::endpoint_for(name, peer, self.me, world)
             .map_err(|e| NicError::Other(e.to_string()))?;
+        let Some(Conn::Init(conn)) = self.conns[peer as usize].take() else {
+            return Err(NicError::Other(format!(
+                "rank {peer}'s queue pair vanished"
+            )));
+        };
         let qp = conn
             .into_rtr(&remote)
             .and_then(gw_verbs::Qp::into_rts)
@@ -258,21 +296,11 @@ impl Nic for VerbsNic {
         dst: *mut u8,
         len: usize,
         local: u32,
-        from: Rank,
         ctx: u64,
     ) -> Result<(), NicError> {
         // SAFETY: as for send.
         let s = unsafe { slice(dst, len, local) }?;
-        let r = match self.conns.get_mut(from as usize) {
-            Some(Some(Conn::Init(qp))) => qp.post_recv(ctx, Some(s)),
-            Some(Some(Conn::Ready(qp))) => qp.post_recv(ctx, Some(s)),
-            _ => {
-                return Err(NicError::Other(format!(
-                    "a receive for rank {from}, which has no queue pair here"
-                )));
-            }
-        };
-        r.map_err(other)
+        self.srq.post_recv(ctx, s).map_err(other)
     }
 
     unsafe fn write_imm(
@@ -334,9 +362,9 @@ impl NicTransport<VerbsNic> {
         device: &gw_verbs::Config,
         cfg: NicConfig,
     ) -> Result<VerbsTransport> {
-        let per_peer = NicTransport::<VerbsNic>::bounce_share(world, cfg.eager_frames);
-        let nic = VerbsNic::open(device, me, world, per_peer)?;
-        NicTransport::new(nic, me, world, cfg, MAX_MSG)
+        let receives = NicTransport::<VerbsNic>::bounce_buffers(world, cfg.eager_frames);
+        let (nic, max_msg) = VerbsNic::open(device, me, world, receives)?;
+        NicTransport::new(nic, me, world, cfg, max_msg)
     }
 
     /// Brings every peer's queue pair to RTS (see the module comment).
