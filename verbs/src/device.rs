@@ -208,22 +208,23 @@ pub fn open(cfg: &Config) -> Result<Hca> {
 
 /// The largest message port `num` carries.
 fn port_max_msg(ctx: &Context, num: u8) -> Result<u32> {
-    let mut attr = MaybeUninit::<rdma_sys::ibv_port_attr>::zeroed();
-    // SAFETY: as in query_port.
-    let rc = unsafe { rdma_sys::___ibv_query_port(ctx.ctx, num, attr.as_mut_ptr()) };
-    if rc != 0 {
-        return Err(Error::QueryPort {
-            call: "ibv_query_port",
-            device: ctx.name.clone(),
-            port: num,
-            errno: crate::sys::rc_errno(rc),
-        });
-    }
-    // SAFETY: the query succeeded and filled the struct (zeroed before).
-    Ok(unsafe { attr.assume_init() }.max_msg_sz)
+    Ok(port_attr(ctx, num)?.max_msg_sz)
 }
 
 fn query_port(ctx: &Context, num: u8) -> Result<PortInfo> {
+    let a = port_attr(ctx, num)?;
+    Ok(PortInfo {
+        num,
+        state: PortState::from_code(a.state),
+        link_layer: LinkLayer::from_code(a.link_layer).unwrap_or(LinkLayer::Infiniband),
+        // A port that is not up may report 0; the smallest MTU is safe then.
+        active_mtu: Mtu::from_code(a.active_mtu).unwrap_or(Mtu::B256),
+        lid: a.lid,
+        gid_table_len: u32::try_from(a.gid_tbl_len).unwrap_or(0),
+    })
+}
+
+fn port_attr(ctx: &Context, num: u8) -> Result<rdma_sys::ibv_port_attr> {
     let mut attr = MaybeUninit::<rdma_sys::ibv_port_attr>::zeroed();
     // SAFETY: ctx is open and attr is a writable, zeroed ibv_port_attr;
     // ___ibv_query_port is what the C macro ibv_query_port expands to.
@@ -237,16 +238,7 @@ fn query_port(ctx: &Context, num: u8) -> Result<PortInfo> {
         });
     }
     // SAFETY: the query succeeded and filled the struct (zeroed before).
-    let a = unsafe { attr.assume_init() };
-    Ok(PortInfo {
-        num,
-        state: PortState::from_code(a.state),
-        link_layer: LinkLayer::from_code(a.link_layer).unwrap_or(LinkLayer::Infiniband),
-        // A port that is not up may report 0; the smallest MTU is safe then.
-        active_mtu: Mtu::from_code(a.active_mtu).unwrap_or(Mtu::B256),
-        lid: a.lid,
-        gid_table_len: u32::try_from(a.gid_tbl_len).unwrap_or(0),
-    })
+    Ok(unsafe { attr.assume_init() })
 }
 
 impl Hca {
