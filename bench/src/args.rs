@@ -161,7 +161,7 @@ impl Sub {
 }
 
 /// The flags p2p refuses: they describe a reduction or a root it does not have.
-const COLL_ONLY: [&str; 5] = ["dtype", "redop", "root", "algo", "persistent"];
+const COLL_ONLY: [&str; 6] = ["dtype", "redop", "root", "algo", "persistent", "register"];
 /// The flags only p2p takes (its perftest shape).
 const P2P_ONLY: [&str; 2] = ["bidir", "lat"];
 
@@ -311,6 +311,19 @@ struct Opts {
     )]
     persistent: bool,
 
+    /// Register the send and receive buffers once with the communicator
+    /// before timing (NCCL's ncclCommRegister; gwCommRegister): calls then
+    /// skip registering them, on transports where that pins memory (ofi,
+    /// verbs). Host buffers only
+    #[arg(
+        long = "register",
+        value_name = "0|1",
+        default_value = "0",
+        value_parser = check_parser(),
+        action = clap::ArgAction::Set,
+    )]
+    register: bool,
+
     /// Where the buffers live: host memory, or CUDA device memory (GPU:
     /// the local rank modulo the GPUs; needs an NVIDIA driver and NVRTC).
     /// Collectives only
@@ -441,6 +454,8 @@ pub struct CollOpts {
     pub json: Option<PathBuf>,
     /// `-P 1`: persistent all-reduce.
     pub persistent: bool,
+    /// `--register 1`: buffers registered once before timing.
+    pub register: bool,
     /// `--device cuda`: buffers in device memory.
     pub device: Device,
 }
@@ -764,11 +779,11 @@ pub fn parse<S: Into<OsString>>(args: impl IntoIterator<Item = S>) -> Result<Com
             .filter(|id| !(**id == "redop" && p2p_op))
             .find_map(|id| cmd.get_arguments().find(|a| a.get_id() == *id));
         if let Some(a) = given {
-            return err(format!(
-                "-{} (--{}) does not apply to p2p",
-                a.get_short().unwrap_or('?'),
-                a.get_long().unwrap_or("?")
-            ));
+            let long = a.get_long().unwrap_or("?");
+            return err(match a.get_short() {
+                Some(c) => format!("-{c} (--{long}) does not apply to p2p"),
+                None => format!("--{long} does not apply to p2p"),
+            });
         }
         if o.device != "host" {
             return err(format!(
@@ -863,6 +878,9 @@ pub fn parse<S: Into<OsString>>(args: impl IntoIterator<Item = S>) -> Result<Com
             coll.name()
         ));
     }
+    if o.register && o.device != "host" {
+        return err("--register 1 applies to host buffers (device data is staged)");
+    }
     Ok(Command::Coll(CollOpts {
         coll,
         sizes,
@@ -876,6 +894,7 @@ pub fn parse<S: Into<OsString>>(args: impl IntoIterator<Item = S>) -> Result<Com
         algo: o.algo,
         json: o.json,
         persistent: o.persistent,
+        register: o.register,
         device: if o.device == "cuda" {
             Device::Cuda
         } else {

@@ -12,7 +12,7 @@ use crate::args::{Coll, CollOpts, Device};
 use crate::check::{Pattern, Value, count_wrong, poison};
 use crate::report::{self, Header, Meas, RankLine, Row, Summary};
 use gradwire::device::{DeviceComm, DeviceRequest};
-use gw_collectives::{Algo, Communicator, DType, Error, RawOp, RawPersistent, RedOp};
+use gw_collectives::{Algo, Communicator, DType, Error, RawOp, RawPersistent, RedOp, Registration};
 use gw_cuda::{DeviceBuf, Gpu};
 use half::{bf16, f16};
 use std::io::Write as _;
@@ -259,6 +259,19 @@ struct Bench<'a, T: Value> {
     dev: Option<OnDevice<'a>>,
     /// With `-P 1 --device cuda`: the persistent device all-reduce.
     dev_persistent: Option<DeviceRequest>,
+    /// With `--register 1`: the send and receive buffers' registrations.
+    regs: Vec<Registration>,
+}
+
+impl<T: Value> Drop for Bench<'_, T> {
+    fn drop(&mut self) {
+        // Before the buffers go: a registration must not outlive its memory.
+        for r in std::mem::take(&mut self.regs) {
+            if let Err(e) = self.comm.deregister(&r) {
+                eprintln!("gwbench: deregistering {} bytes: {e}", r.len());
+            }
+        }
+    }
 }
 
 impl<'a, T: Value> Bench<'a, T> {
@@ -277,7 +290,7 @@ impl<'a, T: Value> Bench<'a, T> {
             Device::Host => None,
             Device::Cuda => Some(OnDevice::new(comm, max_send * esz, max_buf * esz)?),
         };
-        Ok(Bench {
+        let mut b = Bench {
             comm,
             o,
             me: comm.rank(),
@@ -289,7 +302,21 @@ impl<'a, T: Value> Bench<'a, T> {
             persistent: None,
             dev,
             dev_persistent: None,
-        })
+            regs: Vec::new(),
+        };
+        if o.register {
+            for buf in [bytes_of_mut(&mut b.send), bytes_of_mut(&mut b.recv)] {
+                if buf.is_empty() {
+                    continue;
+                }
+                // SAFETY: the buffers live, unresized, until Drop, which
+                // deregisters them first.
+                let r = unsafe { comm.register_raw(buf.as_mut_ptr(), buf.len()) }
+                    .map_err(|e| Fail::lib("registering the buffers (--register 1)", e))?;
+                b.regs.push(r);
+            }
+        }
+        Ok(b)
     }
 
     fn header(&self) -> Header {

@@ -211,43 +211,50 @@ fn allreduce_two_ranks_rows_and_no_wrong_elements() {
     assert!(r.stdout.contains("nRanks 2"), "{}", r.all());
 }
 
+/// Four sizes (4 B to 1 MiB), three timed calls each, every result checked.
+const CHECKED_ROWS: [&str; 12] = [
+    "-b", "4", "-e", "1M", "-f", "32", "-n", "3", "-w", "1", "-c", "1",
+];
+
+/// A run of `CHECKED_ROWS` exited 0 with four rows and no wrong element.
+fn all_rows_right(r: &Run, what: &str) {
+    assert_eq!(r.code, Some(0), "{what}: {}", r.all());
+    let rows = table(r);
+    assert_eq!(rows.len(), 4, "{what}: {}", r.all());
+    for f in &rows {
+        assert_eq!((f[8].as_str(), f[12].as_str()), ("0", "0"), "{what}: {f:?}");
+    }
+}
+
 /// `-P 1`: the same rows from a persistent all-reduce, checked exactly,
 /// for every algorithm that runs on three ranks.
 #[test]
 fn persistent_allreduce_checks_out_with_every_algorithm() {
     for algo in ["auto", "ring", "tree", "rd"] {
-        let r = bench(
-            3,
-            &[
-                "allreduce",
-                "-b",
-                "4",
-                "-e",
-                "1M",
-                "-f",
-                "32",
-                "-n",
-                "3",
-                "-w",
-                "1",
-                "-c",
-                "1",
-                "-P",
-                "1",
-                "-a",
-                algo,
-            ],
-        );
-        assert_eq!(r.code, Some(0), "-a {algo}: {}", r.all());
-        let rows = table(&r);
-        assert_eq!(rows.len(), 4, "{}", r.all());
-        for f in &rows {
-            assert_eq!(
-                (f[8].as_str(), f[12].as_str()),
-                ("0", "0"),
-                "-a {algo}: {f:?}"
-            );
-        }
+        let mut args = vec!["allreduce"];
+        args.extend(CHECKED_ROWS);
+        args.extend(["-P", "1", "-a", algo]);
+        all_rows_right(&bench(3, &args), &format!("-a {algo}"));
+    }
+}
+
+/// `--register 1`: buffers registered once with the communicator; over
+/// libfabric (which lends them) every collective's rows check out exactly.
+#[test]
+fn registered_buffers_check_out_over_ofi() {
+    let bench = gwbench();
+    for coll in ["allreduce", "allgather", "reducescatter", "broadcast"] {
+        let mut args = vec![
+            "--transport",
+            "ofi",
+            "-n",
+            "2",
+            bench.to_str().unwrap(),
+            coll,
+        ];
+        args.extend(CHECKED_ROWS);
+        args.extend(["--register", "1"]);
+        all_rows_right(&run(&gwrun(), &args), coll);
     }
 }
 
@@ -710,6 +717,8 @@ fn usage_errors_and_help_without_a_launcher() {
         &["broadcast", "-P", "1"],
         &["p2p", "-P", "1"],
         &["allreduce", "-P", "2"],
+        &["p2p", "--register", "1"],
+        &["allreduce", "--register", "1", "--device", "cuda"],
     ] {
         let r = run(&gwbench(), args);
         assert_eq!(r.code, Some(2), "{args:?}\n{}", r.all());
