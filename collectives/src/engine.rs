@@ -955,7 +955,10 @@ impl Engine {
                 Ok(moved)
             }
             Err(e) => {
-                self.release(&mut r);
+                // Released by fail(), which the caller runs next, after it
+                // aborts the transports: deregistering now, with transfers
+                // still posted, would be refused and leave the memory
+                // registered (pinned, on a NIC).
                 self.current = Some(r);
                 Err(e)
             }
