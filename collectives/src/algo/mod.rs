@@ -293,6 +293,7 @@ mod dag;
 pub use dag::MAX_DEPTH;
 mod hier;
 mod rd;
+pub(crate) mod rd_gather;
 pub(crate) use rd::direct_rounds;
 mod rhd;
 mod ring;
@@ -310,7 +311,8 @@ mod tree;
 /// | op | algorithm |
 /// |---|---|
 /// | all-reduce | ring (reduce-scatter + all-gather), double binary tree, recursive halving-doubling, recursive doubling, or hierarchical (per host, then across hosts) |
-/// | reduce-scatter, all-gather | ring |
+/// | reduce-scatter | ring |
+/// | all-gather | recursive doubling on a power-of-two world (over 2 ranks) when a rank's block is one segment, else ring |
 /// | broadcast, reduce | pipelined chain, or binary tree when the message has few segments |
 /// | barrier | dissemination (empty messages, ⌈log2 n⌉ rounds) |
 ///
@@ -336,6 +338,7 @@ pub fn build(spec: &OpSpec, algo: Algo) -> Result<Box<dyn Schedule>> {
             Algo::Rd => rd::allreduce(spec)?,
         },
         OpKind::ReduceScatter => ring::reduce_scatter(spec)?,
+        OpKind::AllGather if rd_gather::eligible(spec) => rd_gather::all_gather(spec)?,
         OpKind::AllGather => ring::all_gather(spec)?,
         OpKind::Broadcast => coll::broadcast(spec)?,
         OpKind::Reduce => coll::reduce(spec)?,
