@@ -310,8 +310,6 @@ pub struct NicTransport<N: Nic> {
     cfg: NicConfig,
     // Dropped first: no transfer outlives the NIC, then the buffers.
     nic: N,
-    /// `N`'s label, for errors ("ofi tcp;ofi_rxm").
-    label: String,
     peers: Vec<Peer<N>>,
     regions: Regions<Region<N::Mr>>,
     reqs: ReqMap<bool>,
@@ -335,7 +333,7 @@ impl<N: Nic> std::fmt::Debug for NicTransport<N> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("NicTransport")
             .field("me", &self.me)
-            .field("nic", &self.label)
+            .field("nic", &self.nic.label())
             .finish()
     }
 }
@@ -395,7 +393,6 @@ impl<N: Nic> NicTransport<N> {
             me,
             grants: Receiver::shared(cfg.slots.min(crate::rma::MAX_SLOTS), segment)?,
             cfg,
-            label: nic.label().to_owned(),
             nic,
             peers,
             regions: Regions::new(),
@@ -443,7 +440,10 @@ impl<N: Nic> NicTransport<N> {
     /// This rank's endpoint name, to publish (hex).
     pub fn name_hex(&self) -> Result<String> {
         let n = self.nic.name().map_err(|e| {
-            Error::Config(format!("{}: reading the endpoint name: {e}", self.label))
+            Error::Config(format!(
+                "{}: reading the endpoint name: {e}",
+                self.nic.label()
+            ))
         })?;
         Ok(name_to_hex(&n))
     }
@@ -484,11 +484,11 @@ impl<N: Nic> NicTransport<N> {
     }
 
     fn who(&self, peer: Rank) -> String {
-        who(peer, &self.label)
+        who(peer, self.nic.label())
     }
 
     fn remote_err(&self, peer: Rank, what: String) -> Error {
-        remote_err(peer, &self.label, what)
+        remote_err(peer, self.nic.label(), what)
     }
 
     fn check_post(&self, peer: Rank) -> Result<()> {
@@ -658,7 +658,7 @@ impl<N: Nic> NicTransport<N> {
                 if h.offset != 0 || h.len != h.total {
                     return Err(Error::Protocol(format!(
                         "{}: an eager frame with bytes [{}, +{}) of {} ({} sends whole messages)",
-                        who(peer, &self.label),
+                        who(peer, self.nic.label()),
                         h.offset,
                         h.len,
                         h.total,
@@ -700,7 +700,7 @@ impl<N: Nic> NicTransport<N> {
                 if !p.core.posted().is_empty() {
                     return Err(remote_err(
                         peer,
-                        &self.label,
+                        self.nic.label(),
                         "shut its communicator down while this rank still expected data from it"
                             .into(),
                     ));
@@ -709,7 +709,11 @@ impl<N: Nic> NicTransport<N> {
             }
             FrameKind::Abort => {
                 let text = String::from_utf8_lossy(payload).into_owned();
-                return Err(remote_err(peer, &self.label, format!("aborted: {text}")));
+                return Err(remote_err(
+                    peer,
+                    self.nic.label(),
+                    format!("aborted: {text}"),
+                ));
             }
             FrameKind::Cts
             | FrameKind::Rendezvous
@@ -719,7 +723,7 @@ impl<N: Nic> NicTransport<N> {
             | FrameKind::Fetched => {
                 return Err(Error::Protocol(format!(
                     "{} sent a {:?} frame, which the {} transport does not use",
-                    who(peer, &self.label),
+                    who(peer, self.nic.label()),
                     h.kind,
                     N::NAME
                 )));
@@ -772,7 +776,7 @@ impl<N: Nic> NicTransport<N> {
             }
             None => Err(Error::Internal(format!(
                 "{}: a completion with an unknown context ({c:?})",
-                self.label
+                self.nic.label()
             ))),
         }
     }
@@ -833,7 +837,7 @@ impl<N: Nic> NicTransport<N> {
             }
             tracing::debug!(
                 "{}: credits for rank {peer} were not delivered: {e}",
-                self.label
+                self.nic.label()
             );
             return true;
         }
@@ -859,7 +863,7 @@ impl<N: Nic> NicTransport<N> {
                 format!("sending a {kind:?} frame failed: {e} (has the peer exited or lost its connection?)"),
             );
         }
-        Error::Internal(format!("{}: {e}", self.label))
+        Error::Internal(format!("{}: {e}", self.nic.label()))
     }
 
     /// Sends what each peer has queued, as staging buffers and the
@@ -953,7 +957,7 @@ impl<N: Nic> NicTransport<N> {
                     Err(e) => {
                         return Err(remote_err(
                             p.rank,
-                            &self.label,
+                            self.nic.label(),
                             format!("sending a frame failed: {e}"),
                         ));
                     }
@@ -1169,7 +1173,7 @@ impl<N: Nic> Transport for NicTransport<N> {
                 )
                 .map_err(|source| Error::Sys {
                     syscall: "epoll_ctl",
-                    context: format!("watching the {} completion queue", self.label),
+                    context: format!("watching the {} completion queue", self.nic.label()),
                     source,
                 })?;
             self.token = Some(token);
@@ -1196,7 +1200,10 @@ impl<N: Nic> Transport for NicTransport<N> {
             )));
         }
         let addr = self.nic.connect(peer, &p.name).map_err(|e| {
-            Error::Config(format!("{}: adding rank {peer}'s address: {e}", self.label))
+            Error::Config(format!(
+                "{}: adding rank {peer}'s address: {e}",
+                self.nic.label()
+            ))
         })?;
         p.addr = Some(addr);
         Ok(Readiness::Ready)
@@ -1217,7 +1224,7 @@ impl<N: Nic> Transport for NicTransport<N> {
             Some(unsafe { self.nic.register(ptr, len) }.map_err(|e| {
                 Error::Config(format!(
                     "{}: registering {len} bytes at {ptr:p}: {e}",
-                    self.label
+                    self.nic.label()
                 ))
             })?)
         };
