@@ -775,17 +775,17 @@ impl Engine {
                 op.done.finish(res);
                 return;
             }
-            // Taken by `drain_messages` before it is ever queued.
-            Plan::Register { id } => {
-                self.spare = spare;
-                let res = self.register_user(id, op.recv, op.recv_bytes);
-                op.done.finish(res);
-                return;
-            }
             Plan::Started => {
                 self.spare = spare;
                 op.done
                     .finish(Err(Error::Internal("operation started twice".into())));
+                return;
+            }
+            // `drain_messages` runs a registration when it takes it.
+            Plan::Register { .. } => {
+                self.spare = spare;
+                op.done
+                    .finish(Err(Error::Internal("a registration was queued".into())));
                 return;
             }
         };
