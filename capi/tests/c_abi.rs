@@ -248,21 +248,27 @@ fn c_unique_id_without_urandom_is_a_system_error() {
     assert!(text.contains("errors.c: nourandom rank 0 ok"), "{text}");
 }
 
-#[test]
-fn c_persistent_all_reduce_at_2_and_3_ranks() {
-    let exe = compile(&manifest().join("tests/c/persistent.c"), "persistent_c");
-    for n in [2, 3] {
+/// Compiles `tests/c/{file}` and runs it under gwrun at each world size
+/// of `worlds`: it must exit 0 with every rank printing "{file}: rank R ok".
+fn every_rank_ok(file: &str, exe: &str, worlds: &[u32]) {
+    let exe = compile(&manifest().join("tests/c").join(file), exe);
+    for &n in worlds {
         let (out, text) = run(Command::new(gwrun())
             .args(["-n", &n.to_string(), "--timeout", "60"])
             .arg(&exe));
-        assert!(out.status.success(), "{n} ranks: {text}");
+        assert!(out.status.success(), "{file}, {n} ranks: {text}");
         for r in 0..n {
             assert!(
-                text.contains(&format!("persistent.c: rank {r} ok")),
-                "{n} ranks: rank {r} did not report ok:\n{text}"
+                text.contains(&format!("{file}: rank {r} ok")),
+                "{file}, {n} ranks: rank {r} did not report ok:\n{text}"
             );
         }
     }
+}
+
+#[test]
+fn c_persistent_all_reduce_at_2_and_3_ranks() {
+    every_rank_ok("persistent.c", "persistent_c", &[2, 3]);
 }
 
 /// `gwCommRegister`: calls on registered memory (several offsets and
@@ -270,19 +276,7 @@ fn c_persistent_all_reduce_at_2_and_3_ranks() {
 /// for a call not waited for, and misuse is refused with its reason.
 #[test]
 fn c_registered_buffers_at_1_2_and_3_ranks() {
-    let exe = compile(&manifest().join("tests/c/register.c"), "register_c");
-    for n in [1, 2, 3] {
-        let (out, text) = run(Command::new(gwrun())
-            .args(["-n", &n.to_string(), "--timeout", "60"])
-            .arg(&exe));
-        assert!(out.status.success(), "{n} ranks: {text}");
-        for r in 0..n {
-            assert!(
-                text.contains(&format!("register.c: rank {r} ok")),
-                "{n} ranks: rank {r} did not report ok:\n{text}"
-            );
-        }
-    }
+    every_rank_ok("register.c", "register_c", &[1, 2, 3]);
 }
 
 /// `gwTraceSpan` puts a C program's compute on the `GW_TRACE` timeline
@@ -334,17 +328,5 @@ fn c_compute_spans_land_in_the_trace() {
 /// between ranks 0 and 1, count 0, and the argument errors.
 #[test]
 fn c_point_to_point_at_2_and_3_ranks() {
-    let exe = compile(&manifest().join("tests/c/p2p.c"), "p2p_c");
-    for n in [2, 3] {
-        let (out, text) = run(Command::new(gwrun())
-            .args(["-n", &n.to_string(), "--timeout", "60"])
-            .arg(&exe));
-        assert!(out.status.success(), "{n} ranks: {text}");
-        for r in 0..n {
-            assert!(
-                text.contains(&format!("p2p.c: rank {r} ok")),
-                "{n} ranks: {text}"
-            );
-        }
-    }
+    every_rank_ok("p2p.c", "p2p_c", &[2, 3]);
 }

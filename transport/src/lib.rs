@@ -29,5 +29,7 @@ pub mod rma;
 pub mod shm;
 pub mod tcp;
 #[cfg(test)]
+mod test_drive;
+#[cfg(test)]
 mod test_tags;
 pub mod verbs;

@@ -4,7 +4,7 @@
 use super::{Nic, NicConfig, NicTransport};
 use crate::seam::{MemHandle, Outstanding, Tag, Transport};
 use crate::test_tags;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 /// Small sizes, so that a few messages use up credits, slots and windows:
 /// eager up to 4096 bytes, 2 credits, 4 slots, 64 KiB segments, 4 writes
@@ -43,18 +43,7 @@ pub(crate) fn run<N: Nic>(
     ra: Vec<Outstanding>,
     rb: Vec<Outstanding>,
 ) {
-    let (mut ra, mut rb) = (ra, rb);
-    let deadline = Instant::now() + Duration::from_secs(20);
-    while !(ra.is_empty() && rb.is_empty()) {
-        assert!(
-            Instant::now() < deadline,
-            "transfers did not finish: {ra:?} {rb:?}"
-        );
-        a.progress().unwrap();
-        b.progress().unwrap();
-        ra.retain_mut(|r| !r.poll(&mut *a).unwrap());
-        rb.retain_mut(|r| !r.poll(&mut *b).unwrap());
-    }
+    crate::test_drive::run_both(a, b, ra, rb, Duration::from_secs(20));
 }
 
 /// Ranks 0 (`a`) and 1 (`b`), connected, exchange messages both ways at

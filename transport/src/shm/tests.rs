@@ -103,19 +103,7 @@ pub(super) fn run(
     ra: Vec<impl Into<Outstanding>>,
     rb: Vec<impl Into<Outstanding>>,
 ) {
-    let mut ra: Vec<Outstanding> = ra.into_iter().map(Into::into).collect();
-    let mut rb: Vec<Outstanding> = rb.into_iter().map(Into::into).collect();
-    let deadline = Instant::now() + Duration::from_secs(2);
-    while !(ra.is_empty() && rb.is_empty()) {
-        assert!(
-            Instant::now() < deadline,
-            "transfers did not finish: {ra:?} {rb:?}"
-        );
-        a.progress().unwrap();
-        b.progress().unwrap();
-        ra.retain_mut(|r| !r.poll(&mut *a).unwrap());
-        rb.retain_mut(|r| !r.poll(&mut *b).unwrap());
-    }
+    crate::test_drive::run_both(a, b, ra, rb, Duration::from_secs(2));
 }
 
 #[test]
