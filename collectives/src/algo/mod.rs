@@ -286,6 +286,23 @@ impl OpSpec {
             self.segment_elems,
         )
     }
+
+    /// Rank 0 of `n`, root 0, depth 1, unscaled: the spec the schedules'
+    /// own unit tests start from.
+    #[cfg(test)]
+    pub(crate) fn for_test(op: OpKind, n: u32, count: usize, seg: usize) -> OpSpec {
+        OpSpec {
+            op,
+            rank: 0,
+            nranks: n,
+            count,
+            root: 0,
+            segment_elems: seg,
+            depth: 1,
+            scaled: false,
+            local_size: 0,
+        }
+    }
 }
 
 mod coll;
@@ -294,6 +311,7 @@ pub use dag::MAX_DEPTH;
 mod hier;
 mod rd;
 pub(crate) mod rd_gather;
+pub(crate) mod rh_scatter;
 pub(crate) use rd::direct_rounds;
 mod rhd;
 mod ring;
@@ -337,6 +355,7 @@ pub fn build(spec: &OpSpec, algo: Algo) -> Result<Box<dyn Schedule>> {
             Algo::Hier => hier::allreduce(spec)?,
             Algo::Rd => rd::allreduce(spec)?,
         },
+        OpKind::ReduceScatter if rh_scatter::eligible(spec) => rh_scatter::reduce_scatter(spec)?,
         OpKind::ReduceScatter => ring::reduce_scatter(spec)?,
         OpKind::AllGather if rd_gather::eligible(spec) => rd_gather::all_gather(spec)?,
         OpKind::AllGather => ring::all_gather(spec)?,

@@ -76,17 +76,7 @@ mod tests {
     use crate::algo::OpSpec;
 
     fn spec(n: u32, count: usize, seg: usize) -> OpSpec {
-        OpSpec {
-            op: OpKind::AllGather,
-            rank: 0,
-            nranks: n,
-            count,
-            root: 0,
-            segment_elems: seg,
-            depth: 1,
-            scaled: false,
-            local_size: 0,
-        }
+        OpSpec::for_test(OpKind::AllGather, n, count, seg)
     }
 
     #[test]

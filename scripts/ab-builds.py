@@ -1,0 +1,78 @@
+#!/usr/bin/env python3
+"""Two builds of gradwire, one collective, every size, in alternating rounds.
+
+    python3 scripts/ab-builds.py OLD_DIR NEW_DIR [-c COLL] [-t tcp|shm]
+        [-p RANKS] [-r ROUNDS] [-b MIN] [-e MAX] [-f FACTOR] [-T SECONDS]
+
+OLD_DIR and NEW_DIR each hold a gwbench (a copy of target/release from an
+older commit, say); both run under NEW_DIR's gwrun. Each round runs both,
+the old first in odd rounds and the new first in even ones (on this shared
+VM the program run second in a round was seen to come out faster), each
+timed loop sized to about SECONDS on the slowest rank. Prints, per size,
+each build's median time per call (out of place) and old/new as the median
+of the per-round ratios with every round's ratio, so that a one-round win
+cannot pass for a result (above 1: the new build is faster).
+"""
+
+import argparse
+import os
+import statistics
+import subprocess
+import sys
+
+
+def times(build, gwrun, args):
+    """{bytes: us per call} of one gwbench run; exits naming what failed."""
+    cmd = [gwrun, "-n", str(args.ranks), os.path.join(build, "gwbench"), args.coll,
+           "-b", args.min, "-e", args.max, "-f", str(args.factor),
+           "-T", str(args.seconds), "-c", "1"]
+    env = dict(os.environ, GW_TRANSPORT=args.transport)
+    run = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=900)
+    out = {}
+    for line in run.stdout.splitlines():
+        f = line.split()
+        if len(f) > 8 and f[0] == "[0]" and f[1].isdigit():
+            out[int(f[1])] = float(f[6])
+    if run.returncode != 0 or not out:
+        sys.exit(f"ab-builds: {' '.join(cmd)} failed (rc {run.returncode}):\n{run.stderr[-2000:]}")
+    return out
+
+
+def main():
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("old")
+    p.add_argument("new")
+    p.add_argument("-c", "--coll", default="allreduce")
+    p.add_argument("-t", "--transport", choices=["tcp", "shm"], default="tcp")
+    p.add_argument("-p", "--ranks", type=int, default=2)
+    p.add_argument("-r", "--rounds", type=int, default=4)
+    p.add_argument("-b", "--min", default="64K")
+    p.add_argument("-e", "--max", default="16M")
+    p.add_argument("-f", "--factor", type=int, default=4)
+    p.add_argument("-T", "--seconds", type=float, default=0.2)
+    args = p.parse_args()
+    gwrun = os.path.join(args.new, "gwrun")
+    for d in (args.old, args.new):
+        if not os.access(os.path.join(d, "gwbench"), os.X_OK):
+            sys.exit(f"ab-builds: no gwbench in {d} (cargo build --release -p gw-bench -p gw-launch)")
+    if not os.access(gwrun, os.X_OK):
+        sys.exit(f"ab-builds: no gwrun in {args.new}")
+    res = {"old": [], "new": []}
+    for rnd in range(args.rounds):
+        order = ["old", "new"] if rnd % 2 == 0 else ["new", "old"]
+        for which in order:
+            res[which].append(times(getattr(args, which), gwrun, args))
+        print(f"# round {rnd + 1} of {args.rounds}", file=sys.stderr)
+    print(f"{args.coll}, {args.transport}, {args.ranks} ranks: us per call (median over "
+          f"{args.rounds} rounds); old/new = median [every round] of per-round ratios")
+    print(f"{'bytes':>10} {'old':>10} {'new':>10}  old/new")
+    for size in sorted(res["old"][0]):
+        old = [r[size] for r in res["old"]]
+        new = [r[size] for r in res["new"]]
+        ratios = [o / n for o, n in zip(old, new)]
+        print(f"{size:>10} {statistics.median(old):>10.1f} {statistics.median(new):>10.1f}  "
+              f"{statistics.median(ratios):.2f} [{' '.join(f'{x:.2f}' for x in ratios)}]")
+
+
+if __name__ == "__main__":
+    main()
