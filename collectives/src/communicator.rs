@@ -17,7 +17,7 @@ use crate::comm_key::{CommKey, DEFAULT_NAME};
 use crate::config::Config;
 use crate::drive::Driver;
 use crate::element::Element;
-use crate::engine::{Completion, DirectOp, Msg, OpDesc, Plan, Ptr};
+use crate::engine::{Completion, DirectOp, DirectShape, Msg, OpDesc, Plan, Ptr};
 use crate::mailbox;
 use crate::model::{CostModel, Shape};
 use crate::op::{DType, Fingerprint, OpKind, P2P_SEQ, RedOp};
@@ -35,6 +35,13 @@ use std::time::{Duration, Instant};
 /// a blocking loop (which needs two: the one just finished may still be held
 /// by the engine for a moment) and for a dozen non-blocking calls in flight.
 const COMPLETION_POOL: usize = 16;
+
+/// The largest all-gather or reduce-scatter (bytes of all the blocks) the
+/// caller runs itself (`engine/direct.rs`): that path lands each round in
+/// scratch and copies or adds it from there, which costs nothing next to
+/// the hand-offs it saves while messages are small, and is a second pass
+/// over the data once they are not.
+const DIRECT_BLOCKS_MAX: usize = 64 << 10;
 
 /// A handle to a submitted operation.
 pub struct Handle {
@@ -608,13 +615,24 @@ impl Communicator {
             spec,
             mut fp,
         } = self.plan_collective(&op, algo)?;
-        if !kick
-            && algo == Algo::Rd
-            && let Some(rounds) = algo::direct_rounds(&spec)
-        {
+        let direct = match op.kind {
+            _ if kick => None,
+            OpKind::AllReduce if algo == Algo::Rd => {
+                algo::direct_rounds(&spec).map(|r| (DirectShape::AllReduce, r))
+            }
+            OpKind::AllGather if recv_bytes <= DIRECT_BLOCKS_MAX => {
+                algo::rd_gather::direct_rounds(&spec).map(|r| (DirectShape::AllGather, r))
+            }
+            OpKind::ReduceScatter if send_bytes <= DIRECT_BLOCKS_MAX => {
+                algo::rh_scatter::direct_rounds(&spec).map(|r| (DirectShape::ReduceScatter, r))
+            }
+            _ => None,
+        };
+        if let Some((shape, rounds)) = direct {
             // A persistent round left for its wait goes first.
             self.flush_deferred()?;
             let mut direct = DirectOp {
+                shape,
                 fp,
                 kernel,
                 send: Ptr(op.send as *mut u8),

@@ -28,7 +28,7 @@
 
 use crate::communicator::{Communicator, Handle, RawOp};
 use crate::drive::Driver;
-use crate::engine::{Completion, DirectOp, OpDesc, Plan, Ptr};
+use crate::engine::{Completion, DirectOp, DirectShape, OpDesc, Plan, Ptr};
 use crate::op::Fingerprint;
 use crate::reduce::Kernel;
 use gw_transport::Result;
@@ -188,6 +188,7 @@ impl Communicator {
             return None;
         }
         let mut op = DirectOp {
+            shape: DirectShape::AllReduce,
             fp: d.fp,
             kernel: d.kernel,
             send: Ptr(d.op.send as *mut u8),

@@ -32,9 +32,9 @@ mod in_place;
 mod prepared;
 mod user_regs;
 
-pub(crate) use direct::DirectOp;
 #[doc(hidden)]
 pub use direct::direct_calls;
+pub(crate) use direct::{DirectOp, DirectShape};
 #[doc(hidden)]
 pub use in_place::in_place_reads;
 

@@ -1,7 +1,7 @@
-//! Small blocking all-reduces that the caller runs straight through
-//! (`engine/direct.rs`): against ranks that run the recursive doubling
-//! schedule instead, under random sizes and interleaved non-blocking calls,
-//! and when the peer never comes.
+//! Small blocking all-reduces and all-gathers that the caller runs straight
+//! through (`engine/direct.rs`): against ranks that run the schedules
+//! instead, under random sizes and interleaved non-blocking calls, and when
+//! the peer never comes.
 
 mod common;
 
@@ -94,37 +94,193 @@ fn run(comms: Vec<Communicator>, calls: usize, seed: u64) {
     });
 }
 
-#[test]
-fn direct_ranks_meet_ranks_running_the_schedule() {
+/// A random call sequence: `(communicators, calls, seed)`.
+type Run = fn(Vec<Communicator>, usize, u64);
+
+/// Over shm and TCP at 2, 4 and 8 ranks, rank 0 runs schedules (its engine
+/// thread runs every call) while the others run small calls directly; at
+/// least `direct_per_rank` calls of each of those must have gone direct.
+fn meet_ranks_running_schedules(what: &str, run: Run, calls: usize, direct_per_rank: u64) {
     for transport in [TransportChoice::Shm, TransportChoice::Tcp] {
-        for n in [2u32, 4] {
-            // Rank 0 runs schedules; the others run small calls directly.
-            let key = format!("mix{n}{transport:?}");
+        for n in [2u32, 4, 8] {
+            let key = format!("{what}mix{n}{transport:?}");
             let (_store, comms) = world(transport, n, &key, |r| r == 0);
             let before = direct_calls();
-            run(comms, 120, u64::from(n));
+            run(comms, calls, u64::from(n));
             // Tests run in parallel threads, so only a lower bound holds:
             // most of the other ranks' calls (those not queued behind a
             // non-blocking one) went direct.
             let direct = direct_calls() - before;
             assert!(
-                direct >= 60 * u64::from(n - 1),
-                "{transport:?} n={n}: only {direct} direct calls"
+                direct >= direct_per_rank * u64::from(n - 1),
+                "{what} {transport:?} n={n}: only {direct} direct calls"
             );
         }
     }
 }
 
-#[test]
-fn stress_random_small_all_reduces_every_world_size() {
+/// Over shm and TCP at every world size from 1 to 8 but 5 and 7 (3 and 6
+/// are not powers of two: their calls all take schedules).
+fn stress_every_world_size(what: &str, run: Run, calls: usize, seed: u64) {
     for transport in [TransportChoice::Shm, TransportChoice::Tcp] {
-        // 3 and 6 are not powers of two: their calls all take the schedule.
         for n in [1u32, 2, 3, 4, 6, 8] {
-            let key = format!("st{n}{transport:?}");
+            let key = format!("{what}st{n}{transport:?}");
             let (_store, comms) = world(transport, n, &key, |_| false);
-            run(comms, 150, 100 + u64::from(n));
+            run(comms, calls, seed + u64::from(n));
         }
     }
+}
+
+#[test]
+fn direct_ranks_meet_ranks_running_the_schedule() {
+    meet_ranks_running_schedules("ar", run, 120, 60);
+}
+
+#[test]
+fn stress_random_small_all_reduces_every_world_size() {
+    stress_every_world_size("ar", run, 150, 100);
+}
+
+/// Each rank makes `calls` all-gathers of random block sizes (the same
+/// sequence on every rank; from one element to past the segment and past
+/// the direct path's 64 KiB), some in place, some behind a non-blocking
+/// all-gather still running, and checks every element.
+fn run_gathers(comms: Vec<Communicator>, calls: usize, seed: u64) {
+    let n = comms.len();
+    on_each_rank(comms, "rank", move |c| {
+        let r = c.rank();
+        let mut rng = StdRng::seed_from_u64(seed);
+        let block =
+            |k: usize, count: usize| -> Vec<f32> { (0..count).map(|i| input(r, k, i)).collect() };
+        let check = |what: &str, k: usize, count: usize, out: &[f32]| {
+            for (i, &x) in out.iter().enumerate() {
+                let want = input((i / count) as u32, k, i % count);
+                if x != want {
+                    return Err(format!(
+                        "rank {r} {what} {k} ({count} elements a rank): element {i} is {x}, not {want}"
+                    ));
+                }
+            }
+            Ok(())
+        };
+        for k in 0..calls {
+            let count = if rng.random_bool(0.8) {
+                rng.random_range(1..=SEGMENT_ELEMS)
+            } else {
+                rng.random_range(SEGMENT_ELEMS..=(64 << 10) / 4)
+            };
+            let pending = if rng.random_bool(0.2) {
+                let recv = vec![0.0f32; count * n];
+                Some(
+                    c.iall_gather(block(k + 1, count), recv)
+                        .map_err(|e| e.to_string())?,
+                )
+            } else {
+                None
+            };
+            let mut out = vec![0.0f32; count * n];
+            if rng.random_bool(0.3) {
+                out[r as usize * count..][..count].copy_from_slice(&block(k, count));
+                c.all_gather_in_place(&mut out)
+            } else {
+                c.all_gather(&block(k, count), &mut out)
+            }
+            .map_err(|e| format!("call {k}: {e}"))?;
+            check("call", k, count, &out)?;
+            if let Some(p) = pending {
+                let (_, v) = p.wait().map_err(|e| e.to_string())?;
+                check("non-blocking call after", k + 1, count, &v)?;
+            }
+        }
+        Ok(())
+    });
+}
+
+#[test]
+fn direct_all_gathers_meet_ranks_running_the_schedule() {
+    meet_ranks_running_schedules("ag", run_gathers, 80, 30);
+}
+
+#[test]
+fn stress_random_all_gathers_every_world_size() {
+    stress_every_world_size("ag", run_gathers, 100, 200);
+}
+
+/// Each rank makes `calls` reduce-scatters of random block sizes (the same
+/// sequence on every rank; inputs from one element a rank to past the
+/// segment and past the direct path's 64 KiB), sums and averages, some in
+/// place, some behind a non-blocking all-reduce still running, and checks
+/// every element.
+fn run_scatters(comms: Vec<Communicator>, calls: usize, seed: u64) {
+    let n = comms.len();
+    on_each_rank(comms, "rank", move |c| {
+        let r = c.rank();
+        let mut rng = StdRng::seed_from_u64(seed);
+        for k in 0..calls {
+            let count = if rng.random_bool(0.8) {
+                rng.random_range(1..=SEGMENT_ELEMS / n)
+            } else {
+                rng.random_range(1..=(64 << 10) / 4)
+            };
+            let op = if rng.random_bool(0.25) {
+                RedOp::Avg
+            } else {
+                RedOp::Sum
+            };
+            let pending = if rng.random_bool(0.2) {
+                let v: Vec<f32> = (0..count).map(|i| input(r, k + 1, i)).collect();
+                Some(
+                    c.iall_reduce(v, RedOp::Sum, None)
+                        .map_err(|e| e.to_string())?,
+                )
+            } else {
+                None
+            };
+            let send: Vec<f32> = (0..count * n).map(|i| input(r, k, i)).collect();
+            let in_place = rng.random_bool(0.3);
+            let out = if in_place {
+                let mut b = send;
+                c.reduce_scatter_in_place(&mut b, op)
+                    .map_err(|e| format!("call {k}: {e}"))?;
+                b[r as usize * count..][..count].to_vec()
+            } else {
+                let mut b = vec![0.0f32; count];
+                c.reduce_scatter(&send, &mut b, op)
+                    .map_err(|e| format!("call {k}: {e}"))?;
+                b
+            };
+            let first = r as usize * count;
+            for (i, &x) in out.iter().enumerate() {
+                if !right(op, n as u32, k, first + i, x) {
+                    return Err(format!(
+                        "rank {r} call {k} ({op:?}, {count} elements a rank, in place {in_place}): element {i} is {x}, sum {}",
+                        expected(n as u32, k, first + i)
+                    ));
+                }
+            }
+            if let Some(p) = pending {
+                let v = p.wait().map_err(|e| e.to_string())?;
+                for (i, &x) in v.iter().enumerate() {
+                    if x != expected(n as u32, k + 1, i) {
+                        return Err(format!(
+                            "rank {r} non-blocking call after {k}: element {i} is {x}"
+                        ));
+                    }
+                }
+            }
+        }
+        Ok(())
+    });
+}
+
+#[test]
+fn direct_reduce_scatters_meet_ranks_running_the_schedule() {
+    meet_ranks_running_schedules("rs", run_scatters, 80, 30);
+}
+
+#[test]
+fn stress_random_reduce_scatters_every_world_size() {
+    stress_every_world_size("rs", run_scatters, 100, 300);
 }
 
 #[test]
@@ -148,10 +304,58 @@ fn a_peer_that_never_calls_is_named_when_the_direct_call_times_out() {
         other => panic!("expected a timeout, got {other}"),
     }
     // The communicator failed: later calls say so at once.
+    let mut gathered = [0.0f32; 4];
+    let again = comms[0].all_gather(&send, &mut gathered);
+    assert!(
+        matches!(&again, Err(Error::Aborted(m)) if m.contains("failed earlier")),
+        "{again:?}"
+    );
     let again = comms[0].all_reduce(&send, &mut recv, RedOp::Sum);
     assert!(
         matches!(&again, Err(Error::Aborted(m)) if m.contains("failed earlier")),
         "{again:?}"
+    );
+}
+
+#[test]
+fn a_peer_that_never_calls_is_named_when_a_direct_all_gather_times_out() {
+    let (_store, comms) = local_world(4, "direct-gather-timeout", |_, cfg| {
+        cfg.transport.set(TransportChoice::Shm);
+        cfg.timeout.set(Duration::from_millis(1500));
+    })
+    .expect("communicators");
+    // Ranks 0 and 1 call, 2 and 3 never do: rank 0 gets rank 1's block in
+    // round 0, then waits for rank 2's pair in round 1.
+    let res: Vec<_> = std::thread::scope(|s| {
+        let calls: Vec<_> = comms[..2]
+            .iter()
+            .map(|c| {
+                s.spawn(move || {
+                    let send = [1.0f32; 3];
+                    let mut recv = [0.0f32; 12];
+                    c.all_gather(&send, &mut recv)
+                })
+            })
+            .collect();
+        calls.into_iter().map(|t| t.join().expect("rank")).collect()
+    });
+    // Whichever rank times out first names the rank it waits for; the
+    // other learns of that failure, or times out itself.
+    let named = |m: &str| {
+        m.contains("all_gather")
+            && m.contains("12 B")
+            && (m.contains("receiving from rank 2") || m.contains("receiving from rank 3"))
+    };
+    for (r, out) in res.iter().enumerate() {
+        match out {
+            Err(Error::Timeout { what, .. }) => assert!(named(what), "rank {r}: {what}"),
+            Err(Error::Aborted(m)) => assert!(named(m), "rank {r}: {m}"),
+            other => panic!("rank {r}: expected a timeout, got {other:?}"),
+        }
+    }
+    assert!(
+        res.iter().any(|o| matches!(o, Err(Error::Timeout { .. }))),
+        "{res:?}"
     );
 }
 

@@ -287,6 +287,20 @@ impl OpSpec {
         )
     }
 
+    /// `log2 n` where this is a call of `op` the caller's direct path can
+    /// run one message a round: a power-of-two world, no weight, and
+    /// `count` within one segment.
+    pub(crate) fn direct_rounds_of(&self, op: crate::op::OpKind) -> Option<u32> {
+        let (n, _, count, seg) = self.dims();
+        let eligible = self.op == op
+            && n >= 2
+            && n.is_power_of_two()
+            && !self.scaled
+            && count > 0
+            && count <= seg;
+        eligible.then(|| n.trailing_zeros())
+    }
+
     /// Rank 0 of `n`, root 0, depth 1, unscaled: the spec the schedules'
     /// own unit tests start from.
     #[cfg(test)]

@@ -66,14 +66,7 @@ fn real(v: usize, e: usize) -> u32 {
 /// what it received to it. The engine runs such calls without the schedule
 /// (`engine/direct.rs`); `None` for any other call.
 pub(crate) fn direct_rounds(spec: &OpSpec) -> Option<u32> {
-    let (n, _, count, seg) = spec.dims();
-    let eligible = spec.op == crate::op::OpKind::AllReduce
-        && n >= 2
-        && n.is_power_of_two()
-        && !spec.scaled
-        && count > 0
-        && count <= seg;
-    eligible.then(|| n.trailing_zeros())
+    spec.direct_rounds_of(crate::op::OpKind::AllReduce)
 }
 
 pub(super) fn allreduce(spec: &OpSpec) -> Result<DagSchedule> {

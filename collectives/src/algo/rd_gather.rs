@@ -25,6 +25,15 @@ pub(crate) fn eligible(spec: &OpSpec) -> bool {
         && nsegs(count, seg) == 1
 }
 
+/// The rounds of an all-gather the caller runs itself
+/// (`engine/direct.rs`): a power-of-two world (on two ranks the ring's one
+/// exchange has the same frame as round 0 here), no weight, and a block of
+/// one segment, so that this schedule (or that ring) would send it as one
+/// message per round. `None` where the engine runs it.
+pub(crate) fn direct_rounds(spec: &OpSpec) -> Option<u32> {
+    spec.direct_rounds_of(OpKind::AllGather)
+}
+
 /// `Send` holds `spec.count`, `Recv` gets `n` blocks of it. No scratch.
 pub(super) fn all_gather(spec: &OpSpec) -> Result<DagSchedule> {
     let (n, r, count, _) = spec.dims();

@@ -32,6 +32,16 @@ pub(crate) fn eligible(spec: &OpSpec) -> bool {
         && n.checked_mul(count).is_some_and(|all| all <= seg)
 }
 
+/// The rounds of a reduce-scatter the caller runs itself
+/// (`engine/direct.rs`): no weight, a power-of-two world, and the shape this
+/// schedule runs, or on two ranks a block of one segment (the ring's one
+/// exchange, with the same frame as round 0 here). `None` where the engine
+/// runs it.
+pub(crate) fn direct_rounds(spec: &OpSpec) -> Option<u32> {
+    let rounds = spec.direct_rounds_of(OpKind::ReduceScatter)?;
+    (rounds == 1 || eligible(spec)).then_some(rounds)
+}
+
 /// `Send` holds `n` blocks of `spec.count`, `Recv` gets block `rank`.
 /// Scratch, `2n - 1` blocks at most (one segment or less each way): the
 /// partial sums of the `n / 2` blocks kept after round 0, a landing place

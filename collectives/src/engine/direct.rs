@@ -1,4 +1,5 @@
-//! Small all-reduces carried out straight through by the calling thread.
+//! Small all-reduces and all-gathers carried out straight through by the
+//! calling thread.
 //!
 //! For a message of a few bytes the exchange itself takes a microsecond
 //! over shared memory, and the general path around it (queueing the
@@ -10,8 +11,15 @@
 //! `algo::rd::direct_rounds`), is run by the caller under the engine's lock
 //! when the engine has nothing else to do: per round one send from the
 //! caller's buffer, one receive into scratch, one reduction into the result.
+//! A small all-gather that the recursive doubling schedule would run (or the
+//! ring, on two ranks: the same single exchange; see
+//! `algo::rd_gather::direct_rounds`) goes the same way: per round the blocks
+//! gathered so far out, the partner's into scratch, copied into place. A
+//! small reduce-scatter likewise runs the recursive halving schedule's
+//! exchanges (`algo::rh_scatter::direct_rounds`), its partial sums in
+//! scratch.
 //!
-//! The frames are exactly those of the rd schedule (same tags, same steps,
+//! The frames are exactly those of the schedules (same tags, same steps,
 //! same sizes), so a rank on this path and a rank running the schedule
 //! (its engine was busy, or `GW_INLINE=0`) still meet. A peer that is late
 //! is waited for by spinning for `spin_us`, then by short sleeps; failures,
@@ -44,17 +52,62 @@ pub fn direct_calls() -> u64 {
     DIRECT_CALLS.load(Ordering::Relaxed)
 }
 
-/// A small all-reduce for [`Engine::run_direct`].
+/// One exchange's partner: the transport to it, its rank, the tag.
+#[derive(Clone, Copy)]
+struct Leg {
+    t: usize,
+    peer: Rank,
+    tag: Tag,
+}
+
+/// Which collective a [`DirectOp`] is.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum DirectShape {
+    /// `count` elements reduced into `recv`.
+    AllReduce,
+    /// `count` elements of each rank gathered into `recv`, rank by rank.
+    AllGather,
+    /// `n` blocks of `count` elements in `send`, this rank's block of
+    /// their sums into `recv`.
+    ReduceScatter,
+}
+
+/// A small all-reduce or all-gather for [`Engine::run_direct`].
 pub(crate) struct DirectOp {
+    pub shape: DirectShape,
     pub fp: Fingerprint,
     pub kernel: Kernel,
     pub send: Ptr,
     pub recv: Ptr,
-    /// Elements, and their size in bytes.
+    /// Elements (a rank's block, for an all-gather), and their size in
+    /// bytes.
     pub count: usize,
     pub bytes: usize,
     /// Recursive doubling rounds (log2 of the world size).
     pub rounds: u32,
+}
+
+impl DirectOp {
+    /// The largest message of a round, which lands at the start of
+    /// scratch: the whole buffer for an all-reduce, half of the blocks for
+    /// an all-gather's last round and a reduce-scatter's first.
+    fn largest_message(&self) -> usize {
+        match self.shape {
+            DirectShape::AllReduce => self.bytes,
+            DirectShape::AllGather | DirectShape::ReduceScatter => {
+                self.bytes << self.rounds.saturating_sub(1)
+            }
+        }
+    }
+
+    /// Scratch the operation needs: its largest message, and for a
+    /// reduce-scatter as much again after it for the partial sums.
+    fn scratch_bytes(&self) -> usize {
+        match self.shape {
+            DirectShape::ReduceScatter => 2 * self.largest_message(),
+            _ => self.largest_message(),
+        }
+    }
 }
 
 /// How long a direct operation has waited, for the checks the general path
@@ -105,7 +158,7 @@ impl Engine {
         }
         // As on the general path, scratch that cannot be had fails this
         // operation only (every rank fails it alike).
-        if let Err(e) = self.ensure_scratch(op.bytes) {
+        if let Err(e) = self.ensure_scratch(op.scratch_bytes()) {
             return Some(Err(e));
         }
         DIRECT_CALLS.fetch_add(1, Ordering::Relaxed);
@@ -124,6 +177,14 @@ impl Engine {
     }
 
     fn direct(&mut self, op: &DirectOp, w: &mut Waiting) -> Result<()> {
+        match op.shape {
+            DirectShape::AllReduce => self.direct_all_reduce(op, w),
+            DirectShape::AllGather => self.direct_all_gather(op, w),
+            DirectShape::ReduceScatter => self.direct_reduce_scatter(op, w),
+        }
+    }
+
+    fn direct_all_reduce(&mut self, op: &DirectOp, w: &mut Waiting) -> Result<()> {
         let me = self.cfg.me;
         for j in 0..op.rounds {
             let peer: Rank = me ^ (1 << j);
@@ -131,7 +192,7 @@ impl Engine {
             // Round 0 sends the caller's input, later rounds the partial sum.
             let src = if j == 0 { op.send } else { op.recv };
             let tag = op.fp.tag(j + 1);
-            self.direct_exchange(op, t, peer, tag, src, w)?;
+            self.direct_exchange(op, Leg { t, peer, tag }, src, op.bytes, w)?;
             let got = self.scratch.as_ptr().cast::<u8>();
             // SAFETY: src and recv hold `count` elements (the caller's layout),
             // scratch at least `bytes`; recv is src or disjoint from it.
@@ -148,6 +209,94 @@ impl Engine {
             };
         }
         Ok(())
+    }
+
+    /// Round `j` (step `j`, as `rd_gather.rs` numbers it) swaps the `2^j`
+    /// blocks of this rank's aligned group, contiguous in `recv`, with the
+    /// rank across bit `j`.
+    fn direct_all_gather(&mut self, op: &DirectOp, w: &mut Waiting) -> Result<()> {
+        let me = self.cfg.me as usize;
+        let block = op.bytes;
+        // SAFETY: recv holds a block per rank (the caller's layout); send,
+        // one block, is either recv's block `me` (in place) or disjoint.
+        let at = |b: usize| Ptr(unsafe { op.recv.0.add(b * block) });
+        if at(me).0 != op.send.0 {
+            // SAFETY: as above; disjoint, both `block` bytes.
+            unsafe { std::ptr::copy_nonoverlapping(op.send.0.cast_const(), at(me).0, block) };
+        }
+        for j in 0..op.rounds {
+            let k = 1usize << j;
+            let peer = me ^ k;
+            let leg = self.direct_leg(op, peer, j, w)?;
+            let (mine, theirs) = (me & !(k - 1), peer & !(k - 1));
+            let len = k * block;
+            self.direct_exchange(op, leg, at(mine), len, w)?;
+            // SAFETY: scratch holds the `len` bytes just received
+            // (`largest_message` sized it); the peer's blocks in recv are
+            // `len` bytes and no other part of this call touches them.
+            unsafe {
+                std::ptr::copy_nonoverlapping(self.scratch.as_ptr().cast::<u8>(), at(theirs).0, len)
+            };
+        }
+        Ok(())
+    }
+
+    /// Round `j` (step `j`, as `rh_scatter.rs` numbers it) gives the half
+    /// of the blocks still held that the rank across bit `log2 n - 1 - j`
+    /// keeps, and adds that rank's copy of the other half: from `send` in
+    /// round 0, then from the partial sums after the landing area in
+    /// scratch, into `recv` in the last round.
+    fn direct_reduce_scatter(&mut self, op: &DirectOp, w: &mut Waiting) -> Result<()> {
+        let me = self.cfg.me as usize;
+        let (n, block) = (1usize << op.rounds, op.bytes);
+        let half = n / 2;
+        let got = self.scratch.as_mut_ptr().cast::<u8>();
+        // SAFETY: scratch holds twice the largest message (`scratch_bytes`).
+        let acc = unsafe { got.add(half * block) };
+        let acc_lo = if me & half == 0 { 0 } else { half };
+        // SAFETY (both): send holds `n` blocks (the caller's layout); the
+        // partial sums cover the `half` blocks from `acc_lo`, which every
+        // later round's blocks lie within.
+        let send_at = |b: usize| unsafe { op.send.0.add(b * block) };
+        let acc_at = |b: usize| unsafe { acc.add((b - acc_lo) * block) };
+        let mut lo = 0;
+        for j in 0..op.rounds {
+            let mask = n >> (j + 1);
+            let peer = me ^ mask;
+            let (keep, give) = if me & mask == 0 {
+                (lo, lo + mask)
+            } else {
+                (lo + mask, lo)
+            };
+            let leg = self.direct_leg(op, peer, j, w)?;
+            let src = Ptr(if j == 0 { send_at(give) } else { acc_at(give) });
+            self.direct_exchange(op, leg, src, mask * block, w)?;
+            let last = j + 1 == op.rounds;
+            let a = if j == 0 { send_at(keep) } else { acc_at(keep) };
+            let dst = if last { op.recv.0 } else { acc_at(keep) };
+            // SAFETY: `mask` blocks at each of dst, a and the landed message;
+            // dst is a (the partial sums), or recv, which in place is send's
+            // block `me`: read by round 0 only, written by the last round
+            // (the same round only on two ranks, where dst is then a).
+            unsafe {
+                op.kernel
+                    .reduce(dst, a, None, got, None, mask * op.count, last)
+            };
+            lo = keep;
+        }
+        Ok(())
+    }
+
+    /// Round `j`'s exchange with `peer`, under step `j` (the all-gather's
+    /// and reduce-scatter's schedules number their rounds from 0).
+    fn direct_leg(&mut self, op: &DirectOp, peer: usize, j: u32, w: &mut Waiting) -> Result<Leg> {
+        let peer = peer as Rank;
+        let t = self.direct_connect(op, peer, w)?;
+        Ok(Leg {
+            t,
+            peer,
+            tag: op.fp.tag(j),
+        })
     }
 
     /// The transport to `peer`, waiting for the connection if needed.
@@ -168,34 +317,34 @@ impl Engine {
         }
     }
 
-    /// One exchange of the whole buffer with `peer`: `src` out, the peer's
-    /// into scratch. Where the transport can move the messages at once
+    /// One exchange of `len` bytes with `peer`: `src` out, the peer's into
+    /// scratch. Where the transport can move the messages at once
     /// (`send_now`, `recv_now`: shm, with nothing else pending with the
     /// peer) no request is posted and no memory registered; otherwise, or
     /// as soon as anything else stands in the way, they are posted.
     fn direct_exchange(
         &mut self,
         op: &DirectOp,
-        t: usize,
-        peer: Rank,
-        tag: Tag,
+        leg: Leg,
         src: Ptr,
+        len: usize,
         w: &mut Waiting,
     ) -> Result<()> {
-        // SAFETY: the caller keeps `src` (its input or output, `bytes`
-        // long) valid and unwritten until we return.
-        let out = unsafe { std::slice::from_raw_parts(src.0, op.bytes) };
+        let Leg { t, peer, tag } = leg;
+        // SAFETY: the caller keeps `src` (its input or output, at least
+        // `len` long) valid and unwritten until we return.
+        let out = unsafe { std::slice::from_raw_parts(src.0, len) };
         let send = match self.transports[t].send_now(peer, tag, out)? {
             Now::Done => None,
             _ => {
                 // A persistent round's buffer is registered already; else
                 // as any operation's (a caller registration, or its own,
                 // given back below, before we return).
-                let mem = match self.prepared_mem(t, src.0, op.bytes) {
+                let mem = match self.prepared_mem(t, src.0, len) {
                     Some(m) => m,
-                    None => self.mem_for(t, src.0, op.bytes)?,
+                    None => self.mem_for(t, src.0, len)?,
                 };
-                match self.transports[t].isend(peer, tag, mem.handle, mem.offset, op.bytes) {
+                match self.transports[t].isend(peer, tag, mem.handle, mem.offset, len) {
                     Ok(req) => Some((mem, req)),
                     Err(e) => {
                         self.give_back(t, mem);
@@ -208,7 +357,7 @@ impl Engine {
             Some((mem, req)) => (Some(mem), Some(req)),
             None => (None, None),
         };
-        let res = self.direct_complete(op, t, peer, tag, sreq, w);
+        let res = self.direct_complete(op, leg, sreq, len, w);
         if let Some(mem) = mem {
             // Its own registration's deregistering fails only while the
             // send is still posted, after an error that fails the
@@ -219,22 +368,21 @@ impl Engine {
     }
 
     /// Waits for the exchange's send (if posted) and receives the peer's
-    /// message into scratch.
+    /// `len` bytes into scratch.
     fn direct_complete(
         &mut self,
         op: &DirectOp,
-        t: usize,
-        peer: Rank,
-        tag: Tag,
+        leg: Leg,
         sreq: Option<Request>,
+        len: usize,
         w: &mut Waiting,
     ) -> Result<()> {
+        let Leg { t, peer, tag } = leg;
         let slot = self.scratch_handles[t]
             .ok_or_else(|| Error::Internal("scratch used before it was registered".into()))?;
-        // SAFETY: scratch holds at least `bytes` (ensure_scratch) and nothing
-        // else uses it during this call.
-        let into =
-            unsafe { std::slice::from_raw_parts_mut(self.scratch.as_mut_ptr().cast(), op.bytes) };
+        // SAFETY: scratch holds at least `len` (ensure_scratch took the
+        // largest message) and nothing else uses it during this call.
+        let into = unsafe { std::slice::from_raw_parts_mut(self.scratch.as_mut_ptr().cast(), len) };
         let mut sreq = sreq.map(Outstanding::new);
         let (mut sent, mut got) = (sreq.is_none(), false);
         let mut rreq: Option<Outstanding> = None;
@@ -246,7 +394,7 @@ impl Engine {
                     Now::Empty => {}
                     Now::Later => {
                         rreq = Some(Outstanding::new(
-                            self.transports[t].irecv(peer, tag, slot, 0, op.bytes)?,
+                            self.transports[t].irecv(peer, tag, slot, 0, len)?,
                         ));
                     }
                 }
