@@ -36,8 +36,8 @@ use std::time::{Duration, Instant};
 /// by the engine for a moment) and for a dozen non-blocking calls in flight.
 const COMPLETION_POOL: usize = 16;
 
-/// The largest all-gather or reduce-scatter (bytes of all the blocks) the
-/// caller runs itself (`engine/direct.rs`): that path lands each round in
+/// The largest all-gather or reduce-scatter (bytes of all the blocks), and
+/// broadcast or reduce, the caller runs itself (`engine/direct.rs`): that path lands each round in
 /// scratch and copies or adds it from there, which costs nothing next to
 /// the hand-offs it saves while messages are small, and is a second pass
 /// over the data once they are not.
@@ -625,6 +625,12 @@ impl Communicator {
             }
             OpKind::ReduceScatter if send_bytes <= DIRECT_BLOCKS_MAX => {
                 algo::rh_scatter::direct_rounds(&spec).map(|r| (DirectShape::ReduceScatter, r))
+            }
+            OpKind::Broadcast if bytes <= DIRECT_BLOCKS_MAX => {
+                algo::coll::direct_tree(&spec).map(|t| (DirectShape::Broadcast(t), 0))
+            }
+            OpKind::Reduce if bytes <= DIRECT_BLOCKS_MAX => {
+                algo::coll::direct_tree(&spec).map(|t| (DirectShape::Reduce(t), 0))
             }
             _ => None,
         };

@@ -7,7 +7,7 @@ mod common;
 
 use common::{expected, input, on_each_rank, right};
 use gw_collectives::local::local_world;
-use gw_collectives::{Algo, Communicator, Error, RedOp, TransportChoice, direct_calls};
+use gw_collectives::{Algo, Communicator, Error, Pending, RedOp, TransportChoice, direct_calls};
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 use std::time::{Duration, Instant};
@@ -32,6 +32,42 @@ fn world(
     .expect("communicators")
 }
 
+/// In one call of five, a non-blocking all-reduce of call `k + 1`'s input,
+/// started so that the blocking call `k` after it queues behind it.
+fn maybe_pending(
+    c: &Communicator,
+    rng: &mut StdRng,
+    k: usize,
+    count: usize,
+) -> Result<Option<Pending<Vec<f32>>>, String> {
+    if !rng.random_bool(0.2) {
+        return Ok(None);
+    }
+    let v: Vec<f32> = (0..count).map(|i| input(c.rank(), k + 1, i)).collect();
+    c.iall_reduce(v, RedOp::Sum, None)
+        .map(Some)
+        .map_err(|e| e.to_string())
+}
+
+/// Waits for [`maybe_pending`]'s all-reduce and checks every element.
+fn check_pending(
+    pending: Option<Pending<Vec<f32>>>,
+    n: u32,
+    r: u32,
+    k: usize,
+) -> Result<(), String> {
+    let Some(p) = pending else { return Ok(()) };
+    let v = p.wait().map_err(|e| e.to_string())?;
+    for (i, &x) in v.iter().enumerate() {
+        if x != expected(n, k + 1, i) {
+            return Err(format!(
+                "rank {r} non-blocking call after {k}: element {i} is {x}"
+            ));
+        }
+    }
+    Ok(())
+}
+
 /// Each rank makes `calls` all-reduces of random sizes (the same sequence on
 /// every rank), some in place, some preceded by a non-blocking all-reduce
 /// still running (so that the blocking one queues behind it), and checks
@@ -49,16 +85,7 @@ fn run(comms: Vec<Communicator>, calls: usize, seed: u64) {
             } else {
                 RedOp::Sum
             };
-            let behind = rng.random_bool(0.2);
-            let pending = if behind {
-                let v: Vec<f32> = (0..count).map(|i| input(r, k + 1, i)).collect();
-                Some(
-                    c.iall_reduce(v, RedOp::Sum, None)
-                        .map_err(|e| e.to_string())?,
-                )
-            } else {
-                None
-            };
+            let pending = maybe_pending(&c, &mut rng, k, count)?;
             let send: Vec<f32> = (0..count).map(|i| input(r, k, i)).collect();
             let out = if in_place {
                 let mut b = send;
@@ -79,16 +106,7 @@ fn run(comms: Vec<Communicator>, calls: usize, seed: u64) {
                     ));
                 }
             }
-            if let Some(p) = pending {
-                let v = p.wait().map_err(|e| e.to_string())?;
-                for (i, &x) in v.iter().enumerate() {
-                    if x != expected(n, k + 1, i) {
-                        return Err(format!(
-                            "rank {r} non-blocking call after {k}: element {i} is {x}"
-                        ));
-                    }
-                }
-            }
+            check_pending(pending, n, r, k)?;
         }
         Ok(())
     });
@@ -227,15 +245,7 @@ fn run_scatters(comms: Vec<Communicator>, calls: usize, seed: u64) {
             } else {
                 RedOp::Sum
             };
-            let pending = if rng.random_bool(0.2) {
-                let v: Vec<f32> = (0..count).map(|i| input(r, k + 1, i)).collect();
-                Some(
-                    c.iall_reduce(v, RedOp::Sum, None)
-                        .map_err(|e| e.to_string())?,
-                )
-            } else {
-                None
-            };
+            let pending = maybe_pending(&c, &mut rng, k, count)?;
             let send: Vec<f32> = (0..count * n).map(|i| input(r, k, i)).collect();
             let in_place = rng.random_bool(0.3);
             let out = if in_place {
@@ -258,16 +268,7 @@ fn run_scatters(comms: Vec<Communicator>, calls: usize, seed: u64) {
                     ));
                 }
             }
-            if let Some(p) = pending {
-                let v = p.wait().map_err(|e| e.to_string())?;
-                for (i, &x) in v.iter().enumerate() {
-                    if x != expected(n as u32, k + 1, i) {
-                        return Err(format!(
-                            "rank {r} non-blocking call after {k}: element {i} is {x}"
-                        ));
-                    }
-                }
-            }
+            check_pending(pending, n as u32, r, k)?;
         }
         Ok(())
     });
@@ -281,6 +282,80 @@ fn direct_reduce_scatters_meet_ranks_running_the_schedule() {
 #[test]
 fn stress_random_reduce_scatters_every_world_size() {
     stress_every_world_size("rs", run_scatters, 100, 300);
+}
+
+/// Each rank makes `calls` broadcasts and reduces (sums and averages) of
+/// random sizes from random roots (the same sequence on every rank; up to
+/// past the segment and past 64 KiB), some in place, some behind a
+/// non-blocking all-reduce still running, and checks every element (a
+/// reduce at its root only).
+fn run_trees(comms: Vec<Communicator>, calls: usize, seed: u64) {
+    let n = comms.len() as u32;
+    on_each_rank(comms, "rank", move |c| {
+        let r = c.rank();
+        let mut rng = StdRng::seed_from_u64(seed);
+        for k in 0..calls {
+            let count = if rng.random_bool(0.8) {
+                rng.random_range(1..=SEGMENT_ELEMS)
+            } else {
+                rng.random_range(1..=(64 << 10) / 4 + 64)
+            };
+            let root = rng.random_range(0..n);
+            let reduce = rng.random_bool(0.5);
+            let op = if rng.random_bool(0.25) {
+                RedOp::Avg
+            } else {
+                RedOp::Sum
+            };
+            let in_place = rng.random_bool(0.3);
+            let pending = maybe_pending(&c, &mut rng, k, count)?;
+            let mine: Vec<f32> = (0..count).map(|i| input(r, k, i)).collect();
+            let what = if reduce { "reduce" } else { "broadcast" };
+            let out = match (reduce, in_place) {
+                (true, true) => {
+                    let mut b = mine;
+                    c.reduce_in_place(&mut b, op, root).map(|()| b)
+                }
+                (true, false) => {
+                    let mut b = vec![0.0f32; count];
+                    c.reduce(&mine, &mut b, op, root).map(|()| b)
+                }
+                (false, true) => {
+                    let mut b = if r == root { mine } else { vec![0.0f32; count] };
+                    c.broadcast(&mut b, root).map(|()| b)
+                }
+                (false, false) => {
+                    let mut b = vec![0.0f32; count];
+                    c.broadcast_from(&mine, &mut b, root).map(|()| b)
+                }
+            }
+            .map_err(|e| format!("call {k} ({what}): {e}"))?;
+            for (i, &x) in out.iter().enumerate() {
+                let ok = match (reduce, r == root) {
+                    (true, true) => right(op, n, k, i, x),
+                    (true, false) => true,
+                    (false, _) => x == input(root, k, i),
+                };
+                if !ok {
+                    return Err(format!(
+                        "rank {r} call {k} ({what} {op:?} from root {root}, {count} elements, in place {in_place}): element {i} is {x}"
+                    ));
+                }
+            }
+            check_pending(pending, n, r, k)?;
+        }
+        Ok(())
+    });
+}
+
+#[test]
+fn direct_broadcasts_and_reduces_meet_ranks_running_the_schedule() {
+    meet_ranks_running_schedules("tree", run_trees, 80, 30);
+}
+
+#[test]
+fn stress_random_broadcasts_and_reduces_every_world_size() {
+    stress_every_world_size("tree", run_trees, 100, 400);
 }
 
 #[test]

@@ -24,6 +24,26 @@ struct Shape {
 
 impl Shape {
     fn new(spec: &OpSpec, m: usize) -> Shape {
+        let tree = Tree::new(spec, m);
+        Shape {
+            parent: tree.parent,
+            children: tree.children.into_iter().flatten().collect(),
+            chain: tree.chain,
+        }
+    }
+}
+
+/// [`Shape`] without allocating, for the caller's direct path: at most two
+/// children, in the order the schedules serve them.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct Tree {
+    pub parent: Option<u32>,
+    pub children: [Option<u32>; 2],
+    pub chain: bool,
+}
+
+impl Tree {
+    fn new(spec: &OpSpec, m: usize) -> Tree {
         let n = spec.nranks as usize;
         let root = spec.root as usize;
         let rel = (spec.rank as usize + n - root) % n;
@@ -31,24 +51,32 @@ impl Shape {
         let depth = n.ilog2() as usize;
         // Chain: m + n − 2 segment times; tree: about 2·(m + depth − 1).
         let chain = n <= m + 2 * depth;
-        let (parent, children): (Option<usize>, Vec<usize>) = if chain {
-            (rel.checked_sub(1), (rel + 1..n).take(1).collect())
+        let (parent, children) = if chain {
+            (rel.checked_sub(1), [rel + 1, n])
         } else {
             let parent = if rel == 0 { None } else { Some((rel - 1) / 2) };
-            (
-                parent,
-                [2 * rel + 1, 2 * rel + 2]
-                    .into_iter()
-                    .filter(|&c| c < n)
-                    .collect(),
-            )
+            (parent, [2 * rel + 1, 2 * rel + 2])
         };
-        Shape {
+        Tree {
             parent: parent.map(actual),
-            children: children.into_iter().map(actual).collect(),
+            children: children.map(|c| (c < n).then(|| actual(c))),
             chain,
         }
     }
+}
+
+/// The tree of a broadcast or reduce the caller runs itself
+/// (`engine/direct.rs`): more than one rank, no weight, and a message of
+/// one segment, which these schedules send as one message per edge (step
+/// 0). `None` where the engine runs it.
+pub(crate) fn direct_tree(spec: &OpSpec) -> Option<Tree> {
+    let (n, _, count, seg) = spec.dims();
+    let eligible = matches!(spec.op, OpKind::Broadcast | OpKind::Reduce)
+        && n >= 2
+        && !spec.scaled
+        && count > 0
+        && count <= seg;
+    eligible.then(|| Tree::new(spec, 1))
 }
 
 fn identity(count: usize) -> Alias {

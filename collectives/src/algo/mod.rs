@@ -319,7 +319,7 @@ impl OpSpec {
     }
 }
 
-mod coll;
+pub(crate) mod coll;
 mod dag;
 pub use dag::MAX_DEPTH;
 mod hier;

@@ -29,6 +29,7 @@
 use super::{
     Engine, PEER_CHECK_EVERY, Ptr, STALL, STALL_CHECKS, aborted, consult_board, failed_earlier,
 };
+use crate::algo::coll::Tree;
 use crate::op::Fingerprint;
 use crate::reduce::Kernel;
 use gw_transport::{Error, Now, Outstanding, Rank, Request, Result, Tag};
@@ -70,6 +71,12 @@ pub(crate) enum DirectShape {
     /// `n` blocks of `count` elements in `send`, this rank's block of
     /// their sums into `recv`.
     ReduceScatter,
+    /// `count` elements from the root's `send` into every `recv`, down
+    /// this rank's edges of the tree.
+    Broadcast(Tree),
+    /// `count` elements of every `send` summed into the root's `recv`, up
+    /// the tree; this rank adds its children's partial sums to its own.
+    Reduce(Tree),
 }
 
 /// A small all-reduce or all-gather for [`Engine::run_direct`].
@@ -83,8 +90,21 @@ pub(crate) struct DirectOp {
     /// bytes.
     pub count: usize,
     pub bytes: usize,
-    /// Recursive doubling rounds (log2 of the world size).
+    /// Recursive doubling (or halving) rounds, log2 of the world size; 0
+    /// for a broadcast or reduce, whose tree says what to do.
     pub rounds: u32,
+}
+
+impl DirectShape {
+    /// The algorithm, for errors.
+    fn algorithm(self) -> &'static str {
+        match self {
+            DirectShape::AllReduce | DirectShape::AllGather => "recursive doubling",
+            DirectShape::ReduceScatter => "recursive halving",
+            DirectShape::Broadcast(t) | DirectShape::Reduce(t) if t.chain => "chain",
+            DirectShape::Broadcast(_) | DirectShape::Reduce(_) => "tree",
+        }
+    }
 }
 
 impl DirectOp {
@@ -93,7 +113,9 @@ impl DirectOp {
     /// an all-gather's last round and a reduce-scatter's first.
     fn largest_message(&self) -> usize {
         match self.shape {
-            DirectShape::AllReduce => self.bytes,
+            DirectShape::AllReduce | DirectShape::Broadcast(_) | DirectShape::Reduce(_) => {
+                self.bytes
+            }
             DirectShape::AllGather | DirectShape::ReduceScatter => {
                 self.bytes << self.rounds.saturating_sub(1)
             }
@@ -101,10 +123,11 @@ impl DirectOp {
     }
 
     /// Scratch the operation needs: its largest message, and for a
-    /// reduce-scatter as much again after it for the partial sums.
+    /// reduce-scatter or reduce as much again after it for the partial
+    /// sums.
     fn scratch_bytes(&self) -> usize {
         match self.shape {
-            DirectShape::ReduceScatter => 2 * self.largest_message(),
+            DirectShape::ReduceScatter | DirectShape::Reduce(_) => 2 * self.largest_message(),
             _ => self.largest_message(),
         }
     }
@@ -181,6 +204,8 @@ impl Engine {
             DirectShape::AllReduce => self.direct_all_reduce(op, w),
             DirectShape::AllGather => self.direct_all_gather(op, w),
             DirectShape::ReduceScatter => self.direct_reduce_scatter(op, w),
+            DirectShape::Broadcast(tree) => self.direct_broadcast(op, tree, w),
+            DirectShape::Reduce(tree) => self.direct_reduce(op, tree, w),
         }
     }
 
@@ -287,6 +312,76 @@ impl Engine {
         Ok(())
     }
 
+    /// The root sends its input to its children and copies it to its
+    /// output; any other rank receives from its parent and passes that on.
+    /// One message per edge, step 0, as `coll::broadcast` sends a message
+    /// of one segment.
+    fn direct_broadcast(&mut self, op: &DirectOp, tree: Tree, w: &mut Waiting) -> Result<()> {
+        let len = op.bytes;
+        let src = match tree.parent {
+            None => op.send,
+            Some(parent) => {
+                let leg = self.direct_leg(op, parent as usize, 0, w)?;
+                self.direct_transfer(op, leg, None, len, w)?;
+                // SAFETY: scratch holds the `len` bytes just received; recv
+                // is the caller's, `len` bytes, disjoint from scratch.
+                unsafe {
+                    std::ptr::copy_nonoverlapping(
+                        self.scratch.as_ptr().cast::<u8>(),
+                        op.recv.0,
+                        len,
+                    )
+                };
+                op.recv
+            }
+        };
+        for child in tree.children.into_iter().flatten() {
+            let leg = self.direct_leg(op, child as usize, 0, w)?;
+            self.direct_transfer(op, leg, Some(src), len, w)?;
+        }
+        if tree.parent.is_none() && op.send.0 != op.recv.0 {
+            // SAFETY: the caller's input and output, `len` bytes each,
+            // disjoint (not in place).
+            unsafe { std::ptr::copy_nonoverlapping(op.send.0.cast_const(), op.recv.0, len) };
+        }
+        Ok(())
+    }
+
+    /// Each child's partial sum is received and added, in the order
+    /// `coll::reduce` adds them (the root into its output, finalized by the
+    /// last addition; any other rank into scratch), and the sum goes to the
+    /// parent; a leaf sends its input as it is.
+    fn direct_reduce(&mut self, op: &DirectOp, tree: Tree, w: &mut Waiting) -> Result<()> {
+        let len = op.bytes;
+        let got = self.scratch.as_mut_ptr().cast::<u8>();
+        let acc = match tree.parent {
+            None => op.recv.0,
+            // SAFETY: scratch holds two messages (`scratch_bytes`).
+            Some(_) => unsafe { got.add(len) },
+        };
+        let nchildren = tree.children.iter().flatten().count();
+        let mut sum = op.send.0;
+        for (i, child) in tree.children.into_iter().flatten().enumerate() {
+            let leg = self.direct_leg(op, child as usize, 0, w)?;
+            self.direct_transfer(op, leg, None, len, w)?;
+            let last = tree.parent.is_none() && i + 1 == nchildren;
+            // SAFETY: `count` elements at sum (the input, or acc after the
+            // first child), at the landed message and at acc; acc is the
+            // output or scratch after the landing area, so it is sum or
+            // disjoint from it, and disjoint from the message.
+            unsafe {
+                op.kernel
+                    .reduce(acc, sum.cast_const(), None, got, None, op.count, last)
+            };
+            sum = acc;
+        }
+        if let Some(parent) = tree.parent {
+            let leg = self.direct_leg(op, parent as usize, 0, w)?;
+            self.direct_transfer(op, leg, Some(Ptr(sum)), len, w)?;
+        }
+        Ok(())
+    }
+
     /// Round `j`'s exchange with `peer`, under step `j` (the all-gather's
     /// and reduce-scatter's schedules number their rounds from 0).
     fn direct_leg(&mut self, op: &DirectOp, peer: usize, j: u32, w: &mut Waiting) -> Result<Leg> {
@@ -317,11 +412,8 @@ impl Engine {
         }
     }
 
-    /// One exchange of `len` bytes with `peer`: `src` out, the peer's into
-    /// scratch. Where the transport can move the messages at once
-    /// (`send_now`, `recv_now`: shm, with nothing else pending with the
-    /// peer) no request is posted and no memory registered; otherwise, or
-    /// as soon as anything else stands in the way, they are posted.
+    /// One exchange of `len` bytes with the leg's peer: `src` out, the
+    /// peer's into scratch.
     fn direct_exchange(
         &mut self,
         op: &DirectOp,
@@ -330,50 +422,80 @@ impl Engine {
         len: usize,
         w: &mut Waiting,
     ) -> Result<()> {
+        self.direct_move(op, leg, Some(src), true, len, w)
+    }
+
+    /// `len` bytes one way: `Some(src)` out to the leg's peer, or (`None`)
+    /// the peer's into scratch.
+    fn direct_transfer(
+        &mut self,
+        op: &DirectOp,
+        leg: Leg,
+        src: Option<Ptr>,
+        len: usize,
+        w: &mut Waiting,
+    ) -> Result<()> {
+        let receive = src.is_none();
+        self.direct_move(op, leg, src, receive, len, w)
+    }
+
+    /// Sends `src` (if any) and receives the peer's `len` bytes into
+    /// scratch (if `receive`). Where the transport can move the messages
+    /// at once (`send_now`, `recv_now`: shm, with nothing else pending with
+    /// the peer) no request is posted and no memory registered; otherwise,
+    /// or as soon as anything else stands in the way, they are posted.
+    fn direct_move(
+        &mut self,
+        op: &DirectOp,
+        leg: Leg,
+        src: Option<Ptr>,
+        receive: bool,
+        len: usize,
+        w: &mut Waiting,
+    ) -> Result<()> {
         let Leg { t, peer, tag } = leg;
-        // SAFETY: the caller keeps `src` (its input or output, at least
-        // `len` long) valid and unwritten until we return.
-        let out = unsafe { std::slice::from_raw_parts(src.0, len) };
-        let send = match self.transports[t].send_now(peer, tag, out)? {
-            Now::Done => None,
-            _ => {
+        let mut mem = None;
+        let mut sreq = None;
+        if let Some(src) = src {
+            // SAFETY: the caller keeps `src` (its input or output, or
+            // scratch, at least `len` long) valid and unwritten until we
+            // return.
+            let out = unsafe { std::slice::from_raw_parts(src.0, len) };
+            if !matches!(self.transports[t].send_now(peer, tag, out)?, Now::Done) {
                 // A persistent round's buffer is registered already; else
                 // as any operation's (a caller registration, or its own,
                 // given back below, before we return).
-                let mem = match self.prepared_mem(t, src.0, len) {
+                let m = match self.prepared_mem(t, src.0, len) {
                     Some(m) => m,
                     None => self.mem_for(t, src.0, len)?,
                 };
-                match self.transports[t].isend(peer, tag, mem.handle, mem.offset, len) {
-                    Ok(req) => Some((mem, req)),
+                match self.transports[t].isend(peer, tag, m.handle, m.offset, len) {
+                    Ok(req) => (mem, sreq) = (Some(m), Some(req)),
                     Err(e) => {
-                        self.give_back(t, mem);
+                        self.give_back(t, m);
                         return Err(e);
                     }
                 }
             }
-        };
-        let (mem, sreq) = match send {
-            Some((mem, req)) => (Some(mem), Some(req)),
-            None => (None, None),
-        };
-        let res = self.direct_complete(op, leg, sreq, len, w);
-        if let Some(mem) = mem {
+        }
+        let res = self.direct_complete(op, leg, sreq, receive, len, w);
+        if let Some(m) = mem {
             // Its own registration's deregistering fails only while the
             // send is still posted, after an error that fails the
             // communicator (the transports are aborted).
-            self.give_back(t, mem);
+            self.give_back(t, m);
         }
         res
     }
 
-    /// Waits for the exchange's send (if posted) and receives the peer's
-    /// `len` bytes into scratch.
+    /// Waits for the send (if posted) and receives the peer's `len` bytes
+    /// into scratch (if `receive`).
     fn direct_complete(
         &mut self,
         op: &DirectOp,
         leg: Leg,
         sreq: Option<Request>,
+        receive: bool,
         len: usize,
         w: &mut Waiting,
     ) -> Result<()> {
@@ -384,7 +506,7 @@ impl Engine {
         // largest message) and nothing else uses it during this call.
         let into = unsafe { std::slice::from_raw_parts_mut(self.scratch.as_mut_ptr().cast(), len) };
         let mut sreq = sreq.map(Outstanding::new);
-        let (mut sent, mut got) = (sreq.is_none(), false);
+        let (mut sent, mut got) = (sreq.is_none(), !receive);
         let mut rreq: Option<Outstanding> = None;
         loop {
             let mut moved = false;
@@ -502,8 +624,13 @@ impl Engine {
             return Err(Error::Timeout {
                 secs: timeout.as_secs_f64(),
                 what: format!(
-                    "in {} on rank {}: {} rank {} ({} B, recursive doubling done by the caller){others}",
-                    op.fp, self.cfg.me, w.what, w.peer, op.bytes
+                    "in {} on rank {}: {} rank {} ({} B, {} done by the caller){others}",
+                    op.fp,
+                    self.cfg.me,
+                    w.what,
+                    w.peer,
+                    op.bytes,
+                    op.shape.algorithm()
                 ),
             });
         }
