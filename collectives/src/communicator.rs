@@ -36,11 +36,11 @@ use std::time::{Duration, Instant};
 /// by the engine for a moment) and for a dozen non-blocking calls in flight.
 const COMPLETION_POOL: usize = 16;
 
-/// The largest all-gather or reduce-scatter (bytes of all the blocks), and
-/// broadcast or reduce, the caller runs itself (`engine/direct.rs`): that path lands each round in
-/// scratch and copies or adds it from there, which costs nothing next to
-/// the hand-offs it saves while messages are small, and is a second pass
-/// over the data once they are not.
+/// The largest all-gather or reduce-scatter (bytes of all the blocks),
+/// broadcast or reduce the caller runs itself (`engine/direct.rs`): that
+/// path lands each message in scratch and copies or adds it from there,
+/// which costs nothing next to the hand-offs it saves while messages are
+/// small, and is a second pass over the data once they are not.
 const DIRECT_BLOCKS_MAX: usize = 64 << 10;
 
 /// A handle to a submitted operation.

@@ -32,6 +32,15 @@ fn world(
     .expect("communicators")
 }
 
+/// An average one time in four, else a sum.
+fn random_op(rng: &mut StdRng) -> RedOp {
+    if rng.random_bool(0.25) {
+        RedOp::Avg
+    } else {
+        RedOp::Sum
+    }
+}
+
 /// In one call of five, a non-blocking all-reduce of call `k + 1`'s input,
 /// started so that the blocking call `k` after it queues behind it.
 fn maybe_pending(
@@ -80,11 +89,7 @@ fn run(comms: Vec<Communicator>, calls: usize, seed: u64) {
         for k in 0..calls {
             let count = rng.random_range(1..=SEGMENT_ELEMS + 64);
             let in_place = rng.random_bool(0.3);
-            let op = if rng.random_bool(0.25) {
-                RedOp::Avg
-            } else {
-                RedOp::Sum
-            };
+            let op = random_op(&mut rng);
             let pending = maybe_pending(&c, &mut rng, k, count)?;
             let send: Vec<f32> = (0..count).map(|i| input(r, k, i)).collect();
             let out = if in_place {
@@ -240,11 +245,7 @@ fn run_scatters(comms: Vec<Communicator>, calls: usize, seed: u64) {
             } else {
                 rng.random_range(1..=(64 << 10) / 4)
             };
-            let op = if rng.random_bool(0.25) {
-                RedOp::Avg
-            } else {
-                RedOp::Sum
-            };
+            let op = random_op(&mut rng);
             let pending = maybe_pending(&c, &mut rng, k, count)?;
             let send: Vec<f32> = (0..count * n).map(|i| input(r, k, i)).collect();
             let in_place = rng.random_bool(0.3);
@@ -302,11 +303,7 @@ fn run_trees(comms: Vec<Communicator>, calls: usize, seed: u64) {
             };
             let root = rng.random_range(0..n);
             let reduce = rng.random_bool(0.5);
-            let op = if rng.random_bool(0.25) {
-                RedOp::Avg
-            } else {
-                RedOp::Sum
-            };
+            let op = random_op(&mut rng);
             let in_place = rng.random_bool(0.3);
             let pending = maybe_pending(&c, &mut rng, k, count)?;
             let mine: Vec<f32> = (0..count).map(|i| input(r, k, i)).collect();

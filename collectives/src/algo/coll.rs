@@ -66,16 +66,11 @@ impl Tree {
 }
 
 /// The tree of a broadcast or reduce the caller runs itself
-/// (`engine/direct.rs`): more than one rank, no weight, and a message of
-/// one segment, which these schedules send as one message per edge (step
-/// 0). `None` where the engine runs it.
+/// (`engine/direct.rs`, where [`OpSpec::fits_direct`]): a message of one
+/// segment, which these schedules send as one message per edge (step 0).
+/// `None` where the engine runs it.
 pub(crate) fn direct_tree(spec: &OpSpec) -> Option<Tree> {
-    let (n, _, count, seg) = spec.dims();
-    let eligible = matches!(spec.op, OpKind::Broadcast | OpKind::Reduce)
-        && n >= 2
-        && !spec.scaled
-        && count > 0
-        && count <= seg;
+    let eligible = matches!(spec.op, OpKind::Broadcast | OpKind::Reduce) && spec.fits_direct();
     eligible.then(|| Tree::new(spec, 1))
 }
 

@@ -287,18 +287,20 @@ impl OpSpec {
         )
     }
 
-    /// `log2 n` where this is a call of `op` the caller's direct path can
-    /// run one message a round: a power-of-two world, no weight, and
-    /// `count` within one segment.
-    pub(crate) fn direct_rounds_of(&self, op: crate::op::OpKind) -> Option<u32> {
+    /// Whether the caller's direct path (`engine/direct.rs`) can run this
+    /// call with the schedules' frames, one message per exchange: more than
+    /// one rank, no weight, and `count` within one segment.
+    pub(crate) fn fits_direct(&self) -> bool {
         let (n, _, count, seg) = self.dims();
-        let eligible = self.op == op
-            && n >= 2
-            && n.is_power_of_two()
-            && !self.scaled
-            && count > 0
-            && count <= seg;
-        eligible.then(|| n.trailing_zeros())
+        n >= 2 && !self.scaled && count > 0 && count <= seg
+    }
+
+    /// `log2 n` where this is a call of `op` the caller's direct path can
+    /// run one message a round: [`OpSpec::fits_direct`] on a power-of-two
+    /// world.
+    pub(crate) fn direct_rounds_of(&self, op: crate::op::OpKind) -> Option<u32> {
+        let n = self.nranks;
+        (self.op == op && n.is_power_of_two() && self.fits_direct()).then(|| n.trailing_zeros())
     }
 
     /// Rank 0 of `n`, root 0, depth 1, unscaled: the spec the schedules'

@@ -1,5 +1,5 @@
-//! Small all-reduces and all-gathers carried out straight through by the
-//! calling thread.
+//! Small all-reduces, all-gathers, reduce-scatters, broadcasts and reduces
+//! carried out straight through by the calling thread.
 //!
 //! For a message of a few bytes the exchange itself takes a microsecond
 //! over shared memory, and the general path around it (queueing the
@@ -17,7 +17,8 @@
 //! gathered so far out, the partner's into scratch, copied into place. A
 //! small reduce-scatter likewise runs the recursive halving schedule's
 //! exchanges (`algo::rh_scatter::direct_rounds`), its partial sums in
-//! scratch.
+//! scratch, and a small broadcast or reduce this rank's edges of the
+//! schedules' chain or tree (`algo::coll::direct_tree`), one message each.
 //!
 //! The frames are exactly those of the schedules (same tags, same steps,
 //! same sizes), so a rank on this path and a rank running the schedule
@@ -79,15 +80,15 @@ pub(crate) enum DirectShape {
     Reduce(Tree),
 }
 
-/// A small all-reduce or all-gather for [`Engine::run_direct`].
+/// A small collective for [`Engine::run_direct`].
 pub(crate) struct DirectOp {
     pub shape: DirectShape,
     pub fp: Fingerprint,
     pub kernel: Kernel,
     pub send: Ptr,
     pub recv: Ptr,
-    /// Elements (a rank's block, for an all-gather), and their size in
-    /// bytes.
+    /// Elements (a rank's block, for an all-gather or reduce-scatter), and
+    /// their size in bytes.
     pub count: usize,
     pub bytes: usize,
     /// Recursive doubling (or halving) rounds, log2 of the world size; 0
