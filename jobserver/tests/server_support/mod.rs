@@ -133,6 +133,26 @@ impl Server {
         self.stderr.lock().unwrap().clone()
     }
 
+    /// The server's log once `ready` holds for it. The server writes a line
+    /// before it answers, but this side reads its stderr on a thread of its
+    /// own, so the line can reach `stderr()` after the answer does: a test
+    /// that checks a log line waits a bounded while for it instead of
+    /// reading once. Panics with the log if `ready` never holds.
+    pub fn stderr_when(&self, what: &str, ready: impl Fn(&str) -> bool) -> String {
+        let deadline = Instant::now() + T;
+        loop {
+            let log = self.stderr();
+            if ready(&log) {
+                return log;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "the server never logged {what} within {T:?}; its log:\n{log}"
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
     pub fn call<B: Serialize, R: DeserializeOwned>(
         &self,
         method: &str,
