@@ -3,6 +3,7 @@
 
     python3 scripts/ab-builds.py OLD_DIR NEW_DIR [-c COLL] [-t tcp|shm]
         [-p RANKS] [-r ROUNDS] [-b MIN] [-e MAX] [-f FACTOR] [-T SECONDS]
+        [--old-env K=V ...] [--new-env K=V ...]
 
 OLD_DIR and NEW_DIR each hold a gwbench (a copy of target/release from an
 older commit, say); both run under NEW_DIR's gwrun. Each round runs both,
@@ -12,6 +13,10 @@ timed loop sized to about SECONDS on the slowest rank. Prints, per size,
 each build's median time per call (out of place) and old/new as the median
 of the per-round ratios with every round's ratio, so that a one-round win
 cannot pass for a result (above 1: the new build is faster).
+
+`--old-env` and `--new-env` add environment settings to one side only, so
+that one build with and without a setting compares the same way (give the
+same directory twice).
 """
 
 import argparse
@@ -21,12 +26,14 @@ import subprocess
 import sys
 
 
-def times(build, gwrun, args):
-    """{bytes: us per call} of one gwbench run; exits naming what failed."""
+def times(build, gwrun, args, extra):
+    """{bytes: us per call} of one gwbench run with the settings `extra`
+    added; exits naming what failed."""
     cmd = [gwrun, "-n", str(args.ranks), os.path.join(build, "gwbench"), args.coll,
            "-b", args.min, "-e", args.max, "-f", str(args.factor),
            "-T", str(args.seconds), "-c", "1"]
     env = dict(os.environ, GW_TRANSPORT=args.transport)
+    env.update(extra)
     run = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=900)
     out = {}
     for line in run.stdout.splitlines():
@@ -34,7 +41,7 @@ def times(build, gwrun, args):
         if len(f) > 8 and f[0] == "[0]" and f[1].isdigit():
             out[int(f[1])] = float(f[6])
     if run.returncode != 0 or not out:
-        sys.exit(f"ab-builds: {' '.join(cmd)} failed (rc {run.returncode}):\n{run.stderr[-2000:]}")
+        sys.exit(f"ab-builds: {' '.join(cmd)} with {extra} failed (rc {run.returncode}):\n{run.stderr[-2000:]}")
     return out
 
 
@@ -50,7 +57,17 @@ def main():
     p.add_argument("-e", "--max", default="16M")
     p.add_argument("-f", "--factor", type=int, default=4)
     p.add_argument("-T", "--seconds", type=float, default=0.2)
+    p.add_argument("--old-env", action="append", default=[], metavar="K=V")
+    p.add_argument("--new-env", action="append", default=[], metavar="K=V")
     args = p.parse_args()
+    envs = {}
+    for which in ("old", "new"):
+        envs[which] = {}
+        for kv in getattr(args, f"{which}_env"):
+            k, sep, v = kv.partition("=")
+            if not sep or not k:
+                sys.exit(f"ab-builds: --{which}-env wants KEY=VALUE, got {kv!r}")
+            envs[which][k] = v
     gwrun = os.path.join(args.new, "gwrun")
     for d in (args.old, args.new):
         if not os.access(os.path.join(d, "gwbench"), os.X_OK):
@@ -61,7 +78,7 @@ def main():
     for rnd in range(args.rounds):
         order = ["old", "new"] if rnd % 2 == 0 else ["new", "old"]
         for which in order:
-            res[which].append(times(getattr(args, which), gwrun, args))
+            res[which].append(times(getattr(args, which), gwrun, args, envs[which]))
         print(f"# round {rnd + 1} of {args.rounds}", file=sys.stderr)
     print(f"{args.coll}, {args.transport}, {args.ranks} ranks: us per call (median over "
           f"{args.rounds} rounds); old/new = median [every round] of per-round ratios")

@@ -130,6 +130,7 @@ pub(crate) fn listen(env: &LaunchEnv, cfg: &Config) -> Result<Opened> {
             job_key: fnv1a(&[&env.token, &env.job_id]),
             socket_buffer_bytes: cfg.socket_buffer_bytes.value,
             eager_frames: cfg.eager_frames.value,
+            small_frames: cfg.eager_small.value,
         },
     )?);
     Ok(Opened { tcp, rdma })

@@ -179,6 +179,10 @@ pub struct Config {
     /// sender to this rank gets. Past them a message is announced and sent
     /// once its receive is posted.
     pub eager_frames: Setting<usize>,
+    /// `GW_EAGER_SMALL`: small buffers of each TCP peer, for messages of
+    /// at most `gw_transport::SMALL_FRAME_BYTES`, which take these credits
+    /// instead of frame credits (none where `GW_EAGER_FRAMES` is 0).
+    pub eager_small: Setting<usize>,
     /// `GW_SPIN_US`: how long the engine polls before it sleeps.
     pub spin_us: Setting<u64>,
     /// `GW_INLINE`: a caller blocked on its operation turns the engine
@@ -222,6 +226,7 @@ impl Default for Config {
             trace: Setting::default(None),
             socket_buffer_bytes: Setting::default(gw_transport::tcp::DEFAULT_SOCKET_BUFFER_BYTES),
             eager_frames: Setting::default(gw_transport::DEFAULT_EAGER_FRAMES),
+            eager_small: Setting::default(gw_transport::DEFAULT_SMALL_FRAMES),
             spin_us: Setting::default(100),
             inline: Setting::default(true),
             one_sided: Setting::default(OneSided::Auto),
@@ -378,6 +383,13 @@ impl Config {
             "0..=1024 frames",
         )?;
         env_override(
+            &mut self.eager_small,
+            "GW_EAGER_SMALL",
+            env,
+            |v| v.parse::<usize>().ok().filter(|n| *n <= 4096),
+            "0..=4096 small buffers",
+        )?;
+        env_override(
             &mut self.spin_us,
             "GW_SPIN_US",
             env,
@@ -468,6 +480,7 @@ impl Config {
             line("GW_OFI_PROVIDER", &self.ofi_provider),
             line("GW_SOCKET_BUFFER_BYTES", &self.socket_buffer_bytes),
             line("GW_EAGER_FRAMES", &self.eager_frames),
+            line("GW_EAGER_SMALL", &self.eager_small),
             line("GW_SPIN_US", &self.spin_us),
             line("GW_INLINE", &self.inline),
             line("GW_ONE_SIDED", &self.one_sided),

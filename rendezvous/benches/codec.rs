@@ -402,6 +402,8 @@ fn cases() -> Vec<Case> {
                 tcp_eager: gw_rendezvous::peers::Eager {
                     frames: 4,
                     frame_bytes: 1 << 20,
+                    small_frames: 32,
+                    small_bytes: 4096,
                 },
                 ofi: String::new(),
                 cores: 0,

@@ -45,6 +45,13 @@ pub struct PeerInfo {
 pub struct Eager {
     pub frames: u32,
     pub frame_bytes: u32,
+    /// Small buffers, for messages of at most `small_bytes`: a sender
+    /// gets this many small credits, and sends every message that fits one
+    /// on them (none: every message takes frame credits).
+    #[serde(default)]
+    pub small_frames: u32,
+    #[serde(default)]
+    pub small_bytes: u32,
 }
 
 impl Default for Eager {
@@ -54,6 +61,8 @@ impl Default for Eager {
         Eager {
             frames: 0,
             frame_bytes: 0,
+            small_frames: 0,
+            small_bytes: 0,
         }
     }
 }
@@ -155,6 +164,8 @@ mod tests {
             tcp_eager: Eager {
                 frames: 4,
                 frame_bytes: 1 << 20,
+                small_frames: 32,
+                small_bytes: 4096,
             },
             ofi: "0a0b".into(),
             cores: 8,
@@ -204,6 +215,12 @@ mod tests {
         let p = PeerInfo::decode(r#"{"rank":1,"host_id":"x","pid":7}"#).unwrap();
         assert_eq!(p.hostname, "");
         assert!(p.tcp.is_empty());
+        // A record from a build without small eager buffers gives none.
+        let p = PeerInfo::decode(
+            r#"{"rank":1,"host_id":"x","pid":7,"tcp_eager":{"frames":4,"frame_bytes":64}}"#,
+        )
+        .unwrap();
+        assert_eq!((p.tcp_eager.frames, p.tcp_eager.small_frames), (4, 0));
     }
 
     #[test]
@@ -255,10 +272,17 @@ mod tests {
             any::<String>(),
             any::<u32>(),
             prop::collection::vec(prop_oneof![addr, addr6], 0..4),
-            (any::<u32>(), any::<u32>()),
+            (any::<u32>(), any::<u32>(), any::<u32>(), any::<u32>()),
         )
             .prop_map(
-                |(rank, host_id, hostname, pid, tcp, (frames, frame_bytes))| PeerInfo {
+                |(
+                    rank,
+                    host_id,
+                    hostname,
+                    pid,
+                    tcp,
+                    (frames, frame_bytes, small_frames, small_bytes),
+                )| PeerInfo {
                     rank,
                     host_id,
                     hostname,
@@ -267,6 +291,8 @@ mod tests {
                     tcp_eager: Eager {
                         frames,
                         frame_bytes,
+                        small_frames,
+                        small_bytes,
                     },
                     ofi: String::new(),
                     cores: 0,

@@ -13,7 +13,7 @@ pub mod seam;
 pub mod wire;
 
 pub use error::{Error, Result};
-pub use recv_core::DEFAULT_EAGER_FRAMES;
+pub use recv_core::{DEFAULT_EAGER_FRAMES, DEFAULT_SMALL_FRAMES, SMALL_FRAME_BYTES};
 pub use seam::{
     Arrival, Landed, MemHandle, MemPtr, Now, Outstanding, Properties, Rank, Request, Scope,
     Signature, Tag, TagFmt, Tested, Transport, TransportId,

@@ -14,6 +14,9 @@ use rand::seq::SliceRandom;
 use rand::{Rng, SeedableRng};
 
 const FRAME: usize = 16;
+/// The small buffers' size in [`run_with_small`]: messages of 0 to 5 bytes
+/// take small credits there.
+const SMALL_CAP: usize = 5;
 
 fn data(tag: Tag, offset: u64, len: u64, total: u64, cleared: bool) -> FrameHeader {
     FrameHeader {
@@ -59,14 +62,26 @@ enum Wire {
 /// Runs `sizes.len()` messages from a sender holding `credits` credits;
 /// the receiver posts in `post_order`. Panics on any violation.
 fn run(sizes: &[usize], credits: usize, post_order: &[usize], seed: u64) {
+    run_with_small(sizes, credits, 0, post_order, seed);
+}
+
+/// [`run`] with `small` small buffers of [`SMALL_CAP`] bytes at the
+/// receiver, and as many small credits at the sender.
+fn run_with_small(sizes: &[usize], credits: usize, small: usize, post_order: &[usize], seed: u64) {
     let mut rng = StdRng::seed_from_u64(seed);
     let n = sizes.len();
     let tags: Vec<Tag> = (0..n)
         .map(|k| test_tags::tag(5, 1, 100, 0, k as u32))
         .collect();
     let frames_of = |k: usize| sizes[k].div_ceil(FRAME).max(1);
-    let mut core: RecvCore<usize> = RecvCore::new(0, 1, credits, FRAME);
+    let mut core: RecvCore<usize> = RecvCore::with_small(0, 1, credits, FRAME, small, SMALL_CAP);
+    assert_eq!(
+        core.small_credits(),
+        (small, if small > 0 { SMALL_CAP } else { 0 })
+    );
     let mut sender = Credits::new(credits);
+    let mut sender_small = Credits::new(small);
+    let is_small = |k: usize| small > 0 && sizes[k] <= SMALL_CAP;
     let mut dst: Vec<Vec<u8>> = sizes.iter().map(|&s| vec![0u8; s]).collect();
     let mut done = vec![false; n];
     let mut next_send = 0;
@@ -75,6 +90,7 @@ fn run(sizes: &[usize], credits: usize, post_order: &[usize], seed: u64) {
     // Back to the sender: clearances and credits, delivered late.
     let mut clears: Vec<usize> = Vec::new();
     let mut owed_back: u16 = 0;
+    let mut owed_small_back: u16 = 0;
     let mut steps = 0;
     while done.iter().any(|d| !d) {
         steps += 1;
@@ -83,7 +99,12 @@ fn run(sizes: &[usize], credits: usize, post_order: &[usize], seed: u64) {
             0 if next_send < n => {
                 let k = next_send;
                 next_send += 1;
-                if sender.take(frames_of(k)) {
+                let eager = if is_small(k) {
+                    sender_small.take(1)
+                } else {
+                    sender.take(frames_of(k))
+                };
+                if eager {
                     for f in 0..frames_of(k) {
                         wire.push(Wire::Frame {
                             msg: k,
@@ -161,9 +182,12 @@ fn run(sizes: &[usize], credits: usize, post_order: &[usize], seed: u64) {
             }
             3 => {
                 owed_back = owed_back.saturating_add(core.take_owed(1));
+                owed_small_back = owed_small_back.saturating_add(core.take_owed_small(1));
                 if rng.random_bool(0.5) {
                     sender.give_back(owed_back, 0).unwrap();
+                    sender_small.give_back(owed_small_back, 0).unwrap();
                     owed_back = 0;
+                    owed_small_back = 0;
                 }
             }
             4 if !clears.is_empty() => {
@@ -188,6 +212,10 @@ fn run(sizes: &[usize], credits: usize, post_order: &[usize], seed: u64) {
     sender.give_back(owed_back, 0).unwrap();
     sender.give_back(owed, 0).unwrap();
     assert_eq!(sender.available(), credits);
+    let owed_small = core.take_owed_small(1);
+    sender_small.give_back(owed_small_back, 0).unwrap();
+    sender_small.give_back(owed_small, 0).unwrap();
+    assert_eq!(sender_small.available(), small);
 }
 
 proptest! {
@@ -203,6 +231,74 @@ proptest! {
         order.shuffle(&mut StdRng::seed_from_u64(seed ^ 0x5eed));
         run(&sizes, credits, &order, seed);
     }
+
+    #[test]
+    fn every_message_arrives_with_small_credits_too(
+        sizes in prop::collection::vec(0usize..40, 1..32),
+        credits in 1usize..4,
+        small in 1usize..8,
+        seed in any::<u64>(),
+    ) {
+        let mut order: Vec<usize> = (0..sizes.len()).collect();
+        order.shuffle(&mut StdRng::seed_from_u64(seed ^ 0x5ea1));
+        run_with_small(&sizes, credits, small, &order, seed);
+    }
+}
+
+#[test]
+fn small_messages_run_ahead_on_small_credits_and_frames_on_their_own() {
+    // 3 small buffers and 1 frame-sized one: three 4-byte messages and one
+    // 16-byte message are all buffered before any receive is posted.
+    let mut core: RecvCore<()> = RecvCore::with_small(0, 1, 1, FRAME, 3, SMALL_CAP);
+    assert_eq!(core.buffers(), 4);
+    let tags: Vec<Tag> = (0..5).map(|k| test_tags::tag(5, 1, 100, 0, k)).collect();
+    let sizes = [4usize, 4, 4, 16];
+    for (k, &n) in sizes.iter().enumerate() {
+        let h = data(tags[k], 0, n as u64, n as u64, false);
+        let (b, buf) = core.early_buffer(&h).unwrap();
+        buf.copy_from_slice(&payload(k, n));
+        assert!(core.file(h, b).unwrap().is_none());
+    }
+    assert_eq!(core.buffered(), 4);
+    // A fourth small one is over the small credits, and named so, even
+    // with the frame-sized buffer free again.
+    let mut big = vec![0u8; 16];
+    let p = Posted::new(3, tags[3], MemPtr(big.as_mut_ptr()), 16, ());
+    // SAFETY: `big` outlives the core's use of it (the copy in post).
+    assert_eq!(unsafe { core.post(p) }.unwrap(), Posting::Done);
+    assert_eq!(big, payload(3, 16));
+    let h = data(tags[4], 0, 2, 2, false);
+    let e = core.early_buffer(&h).unwrap_err().to_string();
+    assert!(e.contains("3 small credits"), "{e}");
+    // Taken in another order than sent, each small message comes out whole,
+    // and each class owes its own credits.
+    for k in [2usize, 0, 1] {
+        let mut got = vec![0u8; 4];
+        let p = Posted::new(k as u64, tags[k], MemPtr(got.as_mut_ptr()), 4, ());
+        // SAFETY: as above.
+        assert_eq!(unsafe { core.post(p) }.unwrap(), Posting::Done);
+        assert_eq!(got, payload(k, 4), "message {k}");
+    }
+    assert_eq!((core.owed(), core.owed_small()), (1, 3));
+    assert_eq!(core.take_owed_small(4), 0, "fewer than asked for stay owed");
+    assert_eq!(core.take_owed_small(1), 3);
+    assert_eq!(core.take_owed(1), 1);
+    assert!(core.is_idle());
+}
+
+#[test]
+fn without_small_buffers_every_frame_takes_a_frame_credit() {
+    let mut core: RecvCore<()> = RecvCore::with_small(0, 1, 2, FRAME, 0, SMALL_CAP);
+    assert_eq!(core.small_credits(), (0, 0));
+    let tag = test_tags::tag(5, 1, 100, 0, 0);
+    let h = data(tag, 0, 1, 1, false);
+    let (b, _) = core.early_buffer(&h).unwrap();
+    core.file(h, b).unwrap();
+    let mut got = [0u8; 1];
+    let p = Posted::new(0, tag, MemPtr(got.as_mut_ptr()), 1, ());
+    // SAFETY: `got` outlives the copy in post.
+    assert_eq!(unsafe { core.post(p) }.unwrap(), Posting::Done);
+    assert_eq!((core.owed(), core.owed_small()), (1, 0));
 }
 
 #[test]

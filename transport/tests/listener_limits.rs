@@ -250,6 +250,7 @@ fn child_rank() {
     let theirs = gw_rendezvous::peers::Eager {
         frames,
         frame_bytes,
+        ..Default::default()
     };
     t.set_peers(infos([peer, t.listen_addr()], [theirs, t.eager()]));
     let most = std::cell::Cell::new(0);

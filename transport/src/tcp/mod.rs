@@ -13,8 +13,10 @@
 //! while the sender holds a credit per frame (one of the receiver's
 //! `eager_frames` buffers, allocated when the connection is made), and is
 //! announced (`Rts`) and sent once its receive is posted (`Cts`) otherwise.
+//! A message of at most `SMALL_FRAME_BYTES` goes on one of the receiver's
+//! small credits instead (`small_frames` small buffers), or is announced.
 //! Credits come back on any frame going the other way, or in a `Credit`
-//! frame. Every frame that arrives therefore has somewhere to go, so a lane
+//! frame, which alone carries small credits back (in its `offset`). Every frame that arrives therefore has somewhere to go, so a lane
 //! is always read to the end: no frame waits behind one nobody asked for.
 //! Control frames (`Rts`, `Cts`, `Credit`) go on lane 0, ahead of data not
 //! yet started.
@@ -33,7 +35,10 @@ pub use iface::{choose_bind_ip, interface_addrs};
 pub use listen::AcceptLimits;
 
 use crate::error::{Error, Result};
-use crate::recv_core::{Credits, DEFAULT_EAGER_FRAMES, Posted, Posting, RecvCore};
+use crate::recv_core::{
+    Credits, DEFAULT_EAGER_FRAMES, DEFAULT_SMALL_FRAMES, Posted, Posting, RecvCore,
+    SMALL_FRAME_BYTES,
+};
 use crate::reqmap::{self, ReqMap};
 use crate::seam::{
     Arrival, MemHandle, MemPtr, Properties, Rank, ReadFrom, Readiness, RemoteRegion, Request, Tag,
@@ -83,6 +88,12 @@ pub struct TcpConfig {
     /// `segment_bytes` (`GW_EAGER_FRAMES`): the credits a peer's sender
     /// gets. 0 announces every message.
     pub eager_frames: usize,
+    /// Small buffers of each peer (`GW_EAGER_SMALL`), for messages of at
+    /// most [`SMALL_FRAME_BYTES`]: the small credits a peer's sender gets,
+    /// spent on those messages only, so that a run of small messages (a
+    /// broadcast's root) need not wait for frame credits to come back.
+    /// None where `eager_frames` is 0.
+    pub small_frames: usize,
 }
 
 /// Default of [`TcpConfig::segment_bytes`], and of collectives over TCP
@@ -109,6 +120,7 @@ impl Default for TcpConfig {
             job_key: 0,
             socket_buffer_bytes: DEFAULT_SOCKET_BUFFER_BYTES,
             eager_frames: DEFAULT_EAGER_FRAMES,
+            small_frames: DEFAULT_SMALL_FRAMES,
         }
     }
 }
@@ -156,6 +168,10 @@ struct Conn {
     credits: Credits,
     /// The largest eager frame the peer buffers.
     peer_frame_bytes: usize,
+    /// Small messages we may still send the peer ahead of their receives,
+    /// and the largest that is one (0: the peer has no small buffers).
+    small_credits: Credits,
+    peer_small_bytes: usize,
     /// Our announced messages waiting for their `Cts`.
     announced: VecDeque<Announced>,
     next_announce: u64,
@@ -397,15 +413,29 @@ impl TcpTransport {
     /// What this rank buffers of each TCP peer's early frames, for its
     /// published record ([`PeerInfo::tcp_eager`]).
     pub fn eager(&self) -> Eager {
+        let (small_frames, small_bytes) = self.small();
         Eager {
             frames: self.cfg.eager_frames as u32,
             frame_bytes: self.cfg.segment_bytes as u32,
+            small_frames: small_frames as u32,
+            small_bytes: small_bytes as u32,
+        }
+    }
+
+    /// The small buffers this rank keeps per peer, and their size.
+    fn small(&self) -> (usize, usize) {
+        let bytes = SMALL_FRAME_BYTES.min(self.cfg.segment_bytes);
+        if self.cfg.eager_frames == 0 || self.cfg.small_frames == 0 || bytes == 0 {
+            (0, 0)
+        } else {
+            (self.cfg.small_frames, bytes)
         }
     }
 
     fn conn_entry(&mut self, peer: Rank) -> &mut Conn {
         let lanes = self.cfg.lanes;
         let (me, seg, eager_frames) = (self.me, self.cfg.segment_bytes, self.cfg.eager_frames);
+        let (small_frames, small_bytes) = self.small();
         let addr = self.peer_addr(peer);
         let theirs = self
             .peers
@@ -416,9 +446,15 @@ impl TcpTransport {
             addr,
             lanes: (0..lanes).map(|_| None).collect(),
             dials: (0..lanes).map(|_| None).collect(),
-            core: RecvCore::new(me, peer, eager_frames, seg),
+            core: RecvCore::with_small(me, peer, eager_frames, seg, small_frames, small_bytes),
             credits: Credits::new(theirs.frames as usize),
             peer_frame_bytes: theirs.frame_bytes as usize,
+            small_credits: Credits::new(theirs.small_frames as usize),
+            peer_small_bytes: if theirs.small_frames > 0 {
+                theirs.small_bytes as usize
+            } else {
+                0
+            },
             announced: VecDeque::with_capacity(crate::seam::POSTED_RESERVED),
             next_announce: 0,
             next_lane: 0,
@@ -695,10 +731,20 @@ impl TcpTransport {
                 continue;
             }
             let half = (conn.core.credits() as u32).div_ceil(2).max(1);
-            if conn.core.owed() >= half
+            let half_small = (conn.core.small_credits().0 as u32).div_ceil(2).max(1);
+            if (conn.core.owed() >= half || conn.core.owed_small() >= half_small)
                 && conn.lanes[0].as_ref().is_some_and(|l| l.sendq.is_empty())
             {
-                Self::queue_control(conn, credit);
+                // Frame credits are stamped on as it starts, as on every
+                // frame; small ones ride only here, in its `offset`.
+                let small = conn.core.take_owed_small(1);
+                Self::queue_control(
+                    conn,
+                    FrameHeader {
+                        offset: u64::from(small),
+                        ..credit
+                    },
+                );
             }
             for li in 0..conn.lanes.len() {
                 let Conn { lanes, core, .. } = &mut *conn;
@@ -1042,6 +1088,22 @@ impl TcpTransport {
                                     }
                                     if hdr.credits > 0 {
                                         conn.credits.give_back(hdr.credits, peer)?;
+                                    }
+                                    if hdr.kind == FrameKind::Credit && hdr.offset > 0 {
+                                        let n = u16::try_from(hdr.offset).map_err(|_| {
+                                            Error::Protocol(format!(
+                                                "rank {peer} returned {} small credits in one frame",
+                                                hdr.offset
+                                            ))
+                                        })?;
+                                        conn.small_credits.give_back(n, peer).map_err(
+                                            |e| match e {
+                                                Error::Protocol(s) => {
+                                                    Error::Protocol(format!("{s} (small credits)"))
+                                                }
+                                                e => e,
+                                            },
+                                        )?;
                                     }
                                     let Conn {
                                         lanes,
@@ -1494,7 +1556,15 @@ impl Transport for TcpTransport {
             segments_left: nseg,
         });
         let conn = self.conns.get_mut(&peer).ok_or_else(|| vanished(peer))?;
-        if seg <= conn.peer_frame_bytes && conn.credits.take(nseg) {
+        // A message that fits the peer's small buffers goes on a small
+        // credit or is announced; it never takes a frame credit, since the
+        // peer tells the class from the size alone.
+        let eager = if conn.peer_small_bytes > 0 && len <= conn.peer_small_bytes {
+            conn.small_credits.take(1)
+        } else {
+            seg <= conn.peer_frame_bytes && conn.credits.take(nseg)
+        };
+        if eager {
             Self::queue_message(conn, me, seg, tag, base, len, req, false);
         } else {
             // No credit for it: announce it, and send it once its receive

@@ -20,7 +20,7 @@ pub(super) fn pair(lanes: usize) -> (TcpTransport, TcpTransport) {
     })
 }
 
-fn pair_with(cfg: TcpConfig) -> (TcpTransport, TcpTransport) {
+pub(super) fn pair_with(cfg: TcpConfig) -> (TcpTransport, TcpTransport) {
     pair_polled(cfg, None)
 }
 
@@ -443,6 +443,7 @@ mod put_frames {
 }
 
 mod gone;
+mod small;
 
 /// Rank 1 watches a poller but nobody polls it (a caller drives the
 /// operation itself, as a small all-reduce does), and it asks for the

@@ -5,7 +5,7 @@
 //! by the reader before anything is sent, and a stale descriptor by the
 //! owner, naming the reader.
 
-use super::tests::{LIMIT, pair, pattern, tag, until};
+use super::tests::{LIMIT, pair, pair_with, pattern, tag, until};
 use super::*;
 use crate::seam::Outstanding;
 use rand::{Rng, SeedableRng};
@@ -195,7 +195,14 @@ fn a_read_through_a_stale_descriptor_is_refused_by_the_owner() {
 /// every eager message from then on.
 #[test]
 fn one_sided_frames_return_the_credits_they_carry() {
-    let (mut a, mut b) = pair(1);
+    // Without small buffers: the 8-byte messages below take frame credits,
+    // the ones that ride on other frames (small credits ride only on
+    // `Credit` frames).
+    let (mut a, mut b) = pair_with(TcpConfig {
+        lanes: 1,
+        small_frames: 0,
+        ..TcpConfig::default()
+    });
     let cap = b.conns[&0].credits.available();
     let mut buf_b = pattern(4096, 4);
     let mut buf_a = vec![0u8; 4096];

@@ -78,9 +78,12 @@ fn assert_sends_to_rank_1_fail(a: &mut TcpTransport, addr: &str) {
 /// with `EPIPE`, while nothing is going rank 1's way.
 #[test]
 fn a_credit_to_a_peer_that_left_fails_nothing() {
+    // Frame credits (no small buffers), so that one frame owes a credit
+    // frame at once.
     let (mut a, b) = pair_with(TcpConfig {
         lanes: 1,
         eager_frames: 2,
+        small_frames: 0,
         ..TcpConfig::default()
     });
     let msgs = [pattern(SIZE, 1), pattern(SIZE, 2)];
