@@ -915,6 +915,16 @@ impl TcpTransport {
                             if lane.closed || !(lane.readable || always || lane.stage.pending()) {
                                 break;
                             }
+                            if !always && lane.stage.drained && !lane.stage.pending() {
+                                // The last read came back short: the socket
+                                // was empty then, and no event or poke since
+                                // said otherwise, so a read now would only
+                                // return EAGAIN. A run of early frames (a
+                                // broadcast root running ahead) cost one such
+                                // read each.
+                                lane.readable = false;
+                                break;
+                            }
                             match lane.stage.read(&mut lane.sock, &mut buf[*got..]) {
                                 Ok(0) => return Err(closed(peer, addr, *got > 0)),
                                 Ok(n) => {
