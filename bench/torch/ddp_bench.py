@@ -11,6 +11,12 @@ machine of the moment. Every timed loop runs for about --seconds (after
 warm-up), and a round's time is the slowest rank's mean. Printed: each
 round's times and the median over rounds of the per-round ratio
 gloo/gradwire (above 1: gradwire faster), with the spread of the ratios.
+
+The DDP rounds also time a third model whose gradients are not exchanged
+at all (a DDP communication hook that hands each bucket back untouched):
+the step's floor on this machine, with the same forward, backward,
+bucketing and update. gloo/floor bounds what any backend can reach as
+gloo/gradwire here.
 """
 
 import argparse
@@ -53,6 +59,13 @@ def model():
     return nn.Sequential(nn.Linear(1024, 4096), nn.ReLU(), nn.Linear(4096, 4096), nn.ReLU(), nn.Linear(4096, 1024))
 
 
+def no_comm_hook(state, bucket):
+    """A DDP communication hook that exchanges nothing."""
+    fut = torch.futures.Future()
+    fut.set_result(bucket.buffer())
+    return fut
+
+
 def ratio_line(label, gloo, gw):
     ratios = [g / w for g, w in zip(gloo, gw)]
     return (f"{label:>12}  gloo {statistics.median(gloo) * 1e3:9.3f} ms  gradwire {statistics.median(gw) * 1e3:9.3f} ms"
@@ -81,6 +94,8 @@ def main():
 
     if not a.skip_ddp:
         nets = {k: DDP(model(), process_group=g) for k, g in groups.items()}
+        nets["floor"] = DDP(model(), process_group=groups["gradwire"])
+        nets["floor"].register_comm_hook(None, no_comm_hook)
         opts = {k: torch.optim.SGD(m.parameters(), lr=0.01) for k, m in nets.items()}
         x = torch.randn(a.batch, 1024, generator=torch.Generator().manual_seed(rank))
         y = torch.randn(a.batch, 1024, generator=torch.Generator().manual_seed(rank + 100))
@@ -92,14 +107,16 @@ def main():
                 opts[k].step()
             return f
 
-        t = {"gloo": [], "gradwire": []}
+        t = {"gloo": [], "gradwire": [], "floor": []}
         for r in range(a.rounds):
-            for k in ("gloo", "gradwire") if r % 2 == 0 else ("gradwire", "gloo"):
+            for k in ("gloo", "gradwire", "floor") if r % 2 == 0 else ("floor", "gradwire", "gloo"):
                 t[k].append(timed(step(k), a.seconds, groups["gloo"]))
             if rank == 0:
-                print(f"  round {r}: DDP step gloo {t['gloo'][-1] * 1e3:.2f} ms, gradwire {t['gradwire'][-1] * 1e3:.2f} ms")
+                print(f"  round {r}: DDP step gloo {t['gloo'][-1] * 1e3:.2f} ms, gradwire {t['gradwire'][-1] * 1e3:.2f} ms, "
+                      f"no communication {t['floor'][-1] * 1e3:.2f} ms")
         if rank == 0:
             print(ratio_line(f"DDP {params / 1e6:.1f}M", t["gloo"], t["gradwire"]))
+            print(ratio_line("floor", t["gloo"], t["floor"]).replace("gradwire", "no-comm"))
 
     size = a.min_bytes
     if rank == 0:
