@@ -129,21 +129,23 @@ impl EarlyPool {
         self.small.len().checked_div(self.small_cap).unwrap_or(0)
     }
 
+    /// Where small buffer `b` lies in `small`; `None` for a frame-sized one.
+    fn small_range(&self, b: usize) -> Option<std::ops::Range<usize>> {
+        let i = (b & SMALL_BUF != 0).then_some(b & !SMALL_BUF)?;
+        Some(i * self.small_cap..(i + 1) * self.small_cap)
+    }
+
     fn bytes(&self, b: usize) -> &[u8] {
-        if b & SMALL_BUF != 0 {
-            let i = b & !SMALL_BUF;
-            &self.small[i * self.small_cap..(i + 1) * self.small_cap]
-        } else {
-            &self.bufs[b]
+        match self.small_range(b) {
+            Some(r) => &self.small[r],
+            None => &self.bufs[b],
         }
     }
 
     fn bytes_mut(&mut self, b: usize) -> &mut [u8] {
-        if b & SMALL_BUF != 0 {
-            let i = b & !SMALL_BUF;
-            &mut self.small[i * self.small_cap..(i + 1) * self.small_cap]
-        } else {
-            &mut self.bufs[b]
+        match self.small_range(b) {
+            Some(r) => &mut self.small[r],
+            None => &mut self.bufs[b],
         }
     }
 

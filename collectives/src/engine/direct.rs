@@ -33,7 +33,7 @@ use super::{
 use crate::algo::coll::Tree;
 use crate::op::Fingerprint;
 use crate::reduce::Kernel;
-use gw_transport::{Error, Now, Outstanding, Rank, Request, Result, Tag, Transport};
+use gw_transport::{Error, Now, Outstanding, Rank, Request, Result, Tag};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
@@ -526,30 +526,28 @@ impl Engine {
             // that came ahead of it (a broadcast root running ahead over
             // TCP) is complete at posting, and the progress call would
             // only read sockets that have nothing more.
-            moved |= Self::direct_poll(
-                self.transports[t].as_mut(),
-                &mut sreq,
-                &mut rreq,
-                &mut sent,
-                &mut got,
-            )?;
+            if let Some(s) = sreq.as_mut()
+                && !sent
+                && s.poll(self.transports[t].as_mut())?
+            {
+                sent = true;
+                moved = true;
+            }
+            if let Some(r) = rreq.as_mut()
+                && !got
+                && r.poll(self.transports[t].as_mut())?
+            {
+                got = true;
+                moved = true;
+            }
             if sent && got {
                 return Ok(());
             }
             if !(sent && (got || rreq.is_none())) {
+                // What this moves is tested at the top of the next turn.
                 for tr in &mut self.transports {
                     tr.poke();
                     moved |= tr.progress()?;
-                }
-                moved |= Self::direct_poll(
-                    self.transports[t].as_mut(),
-                    &mut sreq,
-                    &mut rreq,
-                    &mut sent,
-                    &mut got,
-                )?;
-                if sent && got {
-                    return Ok(());
                 }
             }
             if moved {
@@ -563,33 +561,6 @@ impl Engine {
                 self.direct_wait(op, w)?;
             }
         }
-    }
-
-    /// Tests the posted send and receive of a leg that are not done yet;
-    /// whether either completed.
-    fn direct_poll(
-        tr: &mut dyn Transport,
-        sreq: &mut Option<Outstanding>,
-        rreq: &mut Option<Outstanding>,
-        sent: &mut bool,
-        got: &mut bool,
-    ) -> Result<bool> {
-        let mut moved = false;
-        if let Some(s) = sreq.as_mut()
-            && !*sent
-            && s.poll(tr)?
-        {
-            *sent = true;
-            moved = true;
-        }
-        if let Some(r) = rreq.as_mut()
-            && !*got
-            && r.poll(tr)?
-        {
-            *got = true;
-            moved = true;
-        }
-        Ok(moved)
     }
 
     /// Nothing moved: spin, then nap; check on the peers and the board as

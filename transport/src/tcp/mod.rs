@@ -16,8 +16,9 @@
 //! A message of at most `SMALL_FRAME_BYTES` goes on one of the receiver's
 //! small credits instead (`small_frames` small buffers), or is announced.
 //! Credits come back on any frame going the other way, or in a `Credit`
-//! frame, which alone carries small credits back (in its `offset`). Every frame that arrives therefore has somewhere to go, so a lane
-//! is always read to the end: no frame waits behind one nobody asked for.
+//! frame, which alone carries small credits back (in its `offset`). Every
+//! frame that arrives therefore has somewhere to go, so a lane is always
+//! read to the end: no frame waits behind one nobody asked for.
 //! Control frames (`Rts`, `Cts`, `Credit`) go on lane 0, ahead of data not
 //! yet started.
 //!
