@@ -59,11 +59,21 @@ def test_fsdp_equals_one_process():
     check_ok(gwrun(2, WORKER, "fsdp", timeout=300), 2, "OK fsdp")
 
 
+# torch's Gloo can abort a rank at exit, after training is done and saved
+# ("terminate called without an active exception": a C++ thread torn down in
+# Gloo's shutdown). Seen once in about 20 suite runs; it is Gloo's, so only the
+# Gloo baseline run is retried, once, and only on that signature.
+GLOO_TEARDOWN_ABORT = "terminate called without an active exception"
+
+
 def test_ddp_equals_gloo_and_one_process(tmp_path):
     saved = {}
     for backend in ("gradwire", "gloo"):
         out = tmp_path / f"{backend}.pt"
         p = gwrun(4, EXAMPLE, "--backend", backend, "--save", str(out), timeout=300)
+        if backend == "gloo" and p.returncode != 0 and GLOO_TEARDOWN_ABORT in p.stdout + p.stderr:
+            print("the Gloo baseline aborted in teardown; running it again:\n" + p.stderr[-2000:])
+            p = gwrun(4, EXAMPLE, "--backend", backend, "--save", str(out), timeout=300)
         assert p.returncode == 0, p.stdout + p.stderr
         assert "largest difference from one process" in p.stdout, p.stdout
         saved[backend] = torch.load(out)
