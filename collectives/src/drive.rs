@@ -133,7 +133,9 @@ impl Driver {
             self.kick();
             return false;
         }
-        let _in_comm = self.span.enter();
+        // Lines from inside name the rank; see `gw_logging::enter` for why
+        // not `self.span.enter()` on this path.
+        let _in_comm = gw_logging::enter(&self.span);
         self.driving.fetch_add(1, Ordering::AcqRel);
         let mut st = TurnState::new();
         let mut first = true;
@@ -176,7 +178,7 @@ impl Driver {
         if !self.inline {
             return None;
         }
-        let _in_comm = self.span.enter();
+        let _in_comm = gw_logging::enter(&self.span);
         self.driving.fetch_add(1, Ordering::AcqRel);
         let mut e = self.lock();
         // The engine thread may have armed the doorbells before it parked.

@@ -17,6 +17,7 @@
 //! first, as it always was, and the rest of the context after the message
 //! (on INFO lines, which describe the set-up, the rank alone).
 
+mod context;
 mod line;
 
 use std::io::Write;
@@ -25,7 +26,20 @@ use tracing_subscriber::filter::{LevelFilter, Targets};
 use tracing_subscriber::layer::SubscriberExt;
 use tracing_subscriber::util::SubscriberInitExt;
 
+pub use context::{InSpan, enter};
 pub use line::{LineLayer, Style};
+
+/// The subscriber [`init`], [`init_service`] and [`init_if_unset`] install:
+/// [`enter`] recognises it by its type.
+type Installed = tracing_subscriber::layer::Layered<
+    tracing_subscriber::filter::Filtered<LineLayer, Targets, tracing_subscriber::Registry>,
+    tracing_subscriber::Registry,
+>;
+
+/// The subscriber gradwire installs, printing through `layer`.
+fn subscriber(layer: LineLayer, filter: Targets) -> Installed {
+    tracing_subscriber::registry().with(layer.with_filter_targets(filter))
+}
 
 /// The variable that sets the filter.
 pub const DEBUG_VAR: &str = "GW_DEBUG";
@@ -66,8 +80,7 @@ fn filter_from_env(default: LevelFilter) -> (Targets, Option<String>) {
 
 fn install(style: Style, default: LevelFilter) -> bool {
     let (filter, complaint) = filter_from_env(default);
-    let ok = tracing_subscriber::registry()
-        .with(LineLayer::new(style, std::io::stderr).with_filter_targets(filter))
+    let ok = subscriber(LineLayer::new(style, std::io::stderr), filter)
         .try_init()
         .is_ok();
     if let Some(c) = complaint {
@@ -107,6 +120,7 @@ pub fn init_if_unset() -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::sync::{Arc, Mutex};
 
     #[test]
     fn levels_numbers_and_directives_parse() {
@@ -124,6 +138,85 @@ mod tests {
         let t = parse_filter("warn,gw_transport::tcp=trace").unwrap();
         assert!(t.would_enable("gw_transport::tcp::lane", &tracing::Level::TRACE));
         assert!(!t.would_enable("gw_collectives", &tracing::Level::INFO));
+    }
+
+    /// Lines printed while `body` runs under `sub`.
+    fn lines<S>(sub: impl FnOnce(LineLayer) -> S, body: impl FnOnce()) -> String
+    where
+        S: tracing::Subscriber + Send + Sync + 'static,
+    {
+        let out = Arc::new(Mutex::new(Vec::<u8>::new()));
+        let sink = out.clone();
+        let layer = LineLayer::to_sink(Style::plain("gradwire"), move |b| {
+            sink.lock().unwrap().extend_from_slice(b)
+        });
+        tracing::subscriber::with_default(sub(layer), body);
+        String::from_utf8(out.lock().unwrap().clone()).unwrap()
+    }
+
+    fn comm(rank: u32, id: &str) -> tracing::Span {
+        tracing::error_span!("comm", rank = rank, comm = id)
+    }
+
+    #[test]
+    fn under_our_subscriber_enter_stands_in_for_the_span_and_restores_on_drop() {
+        let warn = || Targets::new().with_default(LevelFilter::WARN);
+        let got = lines(
+            |l| subscriber(l, warn()),
+            || {
+                let (a, b) = (comm(3, "00aa"), comm(5, "00bb"));
+                {
+                    let _in_a = enter(&a);
+                    // Not entered: the thread-local stands in for it.
+                    assert!(tracing::Span::current().id().is_none());
+                    tracing::warn!("in a");
+                    {
+                        let _in_b = enter(&b);
+                        let op = tracing::error_span!("op", seq = 7);
+                        let _o = op.enter();
+                        tracing::warn!("in b");
+                    }
+                    tracing::warn!("a again");
+                }
+                tracing::warn!("outside");
+            },
+        );
+        assert_eq!(
+            got,
+            "gradwire WARN rank 3: in a {comm=00aa}\n\
+             gradwire WARN rank 5: in b {seq=7, comm=00bb}\n\
+             gradwire WARN rank 3: a again {comm=00aa}\n\
+             gradwire WARN: outside\n"
+        );
+    }
+
+    #[test]
+    fn under_another_subscriber_enter_enters_the_span() {
+        let got = lines(
+            |l| tracing_subscriber::registry().with(l),
+            || {
+                let a = comm(2, "0001");
+                let _in_a = enter(&a);
+                assert_eq!(tracing::Span::current().id(), a.id());
+                tracing::warn!("entered");
+            },
+        );
+        assert_eq!(got, "gradwire WARN rank 2: entered {comm=0001}\n");
+    }
+
+    #[test]
+    fn a_disabled_span_gives_no_context() {
+        let off = || Targets::new().with_default(LevelFilter::OFF);
+        let got = lines(
+            |l| subscriber(l, off()),
+            || {
+                let a = comm(1, "0002");
+                assert!(a.is_disabled());
+                let _in_a = enter(&a);
+                tracing::warn!("not printed");
+            },
+        );
+        assert_eq!(got, "");
     }
 
     #[test]

@@ -16,7 +16,7 @@ use tracing::span::{Attributes, Id, Record};
 use tracing::{Event, Level, Subscriber};
 use tracing_subscriber::Layer;
 use tracing_subscriber::layer::Context;
-use tracing_subscriber::registry::LookupSpan;
+use tracing_subscriber::registry::{LookupSpan, SpanRef};
 
 /// What goes in front of the level.
 #[derive(Clone, Copy, Debug)]
@@ -161,20 +161,25 @@ where
         // specific context.
         let mut rank: Option<String> = None;
         let mut context: Vec<(&'static str, String)> = Vec::new();
-        if let Some(scope) = ctx.event_scope(event) {
-            for span in scope {
-                let ext = span.extensions();
-                let Some(f) = ext.get::<Fields>() else {
-                    continue;
-                };
-                for (k, v) in &f.0 {
-                    if *k == "rank" {
-                        rank.get_or_insert_with(|| v.clone());
-                    } else if !context.iter().any(|(c, _)| c == k) {
-                        context.push((k, v.clone()));
-                    }
+        let mut take = |span: SpanRef<'_, S>| {
+            let ext = span.extensions();
+            let Some(f) = ext.get::<Fields>() else {
+                return;
+            };
+            for (k, v) in &f.0 {
+                if *k == "rank" {
+                    rank.get_or_insert_with(|| v.clone());
+                } else if !context.iter().any(|(c, _)| c == k) {
+                    context.push((k, v.clone()));
                 }
             }
+        };
+        if let Some(scope) = ctx.event_scope(event) {
+            scope.for_each(&mut take);
+        }
+        // The communicator `context::enter` stands in for, outermost.
+        if let Some(scope) = crate::context::stand_in().and_then(|id| ctx.span_scope(&id)) {
+            scope.for_each(&mut take);
         }
         let line = render(
             self.style,

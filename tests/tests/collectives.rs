@@ -250,6 +250,15 @@ fn mismatched_collectives_fail_on_every_rank_naming_both_calls() {
                 "{transport}: rank {r} must name both calls: {}",
                 run.all()
             );
+            // The failure is found inside a call the caller's thread runs
+            // (`gw_logging::enter` stands in for the communicator's span
+            // there): its line still names the rank.
+            let line = format!("gradwire WARN rank {r}: communicator failed");
+            assert!(
+                run.stderr.contains(&line),
+                "{transport}: rank {r} must log {line:?}: {}",
+                run.all()
+            );
             assert!(
                 run.elapsed < Duration::from_secs(20),
                 "rank {r} took {:?}",
