@@ -14,8 +14,10 @@
 //!
 //! Decisions are revisited every round, so slots the prices held back
 //! serve no later arrival before the next round; they go, at the end, to
-//! jobs not yet admitted, in the same order, on their fastest free types.
-//! Last, [`exchange`] trades types between jobs where that raises Σ u_j.
+//! jobs not yet admitted: (job, type) pairs by decreasing u_j / W_j on
+//! that type (Smith's rule per type), then, to jobs that fit no single
+//! type, slots across types. Last, [`exchange`] trades types between jobs
+//! where that brings finishes forward ([`finish_gain`]).
 //! docs/scheduler.md has the competitive-ratio argument.
 
 use crate::policy::{Decision, Policy, Round, Slots, usable};
@@ -101,8 +103,31 @@ pub fn pass(round: &Round<'_>) -> Pass {
             None => waiting.push(i),
         }
     }
+    // Held-back slots, whole types first: (job, type) pairs by decreasing
+    // utility per slot on that type, Smith's rule for the type's queue.
+    let mut pairs: Vec<(f64, usize, usize)> = waiting
+        .iter()
+        .flat_map(|&i| {
+            let w = f64::from(round.jobs[i].workers);
+            (0..free.len()).map(move |k| (whole_utility(round, i, k) / w, i, k))
+        })
+        .filter(|(u, _, _)| *u > 0.0)
+        .collect();
+    pairs.sort_by(|a, b| b.0.total_cmp(&a.0).then(a.1.cmp(&b.1)).then(a.2.cmp(&b.2)));
+    for (_, i, k) in pairs {
+        let w = round.jobs[i].workers;
+        if decision.run[i].iter().all(|n| *n == 0) && free[k] >= w {
+            let mut a = vec![0; free.len()];
+            a[k] = w;
+            take(&mut decision.run[i], &mut free, &mut busy, a);
+        }
+    }
+    // Then those that fit no single type, across types.
     for i in waiting {
         let j = &round.jobs[i];
+        if decision.run[i].iter().any(|n| *n > 0) {
+            continue;
+        }
         let v = values(round, i);
         if let Some((a, _)) = greedy(&v, j.workers, &free, |_, _| 0.0) {
             take(&mut decision.run[i], &mut free, &mut busy, a);
@@ -122,22 +147,44 @@ fn whole_utility(round: &Round<'_>, i: usize, k: usize) -> f64 {
     (round.round_s * j.tput[k] / j.remaining_steps.max(1e-9)).min(1.0)
 }
 
+/// What a round with all of job i's workers on type k is worth to the sum
+/// of completion times, the exchange's currency: the seconds by which it
+/// brings the job's finish forward (against a round without progress),
+/// over Δ, weighted by 1 / ln(e + n), n the rounds it still needs on its
+/// fastest type. Unfinished, that is its progress in fastest-type seconds,
+/// Δ T[j][k] / T_best; finishing at t_f < Δ, it is Δ + R_j / T_best − t_f.
+fn finish_gain(round: &Round<'_>, i: usize, k: usize) -> f64 {
+    let j = &round.jobs[i];
+    let best = j.tput.iter().fold(0.0f64, |m, t| m.max(*t));
+    if j.tput[k] <= 0.0 || best <= 0.0 {
+        return 0.0;
+    }
+    let d = round.round_s;
+    let left = j.remaining_steps.max(1e-9) / best;
+    let saved = if j.remaining_steps > d * j.tput[k] {
+        d * j.tput[k] / best
+    } else {
+        d + left - j.remaining_steps / j.tput[k]
+    };
+    saved / d / (std::f64::consts::E + left / d).ln()
+}
+
 /// The type a job runs on whole, if it runs on one type.
 fn whole_type(run: &Slots, workers: u32) -> Option<usize> {
     run.iter().position(|n| *n == workers && workers > 0)
 }
 
-/// Raises the round's primal, Σ_j u_j, after the priced pass, by moves
-/// that keep every type's count: the pass hands types out one job at a
-/// time against prices that rise as it goes, so an early job may take a
-/// fast type it gains little from while a later one, which would gain
-/// more, gets a slow one, and slots the prices held back may sit on a
-/// type faster than the one a job got. Per pair of types (k, l), a job
-/// moves to free slots of l where u_j rises, largest rise first; then,
-/// among the jobs of each width on k or l, the ones with the largest
-/// u_j(l) − u_j(k) take l's places (for two types and fixed counts that
-/// sort is the optimum). Jobs spanning types stay where they are. A few
-/// sweeps over the pairs, each O(n log n).
+/// Raises Σ_j [`finish_gain`] over the jobs that run, after the priced
+/// pass, by moves that keep every type's count: the pass hands types out
+/// one job at a time against prices that rise as it goes, so an early job
+/// may take a fast type it gains little from while a later one, which
+/// would gain more, gets a slow one, and slots the prices held back may
+/// sit on a type faster than the one a job got. Per pair of types (k, l),
+/// a job moves to free slots of l where its gain rises, largest rise
+/// first; then, among the jobs of each width on k or l, the ones with the
+/// largest gain(l) − gain(k) take l's places (for two types and fixed
+/// counts that sort is the optimum). Jobs spanning types stay where they
+/// are. A few sweeps over the pairs, each O(n log n).
 fn exchange(round: &Round<'_>, run: &mut [Slots], free: &mut [u32]) {
     const SWEEPS: usize = 4;
     let types = free.len();
@@ -152,7 +199,7 @@ fn exchange(round: &Round<'_>, run: &mut [Slots], free: &mut [u32]) {
                 // Into l's free slots.
                 let mut up: Vec<(f64, usize)> = (0..run.len())
                     .filter(|&i| on(run, i) == Some(k))
-                    .map(|i| (whole_utility(round, i, l) - whole_utility(round, i, k), i))
+                    .map(|i| (finish_gain(round, i, l) - finish_gain(round, i, k), i))
                     .filter(|(gain, _)| *gain > 1e-12)
                     .collect();
                 up.sort_by(|a, b| b.0.total_cmp(&a.0).then(a.1.cmp(&b.1)));
@@ -177,7 +224,7 @@ fn exchange(round: &Round<'_>, run: &mut [Slots], free: &mut [u32]) {
                         let tput = &round.jobs[i].tput;
                         let both = tput[k] > 0.0 && tput[l] > 0.0;
                         (both && (t == k || t == l)).then(|| {
-                            let d = whole_utility(round, i, l) - whole_utility(round, i, k);
+                            let d = finish_gain(round, i, l) - finish_gain(round, i, k);
                             (round.jobs[i].workers, d, t == k, i)
                         })
                     })
@@ -358,22 +405,66 @@ mod tests {
         assert_eq!(free, [0, 2]);
     }
 
-    #[test]
-    fn no_trade_puts_a_job_on_a_type_it_cannot_run_on() {
-        // b would gain far more from type 0 than a (long, so its utility is
-        // small anywhere) would lose, but a cannot run on type 1.
-        let jobs = [job(1, 1, [2.0, 0.0], 1e7), job(2, 1, [10.0, 1.0], 1e5)];
+    /// The exchange on two one-worker jobs filling one slot of each of two
+    /// types, the first on type 0.
+    fn exchanged(jobs: &[JobState]) -> Vec<Slots> {
         let round = Round {
             now_s: 0.0,
             round_s: 60.0,
             total: &[1, 1],
             free: &[0, 0],
-            jobs: &jobs,
+            jobs,
         };
         let mut run = vec![vec![1, 0], vec![0, 1]];
         let mut free = vec![0, 0];
         exchange(&round, &mut run, &mut free);
-        assert_eq!(run, [vec![1, 0], vec![0, 1]]);
+        run
+    }
+
+    #[test]
+    fn no_trade_puts_a_job_on_a_type_it_cannot_run_on() {
+        // b would gain far more from type 0 than a (long, so its utility is
+        // small anywhere) would lose, but a cannot run on type 1.
+        let jobs = [job(1, 1, [2.0, 0.0], 1e7), job(2, 1, [10.0, 1.0], 1e5)];
+        assert_eq!(exchanged(&jobs), [vec![1, 0], vec![0, 1]]);
+    }
+
+    #[test]
+    fn held_back_slots_go_by_smiths_rule_on_each_type() {
+        // Type 1 and one slot of type 0 are taken; the price of the other
+        // is above both jobs' value, so neither is admitted. Job 0 comes
+        // first (by its best type, type 1), but job 1 does more of its
+        // remaining work per slot on type 0, and takes it.
+        let jobs = [job(1, 1, [1.0, 100.0], 1e7), job(2, 1, [2.0, 0.0], 1e6)];
+        let round = Round {
+            now_s: 0.0,
+            round_s: 60.0,
+            total: &[2, 1],
+            free: &[1, 0],
+            jobs: &jobs,
+        };
+        let p = pass(&round);
+        assert_eq!(p.order, [0, 1], "job 0 has the higher best density");
+        assert_eq!(p.decision.run[0], [0, 0]);
+        assert_eq!(p.decision.run[1], [1, 0]);
+    }
+
+    #[test]
+    fn a_finishing_job_keeps_the_type_that_finishes_it_far_sooner() {
+        // Both gain 10× from type 0. The short one would finish in 10 s
+        // there and in 100 s on type 1; the long one gains 54 s of progress
+        // in the round. Finishing 90 s sooner is worth more.
+        let jobs = [job(1, 1, [10.0, 1.0], 1e6), job(2, 1, [10.0, 1.0], 100.0)];
+        assert_eq!(exchanged(&jobs), [vec![0, 1], vec![1, 0]]);
+    }
+
+    #[test]
+    fn the_fast_type_goes_to_the_larger_speed_up_not_the_shorter_job() {
+        // Smith's weights (1/R) would give type 0 to the ten-times shorter
+        // job, which barely gains from it; progress weighted by
+        // 1/ln(e + rounds left) gives it to the one 10× faster there.
+        let jobs = [job(1, 1, [10.0, 9.0], 1e5), job(2, 1, [10.0, 1.0], 1e6)];
+        assert_eq!(exchanged(&jobs), [vec![0, 1], vec![1, 0]]);
     }
 
     #[test]
