@@ -350,15 +350,9 @@ pub(crate) fn route(
                 job_id: format!("{}-{key}", env.job_id),
                 name_secret: shm_secret.to_owned(),
                 slot_bytes: cfg.shm_slot_bytes.value,
-                slots: shm_slots(cfg, env.local_size),
+                slots: cfg.shm_slots.value,
                 pull_bytes: shm_pull_bytes(cfg, env.local_size),
                 eager_frames: cfg.eager_frames.value,
-                // As over TCP: none where frames are not buffered at all.
-                small_frames: if cfg.eager_frames.value == 0 {
-                    0
-                } else {
-                    cfg.eager_small.value
-                },
             },
         )?));
         Some(transports.len() - 1)
@@ -594,25 +588,6 @@ pub(crate) fn start_engine(
 /// equal); with ranks sharing cores the copies no longer overlap and one
 /// copy instead of two wins (4 ranks on 2 cores, 1 MiB: 1.3-2.0 vs
 /// 0.6-1.1 GB/s).
-/// `GW_SHM_SLOTS`, whose default is 2 where a host runs more ranks than
-/// cores, else 8. Every frame of a ring cycles through its whole area, so
-/// the area's size is memory traffic: with ranks taking turns on cores,
-/// eight largest frames per ring (4 MiB) made 32 KiB–2 MiB broadcasts at 8
-/// ranks on 2 cores up to 2× slower than two (1 MiB); small messages do not
-/// need the room, they run ahead on small credits (see
-/// `gw_transport::shm`). Both ranks of a pair see the same host.
-fn shm_slots(cfg: &Config, local_ranks: u32) -> usize {
-    if cfg.shm_slots.source != Source::Default {
-        return cfg.shm_slots.value;
-    }
-    let ncpu = std::thread::available_parallelism().map_or(1, |n| n.get());
-    if local_ranks as usize > ncpu {
-        2
-    } else {
-        cfg.shm_slots.value
-    }
-}
-
 fn shm_pull_bytes(cfg: &Config, local_ranks: u32) -> usize {
     if cfg.shm_pull_bytes.source != Source::Default {
         return cfg.shm_pull_bytes.value;

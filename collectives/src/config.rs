@@ -192,16 +192,14 @@ pub struct Config {
     /// writes: `auto` (where they are done in hardware), 1 (wherever a
     /// transport has them) or 0 (never).
     pub one_sided: Setting<OneSided>,
-    /// `GW_SHM_SLOT_BYTES`: the largest payload of one shared-memory frame.
+    /// `GW_SHM_SLOT_BYTES`: payload per shared-memory ring slot.
     pub shm_slot_bytes: Setting<usize>,
-    /// `GW_SHM_SLOTS`: a shared-memory ring holds this many of the largest
-    /// frames. Left at its default, 2 where a host runs more ranks than it
-    /// has cores (see `bringup::shm_slots`).
+    /// `GW_SHM_SLOTS`: slots per shared-memory ring.
     pub shm_slots: Setting<usize>,
     /// `GW_SHM_PULL_BYTES`: shared-memory messages from this size on are
     /// copied once, by the receiver, out of the sender's process (0: never).
     /// Left at its default, it applies only where a host runs more ranks
-    /// than it has cores (see `bringup::shm_pull_bytes`).
+    /// than it has cores (see `communicator::shm_pull_bytes`).
     pub shm_pull_bytes: Setting<usize>,
     /// `GW_TRACE`: a Chrome-trace file every rank appends its timeline to
     /// when its communicator closes (see `trace.rs`); unset: no tracing.

@@ -240,6 +240,13 @@ impl<X, A> RecvCore<X, A> {
         }
     }
 
+    /// A receive side that will buffer `eager_frames` frames once its
+    /// connection is made ([`RecvCore::make_buffers`]): until then it has
+    /// none, and a peer that sends it eager frames is violating its credits.
+    pub fn unconnected(me: Rank, peer: Rank, frame_cap: usize) -> RecvCore<X, A> {
+        RecvCore::new(me, peer, 0, frame_cap)
+    }
+
     /// Makes the `n` early buffers (at connection), if not made yet.
     pub fn make_buffers(&mut self, n: usize) {
         // Room to file every buffered frame, so that filing never allocates.

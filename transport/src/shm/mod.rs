@@ -2,35 +2,31 @@
 //!
 //! Each unordered pair of ranks `{lo, hi}` shares one segment, a file in
 //! `/dev/shm` whose name only the job's ranks can derive (see `names.rs`),
-//! holding two single-producer single-consumer rings of frames (`lo -> hi`
-//! and `hi -> lo`, see `ring.rs` and the segment layout in `segment.rs`). The
+//! holding two single-producer single-consumer slot rings (`lo -> hi` and
+//! `hi -> lo`, see `ring.rs` and the segment layout in `segment.rs`). The
 //! lower rank creates it on `connect`; the higher rank maps it once it
 //! exists and removes the name, so nothing is left behind if a process dies
 //! later.
 //!
-//! A send is copied into the ring as frames, one segment of at most
-//! `slot_bytes` each, behind a 64-byte [`FrameHeader`], each taking ring space
-//! for its own length only; the request completes once the
+//! A send is copied into ring slots, one segment of at most `slot_bytes` per
+//! slot, each behind a 64-byte [`FrameHeader`]; the request completes once the
 //! last segment is in the ring. Messages to one peer enter its ring in posting
 //! order. The receiver looks at the oldest frame of each inbound ring and
 //! delivers it to the first posted receive whose [`Tag`] matches; if none does,
-//! the frame stays in the ring, where the receive posted next reads it. A
+//! the frame stays in its slot, where the receive posted next reads it. A
 //! fingerprint disagreement is an [`Error::Mismatch`]; anything malformed is an
 //! [`Error::Protocol`] naming the peer.
 //!
 //! Flow control is the receive core's (`recv_core`), with its credits in the
 //! ring's counters rather than in frames: a sender may have a ring's worth
 //! plus `eager_frames` eager frames unconsumed at the receiver, which keeps
-//! that many buffers (made when the pair connects), and `small_frames`
-//! messages of at most [`SMALL_FRAME_BYTES`] more on small credits, for which
-//! it keeps small buffers (the segment header carries their number, so both
-//! sides agree before either sends); a message beyond its credits is
-//! announced (`Rts`) and sent once its receive is posted (`Cts`).
+//! that many buffers (made when the pair connects); a message beyond its
+//! credits is announced (`Rts`) and sent once its receive is posted (`Cts`).
 //! So when a posted receive waits behind frames nobody asked for yet, or one
 //! of this rank's sends is stuck on a full ring, the receiver can always take
 //! every frame out of the ring: into a buffer, or as an announcement.
 //!
-//! Large messages skip the ring: a send of at least
+//! Large messages skip the slots: a send of at least
 //! [`ShmConfig::pull_bytes`] is one rendezvous frame, and the receiver copies
 //! the bytes straight out of the sender's process (see `pull.rs`) when its
 //! receive is posted; the send completes when the receiver reports it
@@ -65,8 +61,6 @@ mod tests_one_sided;
 #[cfg(test)]
 mod tests_read;
 #[cfg(test)]
-mod tests_small;
-#[cfg(test)]
 mod tests_squat;
 
 use self::doorbell::{Doorbell, doorbell_addr};
@@ -76,9 +70,7 @@ use self::ring::{CanPull, Consumer, Corrupt, MAX_PULLS, Producer, next_segment};
 pub(crate) use self::segment::pid_alive;
 use self::segment::{Layout, Opened, Segment, segment_path};
 use crate::error::{Error, Result};
-use crate::recv_core::{
-    DEFAULT_EAGER_FRAMES, DEFAULT_SMALL_FRAMES, Posted, Posting, RecvCore, SMALL_FRAME_BYTES,
-};
+use crate::recv_core::{DEFAULT_EAGER_FRAMES, Posted, Posting, RecvCore};
 use crate::regions::{Extent, Regions};
 use crate::reqmap::{self, ReqMap};
 use crate::seam::{
@@ -113,11 +105,9 @@ pub struct ShmConfig {
     /// through the authenticated store), so that no one outside the job can
     /// know a name before it is used.
     pub name_secret: String,
-    /// The largest payload of one frame (default 512 KiB); larger messages
-    /// are cut.
+    /// Payload bytes per slot (default 512 KiB); larger messages are cut.
     pub slot_bytes: usize,
-    /// A ring holds this many of the largest frames (default 8); smaller
-    /// frames take only their own length.
+    /// Slots per ring (default 8).
     pub slots: usize,
     /// Messages of at least this many bytes are copied once, by the
     /// receiver, out of the sender's process, where the kernel allows it
@@ -128,12 +118,6 @@ pub struct ShmConfig {
     /// credits, so a full ring of frames nobody asked for yet can always be
     /// taken out of the ring.
     pub eager_frames: usize,
-    /// Small buffers kept per peer for messages of at most
-    /// [`SMALL_FRAME_BYTES`] (`GW_EAGER_SMALL`): a sender to this rank sends
-    /// that many such messages ahead of their receives on credits of their
-    /// own, so a run of small messages (a broadcast root's) is not held to
-    /// the frame credits; 0 sends them on frame credits.
-    pub small_frames: usize,
 }
 
 impl ShmConfig {
@@ -146,18 +130,12 @@ impl ShmConfig {
             slots: DEFAULT_SLOTS,
             pull_bytes: DEFAULT_PULL_BYTES,
             eager_frames: DEFAULT_EAGER_FRAMES,
-            small_frames: DEFAULT_SMALL_FRAMES,
         }
     }
 
-    /// The credits a sender to this rank gets: eager frames buffered, a
-    /// ring's worth and `eager_frames` more, and never fewer than with the
-    /// default ring: a small ring (as where ranks share cores) is there to
-    /// keep the memory frames cycle through small, not to hold fewer
-    /// medium messages in flight (8-rank 32 KiB reduces ran 0.71× as fast
-    /// on the 6 credits of a 2-frame ring).
+    /// The credits a sender to this rank gets: eager frames buffered.
     fn credits(&self) -> usize {
-        self.slots.max(DEFAULT_SLOTS) + self.eager_frames
+        self.slots + self.eager_frames
     }
 
     fn validate(&self) -> Result<()> {
@@ -283,9 +261,6 @@ struct Peer {
     /// Eager frames sent to the peer so far (its ring's `consumed` counts
     /// those it has consumed; the difference is what our credits cover).
     sent_eager: u64,
-    /// Small messages sent on small credits so far (the ring's
-    /// `small_consumed` counts those consumed).
-    sent_small: u64,
     /// Control frames (`Cts`, `Imm`) waiting for room in the peer's ring.
     ctl: VecDeque<[u8; HEADER_LEN]>,
     /// Control frames pushed into the ring so far (those queued are these
@@ -301,8 +276,6 @@ struct Peer {
     core: RecvCore<RecvExtra, Option<PullRef>>,
     /// Eager frames of the peer consumed so far, as published in its ring.
     consumed: u64,
-    /// Its small messages consumed so far, likewise.
-    consumed_small: u64,
     /// The receive whose message is partly delivered: its next segment must come next.
     active: Option<u64>,
     /// The peer sent a Close frame: it shut its side down cleanly.
@@ -347,41 +320,6 @@ impl Peer {
             || !self.announced.is_empty()
     }
 
-    /// The payload of the next frame queued for the peer, if any, or more:
-    /// a data segment's length where the send may go as a smaller
-    /// rendezvous or announcement frame. Over, not under, so that a sender
-    /// told it is blocked sleeps until the peer frees ring space rather
-    /// than spinning on a frame that does not fit.
-    fn next_frame_len(&self) -> Option<usize> {
-        if !self.ctl.is_empty() {
-            return Some(0);
-        }
-        let op = self.sends.front()?;
-        let slot_bytes = self.conn.as_ref().map_or(0, |c| c.tx.slot_bytes());
-        Some(op.len.saturating_sub(op.sent as usize).min(slot_bytes))
-    }
-
-    /// Small credits we may still spend with the peer, and the largest
-    /// message that takes one (0: the peer keeps no small buffers; every
-    /// message up to that size must take one, as the peer counts them so).
-    /// Both sides keep the segment's number of small buffers (its header
-    /// says, and opening checks that they agree), so a sender may spend
-    /// them before the peer has even opened the segment.
-    fn small_credits(&self) -> (usize, usize) {
-        let Some(conn) = &self.conn else {
-            return (0, 0);
-        };
-        let (cap, _) = self.core.small_credits();
-        if cap == 0 {
-            return (0, 0);
-        }
-        let out = self.sent_small.wrapping_sub(conn.tx.small_consumed());
-        (
-            (cap as u64).saturating_sub(out) as usize,
-            SMALL_FRAME_BYTES.min(conn.tx.slot_bytes()),
-        )
-    }
-
     /// Eager frames we may still send the peer: its credits less those sent
     /// and not yet consumed.
     fn credits(&self) -> usize {
@@ -400,13 +338,6 @@ impl Peer {
             self.consumed = self.consumed.wrapping_add(u64::from(n));
             if let Some(conn) = &self.conn {
                 conn.rx.set_consumed(self.consumed);
-            }
-        }
-        let n = self.core.take_owed_small(1);
-        if n > 0 {
-            self.consumed_small = self.consumed_small.wrapping_add(u64::from(n));
-            if let Some(conn) = &self.conn {
-                conn.rx.set_small_consumed(self.consumed_small);
             }
         }
     }
@@ -491,23 +422,12 @@ impl ShmTransport {
                 announced: VecDeque::with_capacity(crate::seam::POSTED_RESERVED),
                 next_announce: 0,
                 sent_eager: 0,
-                sent_small: 0,
                 ctl: VecDeque::with_capacity(crate::seam::POSTED_RESERVED),
                 ctl_pushed: 0,
                 imm_reqs: VecDeque::with_capacity(crate::seam::POSTED_RESERVED),
                 // Its buffers are made when the connection is.
-                // The small buffers exist from the start (untouched pages
-                // until used); the frame buffers are made at connection.
-                core: RecvCore::with_small(
-                    me,
-                    rank,
-                    0,
-                    cfg.slot_bytes,
-                    cfg.small_frames,
-                    SMALL_FRAME_BYTES,
-                ),
+                core: RecvCore::unconnected(me, rank, cfg.slot_bytes),
                 consumed: 0,
-                consumed_small: 0,
                 active: None,
                 closed: false,
                 pulls_out: VecDeque::with_capacity(MAX_PULLS as usize),
@@ -533,7 +453,6 @@ impl ShmTransport {
             layout: Layout {
                 slots: cfg.slots,
                 slot_bytes: cfg.slot_bytes,
-                small_frames: cfg.small_frames,
             },
             cfg,
             peers: ps,
@@ -613,7 +532,7 @@ impl ShmTransport {
             let Some(conn) = p.conn.as_mut() else {
                 continue;
             };
-            if p.closed {
+            if p.closed || conn.tx.free().unwrap_or(0) == 0 {
                 continue;
             }
             let mut end = reason.len().min(conn.tx.slot_bytes());
@@ -794,9 +713,7 @@ impl ShmTransport {
             // Nothing follows a close; queued sends are an error progress reports.
             return !p.sends.is_empty();
         }
-        if p.next_frame_len()
-            .is_some_and(|len| !matches!(conn.tx.fits(len), Ok(false)))
-        {
+        if (!p.sends.is_empty() || !p.ctl.is_empty()) && !matches!(conn.tx.free(), Ok(0)) {
             return true;
         }
         if p.pulls_out.iter().any(|o| conn.tx.pulled(o.k)) {
@@ -830,9 +747,8 @@ impl ShmTransport {
         for p in &self.peers {
             if let Some(conn) = &p.conn {
                 conn.rx.set_reader_sleeping(on);
-                let blocked = p
-                    .next_frame_len()
-                    .is_some_and(|len| matches!(conn.tx.fits(len), Ok(false)))
+                let blocked = ((!p.sends.is_empty() || !p.ctl.is_empty())
+                    && matches!(conn.tx.free(), Ok(0)))
                     || !p.pulls_out.is_empty();
                 conn.tx.set_writer_sleeping(on && blocked);
             }
@@ -985,7 +901,6 @@ fn pump_sends(
     reqs: &mut ReqMap<bool>,
 ) -> Result<bool> {
     let credits = p.credits();
-    let (mut small_left, small_cap) = p.small_credits();
     let Some(conn) = p.conn.as_mut() else {
         return Ok(false);
     };
@@ -1048,14 +963,7 @@ fn pump_sends(
         }
         if !op.reserved && !op.cleared {
             let frames = (op.len.div_ceil(slot_bytes)).max(1);
-            // A message the peer counts as small takes a small credit, and
-            // only that (one frame: small_cap is at most a slot).
-            let small = op.len <= small_cap;
-            if small && small_left > 0 {
-                small_left -= 1;
-                p.sent_small = p.sent_small.wrapping_add(1);
-                op.reserved = true;
-            } else if !small && frames <= credits {
+            if frames <= credits {
                 // Spent now for the whole message: its frames may take
                 // several calls to fit the ring.
                 credits -= frames;
@@ -1573,9 +1481,7 @@ impl Transport for ShmTransport {
         if !p.sends.is_empty() || !p.ctl.is_empty() || bytes.len() > conn.tx.slot_bytes() {
             return Ok(Now::Later);
         }
-        let (small_left, small_cap) = p.small_credits();
-        let small = bytes.len() <= small_cap;
-        if (small && small_left == 0) || (!small && p.credits() == 0) {
+        if p.credits() == 0 {
             return Ok(Now::Later);
         }
         let Some(conn) = p.conn.as_mut() else {
@@ -1596,11 +1502,7 @@ impl Transport for ShmTransport {
         if !push_frame(&mut conn.tx, p.info.rank, &header, bytes)? {
             return Ok(Now::Later);
         }
-        if small {
-            p.sent_small = p.sent_small.wrapping_add(1);
-        } else {
-            p.sent_eager = p.sent_eager.wrapping_add(1);
-        }
+        p.sent_eager = p.sent_eager.wrapping_add(1);
         if conn.tx.take_reader_sleeping() {
             self.bell.ring(&p.bell);
         }

@@ -1,10 +1,8 @@
-//! A single-producer single-consumer ring of variable-size frames over a
-//! byte region.
+//! A single-producer single-consumer ring of fixed-size slots over a byte region.
 //!
-//! The region starts with an 832-byte control block, then the frame area of
-//! `max(slots, 2)` times the largest frame, where a frame is a 64-byte ring
-//! word (the payload length), a 64-byte [`FrameHeader`](crate::wire::FrameHeader)
-//! and up to `slot_bytes` of payload, rounded up to a cache line:
+//! The region starts with an 832-byte control block, then `slots` slots, each a
+//! 64-byte [`FrameHeader`](crate::wire::FrameHeader) followed by up to
+//! `slot_bytes` of payload (the stride is rounded up to a cache line):
 //!
 //! ```text
 //!   0  head             u64  written by the consumer only
@@ -15,41 +13,28 @@
 //! 264  can_pull         u32  consumer: 1 if it can read the producer's memory, 2 if not
 //! 272  credits          u32  consumer: 1 + the eager frames it buffers (0: not yet said)
 //! 280  consumed         u64  consumer: eager frames it has consumed so far
-//! 296  small_consumed   u64  consumer: small eager messages it has consumed so far
 //! 320  done[64]         u64  consumer: rendezvous message `k` pulled => done[k % 64] = k + 1
-//! 832  frame: word[64] header[64] payload[len rounded up to 64]
-//!      frame ...
+//! 832  slot 0: header[64] payload[stride - 64]
+//!      slot 1 ...
 //! ```
 //!
-//! `head` and `tail` are free-running byte counters; a frame starts at
-//! `tail % area`. The producer writes a frame, then publishes it with a
-//! Release store of the new tail; the consumer Acquire-loads `tail`, reads
-//! the frame at `head`, then frees it with a Release store of the new head.
-//! A frame never wraps: when it does not fit before the end of the area, the
-//! producer writes a pad word there and the frame at the start, publishing
-//! both at once. Each side keeps its own counter privately and only reads
-//! the other's, so a buggy peer can corrupt what we read but never what we
-//! own; counters or words that make no sense are reported as [`Corrupt`],
-//! never trusted.
-//!
-//! Frames are as long as their payload, not a slot each: an 8-byte message
-//! takes 192 bytes, so a ring sized for two 512 KiB frames holds over 5,000
-//! small messages where a ring of fixed slots held one per slot, and a
-//! broadcast root runs as far ahead of a child that is not scheduled as its
-//! small credits allow (see `shm/mod.rs`).
+//! `head` and `tail` are free-running message counters; slot `i` of the ring
+//! holds message `i % slots`. The producer fills the slot at `tail`, then
+//! publishes it with a Release store of `tail + 1`; the consumer Acquire-loads
+//! `tail`, reads the slot at `head`, then frees it with a Release store of
+//! `head + 1`. Each side keeps its own counter privately and only reads the
+//! other's, so a buggy peer can corrupt what we read but never what we own;
+//! counters that make no sense are reported as [`Corrupt`], never trusted.
 //!
 //! `credits` and `consumed` are the receive core's credits (see
 //! `recv_core`) without messages: the producer may have `credits` eager
 //! frames sent and not yet consumed, and learns of each consumption from the
-//! counter, not from a frame that would need ring space. Messages of at most
-//! [`SMALL_FRAME_BYTES`](crate::recv_core::SMALL_FRAME_BYTES) go on small
-//! credits instead (as many as the segment header says both sides keep),
-//! whose consumption `small_consumed` counts the same way.
+//! counter, not from a frame that would need a slot.
 //!
 //! The fields from 256 on serve single-copy transfers (see `pull.rs`): a
 //! large message travels as one small rendezvous frame naming its address in
 //! the producer's process, the consumer copies it straight out of that
-//! process, and reports completion in `done`, which needs no ring space and so
+//! process, and reports completion in `done`, which needs no ring slot and so
 //! can never be blocked behind frames the producer has not read.
 //!
 //! This module is pure logic over memory: it knows nothing of files, peers or
@@ -59,7 +44,7 @@ use crate::wire::HEADER_LEN;
 use std::ptr::NonNull;
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering, fence};
 
-/// Bytes of the control block in front of the frames.
+/// Bytes of the control block in front of the slots.
 pub(crate) const CONTROL_LEN: usize = 832;
 const HEAD_OFF: usize = 0;
 const TAIL_OFF: usize = 64;
@@ -69,15 +54,9 @@ const PROBE_ADDR_OFF: usize = 256;
 const CAN_PULL_OFF: usize = 264;
 const CREDITS_OFF: usize = 272;
 const CONSUMED_OFF: usize = 280;
-const SMALL_CONSUMED_OFF: usize = 296;
 const DONE_OFF: usize = 320;
 /// Rendezvous messages a producer may have outstanding on one ring.
 pub(crate) const MAX_PULLS: u64 = 64;
-/// The ring word in front of each header: the payload length, or [`PAD`].
-const WORD_LEN: usize = 64;
-/// A ring word marking the rest of the area as unused (the next frame is at
-/// its start).
-const PAD: u64 = 1 << 63;
 
 /// What the consumer found out about reading the producer's memory.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -92,20 +71,14 @@ pub(crate) enum CanPull {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) struct Corrupt(pub String);
 
-/// Ring bytes of a frame with `len` payload bytes.
-pub(crate) fn frame_bytes(len: usize) -> usize {
-    WORD_LEN + HEADER_LEN + len.div_ceil(64) * 64
+/// Distance between consecutive slots.
+pub(crate) fn slot_stride(slot_bytes: usize) -> usize {
+    HEADER_LEN + slot_bytes.div_ceil(64) * 64
 }
 
-/// Bytes of the frame area: room for `slots` (at least two) of the largest
-/// frames, so that an empty ring always takes one, padding included.
-fn area_bytes(slots: usize, slot_bytes: usize) -> usize {
-    slots.max(2) * frame_bytes(slot_bytes)
-}
-
-/// Bytes a ring of `slots` largest frames of `slot_bytes` payload occupies.
+/// Bytes a ring of `slots` slots of `slot_bytes` payload occupies.
 pub(crate) fn ring_bytes(slots: usize, slot_bytes: usize) -> usize {
-    CONTROL_LEN + area_bytes(slots, slot_bytes)
+    CONTROL_LEN + slots * slot_stride(slot_bytes)
 }
 
 /// Where the next segment of a `total`-byte message starts and how long it is,
@@ -122,13 +95,11 @@ pub(crate) struct RingRef {
     base: NonNull<u8>,
     slots: usize,
     slot_bytes: usize,
-    /// Bytes of the frame area ([`area_bytes`]).
-    area: u64,
 }
 
 // SAFETY: a RingRef is a pointer into shared memory that is only accessed
-// through atomics (control block) or by the side that currently owns a
-// frame under the SPSC protocol; moving it to another thread changes nothing.
+// through atomics (control block) or by the side that currently owns a slot
+// under the SPSC protocol; moving it to another thread changes nothing.
 unsafe impl Send for RingRef {}
 
 impl RingRef {
@@ -144,7 +115,6 @@ impl RingRef {
             base: NonNull::new(base).expect("ring memory must not be null"),
             slots,
             slot_bytes,
-            area: area_bytes(slots, slot_bytes) as u64,
         }
     }
 
@@ -158,7 +128,6 @@ impl RingRef {
         self.u32_at(CAN_PULL_OFF).store(0, Ordering::Relaxed);
         self.u32_at(CREDITS_OFF).store(0, Ordering::Relaxed);
         self.u64_at(CONSUMED_OFF).store(0, Ordering::Relaxed);
-        self.u64_at(SMALL_CONSUMED_OFF).store(0, Ordering::Relaxed);
         for k in 0..MAX_PULLS as usize {
             self.u64_at(DONE_OFF + 8 * k).store(0, Ordering::Relaxed);
         }
@@ -200,45 +169,27 @@ impl RingRef {
         self.u64_at(DONE_OFF + 8 * (k % MAX_PULLS) as usize)
     }
 
-    /// Pointer to the area byte that free-running counter `at` names.
-    fn at(&self, at: u64) -> *mut u8 {
-        // SAFETY: at % area < area, so the byte lies inside the ring (see `new`).
+    /// Pointer to the slot that holds message number `n`.
+    fn slot(&self, n: u64) -> *mut u8 {
+        let i = (n % self.slots as u64) as usize;
+        // SAFETY: i < slots, so the slot lies inside the ring (see `new`).
         unsafe {
             self.base
                 .as_ptr()
-                .add(CONTROL_LEN + (at % self.area) as usize)
+                .add(CONTROL_LEN + i * slot_stride(self.slot_bytes))
         }
     }
 
-    /// Bytes from `at` to the end of the area.
-    fn left_after(&self, at: u64) -> u64 {
-        self.area - at % self.area
-    }
-
-    /// Bytes between `head` and `tail`, checked against the area.
-    fn used(&self, head: u64, tail: u64) -> Result<u64, Corrupt> {
+    /// Messages between `head` and `tail`, checked against the ring size.
+    fn used(&self, head: u64, tail: u64) -> Result<usize, Corrupt> {
         let used = tail.wrapping_sub(head);
-        if used > self.area {
+        if used > self.slots as u64 {
             return Err(Corrupt(format!(
-                "ring counters head={head} tail={tail} are {used} bytes apart but the ring holds {} bytes",
-                self.area
+                "ring counters head={head} tail={tail} are {used} apart but the ring has {} slots",
+                self.slots
             )));
         }
-        Ok(used)
-    }
-
-    /// Where a frame of `need` bytes goes, with `used` bytes published
-    /// ahead of `tail`: the padding written first (0: at the tail), or
-    /// `None` if it does not fit now. (Going back to the start early, to
-    /// keep the frames in flight within the first bytes of the area, was
-    /// tried: the padding counts as used until the consumer passes it, so
-    /// the ring held one frame at a time.)
-    fn place(&self, tail: u64, used: u64, need: u64) -> Option<u64> {
-        let end = self.area - tail % self.area;
-        if need <= end {
-            return (used + need <= self.area).then_some(0);
-        }
-        (used + end + need <= self.area).then_some(end)
+        Ok(used as usize)
     }
 }
 
@@ -256,36 +207,19 @@ impl Producer {
         Producer { ring, tail }
     }
 
-    /// Largest payload of one frame.
+    /// Payload bytes per slot.
     pub(crate) fn slot_bytes(&self) -> usize {
         self.ring.slot_bytes
     }
 
-    /// Whether a frame of `len` payload bytes would fit now (then
-    /// [`Producer::push`] of it, or of any smaller one, succeeds).
-    pub(crate) fn fits(&self, len: usize) -> Result<bool, Corrupt> {
-        let head = self.ring.head().load(Ordering::Acquire);
-        let used = self.ring.used(head, self.tail)?;
-        Ok(self
-            .ring
-            .place(self.tail, used, frame_bytes(len) as u64)
-            .is_some())
-    }
-
-    /// Largest frames the producer could write now.
-    #[cfg(test)]
+    /// Slots the producer may fill now.
     pub(crate) fn free(&self) -> Result<usize, Corrupt> {
         let head = self.ring.head().load(Ordering::Acquire);
-        let used = self.ring.used(head, self.tail)?;
-        let most = frame_bytes(self.ring.slot_bytes) as u64;
-        Ok(match self.ring.place(self.tail, used, most) {
-            Some(pad) => ((self.ring.area - used - pad) / most) as usize,
-            None => 0,
-        })
+        Ok(self.ring.slots - self.ring.used(head, self.tail)?)
     }
 
-    /// Writes one frame (ring word, header, payload) and publishes it.
-    /// Returns `false`, writing nothing, when it does not fit now.
+    /// Writes one frame (header, then payload) into the next free slot and
+    /// publishes it. Returns `false`, writing nothing, when the ring is full.
     pub(crate) fn push(
         &mut self,
         header: &[u8; HEADER_LEN],
@@ -297,38 +231,19 @@ impl Producer {
             payload.len(),
             self.ring.slot_bytes
         );
-        let head = self.ring.head().load(Ordering::Acquire);
-        let used = self.ring.used(head, self.tail)?;
-        let need = frame_bytes(payload.len()) as u64;
-        let Some(pad) = self.ring.place(self.tail, used, need) else {
+        if self.free()? == 0 {
             return Ok(false);
-        };
-        let word = |at: u64, w: u64| {
-            // SAFETY: `at` is a frame start inside the area that the
-            // consumer has freed (head observed with Acquire above), 64-byte
-            // aligned (frames and the area are multiples of 64 and the base
-            // is 8-aligned), with at least WORD_LEN bytes before the end.
-            unsafe { self.ring.at(at).cast::<u64>().write(w.to_le()) }
-        };
-        if pad > 0 {
-            word(self.tail, PAD);
         }
-        let at = self.tail + pad;
-        word(at, payload.len() as u64);
-        let frame = self.ring.at(at);
-        // SAFETY: the frame's `need` bytes from `at` are free (as above) and
-        // lie before the end of the area (`place` moved `at` to its start
-        // otherwise); sources are valid slices that cannot overlap shared
-        // memory we own exclusively.
+        let slot = self.ring.slot(self.tail);
+        // SAFETY: the slot at `tail` is free (head has moved past it, observed with
+        // Acquire in `free`), so the consumer does not touch it until we publish;
+        // header and payload fit the slot's stride; sources are valid slices that
+        // cannot overlap shared memory we own exclusively.
         unsafe {
-            std::ptr::copy_nonoverlapping(header.as_ptr(), frame.add(WORD_LEN), HEADER_LEN);
-            std::ptr::copy_nonoverlapping(
-                payload.as_ptr(),
-                frame.add(WORD_LEN + HEADER_LEN),
-                payload.len(),
-            );
+            std::ptr::copy_nonoverlapping(header.as_ptr(), slot, HEADER_LEN);
+            std::ptr::copy_nonoverlapping(payload.as_ptr(), slot.add(HEADER_LEN), payload.len());
         }
-        self.tail = at.wrapping_add(need);
+        self.tail = self.tail.wrapping_add(1);
         self.ring.tail().store(self.tail, Ordering::Release);
         Ok(true)
     }
@@ -341,7 +256,7 @@ impl Producer {
             && self.ring.reader_sleeping().swap(0, Ordering::SeqCst) != 0
     }
 
-    /// Asks the consumer to ring our doorbell when it frees a frame (or
+    /// Asks the consumer to ring our doorbell when it frees a slot (or
     /// reports a pulled message).
     pub(crate) fn set_writer_sleeping(&self, on: bool) {
         self.ring
@@ -380,11 +295,6 @@ impl Producer {
         self.ring.u64_at(CONSUMED_OFF).load(Ordering::Acquire)
     }
 
-    /// Small eager messages the consumer has consumed so far.
-    pub(crate) fn small_consumed(&self) -> u64 {
-        self.ring.u64_at(SMALL_CONSUMED_OFF).load(Ordering::Acquire)
-    }
-
     /// Whether rendezvous message `k` has been pulled by the consumer.
     pub(crate) fn pulled(&self, k: u64) -> bool {
         self.ring.done(k).load(Ordering::Acquire) == k.wrapping_add(1)
@@ -398,13 +308,6 @@ pub(crate) struct Consumer {
     head: u64,
 }
 
-/// The oldest unread frame: where it starts and its payload length.
-#[derive(Clone, Copy)]
-struct Front {
-    at: u64,
-    len: usize,
-}
-
 impl Consumer {
     /// Takes the consumer role; starts from the head currently in the ring.
     pub(crate) fn new(ring: RingRef) -> Consumer {
@@ -412,7 +315,7 @@ impl Consumer {
         Consumer { ring, head }
     }
 
-    /// Largest payload of one frame.
+    /// Payload bytes per slot.
     pub(crate) fn slot_bytes(&self) -> usize {
         self.ring.slot_bytes
     }
@@ -432,67 +335,23 @@ impl Consumer {
             .store(total, Ordering::Release);
     }
 
-    /// Tells the producer how many of its small messages we have consumed.
-    pub(crate) fn set_small_consumed(&self, total: u64) {
-        self.ring
-            .u64_at(SMALL_CONSUMED_OFF)
-            .store(total, Ordering::Release);
-    }
-
-    /// The oldest published frame, past any pad word, with its ring word
-    /// checked against what was published.
-    fn front(&self) -> Result<Option<Front>, Corrupt> {
+    /// Frames waiting to be read.
+    pub(crate) fn available(&self) -> Result<usize, Corrupt> {
         let tail = self.ring.tail().load(Ordering::Acquire);
-        let used = self.ring.used(self.head, tail)?;
-        if used == 0 {
-            return Ok(None);
-        }
-        let word = |at: u64| {
-            // SAFETY: `at` is a published frame start (tail observed past it
-            // with Acquire above), 8-aligned, inside the area with at least
-            // WORD_LEN bytes before its end (frames never wrap).
-            u64::from_le(unsafe { self.ring.at(at).cast::<u64>().read() })
-        };
-        let mut at = self.head;
-        let mut w = word(at);
-        if w == PAD {
-            let pad = self.ring.left_after(at);
-            if pad >= used {
-                return Err(Corrupt(format!(
-                    "a pad word at ring byte {at} with only {used} bytes published"
-                )));
-            }
-            at += pad;
-            w = word(at);
-        }
-        let frame = frame_bytes(w.min(u64::from(u32::MAX)) as usize) as u64;
-        if w > self.ring.slot_bytes as u64 || frame > tail.wrapping_sub(at) {
-            return Err(Corrupt(format!(
-                "ring word {w:#x} at ring byte {at}: not a payload length up to {} within the {} bytes published",
-                self.ring.slot_bytes,
-                tail.wrapping_sub(at)
-            )));
-        }
-        Ok(Some(Front {
-            at,
-            len: w as usize,
-        }))
+        self.ring.used(self.head, tail)
     }
 
     /// A copy of the header of the oldest unread frame, if any.
     pub(crate) fn peek(&self) -> Result<Option<[u8; HEADER_LEN]>, Corrupt> {
-        let Some(f) = self.front()? else {
+        if self.available()? == 0 {
             return Ok(None);
-        };
+        }
         let mut h = [0u8; HEADER_LEN];
-        // SAFETY: the frame was published (`front`) and the producer does
-        // not reuse it until we advance head; its header follows the word.
+        // SAFETY: the slot at `head` was published (tail observed past it with
+        // Acquire in `available`) and the producer does not reuse it until we
+        // advance head; it is valid for HEADER_LEN bytes.
         unsafe {
-            std::ptr::copy_nonoverlapping(
-                self.ring.at(f.at).add(WORD_LEN),
-                h.as_mut_ptr(),
-                HEADER_LEN,
-            )
+            std::ptr::copy_nonoverlapping(self.ring.slot(self.head), h.as_mut_ptr(), HEADER_LEN)
         };
         Ok(Some(h))
     }
@@ -507,7 +366,7 @@ impl Consumer {
     /// (see `stream.rs`).
     pub(crate) fn read_payload_with(&self, dst: &mut [u8], streaming: bool) -> Result<(), Corrupt> {
         let src = self.payload_ptr(dst.len())?;
-        // SAFETY: `payload_ptr` checked that the published frame holds
+        // SAFETY: `payload_ptr` checked that the published slot holds
         // dst.len() bytes; dst is a distinct local buffer.
         unsafe {
             if streaming {
@@ -523,31 +382,28 @@ impl Consumer {
     /// for reading in place; valid until [`Consumer::pop`]. The caller
     /// checked that a frame is available ([`Consumer::peek`]).
     pub(crate) fn payload_ptr(&self, len: usize) -> Result<*const u8, Corrupt> {
-        let Some(f) = self.front()? else {
-            return Err(Corrupt("payload read from an empty ring".into()));
-        };
-        if len > f.len {
+        if len > self.ring.slot_bytes {
             return Err(Corrupt(format!(
-                "a read of {len} payload bytes from a frame that holds {}",
-                f.len
+                "segment of {len} bytes does not fit a {}-byte slot",
+                self.ring.slot_bytes
             )));
         }
-        // SAFETY: the frame was published (`front`) and the producer does
-        // not reuse it until `pop`; its payload of f.len >= len bytes lies
-        // inside the area.
-        Ok(unsafe { self.ring.at(f.at).add(WORD_LEN + HEADER_LEN) })
-    }
-
-    /// Frees the oldest frame for the producer (nothing if there is none
-    /// or it is corrupt, which `peek` reported).
-    pub(crate) fn pop(&mut self) {
-        if let Ok(Some(f)) = self.front() {
-            self.head = f.at.wrapping_add(frame_bytes(f.len) as u64);
-            self.ring.head().store(self.head, Ordering::Release);
+        if self.available()? == 0 {
+            return Err(Corrupt("payload read from an empty ring".into()));
         }
+        // SAFETY: the slot at `head` was published (tail observed past it
+        // with Acquire in `available`) and the producer does not reuse it
+        // until `pop`; its payload area holds slot_bytes >= len bytes.
+        Ok(unsafe { self.ring.slot(self.head).add(HEADER_LEN) })
     }
 
-    /// After freeing frames: whether the producer asked to be woken (the flag is
+    /// Frees the oldest frame's slot for the producer.
+    pub(crate) fn pop(&mut self) {
+        self.head = self.head.wrapping_add(1);
+        self.ring.head().store(self.head, Ordering::Release);
+    }
+
+    /// After freeing slots: whether the producer asked to be woken (the flag is
     /// cleared so that one doorbell is rung per sleep).
     pub(crate) fn take_writer_sleeping(&self) -> bool {
         fence(Ordering::SeqCst);
@@ -615,64 +471,11 @@ mod tests {
     }
 
     #[test]
-    fn frames_are_as_long_as_their_payload_in_cache_lines() {
-        assert_eq!(frame_bytes(0), 128);
-        assert_eq!(frame_bytes(1), 192);
-        assert_eq!(frame_bytes(64), 192);
-        assert_eq!(frame_bytes(65), 256);
-        // Room for two of the largest frames even where one slot is asked.
-        assert_eq!(ring_bytes(1, 64), CONTROL_LEN + 2 * 192);
-        assert_eq!(ring_bytes(3, 64), CONTROL_LEN + 3 * 192);
-    }
-
-    #[test]
-    fn a_ring_of_two_4k_slots_holds_44_eight_byte_frames() {
-        let (slots, sb) = (2, 4096);
-        let mut buf = region(slots, sb);
-        let (mut p, mut c) = pair(&mut buf, slots, sb);
-        let mut n = 0u8;
-        while p.push(&header(0, 8, 8), &[n; 8]).unwrap() {
-            n += 1;
-        }
-        // (2 × (128 + 4096)) / 192 = 44 exactly: no byte is lost.
-        assert_eq!(n, 44);
-        assert_eq!(p.free().unwrap(), 0);
-        for k in 0..n {
-            let mut b = [0u8; 8];
-            c.read_payload(&mut b).unwrap();
-            assert_eq!(b, [k; 8]);
-            c.pop();
-        }
-        assert!(c.peek().unwrap().is_none());
-        assert_eq!(p.free().unwrap(), 2);
-    }
-
-    #[test]
-    fn an_empty_ring_always_takes_the_largest_frame() {
-        // Whatever the tail's position when the ring empties, padding
-        // included (this is what keeps a blocked producer live).
-        for slots in [1, 2, 3] {
-            let sb = 200;
-            let mut buf = region(slots, sb);
-            let (mut p, mut c) = pair(&mut buf, slots, sb);
-            for small in 0..40 {
-                assert!(
-                    p.push(&header(0, small, small), &vec![7u8; small as usize])
-                        .unwrap()
-                );
-                c.pop();
-                assert!(c.peek().unwrap().is_none());
-                assert!(p.free().unwrap() >= 1, "slots {slots} after {small}");
-                assert!(
-                    p.push(&header(0, sb as u64, sb as u64), &[9u8; 200])
-                        .unwrap()
-                );
-                let mut b = [0u8; 200];
-                c.read_payload(&mut b).unwrap();
-                assert_eq!(b, [9u8; 200]);
-                c.pop();
-            }
-        }
+    fn stride_is_cache_aligned() {
+        assert_eq!(slot_stride(1), 128);
+        assert_eq!(slot_stride(64), 128);
+        assert_eq!(slot_stride(65), 192);
+        assert_eq!(ring_bytes(2, 64), CONTROL_LEN + 256);
     }
 
     #[test]
@@ -686,12 +489,8 @@ mod tests {
             // Fill up to 1..=slots frames, then drain some of them.
             let n = 1 + round % slots;
             for _ in 0..n {
-                // Sizes 0..=16 vary where frames end, so pads come and go.
-                let len = (next_in as usize * 5) % 17;
-                let payload = vec![next_in; len];
-                if p.push(&header(0, len as u64, len as u64), &payload)
-                    .unwrap()
-                {
+                let payload = [next_in; 16];
+                if p.push(&header(0, 16, 16), &payload).unwrap() {
                     next_in = next_in.wrapping_add(1);
                 }
             }
@@ -702,7 +501,7 @@ mod tests {
                 let d = FrameHeader::decode(&h).unwrap();
                 let mut out = vec![0u8; d.len as usize];
                 c.read_payload(&mut out).unwrap();
-                assert_eq!(out, vec![next_out; (next_out as usize * 5) % 17]);
+                assert_eq!(out, vec![next_out; 16]);
                 next_out = next_out.wrapping_add(1);
                 c.pop();
             }
@@ -712,14 +511,13 @@ mod tests {
             next_out = next_out.wrapping_add(1);
         }
         assert_eq!(next_in, next_out);
-        assert!(p.free().unwrap() >= 1);
+        assert_eq!(p.free().unwrap(), slots);
     }
 
     #[test]
     fn full_ring_refuses_and_recovers() {
-        // Two slots of 64: 2 × 192 bytes, two frames of 1 to 64 bytes.
-        let mut buf = region(2, 64);
-        let (mut p, mut c) = pair(&mut buf, 2, 64);
+        let mut buf = region(2, 8);
+        let (mut p, mut c) = pair(&mut buf, 2, 8);
         assert!(p.push(&header(0, 1, 1), &[1]).unwrap());
         assert!(p.push(&header(0, 1, 1), &[2]).unwrap());
         assert!(!p.push(&header(0, 1, 1), &[3]).unwrap());
@@ -773,104 +571,10 @@ mod tests {
         let (p, c) = pair(&mut buf, 2, 8);
         // The "peer" scribbles over the tail, then over the head.
         p.ring.tail().store(1000, Ordering::Relaxed);
-        assert!(c.peek().unwrap_err().0.contains("holds 384 bytes"));
+        assert!(c.peek().unwrap_err().0.contains("2 slots"));
         p.ring.tail().store(0, Ordering::Relaxed);
         c.ring.head().store(7, Ordering::Relaxed);
         assert!(p.free().is_err());
-    }
-
-    #[test]
-    fn corrupt_ring_words_are_reported_not_followed() {
-        let mut buf = region(2, 8);
-        let (mut p, c) = pair(&mut buf, 2, 8);
-        assert!(p.push(&header(0, 1, 1), &[1]).unwrap());
-        // SAFETY: ring byte 0 is the published frame's word, in the test's
-        // own buffer, which only this thread touches.
-        let word = |w: u64| unsafe { p.ring.at(0).cast::<u64>().write(w.to_le()) };
-        // A length beyond the slot size, one past what was published, a
-        // pad with nothing after it, a pad word with other bits.
-        for (w, says) in [
-            (9u64, "not a payload length"),
-            (u64::MAX, "not a payload length"),
-            (PAD | 1, "not a payload length"),
-        ] {
-            word(w);
-            assert!(c.peek().unwrap_err().0.contains(says), "{w:#x}");
-            assert!(c.payload_ptr(1).is_err());
-        }
-        word(1);
-        assert!(c.payload_ptr(2).unwrap_err().0.contains("holds 1"));
-        assert!(c.payload_ptr(1).is_ok());
-        // The published frame claims more bytes than the tail covers.
-        p.ring.tail().store(64, Ordering::Relaxed);
-        assert!(
-            c.peek()
-                .unwrap_err()
-                .0
-                .contains("within the 64 bytes published")
-        );
-    }
-
-    #[test]
-    fn a_pad_with_nothing_published_after_it_is_corrupt() {
-        let (slots, sb) = (2, 64);
-        let mut buf = region(slots, sb);
-        let (mut p, mut c) = pair(&mut buf, slots, sb);
-        // One 1-byte frame (192 bytes), popped: the tail sits 192 bytes
-        // before the end of the 384-byte area.
-        assert!(p.push(&header(0, 1, 1), &[1]).unwrap());
-        c.pop();
-        // SAFETY: ring byte 192 is inside the 384-byte area of the test's
-        // buffer, 8-aligned, and only this thread touches it.
-        unsafe { p.ring.at(192).cast::<u64>().write(PAD.to_le()) };
-        p.ring.tail().store(384, Ordering::Relaxed);
-        assert!(c.peek().unwrap_err().0.contains("pad word"));
-    }
-
-    #[test]
-    fn threads_move_random_frames_in_order() {
-        // The SPSC protocol across two real threads: random sizes, the
-        // producer retrying when full, every payload checked in order.
-        let (slots, sb) = (3, 700);
-        let mut buf = region(slots, sb);
-        let (mut p, mut c) = pair(&mut buf, slots, sb);
-        const N: u32 = 20_000;
-        let len_of = |i: u32| (i.wrapping_mul(2_654_435_761) >> 7) as usize % (sb + 1);
-        std::thread::scope(|s| {
-            s.spawn(move || {
-                for i in 0..N {
-                    let len = len_of(i);
-                    let payload: Vec<u8> = (0..len).map(|k| (i as usize + k) as u8).collect();
-                    while !p
-                        .push(&header(0, len as u64, len as u64), &payload)
-                        .unwrap()
-                    {
-                        std::hint::spin_loop();
-                    }
-                }
-            });
-            s.spawn(move || {
-                for i in 0..N {
-                    let h = loop {
-                        if let Some(h) = c.peek().unwrap() {
-                            break h;
-                        }
-                        std::hint::spin_loop();
-                    };
-                    let d = FrameHeader::decode(&h).unwrap();
-                    assert_eq!(d.len as usize, len_of(i));
-                    let mut out = vec![0u8; d.len as usize];
-                    c.read_payload(&mut out).unwrap();
-                    assert!(
-                        out.iter()
-                            .enumerate()
-                            .all(|(k, &b)| b == (i as usize + k) as u8)
-                    );
-                    c.pop();
-                }
-                assert!(c.peek().unwrap().is_none());
-            });
-        });
     }
 
     #[test]

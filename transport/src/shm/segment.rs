@@ -42,8 +42,7 @@ pub(crate) const SHM_DIR: &str = "/dev/shm";
 /// Bytes of the segment header in front of the rings.
 pub(crate) const SEG_HEADER_LEN: usize = 256;
 const MAGIC: u64 = u64::from_le_bytes(*b"GWSHMSG1");
-/// 3: frames of their own length in the rings, and the small buffers.
-const VERSION: u32 = 3;
+const VERSION: u32 = 2;
 const OFF_MAGIC: usize = 0;
 const OFF_VERSION: usize = 8;
 const OFF_LO: usize = 12;
@@ -53,7 +52,6 @@ const OFF_SLOTS: usize = 24;
 const OFF_SLOT_BYTES: usize = 32;
 const OFF_TOTAL: usize = 40;
 const OFF_OPENED: usize = 48;
-const OFF_SMALL_FRAMES: usize = 56;
 
 /// The path of the segment of ranks `lo < hi` for the job's name `secret`.
 pub(crate) fn segment_path(secret: &str, lo: u32, hi: u32) -> PathBuf {
@@ -65,8 +63,6 @@ pub(crate) fn segment_path(secret: &str, lo: u32, hi: u32) -> PathBuf {
 pub(crate) struct Layout {
     pub slots: usize,
     pub slot_bytes: usize,
-    /// Small buffers each side keeps for the other (its small credits).
-    pub small_frames: usize,
 }
 
 impl Layout {
@@ -294,8 +290,6 @@ impl Segment {
             .store(layout.slots as u64, Ordering::Relaxed);
         map.u64_at(OFF_SLOT_BYTES)
             .store(layout.slot_bytes as u64, Ordering::Relaxed);
-        map.u64_at(OFF_SMALL_FRAMES)
-            .store(layout.small_frames as u64, Ordering::Relaxed);
         map.u64_at(OFF_TOTAL).store(total as u64, Ordering::Relaxed);
         map.u32_at(OFF_OPENED).store(0, Ordering::Relaxed);
         map.u64_at(OFF_MAGIC).store(MAGIC, Ordering::Release);
@@ -368,15 +362,6 @@ impl Segment {
                 path.display(),
                 layout.slots,
                 layout.slot_bytes
-            )));
-        }
-        let small = map.u64_at(OFF_SMALL_FRAMES).load(Ordering::Relaxed);
-        if small != layout.small_frames as u64 {
-            return Err(Error::Config(format!(
-                "{creator} created shared segment {} with {small} small buffers per side (GW_EAGER_SMALL), \
-                 but this rank (rank {hi}) is configured for {}: all ranks must use the same shm settings",
-                path.display(),
-                layout.small_frames
             )));
         }
         let total = map.u64_at(OFF_TOTAL).load(Ordering::Relaxed);
@@ -587,7 +572,6 @@ mod tests {
         let layout = Layout {
             slots: 2,
             slot_bytes: 100,
-            small_frames: 4,
         };
         let pid = std::process::id();
         assert!(matches!(
@@ -600,25 +584,11 @@ mod tests {
         let other = Layout {
             slots: 3,
             slot_bytes: 100,
-            small_frames: 4,
         };
         let e = Segment::open(&path, other, 0, 1, "rank 0 (h)", pid)
             .err()
             .unwrap();
         assert!(e.to_string().contains("same shm settings"), "{e}");
-        let fewer_small = Layout {
-            small_frames: 0,
-            ..layout
-        };
-        let e = Segment::open(&path, fewer_small, 0, 1, "rank 0 (h)", pid)
-            .err()
-            .unwrap();
-        assert!(
-            e.to_string()
-                .contains("with 4 small buffers per side (GW_EAGER_SMALL)")
-                && e.to_string().contains("configured for 0"),
-            "{e}"
-        );
         let Opened::Ready(b) = Segment::open(&path, layout, 0, 1, "rank 0", pid).unwrap() else {
             panic!("not ready")
         };
@@ -633,7 +603,6 @@ mod tests {
         let layout = Layout {
             slots: 1,
             slot_bytes: 8,
-            small_frames: 4,
         };
         let a = Segment::create(&path, layout, 0, 1).unwrap();
         assert_eq!(
@@ -658,7 +627,6 @@ mod tests {
             Layout {
                 slots: 1,
                 slot_bytes: 8,
-                small_frames: 4,
             },
             0,
             1,
@@ -685,7 +653,6 @@ mod tests {
             Layout {
                 slots: 1,
                 slot_bytes: 8,
-                small_frames: 4,
             },
             0,
             1,

@@ -56,7 +56,6 @@ fn cfg_pull(job_id: &str, slots: usize, slot_bytes: usize, pull_bytes: usize) ->
         slots,
         pull_bytes,
         eager_frames: crate::recv_core::DEFAULT_EAGER_FRAMES,
-        small_frames: crate::recv_core::DEFAULT_SMALL_FRAMES,
     }
 }
 
