@@ -61,8 +61,8 @@ def test_fsdp_equals_one_process():
 
 # torch's Gloo can abort a rank at exit, after training is done and saved
 # ("terminate called without an active exception": a C++ thread torn down in
-# Gloo's shutdown). Seen once in about 20 suite runs; it is Gloo's, so only the
-# Gloo baseline run is retried, once, and only on that signature.
+# Gloo's shutdown). Seen once, in a full suite run on 2026-12-04; it is Gloo's,
+# so only the Gloo baseline run is retried, once, and only on that signature.
 GLOO_TEARDOWN_ABORT = "terminate called without an active exception"
 
 
