@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """How well the cost model predicts all-reduce times on this machine.
 
-    python3 scripts/model-validate.py [-r ROUNDS] [-o OUT_DIR]
+    python3 scripts/model-validate.py [-r ROUNDS] [-o OUT_DIR] [--bin DIR]
 
 1. `gwrun -n 2 gwbench calibrate` measures α, β and β's curve over size
    (tcp and shm) and γ into a
@@ -17,7 +17,10 @@
    moment), and prints per transport, ranks and size the median over rounds
    of measured/predicted, each round's ratio, and the error
    |measured − predicted| / measured of the median ratio.
-Needs release binaries: cargo build --release -p gw-bench -p gw-launch.
+4. Writes every round's model file, predictions and measurements to
+   OUT_DIR/rounds.json.
+Needs release binaries: cargo build --release -p gw-bench -p gw-launch
+(or --bin DIR holding gwrun and gwbench, to validate another build).
 """
 import argparse
 import json
@@ -42,18 +45,25 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("-r", "--rounds", type=int, default=5)
     ap.add_argument("-o", "--out", default=os.path.join(ROOT, "target", "model-validate"))
+    ap.add_argument("--bin", default=BIN, help="folder with gwrun and gwbench")
     a = ap.parse_args()
     os.makedirs(a.out, exist_ok=True)
     env = dict(os.environ, GW_MODEL_FILE=os.path.join(a.out, "model"))
-    gwrun, gwbench = os.path.join(BIN, "gwrun"), os.path.join(BIN, "gwbench")
-    ratios = {}
+    gwrun, gwbench = os.path.join(a.bin, "gwrun"), os.path.join(a.bin, "gwbench")
+    ratios, rounds = {}, []
     for rnd in range(a.rounds):
         for t in ["tcp", "shm"]:
             for n in [2, 3, 4]:
                 # Calibrated right before each measurement: the machine's
                 # speed drifts by 2-3x over minutes.
                 predicted = calibrate_and_predict(a, env, gwrun, gwbench, rnd, t, n)
-                measure(env, gwrun, gwbench, a, predicted, ratios, t, n)
+                measured = measure(env, gwrun, gwbench, a, predicted, ratios, t, n)
+                rounds.append({"round": rnd, "transport": t, "ranks": n,
+                               "model": json.load(open(env["GW_MODEL_FILE"])),
+                               "predicted_us": {str(s): p for s, (_, p) in predicted.items()},
+                               "measured_us": measured})
+                with open(os.path.join(a.out, "rounds.json"), "w") as f:
+                    json.dump(rounds, f)
     report(ratios)
 
 
@@ -83,11 +93,10 @@ def measure(env, gwrun, gwbench, a, predicted, ratios, t, n):
     communicator predicted exactly what gwbench model did."""
     j = os.path.join(a.out, f"run-{t}-{n}.json")
     rows = []
-    # Iterations sized so that every size runs for a while.
-    for lo, hi, iters in [("64K", "1M", "300"), ("4M", "64M", "20")]:
-        run([gwrun, "-n", str(n), gwbench, "allreduce", "-b", lo, "-e", hi, "-f", "4",
-             "-n", iters, "-w", "5", "-c", "0", "-J", j], dict(env, GW_TRANSPORT=t))
-        rows += json.load(open(j))["rows"]
+    # Loops sized by time (at least 5 calls), as calibration sizes its own.
+    run([gwrun, "-n", str(n), gwbench, "allreduce", "-b", "64K", "-e", "64M", "-f", "4",
+         "-T", "0.2", "-n", "5", "-w", "5", "-c", "0", "-J", j], dict(env, GW_TRANSPORT=t))
+    rows += json.load(open(j))["rows"]
     for r in rows:
         algo, p = predicted[r["size"]]
         live = r.get("predicted_us")
@@ -95,6 +104,7 @@ def measure(env, gwrun, gwbench, a, predicted, ratios, t, n):
             sys.exit(f"{t} {n} ranks {r['size']} B: gwbench model says {algo} {p} us, "
                      f"the live communicator {r.get('algorithm')} {live} us")
         ratios.setdefault((t, n, r["size"]), []).append((algo, p, r["out_of_place"]["time_us"]))
+    return {str(r["size"]): r["out_of_place"]["time_us"] for r in rows}
 
 
 def report(ratios):

@@ -61,8 +61,14 @@ impl Run {
 
 /// Runs `program args` with a deadline, killing it when the deadline passes.
 fn run(program: &Path, args: &[&str]) -> Run {
+    run_with(program, args, &[])
+}
+
+/// [`run`] with more environment variables.
+fn run_with(program: &Path, args: &[&str], env: &[(&str, &Path)]) -> Run {
     let mut child = Command::new(program)
         .args(args)
+        .envs(env.iter().copied())
         .env("GW_TIMEOUT", "60")
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
@@ -778,6 +784,58 @@ fn completions_and_subcommand_help_without_a_launcher() {
     assert!(h.stdout.contains("GW_MODEL_FILE"), "{}", h.all());
     let top = run(&gwbench(), &["--help"]);
     assert!(top.stdout.contains("completions"), "{}", top.all());
+}
+
+/// `gwbench calibrate` on 2 ranks writes a model file that the library
+/// reads back: α and β of both transports, β measured at each of the
+/// curve's six sizes in order, and γ; on 3 ranks it refuses, naming the
+/// count, and writes nothing.
+#[test]
+fn calibrate_writes_a_model_the_library_reads_back() {
+    let dir = std::env::temp_dir().join(format!("gw-calibrate-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let path = dir.join("model");
+    let bench = gwbench();
+    let args = |n| vec!["-n", n, bench.to_str().unwrap(), "calibrate"];
+    let r = run_with(&gwrun(), &args("3"), &[("GW_MODEL_FILE", &path)]);
+    assert_ne!(r.code, Some(0), "{}", r.all());
+    assert!(
+        r.all().contains("run it on exactly 2 ranks, not 3"),
+        "{}",
+        r.all()
+    );
+    assert!(!path.exists(), "3 ranks wrote {}", path.display());
+
+    let r = run_with(&gwrun(), &args("2"), &[("GW_MODEL_FILE", &path)]);
+    assert_eq!(r.code, Some(0), "{}", r.all());
+    assert!(
+        r.rank0()
+            .iter()
+            .any(|l| l.contains(&format!("written to {}", path.display()))),
+        "{}",
+        r.all()
+    );
+    let text = std::fs::read_to_string(&path).unwrap();
+    let m =
+        gw_collectives::model::CostModel::decode(&text).unwrap_or_else(|e| panic!("{e}\n{text}"));
+    let sizes = [64 << 10, 256 << 10, 1 << 20, 4 << 20, 16 << 20, 64 << 20];
+    for (name, link, curve) in [("tcp", m.tcp, m.tcp_curve), ("shm", m.shm, m.shm_curve)] {
+        // A call costs more than nothing and less than a timeout.
+        assert!(link.alpha > 0.0 && link.alpha < 0.1, "{name}: {text}");
+        assert!(link.beta > 0.0 && link.beta.is_finite(), "{name}: {text}");
+        let pts = curve.points();
+        assert_eq!(
+            pts.iter().map(|p| p.0).collect::<Vec<_>>(),
+            sizes,
+            "{name}: {text}"
+        );
+        assert!(
+            pts.iter().all(|p| p.1 > 0.0 && p.1.is_finite()),
+            "{name}: {text}"
+        );
+    }
+    assert!(m.gamma > 0.0 && m.gamma.is_finite(), "{text}");
+    let _ = std::fs::remove_dir_all(&dir);
 }
 
 /// `GW_TRACE`: both ranks append to one Chrome trace that a JSON reader
