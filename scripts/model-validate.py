@@ -119,11 +119,10 @@ def measure(env, gwrun, gwbench, a, predicted, t, n):
     size; checks that the live communicator (reading the model file that
     `predicted` came from) predicted exactly what gwbench model did."""
     j = os.path.join(a.out, f"run-{t}-{n}.json")
-    rows = []
     # Loops sized by time (at least 5 calls), as calibration sizes its own.
     run([gwrun, "-n", str(n), gwbench, "allreduce", "-b", "64K", "-e", "64M", "-f", "4",
          "-T", "0.2", "-n", "5", "-w", "5", "-c", "0", "-J", j], dict(env, GW_TRANSPORT=t))
-    rows += json.load(open(j))["rows"]
+    rows = json.load(open(j))["rows"]
     for r in rows:
         algo, p = predicted[r["size"]]
         live = r.get("predicted_us")

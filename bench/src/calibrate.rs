@@ -23,9 +23,9 @@ const BIG: usize = 8 << 20;
 /// slower rank ([`count_for_time`], the same count on both), run [`REPS`]
 /// times after a barrier, per call, the slower rank's figure, median of
 /// the loops. (Loops of a fixed count per size lasted from 2 to 130 ms,
-/// so the short ones caught this shared machine's stalls unevenly.) Timing single calls after a barrier measures
-/// waking a sleeping peer as much as moving bytes (3× too slow for 1 MiB
-/// over TCP).
+/// so the short ones caught this shared machine's stalls unevenly.)
+/// Timing single calls after a barrier measures waking a sleeping peer as
+/// much as moving bytes (3× too slow for 1 MiB over TCP).
 fn time_all_reduce(comm: &Communicator, bytes: usize) -> Result<f64, String> {
     let n = bytes / 4;
     let send = vec![1.0f32; n];
@@ -119,14 +119,14 @@ fn link(choice: TransportChoice, gamma: f64) -> Result<(Link, Curve), String> {
     }
     let small = time_all_reduce(&comm, 8)?;
     let alpha = small / 2.0;
-    // The curve first, smallest size first, and the 8 MiB point last, as
-    // gwbench sweeps sizes: over TCP loopback a communicator that has run
-    // all-reduces of 2 MiB or more runs those of 256 KiB to 1 MiB about
-    // 1.45× slower for the rest of its life (docs/performance-model.md),
-    // and measured after the 8 MiB loop the curve predicted that state,
-    // not the one an ascending benchmark meets.
-    // The same solve at each size: what β makes the model's 2-rank ring
-    // take the measured time there.
+    // β at a size: what makes the model's 2-rank ring take the time
+    // measured there. The curve is measured first, smallest size first,
+    // and the 8 MiB point last, as gwbench sweeps sizes: over TCP loopback
+    // a communicator that has run all-reduces of 2 MiB or more runs those
+    // of 256 KiB to 1 MiB about 1.45× slower for the rest of its life
+    // (docs/performance.md, "What is left"), so a curve measured after the
+    // 8 MiB loop predicted that state, not the one an ascending benchmark
+    // meets.
     let solve = |t: f64, bytes: usize| {
         ((t - 2.0 * alpha - bytes as f64 / 2.0 * gamma) / bytes as f64).max(1e-13)
     };
