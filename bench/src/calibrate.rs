@@ -121,12 +121,12 @@ fn link(choice: TransportChoice, gamma: f64) -> Result<(Link, Curve), String> {
     let alpha = small / 2.0;
     // β at a size: what makes the model's 2-rank ring take the time
     // measured there. The curve is measured first, smallest size first,
-    // and the 8 MiB point last, as gwbench sweeps sizes: over TCP loopback
-    // a communicator that has run all-reduces of 2 MiB or more runs those
-    // of 256 KiB to 1 MiB about 1.45× slower for the rest of its life
-    // (docs/performance.md, "What is left"), so a curve measured after the
-    // 8 MiB loop predicted that state, not the one an ascending benchmark
-    // meets.
+    // and the 8 MiB point last, as gwbench sweeps sizes: with send buffers
+    // of megabytes (GW_SOCKET_SEND_BUFFER_BYTES set high, or 0) a TCP
+    // communicator that has run all-reduces of 2 MiB or more runs those of
+    // 256 KiB to 1 MiB about 1.45× slower for the rest of its life
+    // (docs/performance.md), and a curve measured after the 8 MiB loop
+    // would predict that state, not the one an ascending benchmark meets.
     let solve = |t: f64, bytes: usize| {
         ((t - 2.0 * alpha - bytes as f64 / 2.0 * gamma) / bytes as f64).max(1e-13)
     };

@@ -171,9 +171,12 @@ pub struct Config {
     /// `GW_OFI_PROVIDER`: the libfabric provider of `GW_TRANSPORT=ofi`
     /// (unset: the best available).
     pub ofi_provider: Setting<Option<String>>,
-    /// `GW_SOCKET_BUFFER_BYTES`: send and receive buffer of every TCP
-    /// socket; 0 leaves them to the kernel's autotuning.
-    pub socket_buffer_bytes: Setting<usize>,
+    /// `GW_SOCKET_SEND_BUFFER_BYTES`: send buffer of every TCP socket; 0
+    /// leaves it to the kernel's autotuning.
+    pub socket_send_buffer_bytes: Setting<usize>,
+    /// `GW_SOCKET_RECV_BUFFER_BYTES`: receive buffer of every TCP socket; 0
+    /// leaves it to the kernel's autotuning.
+    pub socket_recv_buffer_bytes: Setting<usize>,
     /// `GW_EAGER_FRAMES`: frames of each peer buffered ahead of their
     /// receives (each up to the transport's frame size); the credits every
     /// sender to this rank gets. Past them a message is announced and sent
@@ -224,7 +227,12 @@ impl Default for Config {
             socket_ifname: Setting::default(None),
             ofi_provider: Setting::default(None),
             trace: Setting::default(None),
-            socket_buffer_bytes: Setting::default(gw_transport::tcp::DEFAULT_SOCKET_BUFFER_BYTES),
+            socket_send_buffer_bytes: Setting::default(
+                gw_transport::tcp::DEFAULT_SEND_BUFFER_BYTES,
+            ),
+            socket_recv_buffer_bytes: Setting::default(
+                gw_transport::tcp::DEFAULT_RECV_BUFFER_BYTES,
+            ),
             eager_frames: Setting::default(gw_transport::DEFAULT_EAGER_FRAMES),
             eager_small: Setting::default(gw_transport::DEFAULT_SMALL_FRAMES),
             spin_us: Setting::default(100),
@@ -364,17 +372,38 @@ impl Config {
             |v| (!v.is_empty()).then(|| Some(v.to_string())),
             "a libfabric provider name such as tcp;ofi_rxm",
         )?;
-        env_override(
-            &mut self.socket_buffer_bytes,
-            "GW_SOCKET_BUFFER_BYTES",
-            env,
-            |v| {
-                v.parse::<usize>()
-                    .ok()
-                    .filter(|n| *n == 0 || (4096..=1 << 30).contains(n))
-            },
-            "0 (the kernel's autotuning) or 4096..=1073741824 bytes",
-        )?;
+        // One variable set both buffers until the send buffer had to be much
+        // smaller than the receive buffer; silently ignoring it would leave
+        // a user believing their setting holds.
+        if env("GW_SOCKET_BUFFER_BYTES").is_some_and(|v| !v.trim().is_empty()) {
+            return Err(Error::Config(
+                "GW_SOCKET_BUFFER_BYTES is no longer read: set GW_SOCKET_SEND_BUFFER_BYTES \
+                 and GW_SOCKET_RECV_BUFFER_BYTES instead"
+                    .into(),
+            ));
+        }
+        for (setting, var) in [
+            (
+                &mut self.socket_send_buffer_bytes,
+                "GW_SOCKET_SEND_BUFFER_BYTES",
+            ),
+            (
+                &mut self.socket_recv_buffer_bytes,
+                "GW_SOCKET_RECV_BUFFER_BYTES",
+            ),
+        ] {
+            env_override(
+                setting,
+                var,
+                env,
+                |v| {
+                    v.parse::<usize>()
+                        .ok()
+                        .filter(|n| *n == 0 || (4096..=1 << 30).contains(n))
+                },
+                "0 (the kernel's autotuning) or 4096..=1073741824 bytes",
+            )?;
+        }
         env_override(
             &mut self.eager_frames,
             "GW_EAGER_FRAMES",
@@ -478,7 +507,14 @@ impl Config {
             line("GW_FUSION_BYTES", &self.fusion_bytes),
             line("GW_SOCKET_IFNAME", &self.socket_ifname),
             line("GW_OFI_PROVIDER", &self.ofi_provider),
-            line("GW_SOCKET_BUFFER_BYTES", &self.socket_buffer_bytes),
+            line(
+                "GW_SOCKET_SEND_BUFFER_BYTES",
+                &self.socket_send_buffer_bytes,
+            ),
+            line(
+                "GW_SOCKET_RECV_BUFFER_BYTES",
+                &self.socket_recv_buffer_bytes,
+            ),
             line("GW_EAGER_FRAMES", &self.eager_frames),
             line("GW_EAGER_SMALL", &self.eager_small),
             line("GW_SPIN_US", &self.spin_us),
@@ -562,7 +598,8 @@ mod tests {
             ("GW_LANES", "0"),
             ("GW_ALGO", "butterfly"),
             ("GW_SHM_SLOTS", "1"),
-            ("GW_SOCKET_BUFFER_BYTES", "100"),
+            ("GW_SOCKET_SEND_BUFFER_BYTES", "100"),
+            ("GW_SOCKET_RECV_BUFFER_BYTES", "100"),
             ("GW_PIPELINE_DEPTH", "0"),
             ("GW_PIPELINE_DEPTH", "17"),
         ] {
@@ -572,6 +609,30 @@ mod tests {
                 .to_string();
             assert!(e.contains(k) && e.contains(v), "{e}");
         }
+    }
+
+    /// The variable that once set both socket buffers is refused, naming
+    /// the two that replaced it, rather than silently ignored.
+    #[test]
+    fn the_retired_socket_buffer_variable_is_refused() {
+        let e = Config::default()
+            .apply_env_from(&env(&[("GW_SOCKET_BUFFER_BYTES", "2097152")]))
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("GW_SOCKET_BUFFER_BYTES")
+                && e.contains("GW_SOCKET_SEND_BUFFER_BYTES")
+                && e.contains("GW_SOCKET_RECV_BUFFER_BYTES"),
+            "{e}"
+        );
+        let mut c = Config::default();
+        c.apply_env_from(&env(&[
+            ("GW_SOCKET_SEND_BUFFER_BYTES", "0"),
+            ("GW_SOCKET_RECV_BUFFER_BYTES", "1048576"),
+        ]))
+        .unwrap();
+        assert_eq!(c.socket_send_buffer_bytes.value, 0);
+        assert_eq!(c.socket_recv_buffer_bytes.value, 1 << 20);
     }
 
     #[test]

@@ -81,10 +81,13 @@ pub struct TcpConfig {
     pub store_ip: Option<IpAddr>,
     /// Shared by the ranks of one job; stray connections without it are refused.
     pub job_key: u64,
-    /// Send and receive buffer of every socket (`SO_SNDBUF`, `SO_RCVBUF`;
-    /// the kernel doubles it and caps it at `net.core.wmem_max` and
-    /// `rmem_max`); 0 leaves both to the kernel's autotuning.
-    pub socket_buffer_bytes: usize,
+    /// Send buffer of every socket (`SO_SNDBUF`; the kernel doubles it and
+    /// caps it at `net.core.wmem_max`); 0 leaves it to the kernel's
+    /// autotuning.
+    pub send_buffer_bytes: usize,
+    /// Receive buffer of every socket (`SO_RCVBUF`, doubled and capped at
+    /// `net.core.rmem_max`); 0 leaves it to the kernel's autotuning.
+    pub recv_buffer_bytes: usize,
     /// Frames of each peer buffered ahead of their receives, each up to
     /// `segment_bytes` (`GW_EAGER_FRAMES`): the credits a peer's sender
     /// gets. 0 announces every message.
@@ -101,15 +104,24 @@ pub struct TcpConfig {
 /// (`gw_collectives::config::TCP_SEGMENT_BYTES`, which says why 1 MiB).
 pub const DEFAULT_SEGMENT_BYTES: usize = 1 << 20;
 
-/// Default of [`TcpConfig::socket_buffer_bytes`]. The kernel's autotuning
-/// starts a socket at 16 KiB to send and 128 KiB to receive and grows them
-/// as a stream runs; a collective's bursts of a few hundred KiB to a few MiB
-/// then stall on a full buffer and move in pieces. Interleaved against
-/// autotuning on the 2-core VM, 2 ranks: 1 MiB all-reduce 276 -> 229 us
-/// (every round), 64 KiB 30.3 -> 27.1 us, 16 MiB 9.14 -> 8.75 ms; 64 and
-/// 256 MiB and 4 ranks on 2 cores within noise. Buffer memory is only
-/// taken while data waits in it.
-pub const DEFAULT_SOCKET_BUFFER_BYTES: usize = 2 << 20;
+/// Default of [`TcpConfig::recv_buffer_bytes`]. The kernel's autotuning
+/// starts a socket at 128 KiB to receive and grows it as a stream runs; a
+/// collective's bursts of a few hundred KiB to a few MiB then stall on a
+/// full buffer and move in pieces. Interleaved against autotuning on the
+/// 2-core VM, 2 ranks: 1 MiB all-reduce 276 -> 229 us (every round), 64 KiB
+/// 30.3 -> 27.1 us, 16 MiB 9.14 -> 8.75 ms. Buffer memory is only taken
+/// while data waits in it.
+pub const DEFAULT_RECV_BUFFER_BYTES: usize = 2 << 20;
+
+/// Default of [`TcpConfig::send_buffer_bytes`]: much smaller than the
+/// receive buffer, because a send buffer of several MiB (as autotuning
+/// grows it, or as 2 MiB requested) lets a sender run megabytes ahead of
+/// its receiver, and once a socket has carried such bursts its later
+/// 256 KiB-1 MiB messages stay 1.3-1.5x slower for the rest of its life
+/// (docs/performance.md, "TCP loopback after big messages"). Bounded at
+/// 256 KiB (512 KiB after the kernel doubles it) the sender stays close
+/// behind its receiver and the slow state never forms.
+pub const DEFAULT_SEND_BUFFER_BYTES: usize = 256 << 10;
 
 impl Default for TcpConfig {
     fn default() -> Self {
@@ -119,7 +131,8 @@ impl Default for TcpConfig {
             ifname: None,
             store_ip: None,
             job_key: 0,
-            socket_buffer_bytes: DEFAULT_SOCKET_BUFFER_BYTES,
+            send_buffer_bytes: DEFAULT_SEND_BUFFER_BYTES,
+            recv_buffer_bytes: DEFAULT_RECV_BUFFER_BYTES,
             eager_frames: DEFAULT_EAGER_FRAMES,
             small_frames: DEFAULT_SMALL_FRAMES,
         }
@@ -544,7 +557,7 @@ impl TcpTransport {
                         continue;
                     };
                     let mut sock = d.sock;
-                    size_buffers(&sock, self.cfg.socket_buffer_bytes, peer);
+                    size_buffers(&sock, &self.cfg, peer);
                     sock.set_nodelay(true).map_err(|e| {
                         Error::sys("setsockopt(TCP_NODELAY)", format!("to rank {peer}"), e)
                     })?;
@@ -621,7 +634,7 @@ impl TcpTransport {
             });
         }
         let mut sock = inc.sock;
-        size_buffers(&sock, self.cfg.socket_buffer_bytes, peer);
+        size_buffers(&sock, &self.cfg, peer);
         sock.set_nodelay(true)
             .map_err(|e| Error::sys("setsockopt(TCP_NODELAY)", format!("from rank {peer}"), e))?;
         self.register_sock(&mut sock, peer, lane)?;
@@ -1273,19 +1286,27 @@ fn control_header(kind: FrameKind, me: Rank, len: usize) -> [u8; HEADER_LEN] {
     FrameHeader::control(kind, me, len).encode()
 }
 
-/// Sets a lane's send and receive buffers to `bytes` (0: left to the
+/// Sets a lane's send and receive buffers as configured (0: left to the
 /// kernel). A refusal costs speed, not correctness: it is logged, not fatal.
-fn size_buffers(sock: &TcpStream, bytes: usize, peer: Rank) {
-    if bytes == 0 {
-        return;
-    }
+fn size_buffers(sock: &TcpStream, cfg: &TcpConfig, peer: Rank) {
     let s = socket2::SockRef::from(sock);
-    for (what, res) in [
-        ("setsockopt(SO_SNDBUF)", s.set_send_buffer_size(bytes)),
-        ("setsockopt(SO_RCVBUF)", s.set_recv_buffer_size(bytes)),
+    let (snd, rcv) = (cfg.send_buffer_bytes, cfg.recv_buffer_bytes);
+    for (what, bytes, res) in [
+        (
+            "SO_SNDBUF",
+            snd,
+            (snd > 0).then(|| s.set_send_buffer_size(snd)),
+        ),
+        (
+            "SO_RCVBUF",
+            rcv,
+            (rcv > 0).then(|| s.set_recv_buffer_size(rcv)),
+        ),
     ] {
-        if let Err(e) = res {
-            tracing::warn!("tcp: {what} of {bytes} bytes on a socket to rank {peer}: {e}");
+        if let Some(Err(e)) = res {
+            tracing::warn!(
+                "tcp: setsockopt({what}) of {bytes} bytes on a socket to rank {peer}: {e}"
+            );
         }
     }
 }

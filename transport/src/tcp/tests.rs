@@ -265,18 +265,19 @@ fn sysctl(name: &str) -> usize {
 }
 
 /// Every lane, dialed or accepted, gets the configured buffers (which the
-/// kernel doubles, up to its maximum).
+/// kernel doubles, up to its maximum), each its own size.
 #[test]
 fn every_lane_gets_the_configured_socket_buffers() {
-    let want = 256 * 1024;
+    let (want_snd, want_rcv) = (192 * 1024, 320 * 1024);
     let (a, b) = pair_with(TcpConfig {
         lanes: 3,
-        socket_buffer_bytes: want,
+        send_buffer_bytes: want_snd,
+        recv_buffer_bytes: want_rcv,
         ..TcpConfig::default()
     });
     let (snd, rcv) = (
-        2 * want.min(sysctl("wmem_max")),
-        2 * want.min(sysctl("rmem_max")),
+        2 * want_snd.min(sysctl("wmem_max")),
+        2 * want_rcv.min(sysctl("rmem_max")),
     );
     for (t, peer) in [(&a, 1), (&b, 0)] {
         for lane in t.conns[&peer].lanes.iter() {
