@@ -3,7 +3,7 @@
 
     python3 scripts/compare-collectives.py [-t shm|tcp] [-p RANKS] [-r ROUNDS]
         [-T SECONDS] [-c COLL,COLL,...] [-b MIN] [-e MAX] [-f FACTOR]
-        [--peers openmpi,mpich,gloo] [--out DIR]
+        [--peers openmpi,openmpi-ucx,mpich,gloo] [--out DIR]
 
 Each round runs, for each collective and peer in turn (interleaved, so the
 machine's speed of the moment is shared; gradwire first in odd rounds and
@@ -23,8 +23,13 @@ Transports: shm is gradwire's shared memory against OpenMPI's ob1 with its
 shared-memory BTL and MPICH's default (ch4 with UCX, which uses shared
 memory between local ranks); tcp is gradwire's TCP over loopback against
 OpenMPI's ob1 with btl tcp,self on lo and MPICH with MPIR_CVAR_NOLOCAL=1
-and UCX_TLS=tcp,self. Gloo runs over TCP on loopback either way (it has no
-shared-memory transport for CPU tensors).
+and UCX_TLS=tcp,self. `openmpi-ucx` is OpenMPI over its UCX PML instead of
+ob1 (`--mca pml ucx`, with `pml_ucx_tls` and `pml_ucx_devices` set to any,
+without which OpenMPI 4.1 refuses UCX on a host with no InfiniBand or
+RoCE device): UCX_TLS=sm,self for shm (its shared memory and CMA
+single-copy), UCX_TLS=tcp,self with UCX_NET_DEVICES=lo for tcp. Gloo runs
+over TCP on loopback either way (it has no shared-memory transport for CPU
+tensors).
 
 Prints, per collective, busbw (GB/s, nccl-tests' definitions, medians over
 rounds) of gradwire and each peer, and gradwire/peer as the median of the
@@ -53,6 +58,7 @@ COLLS = ["allreduce", "reduce_scatter", "allgather", "broadcast", "reduce", "p2p
 # is the one where lower is better.
 P2P_METRICS = {"p2p_lat": "latency_us", "p2p_bw": "bw", "p2p_bibw": "bibw"}
 BEHIND_FROM = 64 << 10
+PEERS = ["openmpi", "openmpi-ucx", "mpich", "gloo"]
 
 
 def size_arg(s):
@@ -73,7 +79,7 @@ def parse_args():
     p.add_argument("-b", "--min", type=size_arg, default=64 << 10)
     p.add_argument("-e", "--max", type=size_arg, default=64 << 20)
     p.add_argument("-f", "--factor", type=int, default=16)
-    p.add_argument("--peers", default="openmpi,mpich,gloo")
+    p.add_argument("--peers", default="openmpi,openmpi-ucx,mpich,gloo")
     p.add_argument("--out", default=os.path.join(os.environ.get("CARGO_TARGET_DIR", "target"),
                                                   "compare-collectives"))
     a = p.parse_args()
@@ -82,8 +88,8 @@ def parse_args():
     if bad:
         p.error(f"unknown collective(s) {', '.join(bad)} (from {', '.join(COLLS)})")
     a.peers = [x for x in a.peers.split(",") if x]
-    if any(x not in ("openmpi", "mpich", "gloo") for x in a.peers):
-        p.error("--peers takes openmpi, mpich and/or gloo")
+    if any(x not in PEERS for x in a.peers):
+        p.error(f"--peers takes {', '.join(PEERS)} (any of them, comma-separated)")
     if a.ranks < 2 or a.rounds < 1 or not 0 < a.seconds <= 60 or a.factor < 2 or a.min > a.max:
         p.error("need -p >= 2, -r >= 1, 0 < -T <= 60, -f >= 2 and -b <= -e")
     return a
@@ -112,11 +118,17 @@ def build_peers(a, out):
             gloo = os.path.join(REPO, "bench", "peers", "gloo_coll.py")
             peers[name] = ([sys.executable, gloo, "-n", str(a.ranks)], {})
             continue
-        cc, run = f"mpicc.{name}", f"mpirun.{name}"
+        mpi = "mpich" if name == "mpich" else "openmpi"
+        cc, run = f"mpicc.{mpi}", f"mpirun.{mpi}"
         if not (shutil.which(cc) and shutil.which(run)):
             print(f"# skipped {name}: {cc} or {run} not found (Debian: "
-                  f"{'openmpi-bin libopenmpi-dev' if name == 'openmpi' else 'mpich libmpich-dev'})")
+                  f"{'openmpi-bin libopenmpi-dev' if mpi == 'openmpi' else 'mpich libmpich-dev'})")
             continue
+        if name == "openmpi-ucx":
+            info = subprocess.run(["ompi_info"], capture_output=True, text=True).stdout
+            if "MCA pml: ucx" not in info:
+                print("# skipped openmpi-ucx: this OpenMPI has no UCX PML (ompi_info)")
+                continue
         exe = os.path.join(out, f"mpi_coll.{name}")
         p2p_exe = os.path.join(out, f"mpi_p2p.{name}")
         p2p_src = os.path.join(REPO, "bench", "peers", "mpi_p2p.c")
@@ -134,6 +146,12 @@ def build_peers(a, out):
             else:
                 info = subprocess.run(["ompi_info"], capture_output=True, text=True).stdout
                 argv += ["--mca", "btl", "self," + ("vader" if "MCA btl: vader" in info else "sm")]
+        elif name == "openmpi-ucx":
+            argv = [run, "--allow-run-as-root", "--oversubscribe", "--mca", "pml", "ucx",
+                    "--mca", "pml_ucx_tls", "any", "--mca", "pml_ucx_devices", "any",
+                    "-x", "UCX_TLS", "-x", "UCX_NET_DEVICES"]
+            env = ({"UCX_TLS": "tcp,self", "UCX_NET_DEVICES": "lo"} if a.transport == "tcp"
+                   else {"UCX_TLS": "sm,self", "UCX_NET_DEVICES": "all"})
         else:
             argv = [run]
             if a.transport == "tcp":

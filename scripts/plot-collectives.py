@@ -19,6 +19,7 @@ import sys
 STYLE = {  # system -> (label, matplotlib style)
     "gradwire": ("gradwire", {"color": "tab:red", "marker": "o", "linewidth": 2.2}),
     "openmpi": ("OpenMPI", {"color": "tab:blue", "marker": "s", "linewidth": 1.4}),
+    "openmpi-ucx": ("OpenMPI (UCX)", {"color": "tab:cyan", "marker": "v", "linewidth": 1.4}),
     "mpich": ("MPICH", {"color": "tab:purple", "marker": "D", "linewidth": 1.4}),
     "gloo": ("Gloo (torch)", {"color": "tab:green", "marker": "^", "linewidth": 1.4}),
 }
