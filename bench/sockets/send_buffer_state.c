@@ -18,7 +18,10 @@
  *   /tmp/send_buffer_state 262144 8388608 4 600 7
  *   SNDBUF=262144 RCVBUF=2097152 /tmp/send_buffer_state 262144 8388608 4 600 7
  *
- * docs/performance.md ("TCP send buffers") has the figures.
+ * Both processes check that the bytes they received last are the ones
+ * sent; the parent prints "data ok" when both did. bench/tests/sockets.rs
+ * builds and runs it. docs/performance.md ("TCP send buffers") has the
+ * figures.
  */
 #define _GNU_SOURCE
 #include <arpa/inet.h>
@@ -122,15 +125,17 @@ int main(int argc, char **argv) {
     lanes = atoi(argv[3]);
     int iters = atoi(argv[4]), rounds = atoi(argv[5]);
     if (lanes < 1 || lanes > MAX_LANES || rounds < 1 || rounds > MAX_ROUNDS || iters < 1 ||
-        small < (size_t)lanes || big < small || big > (64u << 20)) {
-        fprintf(stderr, "need 1..16 lanes, 1..64 rounds, ITERS >= 1, LANES <= SMALL <= BIG <= 64 MiB\n");
+        small < (size_t)lanes || big < small || big > (64u << 20) || small % lanes || big % lanes) {
+        fprintf(stderr, "need 1..16 lanes, 1..64 rounds, ITERS >= 1, LANES <= SMALL <= BIG <= 64 MiB, "
+                        "SMALL and BIG multiples of LANES\n");
         return 1;
     }
     sbuf = malloc(big);
     rbuf = malloc(big);
     if (!sbuf || !rbuf)
         die("malloc");
-    memset(sbuf, 1, big);
+    for (size_t i = 0; i < big; i++)
+        sbuf[i] = (char)(i * 31 + 7);
     memset(rbuf, 0, big);
 
     int one = 1, ls = socket(AF_INET, SOCK_STREAM, 0);
@@ -180,6 +185,12 @@ int main(int argc, char **argv) {
         tb[k] = timed(set_b, small, iters);
         ratio[k] = tb[k] / ta[k];
     }
+    /* Both sides send the same pattern, so what each received last must
+     * equal its own send buffer: a timing of corrupted streams is no timing. */
+    if (memcmp(sbuf, rbuf, small) != 0) {
+        fprintf(stderr, "%s: received bytes differ from those sent\n", child == 0 ? "child" : "parent");
+        return 4;
+    }
     if (child == 0)
         return 0;
     for (int k = 0; k < rounds; k++)
@@ -191,6 +202,10 @@ int main(int argc, char **argv) {
            ratio[rounds / 2], ratio[0], ratio[rounds - 1], ta[rounds / 2], tb[rounds / 2],
            BULK_EXCHANGES * (double)big / bulk / 1e9);
     int status;
-    wait(&status);
+    if (wait(&status) < 0 || !WIFEXITED(status) || WEXITSTATUS(status) != 0) {
+        fprintf(stderr, "the child process failed\n");
+        return 5;
+    }
+    printf("data ok\n");
     return 0;
 }
