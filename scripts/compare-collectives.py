@@ -106,6 +106,13 @@ def sizes(a):
 def build_peers(a, out):
     """Peer name -> (mpirun argv prefix, extra env); skipped ones are said."""
     peers = {}
+    ompi_info = []  # OpenMPI's component list, read once when a peer needs it
+
+    def has_component(line):
+        if not ompi_info:
+            ompi_info.append(subprocess.run(["ompi_info"], capture_output=True, text=True).stdout)
+        return line in ompi_info[0]
+
     src = os.path.join(REPO, "bench", "peers", "mpi_coll.c")
     for name in a.peers:
         if name == "gloo":
@@ -125,8 +132,7 @@ def build_peers(a, out):
                   f"{'openmpi-bin libopenmpi-dev' if mpi == 'openmpi' else 'mpich libmpich-dev'})")
             continue
         if name == "openmpi-ucx":
-            info = subprocess.run(["ompi_info"], capture_output=True, text=True).stdout
-            if "MCA pml: ucx" not in info:
+            if not has_component("MCA pml: ucx"):
                 print("# skipped openmpi-ucx: this OpenMPI has no UCX PML (ompi_info)")
                 continue
         exe = os.path.join(out, f"mpi_coll.{name}")
@@ -144,8 +150,7 @@ def build_peers(a, out):
             if a.transport == "tcp":
                 argv += ["--mca", "btl", "tcp,self", "--mca", "btl_tcp_if_include", "lo"]
             else:
-                info = subprocess.run(["ompi_info"], capture_output=True, text=True).stdout
-                argv += ["--mca", "btl", "self," + ("vader" if "MCA btl: vader" in info else "sm")]
+                argv += ["--mca", "btl", "self," + ("vader" if has_component("MCA btl: vader") else "sm")]
         elif name == "openmpi-ucx":
             argv = [run, "--allow-run-as-root", "--oversubscribe", "--mca", "pml", "ucx",
                     "--mca", "pml_ucx_tls", "any", "--mca", "pml_ucx_devices", "any",
