@@ -213,6 +213,7 @@ pub(crate) fn rendezvous(
             None => String::new(),
         },
         cores: std::thread::available_parallelism().map_or(0, |n| n.get() as u32),
+        cpus: gw_rendezvous::peers::own_cpus(),
     };
     // Rank 0's cost model, published before its peer record, so it is
     // there once every record is: all ranks choose algorithms from it.
@@ -314,6 +315,8 @@ pub(crate) struct Routes {
     pub shape: Shape,
     /// How the ranks sit on hosts, for errors when hier cannot run.
     pub host_layout: String,
+    /// Processors this host gives the job's ranks on it (see [`host_cpus`]).
+    pub host_cpus: usize,
 }
 
 /// Step 3: routes every peer to a transport; index 0 is TCP when present, then shm.
@@ -329,6 +332,7 @@ pub(crate) fn route(
     let me = env.rank;
     let choice = cfg.transport.value;
     let host_id = &peers[me as usize].host_id;
+    let cpus = host_cpus(peers, host_id) as usize;
     let mut transports: Vec<Box<dyn Transport>> = Vec::new();
     let tcp_idx = tcp.is_some().then_some(0usize);
     let needs_shm = peers.iter().any(|p| {
@@ -352,7 +356,7 @@ pub(crate) fn route(
                 name_secret: shm_secret.to_owned(),
                 slot_bytes: cfg.shm_slot_bytes.value,
                 slots: cfg.shm_slots.value,
-                pull_bytes: shm_pull_bytes(cfg, env.local_size),
+                pull_bytes: shm_pull_bytes(cfg, env.local_size, cpus),
                 eager_frames: cfg.eager_frames.value,
             },
         )?));
@@ -439,12 +443,10 @@ pub(crate) fn route(
         hostnames: peers.iter().map(|p| p.hostname.clone()).collect(),
         shape,
         host_layout,
+        host_cpus: cpus,
     })
 }
 
-/// How many ranks share the busiest processor of the most crowded host,
-/// ⌈ranks / processors⌉ (at least 1): every rank computes it from the same
-/// records.
 /// The init line on GPUDirect RDMA: the RDMA transport's answer where it
 /// carries data, else which transports do instead.
 fn gpudirect_line(names: &[&str], rdma: Option<(&str, String)>) -> String {
@@ -464,21 +466,47 @@ fn gpudirect_line(names: &[&str], rdma: Option<(&str, String)>) -> String {
     )
 }
 
+/// How many processors host `host_id` gives the job's ranks on it (0:
+/// unknown): the union of their affinity masks, so that ranks a launcher
+/// bound to a core each (`srun --cpu-bind=cores`, `taskset` per rank) do
+/// not take their host for a one-core machine. A rank that counts fewer than
+/// its mask holds is under a CPU quota (a container's cgroup), which caps
+/// the host's count too. Where some rank did not say which processors (an
+/// older peer), the fewest any rank could count. Every rank computes it
+/// from the same records, so all agree.
+fn host_cpus(peers: &[PeerInfo], host_id: &str) -> u32 {
+    let on_host = || peers.iter().filter(|p| p.host_id == host_id);
+    if on_host().all(|p| !p.cpus.is_empty()) {
+        let mut all: Vec<u32> = on_host().flat_map(|p| p.cpus.iter().copied()).collect();
+        all.sort_unstable();
+        all.dedup();
+        let quota = on_host()
+            .filter(|p| p.cores > 0 && (p.cores as usize) < p.cpus.len())
+            .map(|p| p.cores)
+            .min();
+        let union = all.len() as u32;
+        return quota.map_or(union, |q| q.min(union));
+    }
+    on_host()
+        .map(|p| p.cores)
+        .filter(|&c| c > 0)
+        .min()
+        .unwrap_or(0)
+}
+
+/// How many ranks share the busiest processor of the most crowded host,
+/// ⌈ranks / processors⌉ (at least 1): every rank computes it from the same
+/// records.
 fn oversubscription(peers: &[PeerInfo]) -> f64 {
-    let mut hosts: std::collections::BTreeMap<&str, (u32, u32)> = Default::default();
+    let mut hosts: std::collections::BTreeMap<&str, u32> = Default::default();
     for p in peers {
-        let e = hosts.entry(p.host_id.as_str()).or_insert((0, 0));
-        e.0 += 1;
-        // Ranks of one host report the same count; the fewest is safest,
-        // and a rank that could not tell (0) says nothing.
-        if p.cores > 0 {
-            e.1 = if e.1 == 0 { p.cores } else { e.1.min(p.cores) };
-        }
+        *hosts.entry(p.host_id.as_str()).or_insert(0) += 1;
     }
     hosts
-        .values()
-        .filter(|(_, cores)| *cores > 0)
-        .map(|&(ranks, cores)| f64::from(ranks.div_ceil(cores)))
+        .iter()
+        .map(|(&host, &ranks)| (ranks, host_cpus(peers, host)))
+        .filter(|&(_, cpus)| cpus > 0)
+        .map(|(ranks, cpus)| f64::from(ranks.div_ceil(cpus)))
         .fold(1.0, f64::max)
 }
 
@@ -509,9 +537,14 @@ pub(crate) fn start_engine(
     let me = env.rank;
     let (tx, rx) = mailbox::channel(QUEUE_CAPACITY);
     let abort = Arc::new(AtomicBool::new(false));
-    let ncpu = std::thread::available_parallelism()
-        .map(|n| n.get())
-        .unwrap_or(1);
+    // The host's processors, not this rank's: a rank bound to one core is
+    // not oversubscribed when its peers have cores of their own.
+    let own = std::thread::available_parallelism().map_or(1, |n| n.get());
+    let ncpu = if routes.host_cpus > 0 {
+        routes.host_cpus
+    } else {
+        own
+    };
     let spin = Duration::from_micros(cfg.spin_us.value);
     let oversubscribed = env.local_size as usize > ncpu;
     let depth = cfg.pipeline_depth_for(env.local_size as usize, ncpu);
@@ -526,8 +559,9 @@ pub(crate) fn start_engine(
         env.local_size
     );
     // A caller spinning on its completion competes with its own engine
-    // thread: only worth it when every rank's two threads have a core.
-    let engine_core = 2 * env.local_size as usize <= ncpu;
+    // thread: only worth it when every rank's two threads have a core, and
+    // this rank may run on two.
+    let engine_core = 2 * env.local_size as usize <= ncpu && own >= 2;
     let caller_spin = if engine_core { spin } else { Duration::ZERO };
     let (engine, poll, waker) = Engine::new(
         EngineConfig {
@@ -589,11 +623,15 @@ pub(crate) fn start_engine(
 /// equal); with ranks sharing cores the copies no longer overlap and one
 /// copy instead of two wins (4 ranks on 2 cores, 1 MiB: 1.3-2.0 vs
 /// 0.6-1.1 GB/s).
-fn shm_pull_bytes(cfg: &Config, local_ranks: u32) -> usize {
+fn shm_pull_bytes(cfg: &Config, local_ranks: u32, host_cpus: usize) -> usize {
     if cfg.shm_pull_bytes.source != Source::Default {
         return cfg.shm_pull_bytes.value;
     }
-    let ncpu = std::thread::available_parallelism().map_or(1, |n| n.get());
+    let ncpu = if host_cpus > 0 {
+        host_cpus
+    } else {
+        std::thread::available_parallelism().map_or(1, |n| n.get())
+    };
     if local_ranks as usize > ncpu {
         cfg.shm_pull_bytes.value
     } else {
@@ -700,7 +738,7 @@ pub(crate) fn all_connected(
 
 #[cfg(test)]
 mod layout_tests {
-    use super::{describe_hosts, host_grid, oversubscription};
+    use super::{describe_hosts, host_cpus, host_grid, oversubscription};
     use gw_rendezvous::peers::PeerInfo;
 
     #[test]
@@ -714,6 +752,7 @@ mod layout_tests {
             tcp_eager: Default::default(),
             ofi: String::new(),
             cores,
+            cpus: Vec::new(),
         };
         // Host a: 3 ranks on 2 processors, so one processor runs two of
         // them; host b: 2 ranks on 8.
@@ -733,6 +772,55 @@ mod layout_tests {
             oversubscription(&[rank(0, "d", 8), rank(1, "d", 0), rank(2, "d", 8)]),
             1.0
         );
+    }
+
+    #[test]
+    fn ranks_bound_to_cores_of_their_own_are_not_oversubscribed() {
+        let rank = |rank, cpus: &[u32]| PeerInfo {
+            rank,
+            host_id: "h".into(),
+            hostname: "h".into(),
+            pid: rank,
+            tcp: Vec::new(),
+            tcp_eager: Default::default(),
+            ofi: String::new(),
+            cores: cpus.len() as u32,
+            cpus: cpus.to_vec(),
+        };
+        // Each rank bound to a core of its own: each sees one, the host
+        // gives the job two.
+        let bound = [rank(0, &[0]), rank(1, &[1])];
+        assert_eq!(host_cpus(&bound, "h"), 2);
+        assert_eq!(oversubscription(&bound), 1.0);
+        // Both bound to the same core do share it.
+        let same = [rank(0, &[3]), rank(1, &[3])];
+        assert_eq!(host_cpus(&same, "h"), 1);
+        assert_eq!(oversubscription(&same), 2.0);
+        // Four ranks over two cores, overlapping masks: two per core.
+        let four = [
+            rank(0, &[0, 1]),
+            rank(1, &[0, 1]),
+            rank(2, &[1]),
+            rank(3, &[0]),
+        ];
+        assert_eq!(host_cpus(&four, "h"), 2);
+        assert_eq!(oversubscription(&four), 2.0);
+        // One rank that did not list its processors: the counts decide.
+        let mut old = bound.clone();
+        old[1].cpus.clear();
+        assert_eq!(host_cpus(&old, "h"), 1);
+        // A quota of 3 processors over a mask of 8 caps the host at 3.
+        let quota = [
+            rank(0, &[0, 1, 2, 3, 4, 5, 6, 7]),
+            rank(1, &[0, 1, 2, 3, 4, 5, 6, 7]),
+        ]
+        .map(|mut p| {
+            p.cores = 3;
+            p
+        });
+        assert_eq!(host_cpus(&quota, "h"), 3);
+        // Another host's ranks do not count.
+        assert_eq!(host_cpus(&bound, "other"), 0);
     }
 
     #[test]

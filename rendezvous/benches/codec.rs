@@ -407,6 +407,7 @@ fn cases() -> Vec<Case> {
                 },
                 ofi: String::new(),
                 cores: 0,
+                cpus: Vec::new(),
             }
             .encode()
             .into_bytes()

@@ -38,6 +38,12 @@ pub struct PeerInfo {
     /// must know it to predict (and choose) the same on every rank.
     #[serde(default)]
     pub cores: u32,
+    /// The processors themselves (the rank's affinity mask, ascending;
+    /// empty: unknown). Ranks that a launcher binds to cores of their own
+    /// each see only a few, so only the union over a host's ranks says how
+    /// many processors the host gives the job.
+    #[serde(default)]
+    pub cpus: Vec<u32>,
 }
 
 /// A receiver's eager buffers (see [`PeerInfo::tcp_eager`]).
@@ -115,6 +121,24 @@ fn clip(s: &str) -> Option<(&str, &str)> {
     Some((&s[..head], &s[tail..]))
 }
 
+/// The processors this process may run on (its affinity mask), ascending;
+/// empty if the kernel will not say.
+pub fn own_cpus() -> Vec<u32> {
+    // SAFETY: cpu_set_t is plain bits, valid zeroed; sched_getaffinity
+    // writes at most size_of::<cpu_set_t>() bytes into it.
+    let mut set: libc::cpu_set_t = unsafe { std::mem::zeroed() };
+    let rc =
+        unsafe { libc::sched_getaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &mut set) };
+    if rc != 0 {
+        return Vec::new();
+    }
+    (0..libc::CPU_SETSIZE as usize)
+        // SAFETY: `i` is below CPU_SETSIZE, the set's capacity.
+        .filter(|&i| unsafe { libc::CPU_ISSET(i, &set) })
+        .map(|i| i as u32)
+        .collect()
+}
+
 /// This machine's host name.
 pub fn hostname() -> String {
     let mut buf = [0u8; 256];
@@ -169,7 +193,17 @@ mod tests {
             },
             ofi: "0a0b".into(),
             cores: 8,
+            cpus: vec![0, 1, 4],
         }
+    }
+
+    #[test]
+    fn own_cpus_are_at_least_the_processors_rust_counts() {
+        let cpus = own_cpus();
+        let n = std::thread::available_parallelism().map_or(0, |n| n.get());
+        // A CPU quota (cgroup) can make Rust count fewer than the mask.
+        assert!(n >= 1 && cpus.len() >= n, "{cpus:?} against {n}");
+        assert!(cpus.windows(2).all(|w| w[0] < w[1]), "{cpus:?}");
     }
 
     #[test]
@@ -296,6 +330,7 @@ mod tests {
                     },
                     ofi: String::new(),
                     cores: 0,
+                    cpus: Vec::new(),
                 },
             )
     }

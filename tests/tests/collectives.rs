@@ -168,6 +168,46 @@ fn every_pipeline_depth_gives_the_same_results() {
     );
 }
 
+/// Ranks that a launcher binds to a processor each (`srun
+/// --cpu-bind=cores`, `taskset` per rank) each see one, but share none: they must count the processors
+/// of their host, not their own, or they take themselves for ranks sharing
+/// one core (shared-memory pulls, yielding spins, deep pipelines, and a cost
+/// model that charges them twice).
+#[test]
+fn ranks_bound_to_a_processor_each_count_their_hosts() {
+    let mine = gw_rendezvous::peers::own_cpus();
+    assert!(!mine.is_empty(), "sched_getaffinity named no processor");
+    // The first two this test may use (the same one twice on a one-processor
+    // machine, where the ranks really do share it).
+    let cpus = [mine[0], mine[mine.len().min(2) - 1]];
+    let distinct = if cpus[0] == cpus[1] { 1 } else { 2 };
+    let gwtest = gw_tests::bin("gwtest");
+    let script = format!(
+        "case $GW_LOCAL_RANK in 0) c={};; *) c={};; esac; exec taskset -c $c {} collectives 0 1 7 1000",
+        cpus[0],
+        cpus[1],
+        gwtest.display()
+    );
+    for transport in ["tcp", "shm"] {
+        let env = [("GW_TRANSPORT", transport), ("GW_DEBUG", "info")];
+        let run = gwrun(2, "sh", &["-c", &script], &env, DEADLINE);
+        assert!(run.status.success(), "{transport}: {}", run.all());
+        for r in 0..2 {
+            for want in [
+                format!("rank {r}: pipeline depth "),
+                format!("(2 ranks on this host, {distinct} cores)"),
+                format!("[{r}] rank {r}: collectives ok"),
+            ] {
+                assert!(
+                    run.all().contains(&want),
+                    "{transport}: missing {want:?}: {}",
+                    run.all()
+                );
+            }
+        }
+    }
+}
+
 #[test]
 fn rhd_on_three_ranks_is_refused_clearly() {
     let run = gwrun(

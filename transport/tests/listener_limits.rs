@@ -55,6 +55,7 @@ fn infos(addrs: [SocketAddr; 2], eager: [gw_rendezvous::peers::Eager; 2]) -> Vec
             tcp_eager: eager[r as usize],
             ofi: String::new(),
             cores: 0,
+            cpus: Vec::new(),
         })
         .collect()
 }

@@ -184,6 +184,7 @@ fn tcp_pair() -> (TcpTransport, TcpTransport) {
             tcp_eager: t[r as usize].eager(),
             ofi: String::new(),
             cores: 0,
+            cpus: Vec::new(),
         })
         .collect();
     for x in &mut t {
@@ -231,6 +232,7 @@ fn a_slow_receiver_holds_no_more_than_its_buffers_over_shared_memory() {
             tcp_eager: Default::default(),
             ofi: String::new(),
             cores: 0,
+            cpus: Vec::new(),
         })
         .collect();
     let mut a = ShmTransport::new(0, peers.clone(), cfg.clone()).expect("shm 0");

@@ -28,6 +28,7 @@ pub(super) fn infos(n: u32) -> Vec<PeerInfo> {
             tcp_eager: Default::default(),
             ofi: String::new(),
             cores: 0,
+            cpus: Vec::new(),
         })
         .collect()
 }

@@ -47,6 +47,7 @@ fn pair_polled(cfg: TcpConfig, poll: Option<&mio::Poll>) -> (TcpTransport, TcpTr
             tcp_eager: t[r as usize].eager(),
             ofi: String::new(),
             cores: 0,
+            cpus: Vec::new(),
         })
         .collect();
     for x in &mut t {
@@ -475,6 +476,7 @@ fn a_caller_that_does_not_poll_accepts_a_dial_that_comes_later() {
             tcp_eager: t.eager(),
             ofi: String::new(),
             cores: 0,
+            cpus: Vec::new(),
         })
         .collect();
     a.set_peers(infos.clone());
