@@ -315,7 +315,8 @@ pub(crate) struct Routes {
     pub shape: Shape,
     /// How the ranks sit on hosts, for errors when hier cannot run.
     pub host_layout: String,
-    /// Processors this host gives the job's ranks on it (see [`host_cpus`]).
+    /// Processors this host gives the job's ranks on it (see [`host_cpus`];
+    /// this rank's own count where no rank could tell).
     pub host_cpus: usize,
 }
 
@@ -332,7 +333,12 @@ pub(crate) fn route(
     let me = env.rank;
     let choice = cfg.transport.value;
     let host_id = &peers[me as usize].host_id;
-    let cpus = host_cpus(peers, host_id) as usize;
+    let on_host: Vec<&PeerInfo> = peers.iter().filter(|p| &p.host_id == host_id).collect();
+    // Unknown (no rank could count): this rank's own count stands in.
+    let cpus = match host_cpus(&on_host) {
+        0 => std::thread::available_parallelism().map_or(1, |n| n.get()),
+        n => n as usize,
+    };
     let mut transports: Vec<Box<dyn Transport>> = Vec::new();
     let tcp_idx = tcp.is_some().then_some(0usize);
     let needs_shm = peers.iter().any(|p| {
@@ -466,7 +472,7 @@ fn gpudirect_line(names: &[&str], rdma: Option<(&str, String)>) -> String {
     )
 }
 
-/// How many processors host `host_id` gives the job's ranks on it (0:
+/// How many processors a host gives the job's ranks on it, `on_host` (0:
 /// unknown): the union of their affinity masks, so that ranks a launcher
 /// bound to a core each (`srun --cpu-bind=cores`, `taskset` per rank) do
 /// not take their host for a one-core machine. A rank that counts fewer than
@@ -474,8 +480,8 @@ fn gpudirect_line(names: &[&str], rdma: Option<(&str, String)>) -> String {
 /// the host's count too. Where some rank did not say which processors (an
 /// older peer), the fewest any rank could count. Every rank computes it
 /// from the same records, so all agree.
-fn host_cpus(peers: &[PeerInfo], host_id: &str) -> u32 {
-    let on_host = || peers.iter().filter(|p| p.host_id == host_id);
+fn host_cpus(on_host: &[&PeerInfo]) -> u32 {
+    let on_host = || on_host.iter();
     if on_host().all(|p| !p.cpus.is_empty()) {
         let mut all: Vec<u32> = on_host().flat_map(|p| p.cpus.iter().copied()).collect();
         all.sort_unstable();
@@ -498,13 +504,13 @@ fn host_cpus(peers: &[PeerInfo], host_id: &str) -> u32 {
 /// ⌈ranks / processors⌉ (at least 1): every rank computes it from the same
 /// records.
 fn oversubscription(peers: &[PeerInfo]) -> f64 {
-    let mut hosts: std::collections::BTreeMap<&str, u32> = Default::default();
+    let mut hosts: std::collections::BTreeMap<&str, Vec<&PeerInfo>> = Default::default();
     for p in peers {
-        *hosts.entry(p.host_id.as_str()).or_insert(0) += 1;
+        hosts.entry(p.host_id.as_str()).or_default().push(p);
     }
     hosts
-        .iter()
-        .map(|(&host, &ranks)| (ranks, host_cpus(peers, host)))
+        .values()
+        .map(|ranks| (ranks.len() as u32, host_cpus(ranks)))
         .filter(|&(_, cpus)| cpus > 0)
         .map(|(ranks, cpus)| f64::from(ranks.div_ceil(cpus)))
         .fold(1.0, f64::max)
@@ -540,11 +546,7 @@ pub(crate) fn start_engine(
     // The host's processors, not this rank's: a rank bound to one core is
     // not oversubscribed when its peers have cores of their own.
     let own = std::thread::available_parallelism().map_or(1, |n| n.get());
-    let ncpu = if routes.host_cpus > 0 {
-        routes.host_cpus
-    } else {
-        own
-    };
+    let ncpu = routes.host_cpus;
     let spin = Duration::from_micros(cfg.spin_us.value);
     let oversubscribed = env.local_size as usize > ncpu;
     let depth = cfg.pipeline_depth_for(env.local_size as usize, ncpu);
@@ -627,12 +629,7 @@ fn shm_pull_bytes(cfg: &Config, local_ranks: u32, host_cpus: usize) -> usize {
     if cfg.shm_pull_bytes.source != Source::Default {
         return cfg.shm_pull_bytes.value;
     }
-    let ncpu = if host_cpus > 0 {
-        host_cpus
-    } else {
-        std::thread::available_parallelism().map_or(1, |n| n.get())
-    };
-    if local_ranks as usize > ncpu {
+    if local_ranks as usize > host_cpus {
         cfg.shm_pull_bytes.value
     } else {
         0
@@ -774,6 +771,16 @@ mod layout_tests {
         );
     }
 
+    /// [`host_cpus`] of the ranks of `peers` on `host`.
+    fn cpus_of(peers: &[PeerInfo], host: &str) -> u32 {
+        host_cpus(
+            &peers
+                .iter()
+                .filter(|p| p.host_id == host)
+                .collect::<Vec<_>>(),
+        )
+    }
+
     #[test]
     fn ranks_bound_to_cores_of_their_own_are_not_oversubscribed() {
         let rank = |rank, cpus: &[u32]| PeerInfo {
@@ -790,11 +797,11 @@ mod layout_tests {
         // Each rank bound to a core of its own: each sees one, the host
         // gives the job two.
         let bound = [rank(0, &[0]), rank(1, &[1])];
-        assert_eq!(host_cpus(&bound, "h"), 2);
+        assert_eq!(cpus_of(&bound, "h"), 2);
         assert_eq!(oversubscription(&bound), 1.0);
         // Both bound to the same core do share it.
         let same = [rank(0, &[3]), rank(1, &[3])];
-        assert_eq!(host_cpus(&same, "h"), 1);
+        assert_eq!(cpus_of(&same, "h"), 1);
         assert_eq!(oversubscription(&same), 2.0);
         // Four ranks over two cores, overlapping masks: two per core.
         let four = [
@@ -803,12 +810,12 @@ mod layout_tests {
             rank(2, &[1]),
             rank(3, &[0]),
         ];
-        assert_eq!(host_cpus(&four, "h"), 2);
+        assert_eq!(cpus_of(&four, "h"), 2);
         assert_eq!(oversubscription(&four), 2.0);
         // One rank that did not list its processors: the counts decide.
         let mut old = bound.clone();
         old[1].cpus.clear();
-        assert_eq!(host_cpus(&old, "h"), 1);
+        assert_eq!(cpus_of(&old, "h"), 1);
         // A quota of 3 processors over a mask of 8 caps the host at 3.
         let quota = [
             rank(0, &[0, 1, 2, 3, 4, 5, 6, 7]),
@@ -818,9 +825,9 @@ mod layout_tests {
             p.cores = 3;
             p
         });
-        assert_eq!(host_cpus(&quota, "h"), 3);
+        assert_eq!(cpus_of(&quota, "h"), 3);
         // Another host's ranks do not count.
-        assert_eq!(host_cpus(&bound, "other"), 0);
+        assert_eq!(cpus_of(&bound, "other"), 0);
     }
 
     #[test]
