@@ -17,10 +17,19 @@ at all (a DDP communication hook that hands each bucket back untouched):
 the step's floor on this machine, with the same forward, backward,
 bucketing and update. gloo/floor bounds what any backend can reach as
 gloo/gradwire here.
+
+Each DDP round also prints where the rank's CPU time went, per step, on the
+slowest rank: the main thread (forward, backward, update, and whatever a
+backend runs on it) and every other thread of the process (the backend's
+engine and waiter threads; Gloo's own). With one core per rank a step
+cannot take less than their sum, so a backend's cost to a CPU-bound step is
+its threads' CPU time, not its all-reduce's latency.
 """
 
 import argparse
+import os
 import statistics
+import threading
 import time
 
 import torch
@@ -37,9 +46,37 @@ def slowest(seconds, group):
     return t.item()
 
 
-def timed(fn, seconds, group, warmup=2):
+def thread_cpu():
+    """{thread id: CPU seconds so far} for every thread of this process
+    (Linux /proc; empty elsewhere)."""
+    tick = os.sysconf("SC_CLK_TCK")
+    out = {}
+    try:
+        tids = os.listdir("/proc/self/task")
+    except OSError:
+        return out
+    for tid in tids:
+        try:
+            with open(f"/proc/self/task/{tid}/stat") as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+        except OSError:
+            continue  # the thread ended meanwhile
+        out[int(tid)] = (int(fields[11]) + int(fields[12])) / tick  # utime + stime
+    return out
+
+
+def cpu_split(before, after, main_tid):
+    """(main thread, all other threads) CPU seconds between two snapshots."""
+    main = after.get(main_tid, 0.0) - before.get(main_tid, 0.0)
+    other = sum(v - before.get(t, 0.0) for t, v in after.items() if t != main_tid)
+    return main, other
+
+
+def timed(fn, seconds, group, warmup=2, cpu=None):
     """Mean seconds per call over a loop of about `seconds`, slowest rank.
-    The count is agreed on (rank 0's) so every rank makes the same calls."""
+    The count is agreed on (rank 0's) so every rank makes the same calls.
+    With a list `cpu`, appends (main thread, other threads) CPU seconds per
+    call, each the largest over the ranks."""
     for _ in range(warmup):
         fn()
     t0 = time.perf_counter()
@@ -48,10 +85,16 @@ def timed(fn, seconds, group, warmup=2):
     n = torch.tensor([max(1, int(seconds / max(one, 1e-6)))], dtype=torch.int64)
     dist.broadcast(n, 0, group=group)
     n = int(n.item())
+    main_tid = threading.main_thread().native_id
+    c0 = thread_cpu()
     t0 = time.perf_counter()
     for _ in range(n):
         fn()
-    return slowest((time.perf_counter() - t0) / n, group)
+    elapsed = time.perf_counter() - t0
+    if cpu is not None:
+        main, other = cpu_split(c0, thread_cpu(), main_tid)
+        cpu.append((slowest(main / n, group), slowest(other / n, group)))
+    return slowest(elapsed / n, group)
 
 
 def model():
@@ -108,15 +151,21 @@ def main():
             return f
 
         t = {"gloo": [], "gradwire": [], "floor": []}
+        cpu = {k: [] for k in t}
         for r in range(a.rounds):
             for k in ("gloo", "gradwire", "floor") if r % 2 == 0 else ("floor", "gradwire", "gloo"):
-                t[k].append(timed(step(k), a.seconds, groups["gloo"]))
+                t[k].append(timed(step(k), a.seconds, groups["gloo"], cpu=cpu[k]))
             if rank == 0:
                 print(f"  round {r}: DDP step gloo {t['gloo'][-1] * 1e3:.2f} ms, gradwire {t['gradwire'][-1] * 1e3:.2f} ms, "
                       f"no communication {t['floor'][-1] * 1e3:.2f} ms")
+                print("           CPU per step, main thread + other threads: " + ", ".join(
+                    f"{k} {cpu[k][-1][0] * 1e3:.1f} + {cpu[k][-1][1] * 1e3:.1f} ms" for k in t))
         if rank == 0:
             print(ratio_line(f"DDP {params / 1e6:.1f}M", t["gloo"], t["gradwire"]))
             print(ratio_line("floor", t["gloo"], t["floor"]).replace("gradwire", "no-comm"))
+            print("  CPU per step, median over rounds, main thread + other threads: " + ", ".join(
+                f"{k} {statistics.median(c[0] for c in cpu[k]) * 1e3:.1f} + "
+                f"{statistics.median(c[1] for c in cpu[k]) * 1e3:.1f} ms" for k in t))
 
     size = a.min_bytes
     if rank == 0:
