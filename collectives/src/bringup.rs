@@ -354,6 +354,7 @@ pub(crate) fn route(
         transports.push(Box::new(t));
     }
     let shm_idx = if needs_shm {
+        let pulls = cfg.shm_pulls_for(env.local_size as usize, cpus);
         transports.push(Box::new(ShmTransport::new(
             me,
             peers.to_vec(),
@@ -362,7 +363,8 @@ pub(crate) fn route(
                 name_secret: shm_secret.to_owned(),
                 slot_bytes: cfg.shm_slot_bytes.value,
                 slots: cfg.shm_slots.value,
-                pull_bytes: shm_pull_bytes(cfg, env.local_size, cpus),
+                pull_bytes: pulls.0,
+                pull_region_max: pulls.1,
                 eager_frames: cfg.eager_frames.value,
             },
         )?));
@@ -615,25 +617,6 @@ pub(crate) fn start_engine(
         caller_spin,
         engine_core,
     })
-}
-
-/// The shared-memory pull threshold: `GW_SHM_PULL_BYTES` when set, else
-/// on only where this host runs more ranks than it has cores. With a core
-/// per rank the sender's copy into the ring and the receiver's copy out of
-/// it (two copies, on two cores at once) beats one `process_vm_readv` by
-/// the receiver alone (1 MiB 2-rank all-reduce 5.2 vs 2.4 GB/s, 64 MiB
-/// equal); with ranks sharing cores the copies no longer overlap and one
-/// copy instead of two wins (4 ranks on 2 cores, 1 MiB: 1.3-2.0 vs
-/// 0.6-1.1 GB/s).
-fn shm_pull_bytes(cfg: &Config, local_ranks: u32, host_cpus: usize) -> usize {
-    if cfg.shm_pull_bytes.source != Source::Default {
-        return cfg.shm_pull_bytes.value;
-    }
-    if local_ranks as usize > host_cpus {
-        cfg.shm_pull_bytes.value
-    } else {
-        0
-    }
 }
 
 /// Ranks per host when `host_ids` (one per rank) come in equal runs of

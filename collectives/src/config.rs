@@ -40,6 +40,31 @@ pub const DEPTH_CORE_PER_RANK: usize = 1;
 /// 0.90 at depth 1).
 pub const DEPTH_SHARED_CORES: usize = 8;
 
+/// Where every rank of a host has a core of its own, shared-memory messages
+/// from this size on are pulled by the receiver in one copy, out of regions
+/// under [`PULL_REGION_MAX_CORE_PER_RANK`]. Two copies (into a ring slot,
+/// out of it) run on two cores at once, but each is a full pass over the
+/// message and the receiver waits for the first: on the 2026-12-05 VM,
+/// 2 ranks, against slots only, a 64 KiB ping-pong took 3.8 µs instead of
+/// 8.3 (OpenMPI's vader, one copy: 3.5–3.8), a 1 MiB one 50 instead of
+/// 110, and collectives from 256 KiB to 1 MiB ran 1.2–2.0× faster
+/// (all-reduce 1.21–1.27, all-gather 1.64–2.03, broadcast 1.24–1.26);
+/// 64 KiB collectives take the direct path and do not change. Where ranks
+/// share cores the copies cannot overlap anyway, and the transport's own
+/// threshold ([`gw_transport::shm::DEFAULT_PULL_BYTES`]) applies to every
+/// region. An earlier VM measured the opposite at 1 MiB (slot copies 5.2
+/// GB/s, pulls 2.4), which is why pulls were off with a core per rank
+/// until then; `GW_SHM_PULL_BYTES=0` turns them off.
+pub const PULL_BYTES_CORE_PER_RANK: usize = 64 << 10;
+
+/// Messages out of registered regions of at least this size keep the slots
+/// where every rank has a core (see [`PULL_BYTES_CORE_PER_RANK`]): they are
+/// segments of a large operation, whose receiver streams them out of the
+/// slots, and pulling them lost (same run, pulls against slots: all-reduce
+/// 16 / 64 MiB 0.90 / 0.70, broadcast 4 / 16 / 64 MiB 0.92 / 0.91 / 0.60,
+/// all-gather 64 MiB 0.89).
+pub const PULL_REGION_MAX_CORE_PER_RANK: usize = 4 << 20;
+
 /// Where a setting's value came from.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Source {
@@ -201,8 +226,9 @@ pub struct Config {
     pub shm_slots: Setting<usize>,
     /// `GW_SHM_PULL_BYTES`: shared-memory messages from this size on are
     /// copied once, by the receiver, out of the sender's process (0: never).
-    /// Left at its default, it applies only where a host runs more ranks
-    /// than it has cores (see `communicator::shm_pull_bytes`).
+    /// Left at its default, it applies where a host runs more ranks than it
+    /// has cores; with a core per rank a smaller threshold and a region
+    /// limit do (see [`Config::shm_pulls_for`]).
     pub shm_pull_bytes: Setting<usize>,
     /// `GW_TRACE`: a Chrome-trace file every rank appends its timeline to
     /// when its communicator closes (see `trace.rs`); unset: no tracing.
@@ -479,6 +505,23 @@ impl Config {
         }
     }
 
+    /// Which shared-memory messages are pulled in one copy on a host that
+    /// runs `local_ranks` ranks on `cores` cores: those of at least the
+    /// first value, out of registered regions under the second
+    /// ([`gw_transport::shm::ShmConfig`]'s `pull_bytes`, `pull_region_max`).
+    /// `GW_SHM_PULL_BYTES` where set, out of any region; else
+    /// [`PULL_BYTES_CORE_PER_RANK`] out of regions under
+    /// [`PULL_REGION_MAX_CORE_PER_RANK`] with a core per rank, and the
+    /// default threshold out of any region without.
+    pub fn shm_pulls_for(&self, local_ranks: usize, cores: usize) -> (usize, usize) {
+        match self.shm_pull_bytes.source {
+            Source::Default if local_ranks <= cores => {
+                (PULL_BYTES_CORE_PER_RANK, PULL_REGION_MAX_CORE_PER_RANK)
+            }
+            _ => (self.shm_pull_bytes.value, usize::MAX),
+        }
+    }
+
     /// One line per setting: name, value, source.
     pub fn describe(&self) -> Vec<String> {
         fn line<T: fmt::Debug>(name: &str, s: &Setting<T>) -> String {
@@ -522,7 +565,15 @@ impl Config {
             line("GW_ONE_SIDED", &self.one_sided),
             line("GW_SHM_SLOT_BYTES", &self.shm_slot_bytes),
             line("GW_SHM_SLOTS", &self.shm_slots),
-            line("GW_SHM_PULL_BYTES", &self.shm_pull_bytes),
+            match self.shm_pull_bytes.source {
+                Source::Default => format!(
+                    "{:<18} = {PULL_BYTES_CORE_PER_RANK} out of regions under \
+                     {PULL_REGION_MAX_CORE_PER_RANK} with a core per rank, {} where ranks \
+                     share cores (default)",
+                    "GW_SHM_PULL_BYTES", self.shm_pull_bytes.value
+                ),
+                _ => line("GW_SHM_PULL_BYTES", &self.shm_pull_bytes),
+            },
             line("GW_TRACE", &self.trace),
         ]
     }
@@ -571,6 +622,29 @@ mod tests {
         assert_eq!(c.pipeline_depth_for(4, 2), 3);
         c.pipeline_depth.set(5);
         assert_eq!(c.pipeline_depth_for(1, 64), 5);
+    }
+
+    #[test]
+    fn default_pulls_depend_on_cores_per_rank_and_a_set_threshold_does_not() {
+        let mut c = Config::default();
+        assert_eq!(
+            c.shm_pulls_for(2, 2),
+            (PULL_BYTES_CORE_PER_RANK, PULL_REGION_MAX_CORE_PER_RANK)
+        );
+        assert_eq!(
+            c.shm_pulls_for(4, 2),
+            (gw_transport::shm::DEFAULT_PULL_BYTES, usize::MAX)
+        );
+        assert!(c.describe().iter().any(|l| l.contains("GW_SHM_PULL_BYTES")
+            && l.contains("with a core per rank")
+            && l.contains("where ranks share cores (default)")));
+        // Set, it is the threshold everywhere, out of any region; 0 is off.
+        c.apply_env_from(&env(&[("GW_SHM_PULL_BYTES", "0")]))
+            .unwrap();
+        assert_eq!(c.shm_pulls_for(2, 2), (0, usize::MAX));
+        assert_eq!(c.shm_pulls_for(4, 2), (0, usize::MAX));
+        c.shm_pull_bytes.set(65536);
+        assert_eq!(c.shm_pulls_for(1, 64), (65536, usize::MAX));
     }
 
     #[test]

@@ -41,7 +41,7 @@ pub use in_place::in_place_reads;
 use crate::algo::{Action, ActionId, Buf, Loc, Schedule};
 use crate::board::Board;
 use crate::mailbox::Receiver;
-use crate::op::Fingerprint;
+use crate::op::{Fingerprint, OpKind};
 pub(crate) use crate::operation::{Completion, Msg, OpDesc, Plan, Ptr, Published};
 use crate::sched_cache::{self, ScheduleCache};
 use crate::trace;
@@ -1084,6 +1084,19 @@ impl Engine {
                 // the schedule: it may as well read the bytes where they
                 // arrived (see `in_place.rs`).
                 let (req, in_place) = match a {
+                    // A reduce's sender is idle while its parent reduces
+                    // what it sent: with a core of its own it moves the
+                    // bytes itself, beside the parent's reduction (see
+                    // `Transport::isend_pushed`; pulled, a 2-rank 1 MiB
+                    // reduce over shm ran 0.66x as fast). Where ranks share
+                    // cores nothing runs beside, and one copy costs less.
+                    Action::Send { .. }
+                        if r.op.fp.op == OpKind::Reduce && !self.cfg.oversubscribed =>
+                    {
+                        SENDS.fetch_add(1, Ordering::Relaxed);
+                        let req = self.transports[t].isend_pushed(peer, tag, mem, off, len)?;
+                        (req, None)
+                    }
                     Action::Send { .. } => {
                         SENDS.fetch_add(1, Ordering::Relaxed);
                         (self.transports[t].isend(peer, tag, mem, off, len)?, None)
@@ -1468,7 +1481,7 @@ fn compare_board(
     if let Some(why) = board.failure()? {
         return Ok(Some(Error::Aborted(format!("another rank failed: {why}"))));
     }
-    if fp.op == crate::op::OpKind::SendRecv || !stalled {
+    if fp.op == OpKind::SendRecv || !stalled {
         return Ok(None);
     }
     if !*posted {

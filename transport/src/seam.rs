@@ -322,6 +322,23 @@ pub trait Transport: Send {
         len: usize,
     ) -> Result<Request>;
 
+    /// [`Transport::isend`] for a message the sender should move itself
+    /// rather than leave for the receiver to copy out of its memory (a
+    /// shared-memory pull): one whose receiver reduces it into its own data
+    /// while the sender has nothing else to do, as a reduce's children do
+    /// for their parent. A pull would give the busier side one more pass
+    /// over the bytes. By default the same as `isend`.
+    fn isend_pushed(
+        &mut self,
+        peer: Rank,
+        tag: Tag,
+        mem: MemHandle,
+        offset: usize,
+        len: usize,
+    ) -> Result<Request> {
+        self.isend(peer, tag, mem, offset, len)
+    }
+
     /// Posts a receive of exactly `len` bytes from `peer` into `mem` at `offset`.
     fn irecv(
         &mut self,

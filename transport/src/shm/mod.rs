@@ -27,7 +27,8 @@
 //! every frame out of the ring: into a buffer, or as an announcement.
 //!
 //! Large messages skip the slots: a send of at least
-//! [`ShmConfig::pull_bytes`] is one rendezvous frame, and the receiver copies
+//! [`ShmConfig::pull_bytes`] (from a region under
+//! [`ShmConfig::pull_region_max`]) is one rendezvous frame, and the receiver copies
 //! the bytes straight out of the sender's process (see `pull.rs`) when its
 //! receive is posted; the send completes when the receiver reports it
 //! pulled. A rendezvous frame taken out of the ring early is kept as an
@@ -113,6 +114,12 @@ pub struct ShmConfig {
     /// receiver, out of the sender's process, where the kernel allows it
     /// (default 256 KiB; 0 never does).
     pub pull_bytes: usize,
+    /// Messages sent from a registered region of at least this many bytes
+    /// go through the slots however long they are (`usize::MAX`, the
+    /// default: no such limit). Such a message is a segment of a large
+    /// operation, whose receiver streams it out of its slot into a region
+    /// as large, which can beat a pull's cached copy.
+    pub pull_region_max: usize,
     /// Frames of each peer buffered ahead of their receives beyond a ring's
     /// worth (`GW_EAGER_FRAMES`): a sender gets `slots + eager_frames`
     /// credits, so a full ring of frames nobody asked for yet can always be
@@ -129,6 +136,7 @@ impl ShmConfig {
             slot_bytes: DEFAULT_SLOT_BYTES,
             slots: DEFAULT_SLOTS,
             pull_bytes: DEFAULT_PULL_BYTES,
+            pull_region_max: usize::MAX,
             eager_frames: DEFAULT_EAGER_FRAMES,
         }
     }
@@ -196,6 +204,10 @@ struct SendOp {
     cleared: bool,
     /// Credits for all its frames are spent: it goes eagerly.
     reserved: bool,
+    /// It may be pulled, if long enough: its region is under
+    /// `ShmConfig::pull_region_max` and it was not posted with
+    /// `isend_pushed`.
+    pullable: bool,
 }
 
 /// A message announced to its receiver (an `Rts`), waiting for its `Cts`.
@@ -441,11 +453,16 @@ impl ShmTransport {
             pull::allow_peers_to_pull();
         }
         tracing::info!(
-            "shm: rank {me}, job {}, {} slots of {} bytes per ring, single copy from {} bytes",
+            "shm: rank {me}, job {}, {} slots of {} bytes per ring, single copy from {} bytes{}",
             cfg.job_id,
             cfg.slots,
             cfg.slot_bytes,
-            cfg.pull_bytes
+            cfg.pull_bytes,
+            if cfg.pull_region_max == usize::MAX {
+                String::new()
+            } else {
+                format!(" out of regions under {} bytes", cfg.pull_region_max)
+            }
         );
         Ok(ShmTransport {
             id: TransportId::next(),
@@ -593,6 +610,35 @@ impl ShmTransport {
         let index = mem.index_for(self.id, "shm")?;
         let (at, r) = self.regions.range(index, offset, len, what)?;
         Ok((MemPtr(at), r.len))
+    }
+
+    /// Posts a send (see `isend` and `isend_pushed`); `may_pull`: the
+    /// receiver may pull it, where it is long enough and its region small
+    /// enough.
+    fn post_send(
+        &mut self,
+        peer: Rank,
+        tag: Tag,
+        mem: MemHandle,
+        offset: usize,
+        len: usize,
+        may_pull: bool,
+    ) -> Result<Request> {
+        self.check_post(peer)?;
+        let (ptr, region_len) = self.range(mem, offset, len, "isend")?;
+        let req = self.new_req();
+        self.peers[peer as usize].sends.push_back(SendOp {
+            req,
+            tag,
+            mem,
+            ptr,
+            len,
+            sent: 0,
+            cleared: false,
+            reserved: false,
+            pullable: may_pull && region_len < self.cfg.pull_region_max,
+        });
+        Ok(Request::new(self.id, req))
     }
 
     /// Posts a receive (see `irecv` and `irecv_in_place`).
@@ -926,6 +972,7 @@ fn pump_sends(
         if op.sent == 0
             && !op.cleared
             && pull_bytes > 0
+            && op.pullable
             // A rendezvous frame's payload must fit its slot, and a frame's
             // payload never exceeds its message.
             && op.len >= pull_bytes.max(RENDEZVOUS_LEN)
@@ -1431,20 +1478,18 @@ impl Transport for ShmTransport {
         offset: usize,
         len: usize,
     ) -> Result<Request> {
-        self.check_post(peer)?;
-        let (ptr, _) = self.range(mem, offset, len, "isend")?;
-        let req = self.new_req();
-        self.peers[peer as usize].sends.push_back(SendOp {
-            req,
-            tag,
-            mem,
-            ptr,
-            len,
-            sent: 0,
-            cleared: false,
-            reserved: false,
-        });
-        Ok(Request::new(self.id, req))
+        self.post_send(peer, tag, mem, offset, len, true)
+    }
+
+    fn isend_pushed(
+        &mut self,
+        peer: Rank,
+        tag: Tag,
+        mem: MemHandle,
+        offset: usize,
+        len: usize,
+    ) -> Result<Request> {
+        self.post_send(peer, tag, mem, offset, len, false)
     }
 
     fn irecv(

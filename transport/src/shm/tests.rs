@@ -56,6 +56,7 @@ fn cfg_pull(job_id: &str, slots: usize, slot_bytes: usize, pull_bytes: usize) ->
         slot_bytes,
         slots,
         pull_bytes,
+        pull_region_max: usize::MAX,
         eager_frames: crate::recv_core::DEFAULT_EAGER_FRAMES,
     }
 }
@@ -861,6 +862,70 @@ fn large_messages_are_pulled_and_small_ones_use_slots() {
     assert_eq!(dst, src);
     // 100, 101, 4096 and 70000 bytes went as rendezvous frames.
     assert_eq!(a.peers[1].next_pull, 4);
+    assert!(a.peers[1].pulls_out.is_empty());
+}
+
+#[test]
+fn messages_pushed_or_from_large_regions_use_slots_however_long() {
+    let j = job("pullregion");
+    let c = ShmConfig {
+        pull_region_max: 8192,
+        ..cfg_pull(&j, 2, 64, 100)
+    };
+    let mut a = ShmTransport::new(0, infos(2), c.clone()).unwrap();
+    let mut b = ShmTransport::new(1, infos(2), c).unwrap();
+    assert_eq!(a.connect(1).unwrap(), Readiness::Ready);
+    assert_eq!(b.connect(0).unwrap(), Readiness::Ready);
+    // Until b has probed a, nothing is pulled; wait for it, so that a send
+    // going through the slots below can only be the region limit's doing.
+    let deadline = Instant::now() + Duration::from_secs(3);
+    while a.peers[1].conn.as_ref().unwrap().tx.can_pull() == super::ring::CanPull::Unknown {
+        assert!(Instant::now() < deadline, "b never probed a");
+        a.progress().unwrap();
+        b.progress().unwrap();
+    }
+    // One region just under the limit, one at it; from each, a 1000-byte
+    // message (long enough to pull) and the whole region; then the small
+    // region's message again, pushed.
+    let (small, large) = (8191usize, 8192usize);
+    let mut src_small = pattern(small, 5);
+    let mut src_large = pattern(large, 6);
+    let mut dst = vec![0u8; 3 * 1000 + small + large];
+    let ms = reg(&mut a, &mut src_small);
+    let ml = reg(&mut a, &mut src_large);
+    let md = reg(&mut b, &mut dst);
+    let sends = [
+        (ml, 1000, false),
+        (ms, 1000, false),
+        (ml, large, false),
+        (ms, small, false),
+        (ms, 1000, true),
+    ];
+    let (mut ra, mut rb) = (vec![], vec![]);
+    let mut off = 0;
+    for (i, &(m, n, pushed)) in sends.iter().enumerate() {
+        let t = tag(1, i as u32);
+        ra.push(if pushed {
+            a.isend_pushed(1, t, m, 0, n).unwrap()
+        } else {
+            a.isend(1, t, m, 0, n).unwrap()
+        });
+        rb.push(b.irecv(0, t, md, off, n).unwrap());
+        off += n;
+    }
+    run(&mut a, &mut b, ra, rb);
+    let want = [
+        &src_large[..1000],
+        &src_small[..1000],
+        &src_large[..],
+        &src_small[..],
+        &src_small[..1000],
+    ]
+    .concat();
+    assert_eq!(dst, want);
+    // Only the two plain sends out of the region under the limit were
+    // pulled.
+    assert_eq!(a.peers[1].next_pull, 2);
     assert!(a.peers[1].pulls_out.is_empty());
 }
 
