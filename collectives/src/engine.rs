@@ -1084,22 +1084,23 @@ impl Engine {
                 // the schedule: it may as well read the bytes where they
                 // arrived (see `in_place.rs`).
                 let (req, in_place) = match a {
-                    // A reduce's sender is idle while its parent reduces
-                    // what it sent: with a core of its own it moves the
-                    // bytes itself, beside the parent's reduction (see
-                    // `Transport::isend_pushed`; pulled, a 2-rank 1 MiB
-                    // reduce over shm ran 0.66x as fast). Where ranks share
-                    // cores nothing runs beside, and one copy costs less.
-                    Action::Send { .. }
-                        if r.op.fp.op == OpKind::Reduce && !self.cfg.oversubscribed =>
-                    {
-                        SENDS.fetch_add(1, Ordering::Relaxed);
-                        let req = self.transports[t].isend_pushed(peer, tag, mem, off, len)?;
-                        (req, None)
-                    }
                     Action::Send { .. } => {
                         SENDS.fetch_add(1, Ordering::Relaxed);
-                        (self.transports[t].isend(peer, tag, mem, off, len)?, None)
+                        // A reduce's sender is idle while its parent reduces
+                        // what it sent: with a core of its own it moves the
+                        // bytes itself, beside the parent's reduction (see
+                        // `Transport::isend_pushed`; pulled, a 2-rank 1 MiB
+                        // reduce over shm ran 0.66x as fast). Where ranks
+                        // share cores nothing runs beside, and one copy costs
+                        // less.
+                        let pushed = r.op.fp.op == OpKind::Reduce && !self.cfg.oversubscribed;
+                        let tr = &mut self.transports[t];
+                        let req = if pushed {
+                            tr.isend_pushed(peer, tag, mem, off, len)?
+                        } else {
+                            tr.isend(peer, tag, mem, off, len)?
+                        };
+                        (req, None)
                     }
                     _ if src.buf == Buf::Scratch => (
                         self.transports[t].irecv_in_place(peer, tag, mem, off, len)?,
