@@ -14,6 +14,10 @@ each build's median time per call (out of place) and old/new as the median
 of the per-round ratios with every round's ratio, so that a one-round win
 cannot pass for a result (above 1: the new build is faster).
 
+With `-c p2p` (2 ranks) each size has three rows, as `gwbench p2p` prints
+them: ping-pong latency in us, one-way and both-ways bandwidth in GB/s;
+every ratio is still old time over new time, so above 1 is faster.
+
 `--old-env` and `--new-env` add environment settings to one side only, so
 that one build with and without a setting compares the same way (give the
 same directory twice).
@@ -26,9 +30,14 @@ import subprocess
 import sys
 
 
+# p2p rows: (name, column of the `gwbench p2p` row, whether it is a rate).
+P2P_ROWS = [("latency us", 2, False), ("one way GB/s", 3, True), ("both ways GB/s", 4, True)]
+
+
 def times(build, gwrun, args, extra):
-    """{bytes: us per call} of one gwbench run with the settings `extra`
-    added; exits naming what failed."""
+    """{key: figure} of one gwbench run with the settings `extra` added,
+    the key the size (us per call), or (size, row) for p2p; exits naming
+    what failed."""
     cmd = [gwrun, "-n", str(args.ranks), os.path.join(build, "gwbench"), args.coll,
            "-b", args.min, "-e", args.max, "-f", str(args.factor),
            "-T", str(args.seconds), "-c", "1"]
@@ -38,7 +47,10 @@ def times(build, gwrun, args, extra):
     out = {}
     for line in run.stdout.splitlines():
         f = line.split()
-        if len(f) > 8 and f[0] == "[0]" and f[1].isdigit():
+        if args.coll == "p2p" and len(f) == 6 and f[0] == "[0]" and f[1].isdigit():
+            for name, col, _ in P2P_ROWS:
+                out[(int(f[1]), name)] = float(f[col])
+        elif len(f) > 8 and f[0] == "[0]" and f[1].isdigit():
             out[int(f[1])] = float(f[6])
     if run.returncode != 0 or not out:
         sys.exit(f"ab-builds: {' '.join(cmd)} with {extra} failed (rc {run.returncode}):\n{run.stderr[-2000:]}")
@@ -80,14 +92,18 @@ def main():
         for which in order:
             res[which].append(times(getattr(args, which), gwrun, args, envs[which]))
         print(f"# round {rnd + 1} of {args.rounds}", file=sys.stderr)
-    print(f"{args.coll}, {args.transport}, {args.ranks} ranks: us per call (median over "
-          f"{args.rounds} rounds); old/new = median [every round] of per-round ratios")
-    print(f"{'bytes':>10} {'old':>10} {'new':>10}  old/new")
-    for size in sorted(res["old"][0]):
-        old = [r[size] for r in res["old"]]
-        new = [r[size] for r in res["new"]]
-        ratios = [o / n for o, n in zip(old, new)]
-        print(f"{size:>10} {statistics.median(old):>10.1f} {statistics.median(new):>10.1f}  "
+    what = "figures" if args.coll == "p2p" else "us per call"
+    print(f"{args.coll}, {args.transport}, {args.ranks} ranks: {what} (median over "
+          f"{args.rounds} rounds); old/new = median [every round] of per-round time ratios")
+    print(f"{'bytes':>10} {'':>15} {'old':>10} {'new':>10}  old/new")
+    rate = {name: r for name, _, r in P2P_ROWS}
+    for key in sorted(res["old"][0]):
+        size, name = key if isinstance(key, tuple) else (key, "")
+        old = [r[key] for r in res["old"]]
+        new = [r[key] for r in res["new"]]
+        # A rate's time ratio is new over old.
+        ratios = [n / o if rate.get(name) else o / n for o, n in zip(old, new)]
+        print(f"{size:>10} {name:>15} {statistics.median(old):>10.2f} {statistics.median(new):>10.2f}  "
               f"{statistics.median(ratios):.2f} [{' '.join(f'{x:.2f}' for x in ratios)}]")
 
 

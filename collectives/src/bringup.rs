@@ -587,6 +587,7 @@ pub(crate) fn start_engine(
         waker,
         cfg.inline.value,
         crate::drive::drive_spin(spin, chosen, oversubscribed),
+        (!oversubscribed).then_some(crate::drive::HANDOVER_NAP),
         span.clone(),
     );
     // The engine thread reports once it has made its start-up allocations

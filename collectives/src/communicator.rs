@@ -79,7 +79,7 @@ impl Handle {
     /// The result if the operation finished, without blocking.
     pub fn test(&self) -> Option<Result<()>> {
         if !self.done.is_ready() {
-            self.driver.kick();
+            self.driver.nudge();
         }
         self.done.peek()
     }
@@ -555,7 +555,7 @@ impl Communicator {
         };
         self.tx.send(Msg::Op(desc))?;
         if kick {
-            self.driver.kick();
+            self.driver.nudge();
         }
         Ok(Handle {
             done,
