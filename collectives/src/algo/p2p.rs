@@ -19,13 +19,16 @@ pub struct Half {
 pub struct P2p {
     pending: Vec<Action>,
     outstanding: usize,
-    desc: String,
+    /// What it moves, for [`Schedule::waiting_for`]: described only if it
+    /// stalls, not for every message (a stream of small messages paid for
+    /// the formatting).
+    send: Option<Half>,
+    recv: Option<Half>,
 }
 
 impl P2p {
     pub fn new(send: Option<Half>, recv: Option<Half>) -> P2p {
         let mut pending = Vec::new();
-        let mut desc = Vec::new();
         if let Some(h) = recv {
             pending.push(Action::Recv {
                 id: 1,
@@ -33,7 +36,6 @@ impl P2p {
                 step: h.step,
                 dst: Loc::new(Buf::Recv, 0, h.count),
             });
-            desc.push(format!("recv of message {} from rank {}", h.step, h.peer));
         }
         if let Some(h) = send {
             pending.push(Action::Send {
@@ -42,13 +44,13 @@ impl P2p {
                 step: h.step,
                 src: Loc::new(Buf::Send, 0, h.count),
             });
-            desc.push(format!("send of message {} to rank {}", h.step, h.peer));
         }
         let outstanding = pending.len();
         P2p {
             pending,
             outstanding,
-            desc: desc.join(" and "),
+            send,
+            recv,
         }
     }
 }
@@ -71,6 +73,37 @@ impl Schedule for P2p {
     }
 
     fn waiting_for(&self) -> String {
-        format!("waiting for {}", self.desc)
+        let recv = self
+            .recv
+            .map(|h| format!("recv of message {} from rank {}", h.step, h.peer));
+        let send = self
+            .send
+            .map(|h| format!("send of message {} to rank {}", h.step, h.peer));
+        let desc: Vec<String> = recv.into_iter().chain(send).collect();
+        format!("waiting for {}", desc.join(" and "))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_stalled_transfer_names_its_halves() {
+        let h = |peer, step| Half {
+            peer,
+            step,
+            count: 4,
+        };
+        let both = P2p::new(Some(h(1, 7)), Some(h(2, 3)));
+        assert_eq!(
+            both.waiting_for(),
+            "waiting for recv of message 3 from rank 2 and send of message 7 to rank 1"
+        );
+        let send = P2p::new(Some(h(1, 0)), None);
+        assert_eq!(
+            send.waiting_for(),
+            "waiting for send of message 0 to rank 1"
+        );
     }
 }
