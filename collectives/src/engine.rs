@@ -48,7 +48,7 @@ use crate::trace;
 use gw_transport::rma::{Imm, stamp_round};
 use gw_transport::seam::Readiness;
 use gw_transport::seam::{ReadFrom, WriteImm};
-use gw_transport::{Arrival, Error, Landed, MemHandle, Rank, Request, Result, Transport};
+use gw_transport::{Arrival, Error, Landed, MemHandle, Rank, Request, Result, SendHint, Transport};
 use mio::{Events, Poll, Token, Waker};
 use std::collections::VecDeque;
 use std::sync::Arc;
@@ -1089,14 +1089,20 @@ impl Engine {
                         // A reduce's sender is idle while its parent reduces
                         // what it sent: with a core of its own it moves the
                         // bytes itself, beside the parent's reduction (see
-                        // `Transport::isend_pushed`; pulled, a 2-rank 1 MiB
+                        // `SendHint::Pushed`; pulled, a 2-rank 1 MiB
                         // reduce over shm ran 0.66x as fast). Where ranks
                         // share cores nothing runs beside, and one copy costs
                         // less.
                         let pushed = r.op.fp.op == OpKind::Reduce && !self.cfg.oversubscribed;
+                        // Both halves of a sendrecv with one peer keep both
+                        // ranks busy: one copy of each message beats two
+                        // however large (`SendHint::Exchanged`).
+                        let exchanged = !self.cfg.oversubscribed && r.sched.exchanges_with(peer);
                         let tr = &mut self.transports[t];
                         let req = if pushed {
-                            tr.isend_pushed(peer, tag, mem, off, len)?
+                            tr.isend_hinted(peer, tag, mem, off, len, SendHint::Pushed)?
+                        } else if exchanged {
+                            tr.isend_hinted(peer, tag, mem, off, len, SendHint::Exchanged)?
                         } else {
                             tr.isend(peer, tag, mem, off, len)?
                         };

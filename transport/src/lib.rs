@@ -16,7 +16,7 @@ pub use error::{Error, Result};
 pub use recv_core::{DEFAULT_EAGER_FRAMES, DEFAULT_SMALL_FRAMES, SMALL_FRAME_BYTES};
 pub use seam::{
     Arrival, Landed, MemHandle, MemPtr, Now, Outstanding, Properties, Rank, Request, Scope,
-    Signature, Tag, TagFmt, Tested, Transport, TransportId,
+    SendHint, Signature, Tag, TagFmt, Tested, Transport, TransportId,
 };
 pub use wire::{FrameHeader, FrameKind};
 

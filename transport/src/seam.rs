@@ -289,6 +289,24 @@ pub enum Now {
     Later,
 }
 
+/// Who should move a send's bytes, where a transport has the choice (see
+/// [`Transport::isend_hinted`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum SendHint {
+    /// The sender pushes it: its receiver reduces it into its own data
+    /// while the sender has nothing else to do, as a reduce's children do
+    /// for their parent; a pull would give the busier side one more pass
+    /// over the bytes.
+    Pushed,
+    /// Sent while the peer sends this rank one too (both halves of a
+    /// `sendrecv` with one peer). Both ranks' cores are busy with the
+    /// exchange, so nothing gains from the two copies a ring makes for a
+    /// large region (where the copy out of the slots overlaps the copy
+    /// in): the receiver may copy it straight out, once, however large
+    /// the region.
+    Exchanged,
+}
+
 /// The transport interface (see the module comment for the contract).
 pub trait Transport: Send {
     /// What this transport is and how fast it is expected to be.
@@ -322,20 +340,20 @@ pub trait Transport: Send {
         len: usize,
     ) -> Result<Request>;
 
-    /// [`Transport::isend`] for a message the sender should move itself
-    /// rather than leave for the receiver to copy out of its memory (a
-    /// shared-memory pull): one whose receiver reduces it into its own data
-    /// while the sender has nothing else to do, as a reduce's children do
-    /// for their parent. A pull would give the busier side one more pass
-    /// over the bytes. By default the same as `isend`.
-    fn isend_pushed(
+    /// [`Transport::isend`] with a hint on who should move the bytes, for
+    /// a transport that can have the receiver copy them out of the sender's
+    /// memory (a shared-memory pull) or the sender push them (through the
+    /// ring). By default the same as `isend`.
+    fn isend_hinted(
         &mut self,
         peer: Rank,
         tag: Tag,
         mem: MemHandle,
         offset: usize,
         len: usize,
+        hint: SendHint,
     ) -> Result<Request> {
+        let _ = hint;
         self.isend(peer, tag, mem, offset, len)
     }
 

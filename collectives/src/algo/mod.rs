@@ -194,6 +194,13 @@ pub trait Schedule: Send {
     }
     /// What the schedule is waiting for, for timeout errors (e.g. "step 3: recv from rank 2").
     fn waiting_for(&self) -> String;
+    /// Whether its sends to `peer` go while `peer` sends to this rank in the
+    /// same operation, a point-to-point exchange (see
+    /// `SendHint::Exchanged`). Collectives answer no: their
+    /// receivers mostly reduce what arrives, where slots serve better.
+    fn exchanges_with(&self, _peer: Rank) -> bool {
+        false
+    }
     /// Rewinds the schedule to its state right after construction, so that an
     /// identical later call runs it again instead of rebuilding it (the
     /// engine's schedule cache: a training step repeats the same calls, and

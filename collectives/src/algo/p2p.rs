@@ -72,6 +72,10 @@ impl Schedule for P2p {
         0
     }
 
+    fn exchanges_with(&self, peer: Rank) -> bool {
+        self.send.is_some_and(|h| h.peer == peer) && self.recv.is_some_and(|h| h.peer == peer)
+    }
+
     fn waiting_for(&self) -> String {
         let recv = self
             .recv
@@ -105,5 +109,19 @@ mod tests {
             send.waiting_for(),
             "waiting for send of message 0 to rank 1"
         );
+    }
+
+    #[test]
+    fn only_both_halves_with_one_peer_are_an_exchange() {
+        let h = |peer| Half {
+            peer,
+            step: 0,
+            count: 4,
+        };
+        assert!(P2p::new(Some(h(1)), Some(h(1))).exchanges_with(1));
+        assert!(!P2p::new(Some(h(1)), Some(h(1))).exchanges_with(2));
+        assert!(!P2p::new(Some(h(1)), Some(h(2))).exchanges_with(1));
+        assert!(!P2p::new(Some(h(1)), None).exchanges_with(1));
+        assert!(!P2p::new(None, Some(h(1))).exchanges_with(1));
     }
 }

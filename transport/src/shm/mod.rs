@@ -76,7 +76,7 @@ use crate::regions::{Extent, Regions};
 use crate::reqmap::{self, ReqMap};
 use crate::seam::{
     Arrival, Landed, MemHandle, MemPtr, Now, Properties, Rank, ReadFrom, Readiness, RemoteRegion,
-    Request, Tag, Tested, Transport, TransportId, WriteImm,
+    Request, SendHint, Tag, Tested, Transport, TransportId, WriteImm,
 };
 use crate::wire::{FrameHeader, FrameKind, HEADER_LEN};
 use gw_rendezvous::PeerInfo;
@@ -204,9 +204,8 @@ struct SendOp {
     cleared: bool,
     /// Credits for all its frames are spent: it goes eagerly.
     reserved: bool,
-    /// It may be pulled, if long enough: its region is under
-    /// `ShmConfig::pull_region_max` and it was not posted with
-    /// `isend_pushed`.
+    /// It may be pulled, if long enough: posted as `SendHint::Exchanged`,
+    /// or with no hint out of a region under `ShmConfig::pull_region_max`.
     pullable: bool,
 }
 
@@ -612,9 +611,8 @@ impl ShmTransport {
         Ok((MemPtr(at), r.len))
     }
 
-    /// Posts a send (see `isend` and `isend_pushed`); `may_pull`: the
-    /// receiver may pull it, where it is long enough and its region small
-    /// enough.
+    /// Posts a send (see `isend` and `isend_hinted`); whether the receiver
+    /// may pull it, where it is long enough, depends on `hint`.
     fn post_send(
         &mut self,
         peer: Rank,
@@ -622,7 +620,7 @@ impl ShmTransport {
         mem: MemHandle,
         offset: usize,
         len: usize,
-        may_pull: bool,
+        hint: Option<SendHint>,
     ) -> Result<Request> {
         self.check_post(peer)?;
         let (ptr, region_len) = self.range(mem, offset, len, "isend")?;
@@ -636,7 +634,11 @@ impl ShmTransport {
             sent: 0,
             cleared: false,
             reserved: false,
-            pullable: may_pull && region_len < self.cfg.pull_region_max,
+            pullable: match hint {
+                Some(SendHint::Pushed) => false,
+                None => region_len < self.cfg.pull_region_max,
+                Some(SendHint::Exchanged) => true,
+            },
         });
         Ok(Request::new(self.id, req))
     }
@@ -1478,18 +1480,19 @@ impl Transport for ShmTransport {
         offset: usize,
         len: usize,
     ) -> Result<Request> {
-        self.post_send(peer, tag, mem, offset, len, true)
+        self.post_send(peer, tag, mem, offset, len, None)
     }
 
-    fn isend_pushed(
+    fn isend_hinted(
         &mut self,
         peer: Rank,
         tag: Tag,
         mem: MemHandle,
         offset: usize,
         len: usize,
+        hint: SendHint,
     ) -> Result<Request> {
-        self.post_send(peer, tag, mem, offset, len, false)
+        self.post_send(peer, tag, mem, offset, len, Some(hint))
     }
 
     fn irecv(

@@ -866,7 +866,7 @@ fn large_messages_are_pulled_and_small_ones_use_slots() {
 }
 
 #[test]
-fn messages_pushed_or_from_large_regions_use_slots_however_long() {
+fn large_regions_and_pushed_sends_use_slots_and_exchanged_sends_are_pulled() {
     let j = job("pullregion");
     let c = ShmConfig {
         pull_region_max: 8192,
@@ -886,29 +886,30 @@ fn messages_pushed_or_from_large_regions_use_slots_however_long() {
     }
     // One region just under the limit, one at it; from each, a 1000-byte
     // message (long enough to pull) and the whole region; then the small
-    // region's message again, pushed.
+    // region's message again, pushed, and the whole large region,
+    // exchanged.
     let (small, large) = (8191usize, 8192usize);
     let mut src_small = pattern(small, 5);
     let mut src_large = pattern(large, 6);
-    let mut dst = vec![0u8; 3 * 1000 + small + large];
+    let mut dst = vec![0u8; 3 * 1000 + small + 2 * large];
     let ms = reg(&mut a, &mut src_small);
     let ml = reg(&mut a, &mut src_large);
     let md = reg(&mut b, &mut dst);
     let sends = [
-        (ml, 1000, false),
-        (ms, 1000, false),
-        (ml, large, false),
-        (ms, small, false),
-        (ms, 1000, true),
+        (ml, 1000, None),
+        (ms, 1000, None),
+        (ml, large, None),
+        (ms, small, None),
+        (ms, 1000, Some(SendHint::Pushed)),
+        (ml, large, Some(SendHint::Exchanged)),
     ];
     let (mut ra, mut rb) = (vec![], vec![]);
     let mut off = 0;
-    for (i, &(m, n, pushed)) in sends.iter().enumerate() {
+    for (i, &(m, n, hint)) in sends.iter().enumerate() {
         let t = tag(1, i as u32);
-        ra.push(if pushed {
-            a.isend_pushed(1, t, m, 0, n).unwrap()
-        } else {
-            a.isend(1, t, m, 0, n).unwrap()
+        ra.push(match hint {
+            Some(h) => a.isend_hinted(1, t, m, 0, n, h).unwrap(),
+            None => a.isend(1, t, m, 0, n).unwrap(),
         });
         rb.push(b.irecv(0, t, md, off, n).unwrap());
         off += n;
@@ -920,12 +921,13 @@ fn messages_pushed_or_from_large_regions_use_slots_however_long() {
         &src_large[..],
         &src_small[..],
         &src_small[..1000],
+        &src_large[..],
     ]
     .concat();
     assert_eq!(dst, want);
-    // Only the two plain sends out of the region under the limit were
-    // pulled.
-    assert_eq!(a.peers[1].next_pull, 2);
+    // Only the two plain sends out of the region under the limit and the
+    // exchanged one were pulled.
+    assert_eq!(a.peers[1].next_pull, 3);
     assert!(a.peers[1].pulls_out.is_empty());
 }
 
