@@ -24,10 +24,12 @@
 //! (a window of sends, as MPI benchmarks and pipeline code do) would wake
 //! it twice per message: at each post, and at the end of each wait that
 //! leaves work behind. Where every rank has a core, the engine thread
-//! therefore naps instead of parking while a caller drives: it looks again
-//! by itself within [`HANDOVER_NAP`], so those two kicks become
-//! [`Driver::nudge`]s, which wake nobody while it naps. The next wait
-//! usually comes first and the engine thread never runs at all.
+//! therefore naps instead of parking when a caller drives right after it
+//! ran or was kicked: it looks again by itself within [`HANDOVER_NAP`], so
+//! those two kicks become [`Driver::nudge`]s, which wake nobody while it
+//! naps. It naps again only while nudges find it napping (the next wait
+//! usually comes first, and the engine thread never runs at all); a
+//! caller that only blocks parks it until kicked, as before.
 
 use crate::deferred::Deferrable;
 use crate::engine::{Completion, DirectOp, Engine, Turn, TurnState};

@@ -1093,18 +1093,22 @@ impl Engine {
                         // reduce over shm ran 0.66x as fast). Where ranks
                         // share cores nothing runs beside, and one copy costs
                         // less.
-                        let pushed = r.op.fp.op == OpKind::Reduce && !self.cfg.oversubscribed;
                         // Both halves of a sendrecv with one peer keep both
                         // ranks busy: one copy of each message beats two
                         // however large (`SendHint::Exchanged`).
-                        let exchanged = !self.cfg.oversubscribed && r.sched.exchanges_with(peer);
-                        let tr = &mut self.transports[t];
-                        let req = if pushed {
-                            tr.isend_hinted(peer, tag, mem, off, len, SendHint::Pushed)?
-                        } else if exchanged {
-                            tr.isend_hinted(peer, tag, mem, off, len, SendHint::Exchanged)?
+                        let hint = if self.cfg.oversubscribed {
+                            None
+                        } else if r.op.fp.op == OpKind::Reduce {
+                            Some(SendHint::Pushed)
+                        } else if r.sched.exchanges_with(peer) {
+                            Some(SendHint::Exchanged)
                         } else {
-                            tr.isend(peer, tag, mem, off, len)?
+                            None
+                        };
+                        let tr = &mut self.transports[t];
+                        let req = match hint {
+                            Some(h) => tr.isend_hinted(peer, tag, mem, off, len, h)?,
+                            None => tr.isend(peer, tag, mem, off, len)?,
                         };
                         (req, None)
                     }

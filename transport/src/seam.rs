@@ -351,9 +351,8 @@ pub trait Transport: Send {
         mem: MemHandle,
         offset: usize,
         len: usize,
-        hint: SendHint,
+        _hint: SendHint,
     ) -> Result<Request> {
-        let _ = hint;
         self.isend(peer, tag, mem, offset, len)
     }
 
