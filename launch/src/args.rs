@@ -12,6 +12,7 @@
 //!
 //! Parsing never panics on user input: every problem is a [`UsageError`].
 
+use crate::bind::BindTo;
 use clap::error::{ContextKind, ErrorKind};
 use clap::{ArgAction, CommandFactory, FromArgMatches, Parser, ValueEnum};
 use gw_cli::{Shell, context_str, context_strs, err, flag_of, parser_message};
@@ -63,6 +64,11 @@ pub struct Options {
     /// `--store-addr`: the address ranks are told (`GW_STORE`), when it differs
     /// from the one the store is bound to.
     pub store_addr: Option<String>,
+    /// `--bind-to`: which processors each rank may use (default `share`, or
+    /// `GW_BIND_TO`; see [`crate::bind`]).
+    pub bind_to: Option<BindTo>,
+    /// `--report-bindings`: say on stderr where each rank was bound.
+    pub report_bindings: bool,
     /// The program every rank runs.
     pub program: OsString,
     /// Its arguments.
@@ -124,6 +130,15 @@ environment set for each rank:
                    started (MASTER_ADDR and MASTER_PORT only if not inherited)
 Ranks run in one process group of their own with /dev/null as stdin, and are
 killed if gwrun itself dies.
+
+binding:
+  Each rank may run only on its share of the processors gwrun may run on (as
+  taskset or a cgroup left them): an equal run of consecutive ones, so two
+  ranks on 2 processors get one each and two on 64 get 32 each. A rank's
+  caller polls for its peers, which only pays when they run elsewhere; bound,
+  a busy process beside the job slows it about 2x instead of 5-140x. With
+  more ranks than processors nothing is bound. --bind-to none (or
+  GW_BIND_TO=none) leaves every rank gwrun's own set.
 
 signals:
   SIGINT/SIGTERM are forwarded to every rank; ranks still running 5 s later are
@@ -239,6 +254,22 @@ struct Cli {
     )]
     store_addr: Option<String>,
 
+    /// Processors of each rank: an equal run of consecutive ones from
+    /// gwrun's own set (share, the default unless GW_BIND_TO says otherwise),
+    /// or all of gwrun's (none); ranks outnumbering processors are not bound
+    #[arg(
+        long = "bind-to",
+        value_name = "share|none",
+        value_enum,
+        hide_possible_values = true,
+        allow_hyphen_values = true
+    )]
+    bind_to: Option<BindTo>,
+
+    /// Say on stderr which processors each rank was bound to
+    #[arg(long = "report-bindings")]
+    report_bindings: bool,
+
     /// Print a completion script for SHELL on stdout and exit
     #[arg(long, value_name = "SHELL", value_enum, exclusive = true)]
     completions: Option<Shell>,
@@ -299,6 +330,8 @@ where
         tag_output: !cli.no_tag_output,
         store_bind: cli.store_bind,
         store_addr: cli.store_addr,
+        bind_to: cli.bind_to,
+        report_bindings: cli.report_bindings,
         program,
         args: command.collect(),
     }))

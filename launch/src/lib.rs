@@ -31,6 +31,7 @@
 #[macro_use]
 mod say;
 pub mod args;
+pub mod bind;
 pub mod child;
 pub mod job;
 pub mod output;
@@ -87,6 +88,21 @@ pub fn run(opts: Options) -> i32 {
             _ => SocketAddr::from((Ipv4Addr::LOCALHOST, 0)),
         },
     };
+    let policy = match opts.bind_to {
+        Some(b) => b,
+        None => match std::env::var(var::BIND_TO) {
+            Ok(v) if !v.trim().is_empty() => match bind::BindTo::parse(&v) {
+                Ok(b) => b,
+                Err(e) => return usage_error(&format!("{}: {e}", var::BIND_TO)),
+            },
+            _ => bind::BindTo::Share,
+        },
+    };
+    let allowed = gw_rendezvous::peers::own_cpus();
+    let cpus = bind::shares(policy, &allowed, opts.nprocs);
+    if opts.report_bindings {
+        report_bindings(cpus.as_deref(), policy, &allowed, opts.nprocs);
+    }
     let (token, job_id) = match (random_hex(16), random_hex(8)) {
         (Ok(t), Ok(j)) => (t, j),
         (Err(e), _) | (_, Err(e)) => {
@@ -145,6 +161,7 @@ pub fn run(opts: Options) -> i32 {
         job_id: job_id.clone(),
         settings,
         pipe_output: opts.tag_output,
+        cpus,
     };
 
     let code = launch(&plan, &mut signals);
@@ -153,6 +170,25 @@ pub fn run(opts: Options) -> i32 {
     remove_shm_files(Path::new("/dev/shm"), &job_id);
     drop(signals);
     code
+}
+
+/// `--report-bindings`: one line per rank, or one saying why none is bound.
+fn report_bindings(cpus: Option<&[Vec<u32>]>, policy: bind::BindTo, allowed: &[u32], ranks: usize) {
+    let all = bind::list(allowed);
+    match cpus {
+        Some(shares) => {
+            for (rank, share) in shares.iter().enumerate() {
+                say!("rank {rank} bound to processors {}", bind::list(share));
+            }
+        }
+        None if policy == bind::BindTo::None => {
+            say!("ranks not bound (--bind-to none): each may use processors {all}");
+        }
+        None => say!(
+            "ranks not bound: {ranks} ranks on {} processors ({all}) must take turns",
+            allowed.len()
+        ),
+    }
 }
 
 /// Spawns, supervises and cleans up the ranks; returns the exit status.

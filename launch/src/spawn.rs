@@ -1,10 +1,12 @@
 //! gwrun's ranks: the launch environment of each, and starting them.
 
+use crate::bind;
 use crate::child::{self, Group};
 use gw_rendezvous::LaunchEnv;
 use gw_rendezvous::launch_env::Launcher;
 use std::ffi::OsString;
 use std::io;
+use std::os::unix::process::CommandExt;
 use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
 
@@ -23,6 +25,8 @@ pub struct RankPlan {
     pub settings: Vec<(&'static str, String)>,
     /// Pipe stdout/stderr to gwrun (for tagging) or let ranks inherit them.
     pub pipe_output: bool,
+    /// The processors of each rank, if bound (see [`crate::bind`]).
+    pub cpus: Option<Vec<Vec<u32>>>,
 }
 
 /// The host part of a `host:port` store address, without IPv6 brackets.
@@ -72,6 +76,22 @@ impl RankPlan {
             cmd.stdout(Stdio::piped()).stderr(Stdio::piped());
         }
         child::prepare(&mut cmd, pgid.map_or(Group::New, Group::Join));
+        if let Some(share) = self.cpus.as_ref().and_then(|c| c.get(rank as usize)) {
+            let set = bind::cpu_set(share)?;
+            let what = bind::list(share);
+            // SAFETY: the closure runs between fork and exec; `apply` is one
+            // system call on the set built above, and the error path only
+            // moves an io::Error out (the message is formatted by the parent).
+            unsafe {
+                cmd.pre_exec(move || bind::apply(&set));
+            }
+            return cmd.spawn().map_err(|e| {
+                io::Error::new(
+                    e.kind(),
+                    format!("{e} (it was to run on processors {what})"),
+                )
+            });
+        }
         cmd.spawn()
     }
 }

@@ -68,6 +68,7 @@ fn gwrun_cmd(args: &[&str]) -> Command {
         "GW_TIMEOUT",
         "GW_LANES",
         "GW_STORE_BIND",
+        "GW_BIND_TO",
         "MASTER_ADDR",
         "MASTER_PORT",
     ] {
@@ -624,6 +625,7 @@ fn bad_command_lines_exit_2_with_one_line() {
         (&["-n", "1", "--timeout", "0", "sh"], "--timeout"),
         (&["-n", "1", "--lanes", "-2", "sh"], "--lanes"),
         (&["-n", "1", "--store-bind", "here", "sh"], "--store-bind"),
+        (&["-n", "1", "--bind-to", "core", "sh"], "share, none"),
         (&["-n", "1", "--"], "missing PROGRAM"),
     ] {
         let out = gwrun(args);
@@ -632,6 +634,9 @@ fn bad_command_lines_exit_2_with_one_line() {
     let mut cmd = gwrun_cmd(&["-n", "1", "true"]);
     cmd.env("GW_STORE_BIND", "not-an-address");
     assert_usage_error(&run_cmd(cmd), "GW_STORE_BIND");
+    let mut cmd = gwrun_cmd(&["-n", "1", "true"]);
+    cmd.env("GW_BIND_TO", "socket");
+    assert_usage_error(&run_cmd(cmd), "GW_BIND_TO");
 }
 
 #[test]
@@ -648,6 +653,9 @@ fn help_documents_flags_and_variables() {
         "--no-tag-output",
         "--store-bind",
         "--store-addr",
+        "--bind-to",
+        "--report-bindings",
+        "GW_BIND_TO",
         "GW_RANK",
         "GW_WORLD_SIZE",
         "GW_LOCAL_RANK",
@@ -814,4 +822,122 @@ fn ranks_start_with_no_blocked_signals() {
             "a rank started with blocked signals: {l}"
         );
     }
+}
+
+/// `0-3,8` (as /proc/self/status and taskset write processor lists).
+fn parse_cpu_list(list: &str) -> Vec<u32> {
+    let mut cpus = Vec::new();
+    for part in list.trim().split(',').filter(|p| !p.is_empty()) {
+        let (lo, hi) = part.split_once('-').unwrap_or((part, part));
+        let (lo, hi): (u32, u32) = (lo.parse().expect("cpu"), hi.parse().expect("cpu"));
+        cpus.extend(lo..=hi);
+    }
+    cpus
+}
+
+/// The processors this test process may run on; gwrun inherits them.
+fn own_cpu_list() -> Vec<u32> {
+    let status = std::fs::read_to_string("/proc/self/status").expect("read /proc/self/status");
+    let line = status
+        .lines()
+        .find_map(|l| l.strip_prefix("Cpus_allowed_list:"))
+        .expect("Cpus_allowed_list in /proc/self/status");
+    parse_cpu_list(line)
+}
+
+/// Each rank's processors, by rank, from ranks printing their own list.
+fn ranks_cpus(mut cmd: Command, ranks: usize) -> Vec<Vec<u32>> {
+    cmd.args([
+        "sh",
+        "-c",
+        "sed -n 's/^Cpus_allowed_list:[[:space:]]*//p' /proc/self/status",
+    ]);
+    let out = run_cmd(cmd);
+    assert_eq!(out.code(), Some(0), "{out:?}");
+    let lines = out.sorted_lines();
+    assert_eq!(lines.len(), ranks, "{out:?}");
+    lines
+        .iter()
+        .enumerate()
+        .map(|(r, l)| {
+            let list = l.strip_prefix(&format!("[{r}] ")).expect("tagged line");
+            parse_cpu_list(list)
+        })
+        .collect()
+}
+
+/// Ranks get equal runs of consecutive processors from gwrun's own set, as
+/// many as fit; with more ranks than processors, or when told not to bind,
+/// each keeps gwrun's whole set.
+#[test]
+fn ranks_run_on_equal_shares_of_gwruns_processors() {
+    let all = own_cpu_list();
+    assert!(!all.is_empty());
+    for n in [1, 2, 3] {
+        if n > all.len() {
+            continue;
+        }
+        let k = all.len() / n;
+        let got = ranks_cpus(gwrun_cmd(&["-n", &n.to_string()]), n);
+        let want: Vec<Vec<u32>> = (0..n).map(|r| all[r * k..(r + 1) * k].to_vec()).collect();
+        assert_eq!(got, want, "{n} ranks on {all:?}");
+    }
+    let over = all.len() + 1;
+    let got = ranks_cpus(gwrun_cmd(&["-n", &over.to_string()]), over);
+    assert!(got.iter().all(|c| *c == all), "oversubscribed: {got:?}");
+
+    let n = all.len().min(2);
+    let got = ranks_cpus(gwrun_cmd(&["-n", &n.to_string(), "--bind-to", "none"]), n);
+    assert!(got.iter().all(|c| *c == all), "--bind-to none: {got:?}");
+    let mut cmd = gwrun_cmd(&["-n", &n.to_string()]);
+    cmd.env("GW_BIND_TO", "none");
+    let got = ranks_cpus(cmd, n);
+    assert!(got.iter().all(|c| *c == all), "GW_BIND_TO=none: {got:?}");
+    // The flag wins over the variable.
+    let mut cmd = gwrun_cmd(&["-n", "1", "--bind-to", "share"]);
+    cmd.env("GW_BIND_TO", "none");
+    assert_eq!(ranks_cpus(cmd, 1), vec![all]);
+}
+
+/// gwrun shares out the set it was started with (taskset, cgroups), and
+/// `--report-bindings` says what each rank got.
+#[test]
+fn bindings_respect_gwruns_own_mask_and_are_reported() {
+    let all = own_cpu_list();
+    let last = *all.last().expect("a processor");
+    let mut cmd = Command::new("taskset");
+    cmd.args([
+        "-c",
+        &last.to_string(),
+        GWRUN,
+        "-n",
+        "1",
+        "--report-bindings",
+    ]);
+    cmd.env_remove("GW_BIND_TO");
+    let got = ranks_cpus(cmd, 1);
+    assert_eq!(got, [vec![last]]);
+
+    let mut cmd = gwrun_cmd(&["-n", "1", "--report-bindings"]);
+    cmd.arg("true");
+    let out = run_cmd(cmd);
+    assert_eq!(out.code(), Some(0), "{out:?}");
+    assert!(
+        out.stderr.contains("gwrun: rank 0 bound to processors "),
+        "{out:?}"
+    );
+    let over = (all.len() + 1).to_string();
+    let out = run_cmd({
+        let mut c = gwrun_cmd(&["-n", &over, "--report-bindings"]);
+        c.arg("true");
+        c
+    });
+    assert_eq!(out.code(), Some(0), "{out:?}");
+    assert!(
+        out.stderr.contains(&format!(
+            "ranks not bound: {over} ranks on {} processors",
+            all.len()
+        )),
+        "{out:?}"
+    );
 }

@@ -50,6 +50,8 @@ pub mod var {
     pub const JOB_RETRY_S: &str = "GW_JOB_RETRY_S";
     /// Where gwrun's store listens (`host:port`), when not on loopback.
     pub const STORE_BIND: &str = "GW_STORE_BIND";
+    /// gwrun's default `--bind-to` (`share` or `none`).
+    pub const BIND_TO: &str = "GW_BIND_TO";
     /// The step a worker of a preempted job resumes from (its checkpoint
     /// holds everything before it); set by the job server on every launch,
     /// 0 for a fresh start.
