@@ -304,12 +304,15 @@ impl CostModel {
     }
 
     /// The model as `shape`'s ranks see it for a message of `bytes`: each
-    /// β read off its curve, α, β and γ scaled by the oversubscription.
+    /// β read off its curve at the host's footprint ([`Curve::beta_for`];
+    /// ranks per host unknown: as calibrated), α, β and γ scaled by the
+    /// oversubscription.
     fn on(&self, shape: Shape, bytes: usize) -> CostModel {
         let k = shape.oversubscription.max(1.0);
+        let host_ranks = shape.local.unwrap_or(2);
         let scale = |l: Link, c: &Curve| Link {
             alpha: l.alpha * k,
-            beta: c.beta_at(l.beta, bytes) * k,
+            beta: c.beta_for(l.beta, bytes, host_ranks) * k,
         };
         CostModel {
             tcp: scale(self.tcp, &self.tcp_curve),

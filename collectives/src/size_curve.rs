@@ -7,6 +7,15 @@
 //! calibrate` therefore measures β at a few sizes; predictions interpolate
 //! between them, linearly in β against log₂ size, and use the nearest end
 //! outside the measured range.
+//!
+//! Calibration measures the curve with 2 ranks on one host, and what the
+//! caches hold is every rank's buffers on the host, not one message's: an
+//! all-reduce of s bytes among m ranks of a host touches about what one of
+//! s·m/2 bytes among 2 does, so [`Curve::beta_for`] reads the curve there.
+//! Without that, 4 ranks on this VM ran 16 MiB all-reduces 1.3-1.4× slower
+//! than predicted over both transports in every round of two validation
+//! runs (shm 2 MiB stays in the 2-rank knee, 64 MiB already streams), and
+//! within 1.15 with it (docs/performance-model.md).
 
 /// Up to [`Curve::MAX`] points `(bytes, β)`, sizes strictly increasing;
 /// empty means "β does not depend on size".
@@ -55,6 +64,13 @@ impl Curve {
             .collect()
     }
 
+    /// β for an all-reduce of `bytes` among `host_ranks` ranks per host
+    /// (see the module comment); `base` when the curve is empty.
+    pub fn beta_for(&self, base: f64, bytes: usize, host_ranks: usize) -> f64 {
+        let footprint = bytes.saturating_mul(host_ranks.max(2)) / 2;
+        self.beta_at(base, footprint)
+    }
+
     /// β for a message of `bytes`; `base` when the curve is empty.
     pub fn beta_at(&self, base: f64, bytes: usize) -> f64 {
         let pts = &self.pts[..self.len];
@@ -89,6 +105,18 @@ mod tests {
         assert!((c.beta_at(9.0, 1 << 15) - 2.0).abs() < 1e-12);
         assert_eq!(Curve::default().beta_at(9.0, 1 << 15), 9.0);
         assert_eq!(c.points(), vec![(1 << 10, 1.0), (1 << 20, 3.0)]);
+    }
+
+    #[test]
+    fn more_ranks_on_a_host_read_the_curve_at_their_footprint() {
+        let c = Curve::new(&[(1 << 10, 1.0), (1 << 20, 3.0)]).expect("curve");
+        // As calibrated: two ranks (or fewer, or unknown) read it as is.
+        assert_eq!(c.beta_for(9.0, 1 << 15, 2), c.beta_at(9.0, 1 << 15));
+        assert_eq!(c.beta_for(9.0, 1 << 15, 1), c.beta_at(9.0, 1 << 15));
+        // Four ranks of 2^14 bytes hold what two of 2^15 do.
+        assert!((c.beta_for(9.0, 1 << 14, 4) - 2.0).abs() < 1e-12);
+        assert_eq!(c.beta_for(9.0, usize::MAX, 8), 3.0);
+        assert_eq!(Curve::default().beta_for(9.0, 1 << 14, 4), 9.0);
     }
 
     #[test]

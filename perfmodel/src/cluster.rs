@@ -83,10 +83,13 @@ pub struct LinkSpec {
 }
 
 impl LinkSpec {
-    /// Bytes/s for all-reduces of `bytes`, off the curve when there is one
-    /// (interpolated as gw_collectives' β curves are).
-    pub fn bytes_s_at(&self, bytes: u64) -> f64 {
-        1.0 / self.curve.beta_at(1.0 / self.node_bytes_s, bytes as usize)
+    /// Bytes/s for all-reduces of `bytes` among `host_ranks` devices per
+    /// node, off the curve when there is one (read as gw_collectives reads
+    /// its β curves: at the node's footprint, see `Curve::beta_for`).
+    pub fn bytes_s_at(&self, bytes: u64, host_ranks: usize) -> f64 {
+        1.0 / self
+            .curve
+            .beta_for(1.0 / self.node_bytes_s, bytes as usize, host_ranks)
     }
 }
 
@@ -360,14 +363,18 @@ mod tests {
         assert_eq!(c.oversubscription(), 2.0);
         let node = c.link(Level::Node).expect("node link");
         let near = |a: f64, b: f64| (a - b).abs() < 1e-9 * b;
-        assert!(near(node.bytes_s_at(1024), 10e9));
-        assert!(near(node.bytes_s_at(1 << 30), 1e9));
+        assert!(near(node.bytes_s_at(1024, 2), 10e9));
+        assert!(near(node.bytes_s_at(1 << 30, 2), 1e9));
         // Half way in log size between 1 KiB and 1 MiB: β half way too.
-        let mid = node.bytes_s_at(32 << 10);
+        let mid = node.bytes_s_at(32 << 10, 2);
         assert!(
             (1.0 / mid - 0.5 * (1.0 / 10e9 + 1.0 / 1e9)).abs() < 1e-21,
             "{mid}"
         );
+        // Four devices a node: 16 KiB all-reduces fill the node's caches as
+        // 32 KiB ones do between the two ranks the curve was measured with.
+        assert!(near(node.bytes_s_at(16 << 10, 4), mid));
+        assert!(near(node.bytes_s_at(32 << 10, 1), mid), "never below two");
         for (bad, want) in [
             ("curve=1024:80,512:8", "sizes must increase"),
             ("curve=1024", "is not BYTES:GBIT_S"),

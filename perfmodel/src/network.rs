@@ -19,6 +19,10 @@ pub struct Network {
     /// Per level (innermost first): its link, and the largest group there.
     specs: Vec<(Option<LinkSpec>, usize)>,
     max_devices: usize,
+    /// Devices per node where every node has as many (the live
+    /// communicator's "ranks per host"), else 2: where β curves are read
+    /// (`Curve::beta_for`).
+    host_ranks: usize,
     /// Ranks per processor (CPU ranks), scaling β and γ.
     k: f64,
     pub gamma: f64,
@@ -42,6 +46,12 @@ impl Network {
             .map(|n| n.devices)
             .max()
             .unwrap_or(1);
+        let even = cluster
+            .racks
+            .iter()
+            .flatten()
+            .all(|n| n.devices == max_devices);
+        let host_ranks = if even { max_devices } else { 2 };
         let max_nodes = cluster.racks.iter().map(|r| r.len()).max().unwrap_or(1);
         let sizes = [max_devices, max_nodes, cluster.racks.len()];
         Network {
@@ -51,6 +61,7 @@ impl Network {
                 .map(|(lv, ranks)| (cluster.link(lv).cloned(), ranks))
                 .collect(),
             max_devices,
+            host_ranks,
             k,
             gamma: cluster.gamma() * k,
             n: cluster.device_count(),
@@ -72,7 +83,7 @@ impl Network {
                 };
                 Link {
                     alpha: self.k * spec.alpha_s,
-                    beta: self.k * sharing / spec.bytes_s_at(bytes),
+                    beta: self.k * sharing / spec.bytes_s_at(bytes, self.host_ranks),
                 }
             }
         }
@@ -103,7 +114,7 @@ impl Network {
                 let shared = self.link(i, bytes);
                 let one_flow = Link {
                     alpha: self.k * spec.alpha_s,
-                    beta: self.k / spec.bytes_s_at(bytes),
+                    beta: self.k / spec.bytes_s_at(bytes, self.host_ranks),
                 };
                 flat.ring = slower(flat.ring, one_flow);
                 flat.others = slower(flat.others, shared);
