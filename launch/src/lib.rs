@@ -184,6 +184,9 @@ fn report_bindings(cpus: Option<&[Vec<u32>]>, policy: bind::BindTo, allowed: &[u
         None if policy == bind::BindTo::None => {
             say!("ranks not bound (--bind-to none): each may use processors {all}");
         }
+        None if allowed.is_empty() => {
+            say!("ranks not bound: the kernel did not say which processors gwrun may use");
+        }
         None => say!(
             "ranks not bound: {ranks} ranks on {} processors ({all}) must take turns",
             allowed.len()
