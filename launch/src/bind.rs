@@ -34,13 +34,18 @@ pub enum BindTo {
 }
 
 impl BindTo {
-    /// Parses the spelling `GW_BIND_TO` and `--bind-to` accept.
+    /// Parses `GW_BIND_TO` with the spellings `--bind-to` accepts.
     pub fn parse(v: &str) -> Result<BindTo, String> {
-        match v.trim() {
-            "share" => Ok(BindTo::Share),
-            "none" => Ok(BindTo::None),
-            other => Err(format!("bind policy {other:?} is not one of share, none")),
-        }
+        use clap::ValueEnum;
+        let v = v.trim();
+        BindTo::from_str(v, false).map_err(|_| {
+            let names: Vec<String> = BindTo::value_variants()
+                .iter()
+                .filter_map(|b| b.to_possible_value())
+                .map(|p| p.get_name().to_owned())
+                .collect();
+            format!("bind policy {v:?} is not one of {}", names.join(", "))
+        })
     }
 }
 

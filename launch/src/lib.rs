@@ -78,25 +78,23 @@ pub fn run(opts: Options) -> i32 {
         Ok(p) => p,
         Err(e) => return usage_error(&e.0),
     };
-    let bind = match opts.store_bind {
-        Some(b) => b,
-        None => match std::env::var(var::STORE_BIND) {
-            Ok(v) if !v.trim().is_empty() => match args::parse_bind(&v) {
-                Ok(b) => b,
-                Err(e) => return usage_error(&format!("{}: {e}", var::STORE_BIND)),
-            },
-            _ => SocketAddr::from((Ipv4Addr::LOCALHOST, 0)),
-        },
+    let bind = match setting(
+        opts.store_bind,
+        var::STORE_BIND,
+        args::parse_bind,
+        SocketAddr::from((Ipv4Addr::LOCALHOST, 0)),
+    ) {
+        Ok(b) => b,
+        Err(e) => return usage_error(&e),
     };
-    let policy = match opts.bind_to {
-        Some(b) => b,
-        None => match std::env::var(var::BIND_TO) {
-            Ok(v) if !v.trim().is_empty() => match bind::BindTo::parse(&v) {
-                Ok(b) => b,
-                Err(e) => return usage_error(&format!("{}: {e}", var::BIND_TO)),
-            },
-            _ => bind::BindTo::Share,
-        },
+    let policy = match setting(
+        opts.bind_to,
+        var::BIND_TO,
+        bind::BindTo::parse,
+        bind::BindTo::Share,
+    ) {
+        Ok(b) => b,
+        Err(e) => return usage_error(&e),
     };
     let allowed = gw_rendezvous::peers::own_cpus();
     let cpus = bind::shares(policy, &allowed, opts.nprocs);
@@ -170,6 +168,23 @@ pub fn run(opts: Options) -> i32 {
     remove_shm_files(Path::new("/dev/shm"), &job_id);
     drop(signals);
     code
+}
+
+/// A setting from its flag, else from the variable `name` (unless unset or
+/// blank), else `default`; a bad variable is an error naming it.
+fn setting<T>(
+    flag: Option<T>,
+    name: &str,
+    parse: impl Fn(&str) -> Result<T, String>,
+    default: T,
+) -> Result<T, String> {
+    if let Some(v) = flag {
+        return Ok(v);
+    }
+    match std::env::var(name) {
+        Ok(v) if !v.trim().is_empty() => parse(&v).map_err(|e| format!("{name}: {e}")),
+        _ => Ok(default),
+    }
 }
 
 /// `--report-bindings`: one line per rank, or one saying why none is bound.

@@ -835,16 +835,6 @@ fn parse_cpu_list(list: &str) -> Vec<u32> {
     cpus
 }
 
-/// The processors this test process may run on; gwrun inherits them.
-fn own_cpu_list() -> Vec<u32> {
-    let status = std::fs::read_to_string("/proc/self/status").expect("read /proc/self/status");
-    let line = status
-        .lines()
-        .find_map(|l| l.strip_prefix("Cpus_allowed_list:"))
-        .expect("Cpus_allowed_list in /proc/self/status");
-    parse_cpu_list(line)
-}
-
 /// Each rank's processors, by rank, from ranks printing their own list.
 fn ranks_cpus(mut cmd: Command, ranks: usize) -> Vec<Vec<u32>> {
     cmd.args([
@@ -871,7 +861,8 @@ fn ranks_cpus(mut cmd: Command, ranks: usize) -> Vec<Vec<u32>> {
 /// each keeps gwrun's whole set.
 #[test]
 fn ranks_run_on_equal_shares_of_gwruns_processors() {
-    let all = own_cpu_list();
+    // The processors this test may run on; gwrun inherits them.
+    let all = gw_rendezvous::peers::own_cpus();
     assert!(!all.is_empty());
     for n in [1, 2, 3] {
         if n > all.len() {
@@ -903,7 +894,8 @@ fn ranks_run_on_equal_shares_of_gwruns_processors() {
 /// `--report-bindings` says what each rank got.
 #[test]
 fn bindings_respect_gwruns_own_mask_and_are_reported() {
-    let all = own_cpu_list();
+    // The processors this test may run on; gwrun inherits them.
+    let all = gw_rendezvous::peers::own_cpus();
     let last = *all.last().expect("a processor");
     let mut cmd = Command::new("taskset");
     cmd.args([
