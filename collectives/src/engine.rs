@@ -317,6 +317,9 @@ pub(crate) struct Engine {
     current: Option<Running>,
     /// Point-to-point messages in flight, beside `current`.
     messages: Vec<Running>,
+    /// The transports' finished-request count when `messages` were last
+    /// advanced (see `step_messages`); `None`: advance them next step.
+    messages_seen: Option<u64>,
     failed: Option<Error>,
     scratch: Vec<u64>,
     scratch_handles: Vec<Option<MemHandle>>,
@@ -376,6 +379,7 @@ impl Engine {
                 queue: VecDeque::new(),
                 current: None,
                 messages: Vec::new(),
+                messages_seen: None,
                 failed: None,
                 scratch: Vec::new(),
                 scratch_handles: vec![None; nt],
@@ -839,6 +843,8 @@ impl Engine {
                     // Its timeout starts when someone waits for it.
                     r.deadline = None;
                     self.messages.push(r);
+                    // Its first advance posts it.
+                    self.messages_seen = None;
                 }
                 _ => op.done.finish(Err(Error::Internal(
                     "a point-to-point message without its schedule".into(),
@@ -965,9 +971,26 @@ impl Engine {
         }
     }
 
+    /// Every transport's count of finished requests, summed; `None` if one
+    /// does not count (see `Transport::finished`).
+    fn finished_requests(&self) -> Option<u64> {
+        self.transports
+            .iter()
+            .try_fold(0u64, |sum, t| Some(sum.wrapping_add(t.finished()?)))
+    }
+
     /// Advances every point-to-point message in flight, finishing those
-    /// that are done.
+    /// that are done. A message that has posted everything it can waits
+    /// only for its requests to finish: while no transport finished one
+    /// since the last pass (counted before it, so that one finishing
+    /// during the pass brings another), the pass is skipped. Messages
+    /// waiting for a connection or for immediates are passed every step.
     fn step_messages(&mut self) -> Result<bool> {
+        let finished = self.finished_requests();
+        if finished.is_some() && finished == self.messages_seen {
+            return Ok(false);
+        }
+        self.messages_seen = finished;
         let mut moved = false;
         let mut messages = std::mem::take(&mut self.messages);
         let mut i = 0;
@@ -980,6 +1003,9 @@ impl Engine {
                     res = Err(e);
                     break;
                 }
+            }
+            if !messages[i].blocked.is_empty() || !messages[i].expect.is_empty() {
+                self.messages_seen = None;
             }
             if messages[i].is_finished() {
                 let mut r = messages.swap_remove(i);

@@ -54,3 +54,53 @@ mod tests {
         assert!(m.is_empty());
     }
 }
+
+/// A table of requests that are pending (`false`) or done (`true`), which
+/// counts those it marks done: the count is what a transport reports as
+/// `Transport::finished`, so that a request finishing anywhere moves it.
+#[derive(Debug)]
+pub(crate) struct DoneTable {
+    map: ReqMap<bool>,
+    finished: u64,
+}
+
+impl DoneTable {
+    /// An empty table with room for `n` requests.
+    pub fn with_capacity(n: usize) -> DoneTable {
+        DoneTable {
+            map: with_capacity(n),
+            finished: 0,
+        }
+    }
+
+    /// Request `req` is posted and pending.
+    pub fn post(&mut self, req: u64) {
+        self.map.insert(req, false);
+    }
+
+    /// Request `req` is done (and counted).
+    pub fn finish(&mut self, req: u64) {
+        self.map.insert(req, true);
+        self.finished += 1;
+    }
+
+    /// Whether `req` is done; `None` if it is not in the table.
+    pub fn get(&self, req: &u64) -> Option<&bool> {
+        self.map.get(req)
+    }
+
+    /// Forgets `req` (tested done, or abandoned).
+    pub fn remove(&mut self, req: &u64) -> Option<bool> {
+        self.map.remove(req)
+    }
+
+    /// Requests marked done since the table was made.
+    pub fn finished(&self) -> u64 {
+        self.finished
+    }
+
+    #[cfg(test)]
+    pub fn is_empty(&self) -> bool {
+        self.map.is_empty()
+    }
+}

@@ -73,7 +73,7 @@ use self::segment::{Layout, Opened, Segment, segment_path};
 use crate::error::{Error, Result};
 use crate::recv_core::{DEFAULT_EAGER_FRAMES, Posted, Posting, RecvCore};
 use crate::regions::{Extent, Regions};
-use crate::reqmap::{self, ReqMap};
+use crate::reqmap::DoneTable;
 use crate::seam::{
     Arrival, Landed, MemHandle, MemPtr, Now, Properties, Rank, ReadFrom, Readiness, RemoteRegion,
     Request, SendHint, Tag, Tested, Transport, TransportId, WriteImm,
@@ -390,7 +390,7 @@ pub struct ShmTransport {
     peers: Vec<Peer>,
     regions: Regions<Region>,
     /// Outstanding and completed-but-untested requests: `true` once complete.
-    reqs: ReqMap<bool>,
+    reqs: DoneTable,
     next_req: u64,
     bell: Doorbell,
     token: Option<mio::Token>,
@@ -476,7 +476,7 @@ impl ShmTransport {
             // Reserved: a table that grows when more requests than ever are
             // live at once would allocate in a steady-state step (hashbrown
             // rehashes in place while at most half full).
-            reqs: reqmap::with_capacity(crate::seam::REQS_RESERVED),
+            reqs: DoneTable::with_capacity(crate::seam::REQS_RESERVED),
             next_req: 1,
             bell: Doorbell::new()?,
             token: None,
@@ -671,7 +671,7 @@ impl ShmTransport {
         p.publish_consumed();
         match posting {
             Posting::Done => {
-                self.reqs.insert(req, true);
+                self.reqs.finish(req);
                 return Ok(Request::new(self.id, req));
             }
             Posting::Pending => {}
@@ -685,7 +685,7 @@ impl ShmTransport {
                 if let Some(i) = p.core.index_of(req) {
                     p.core.take(i);
                 }
-                self.reqs.insert(req, true);
+                self.reqs.finish(req);
                 return Ok(Request::new(self.id, req));
             }
             Posting::Clear { id, a: None } => {
@@ -728,7 +728,7 @@ impl ShmTransport {
     fn new_req(&mut self) -> u64 {
         let id = self.next_req;
         self.next_req += 1;
-        self.reqs.insert(id, false);
+        self.reqs.post(id);
         id
     }
 
@@ -946,7 +946,7 @@ fn pump_sends(
     pull_bytes: usize,
     p: &mut Peer,
     bell: &mut Doorbell,
-    reqs: &mut ReqMap<bool>,
+    reqs: &mut DoneTable,
 ) -> Result<bool> {
     let credits = p.credits();
     let Some(conn) = p.conn.as_mut() else {
@@ -967,7 +967,7 @@ fn pump_sends(
             break;
         }
         p.imm_reqs.pop_front();
-        reqs.insert(req, true);
+        reqs.finish(req);
     }
     let mut credits = credits;
     while let Some(op) = p.sends.front_mut() {
@@ -1065,7 +1065,7 @@ fn pump_sends(
         pushed = true;
         op.sent += len;
         if op.sent == op.len as u64 {
-            reqs.insert(op.req, true);
+            reqs.finish(op.req);
             p.sends.pop_front();
         }
     }
@@ -1096,7 +1096,7 @@ fn push_frame(
 }
 
 /// Completes our rendezvous sends to `p` that the peer has pulled.
-fn reap_pulls(p: &mut Peer, reqs: &mut ReqMap<bool>) -> bool {
+fn reap_pulls(p: &mut Peer, reqs: &mut DoneTable) -> bool {
     let Some(conn) = p.conn.as_ref() else {
         return false;
     };
@@ -1107,7 +1107,7 @@ fn reap_pulls(p: &mut Peer, reqs: &mut ReqMap<bool>) -> bool {
     p.pulls_out.retain(|o| {
         let done = conn.tx.pulled(o.k);
         if done {
-            reqs.insert(o.req, true);
+            reqs.finish(o.req);
         }
         !done
     });
@@ -1192,7 +1192,7 @@ fn pump_recvs(
     eager: bool,
     p: &mut Peer,
     bell: &mut Doorbell,
-    reqs: &mut ReqMap<bool>,
+    reqs: &mut DoneTable,
 ) -> Result<bool> {
     if p.held.is_some() {
         return Ok(false);
@@ -1241,7 +1241,7 @@ fn pump_recvs(
                     conn.rx.pop();
                 }
                 if let Some(r) = p.core.file(h, b)? {
-                    reqs.insert(r.req, true);
+                    reqs.finish(r.req);
                 }
                 popped = true;
                 continue;
@@ -1316,7 +1316,7 @@ fn pump_recvs(
                 unsafe { pull_message(p, &h, ptr, len)? };
                 popped = true;
                 let r = p.core.take(i);
-                reqs.insert(r.req, true);
+                reqs.finish(r.req);
                 continue;
             }
             Head::Deliver(i, h) => (i, h),
@@ -1326,7 +1326,7 @@ fn pump_recvs(
         if r.extra.in_place && r.got == 0 && n == r.len && n > 0 {
             // The whole message is this one frame: leave it in the slot.
             if let Some(r) = p.core.delivered(i, &h, n) {
-                reqs.insert(r.req, true);
+                reqs.finish(r.req);
                 p.held = Some((r.req, n));
             }
             held = true;
@@ -1354,7 +1354,7 @@ fn pump_recvs(
         let req = p.core.posted()[i].req;
         match p.core.delivered(i, &h, n) {
             Some(r) => {
-                reqs.insert(r.req, true);
+                reqs.finish(r.req);
                 p.active = None;
             }
             None => p.active = Some(req),
@@ -1599,6 +1599,10 @@ impl Transport for ShmTransport {
         }
     }
 
+    fn finished(&self) -> Option<u64> {
+        Some(self.reqs.finished())
+    }
+
     fn test_in_place(&mut self, req: Request) -> Result<Landed> {
         let id = req.id_for(self.id, "shm")?;
         match self.reqs.get(&id) {
@@ -1824,7 +1828,7 @@ impl Transport for ShmTransport {
             return Err(self.write_failed(peer, e));
         }
         let req = self.new_req();
-        self.reqs.insert(req, true);
+        self.reqs.finish(req);
         Ok(Request::new(self.id, req))
     }
 

@@ -260,6 +260,8 @@ pub struct TcpTransport {
     published: bool,
     /// Frames read into a buffer because their receive was not posted.
     early_frames: u64,
+    /// Requests that became `Done` (see `Transport::finished`).
+    finished: u64,
 }
 
 impl TcpTransport {
@@ -310,6 +312,7 @@ impl TcpTransport {
             pokes: 0,
             published: false,
             early_frames: 0,
+            finished: 0,
         })
     }
 
@@ -722,13 +725,14 @@ impl TcpTransport {
         FrameHeader::control(kind, self.me, 0)
     }
 
-    fn complete_send_segment(reqs: &mut ReqMap<ReqState>, req: u64) {
+    fn complete_send_segment(reqs: &mut ReqMap<ReqState>, finished: &mut u64, req: u64) {
         if let Some(st) = reqs.get_mut(&req)
             && let ReqState::Send { segments_left } = st
         {
             *segments_left -= 1;
             if *segments_left == 0 {
                 *st = ReqState::Done;
+                *finished += 1;
             }
         }
     }
@@ -765,7 +769,7 @@ impl TcpTransport {
                 let Some(lane) = lanes[li].as_mut() else {
                     continue;
                 };
-                match Self::send_lane(lane, core, &mut self.reqs, always) {
+                match Self::send_lane(lane, core, &mut self.reqs, &mut self.finished, always) {
                     Ok(m) => moved |= m,
                     Err(e) if severed(&e) && conn.only_control_queued() => {
                         // The peer finished and closed while we still owed
@@ -796,6 +800,7 @@ impl TcpTransport {
         lane: &mut Lane,
         core: &mut RecvCore<()>,
         reqs: &mut ReqMap<ReqState>,
+        finished: &mut u64,
         always: bool,
     ) -> io::Result<bool> {
         let mut moved = false;
@@ -845,7 +850,7 @@ impl TcpTransport {
                     if seg.done == total {
                         let req = seg.req;
                         lane.sendq.pop_front();
-                        Self::complete_send_segment(reqs, req);
+                        Self::complete_send_segment(reqs, finished, req);
                     }
                 }
                 Err(e) if would_block(&e) => {
@@ -923,6 +928,7 @@ impl TcpTransport {
                             // payload was read: then it is delivered now.
                             if let Some(p) = core.file(hdr, b)? {
                                 self.reqs.insert(p.req, ReqState::Done);
+                                self.finished += 1;
                             }
                         }
                         Rx::Header { buf, got } => {
@@ -1224,6 +1230,7 @@ impl TcpTransport {
                                 && let Some(p) = core.delivered(i, &hdr, len)
                             {
                                 self.reqs.insert(p.req, ReqState::Done);
+                                self.finished += 1;
                             }
                             lane.rx = Rx::new();
                             moved = true;
@@ -1237,6 +1244,7 @@ impl TcpTransport {
                             let req = *req;
                             self.reads.remove(&req);
                             self.reqs.insert(req, ReqState::Done);
+                            self.finished += 1;
                             lane.rx = Rx::new();
                             moved = true;
                         }
@@ -1641,6 +1649,7 @@ impl Transport for TcpTransport {
         match unsafe { conn.core.post(posted) }? {
             Posting::Done => {
                 self.reqs.insert(req, ReqState::Done);
+                self.finished += 1;
                 return Ok(Request::new(self.id, req));
             }
             Posting::Pending => {}
@@ -1675,6 +1684,10 @@ impl Transport for TcpTransport {
                 "tcp: request {id} is not in the request table"
             ))),
         }
+    }
+
+    fn finished(&self) -> Option<u64> {
+        Some(self.finished)
     }
 
     fn progress(&mut self) -> Result<bool> {

@@ -444,6 +444,7 @@ mod put_frames {
     }
 }
 
+mod finished;
 mod gone;
 mod small;
 
