@@ -61,6 +61,9 @@ use std::net::{IpAddr, SocketAddr};
 /// into the lane's stage takes whole.
 const SMALL: usize = lane::STAGE_LEN - HEADER_LEN;
 
+/// Frames written by one `sendmsg` at most (see `send_lane`).
+const BATCH: usize = 16;
+
 /// How often `poke` has every lane read even when only small messages are
 /// expected.
 const SWEEP_EVERY: u32 = 16;
@@ -794,8 +797,12 @@ impl TcpTransport {
         Ok(moved)
     }
 
-    /// Writes what `lane` has queued while the socket takes it. A write
-    /// that takes nothing is `ErrorKind::WriteZero`.
+    /// Writes what `lane` has queued while the socket takes it, up to
+    /// [`BATCH`] frames per `sendmsg`: a receiver clearing a window of
+    /// announced messages queues a `Cts` for each, and a stream of small
+    /// messages a frame each, which one call per frame made a system call
+    /// per message on both sides. A write that takes nothing is
+    /// `ErrorKind::WriteZero`.
     fn send_lane(
         lane: &mut Lane,
         core: &mut RecvCore<()>,
@@ -804,50 +811,55 @@ impl TcpTransport {
         always: bool,
     ) -> io::Result<bool> {
         let mut moved = false;
-        while lane.writable || always {
-            let Some(seg) = lane.sendq.front_mut() else {
-                break;
-            };
-            if !seg.stamped {
-                // Once: a write that took nothing leaves the frame
-                // (and the credits it carries) queued.
-                seg.stamped = true;
-                let n = core.take_owed(1);
-                if n > 0 {
-                    seg.hdr[6..8].copy_from_slice(&n.to_le_bytes());
+        while (lane.writable || always) && !lane.sendq.is_empty() {
+            let mut iov = [IoSlice::new(&[]); 2 * BATCH];
+            let mut k = 0;
+            for seg in lane.sendq.iter_mut().take(BATCH) {
+                if !seg.stamped {
+                    // Once: a write that took nothing leaves the frame
+                    // (and the credits it carries) queued.
+                    seg.stamped = true;
+                    let n = core.take_owed(1);
+                    if n > 0 {
+                        seg.hdr[6..8].copy_from_slice(&n.to_le_bytes());
+                    }
                 }
             }
-            let total = HEADER_LEN + seg.len;
-            let res = if seg.done < HEADER_LEN {
-                let payload: &[u8] = if seg.len == 0 {
-                    // A zero-length message may carry a null pointer.
-                    &[]
-                } else {
-                    // SAFETY: the segment lies in registered memory that outlives the send.
-                    unsafe { std::slice::from_raw_parts(seg.ptr.0, seg.len) }
-                };
-                nosignal::send_vectored(
-                    &lane.sock,
-                    &[IoSlice::new(&seg.hdr[seg.done..]), IoSlice::new(payload)],
-                )
-            } else {
-                let from = seg.done - HEADER_LEN;
-                // SAFETY: as above; from < len because done < total.
-                let payload =
-                    unsafe { std::slice::from_raw_parts(seg.ptr.0.add(from), seg.len - from) };
-                nosignal::send(&lane.sock, payload)
-            };
-            match res {
+            for seg in lane.sendq.iter().take(BATCH) {
+                if seg.done < HEADER_LEN {
+                    iov[k] = IoSlice::new(&seg.hdr[seg.done..]);
+                    k += 1;
+                }
+                let from = seg.done.saturating_sub(HEADER_LEN);
+                if seg.len > from {
+                    // SAFETY: the segment lies in registered memory that
+                    // outlives the send; from < len (a zero-length message,
+                    // which may carry a null pointer, has no payload slice).
+                    iov[k] = IoSlice::new(unsafe {
+                        std::slice::from_raw_parts(seg.ptr.0.add(from), seg.len - from)
+                    });
+                    k += 1;
+                }
+            }
+            match nosignal::send_vectored(&lane.sock, &iov[..k]) {
                 Ok(0) => {
                     return Err(io::Error::new(
                         io::ErrorKind::WriteZero,
                         "the connection closed",
                     ));
                 }
-                Ok(n) => {
+                Ok(mut n) => {
                     moved = true;
-                    seg.done += n;
-                    if seg.done == total {
+                    while n > 0 {
+                        let Some(seg) = lane.sendq.front_mut() else {
+                            break;
+                        };
+                        let left = HEADER_LEN + seg.len - seg.done;
+                        if n < left {
+                            seg.done += n;
+                            break;
+                        }
+                        n -= left;
                         let req = seg.req;
                         lane.sendq.pop_front();
                         Self::complete_send_segment(reqs, finished, req);

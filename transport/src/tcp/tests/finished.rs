@@ -6,11 +6,6 @@
 use super::*;
 use rand::{Rng, SeedableRng, rngs::StdRng};
 
-fn reg(t: &mut TcpTransport, v: &mut [u8]) -> MemHandle {
-    // SAFETY: every vector registered here outlives the transports' use.
-    unsafe { t.register(v.as_mut_ptr(), v.len()) }.unwrap()
-}
-
 /// One side's requests: each tested only while the count moved since its
 /// last pending test, as the engine does, and tested once more whenever the
 /// count stood still, to catch one that finished without counting.
@@ -72,14 +67,7 @@ fn every_finished_request_moves_the_count_once() {
                 _ => rng.random_range(100 * 1024..=300 * 1024),
             })
             .collect();
-        let mut src: Vec<Vec<u8>> = sizes
-            .iter()
-            .enumerate()
-            .map(|(k, &len)| pattern(len, k as u8))
-            .collect();
-        let mut dst: Vec<Vec<u8>> = sizes.iter().map(|&len| vec![0u8; len]).collect();
-        let ms: Vec<MemHandle> = src.iter_mut().map(|v| reg(&mut a, v)).collect();
-        let md: Vec<MemHandle> = dst.iter_mut().map(|v| reg(&mut b, v)).collect();
+        let Messages { src, dst, ms, md } = Messages::new(&mut a, &mut b, &sizes);
         let (mut sa, mut sb) = (Side::new(n), Side::new(n));
         let a0 = a.finished().unwrap();
         let b0 = b.finished().unwrap();

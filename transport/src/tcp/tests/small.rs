@@ -5,11 +5,6 @@
 
 use super::*;
 
-fn reg(t: &mut TcpTransport, v: &mut [u8]) -> MemHandle {
-    // SAFETY: every vector registered here outlives the transports' use.
-    unsafe { t.register(v.as_mut_ptr(), v.len()) }.unwrap()
-}
-
 #[test]
 fn small_messages_run_ahead_on_small_credits_and_the_credits_come_back() {
     let (mut a, mut b) = pair_with(TcpConfig {
