@@ -55,42 +55,48 @@ mod tests {
     }
 }
 
-/// A table of requests that are pending (`false`) or done (`true`), which
-/// counts those it marks done: the count is what a transport reports as
-/// `Transport::finished`, so that a request finishing anywhere moves it.
+/// A table of requests by number, with what the transport keeps for each
+/// (`V`), which counts the requests it marks done: the count is what a
+/// transport reports as `Transport::finished`. A request becomes done only
+/// through [`ReqTable::finish`], so one finishing anywhere moves the count.
 #[derive(Debug)]
-pub(crate) struct DoneTable {
-    map: ReqMap<bool>,
+pub(crate) struct ReqTable<V> {
+    map: ReqMap<V>,
     finished: u64,
 }
 
-impl DoneTable {
+impl<V> ReqTable<V> {
     /// An empty table with room for `n` requests.
-    pub fn with_capacity(n: usize) -> DoneTable {
-        DoneTable {
+    pub fn with_capacity(n: usize) -> ReqTable<V> {
+        ReqTable {
             map: with_capacity(n),
             finished: 0,
         }
     }
 
-    /// Request `req` is posted and pending.
-    pub fn post(&mut self, req: u64) {
-        self.map.insert(req, false);
+    /// Request `req` is posted and pending, in state `v`.
+    pub fn post(&mut self, req: u64, v: V) {
+        self.map.insert(req, v);
     }
 
-    /// Request `req` is done (and counted).
-    pub fn finish(&mut self, req: u64) {
-        self.map.insert(req, true);
+    /// Request `req` is done, in state `v` (and counted).
+    pub fn finish(&mut self, req: u64, v: V) {
+        self.map.insert(req, v);
         self.finished += 1;
     }
 
-    /// Whether `req` is done; `None` if it is not in the table.
-    pub fn get(&self, req: &u64) -> Option<&bool> {
+    /// The state of `req`; `None` if it is not in the table.
+    pub fn get(&self, req: &u64) -> Option<&V> {
         self.map.get(req)
     }
 
+    /// The state of `req` to change, short of finishing it.
+    pub fn get_mut(&mut self, req: &u64) -> Option<&mut V> {
+        self.map.get_mut(req)
+    }
+
     /// Forgets `req` (tested done, or abandoned).
-    pub fn remove(&mut self, req: &u64) -> Option<bool> {
+    pub fn remove(&mut self, req: &u64) -> Option<V> {
         self.map.remove(req)
     }
 

@@ -1,7 +1,8 @@
 //! Driving two transports of one process by hand until their requests are
-//! done: what every backend's tests do between posting and checking.
+//! done: what every backend's tests do between posting and checking, and
+//! the buffers they register for it.
 
-use crate::seam::{Outstanding, Transport};
+use crate::seam::{MemHandle, Outstanding, Transport};
 use std::time::{Duration, Instant};
 
 /// Progresses `a` and `b` until every request of `ra` (on `a`) and `rb`
@@ -25,5 +26,41 @@ pub(crate) fn run_both<T: Transport>(
         b.progress().unwrap();
         ra.retain_mut(|r| !r.poll(&mut *a).unwrap());
         rb.retain_mut(|r| !r.poll(&mut *b).unwrap());
+    }
+}
+
+/// Registers `buf` with `t`.
+pub(crate) fn reg<T: Transport + ?Sized>(t: &mut T, buf: &mut [u8]) -> MemHandle {
+    // SAFETY: every test keeps the buffer alive and untouched until its
+    // transfers are done, and drops the transports first.
+    unsafe { t.register(buf.as_mut_ptr(), buf.len()) }.unwrap()
+}
+
+/// One message of each size (message k filled by `pattern(len, k)`)
+/// registered with `a`, and a zeroed destination for each registered with
+/// `b`: the vectors and their handles.
+pub(crate) struct Messages {
+    pub src: Vec<Vec<u8>>,
+    pub dst: Vec<Vec<u8>>,
+    pub ms: Vec<MemHandle>,
+    pub md: Vec<MemHandle>,
+}
+
+impl Messages {
+    pub fn new<T: Transport>(
+        a: &mut T,
+        b: &mut T,
+        sizes: &[usize],
+        pattern: fn(usize, u8) -> Vec<u8>,
+    ) -> Messages {
+        let mut src: Vec<Vec<u8>> = sizes
+            .iter()
+            .enumerate()
+            .map(|(k, &len)| pattern(len, k as u8))
+            .collect();
+        let mut dst: Vec<Vec<u8>> = sizes.iter().map(|&len| vec![0u8; len]).collect();
+        let ms = src.iter_mut().map(|v| reg(a, v)).collect();
+        let md = dst.iter_mut().map(|v| reg(b, v)).collect();
+        Messages { src, dst, ms, md }
     }
 }

@@ -2,7 +2,7 @@
 //! process, driven by hand, and the message test each stack must pass.
 
 use super::{Nic, NicConfig, NicTransport};
-use crate::seam::{MemHandle, Outstanding, Tag, Transport};
+use crate::seam::{Outstanding, Tag, Transport};
 use crate::test_tags;
 use std::time::Duration;
 
@@ -24,11 +24,7 @@ pub(crate) fn tag(seq: u64, step: u32) -> Tag {
     test_tags::tag(0x0f1, seq, 100, 0, step)
 }
 
-pub(crate) fn reg<N: Nic>(t: &mut NicTransport<N>, buf: &mut [u8]) -> MemHandle {
-    // SAFETY: every test keeps the buffer alive and untouched until its
-    // transfers are done, and drops the transport first.
-    unsafe { t.register(buf.as_mut_ptr(), buf.len()) }.unwrap()
-}
+pub(crate) use crate::test_drive::reg;
 
 pub(crate) fn pattern(len: usize, seed: u8) -> Vec<u8> {
     (0..len)

@@ -7,7 +7,8 @@ use crate::nic::test_support::{
 };
 use crate::nic::{name_from_hex, name_to_hex};
 use crate::seam::Outstanding;
-use crate::seam::{MemHandle, ReadFrom, Readiness, RemoteRegion, Transport, WriteImm};
+use crate::seam::{ReadFrom, Readiness, RemoteRegion, Transport, WriteImm};
+use crate::test_drive::Messages;
 use crate::test_tags;
 use crate::wire::HEADER_LEN;
 use std::time::{Duration, Instant};
@@ -69,14 +70,7 @@ fn many_messages_posted_late_and_out_of_order() {
         let lens: Vec<usize> = (0..24)
             .map(|i| [10, 4096, 5000, 70_000][i % 4] + i)
             .collect();
-        let mut src: Vec<Vec<u8>> = lens
-            .iter()
-            .enumerate()
-            .map(|(i, &n)| pattern(n, i as u8))
-            .collect();
-        let mut dst: Vec<Vec<u8>> = lens.iter().map(|&n| vec![0u8; n]).collect();
-        let ms: Vec<MemHandle> = src.iter_mut().map(|s| reg(&mut a, s)).collect();
-        let md: Vec<MemHandle> = dst.iter_mut().map(|d| reg(&mut b, d)).collect();
+        let Messages { src, dst, ms, md } = Messages::new(&mut a, &mut b, &lens, pattern);
         let sends: Vec<Outstanding> = (0..lens.len())
             .map(|i| Outstanding::new(a.isend(1, tag(7, i as u32), ms[i], 0, lens[i]).unwrap()))
             .collect();

@@ -73,7 +73,7 @@ use self::segment::{Layout, Opened, Segment, segment_path};
 use crate::error::{Error, Result};
 use crate::recv_core::{DEFAULT_EAGER_FRAMES, Posted, Posting, RecvCore};
 use crate::regions::{Extent, Regions};
-use crate::reqmap::DoneTable;
+use crate::reqmap::ReqTable;
 use crate::seam::{
     Arrival, Landed, MemHandle, MemPtr, Now, Properties, Rank, ReadFrom, Readiness, RemoteRegion,
     Request, SendHint, Tag, Tested, Transport, TransportId, WriteImm,
@@ -390,7 +390,7 @@ pub struct ShmTransport {
     peers: Vec<Peer>,
     regions: Regions<Region>,
     /// Outstanding and completed-but-untested requests: `true` once complete.
-    reqs: DoneTable,
+    reqs: ReqTable<bool>,
     next_req: u64,
     bell: Doorbell,
     token: Option<mio::Token>,
@@ -476,7 +476,7 @@ impl ShmTransport {
             // Reserved: a table that grows when more requests than ever are
             // live at once would allocate in a steady-state step (hashbrown
             // rehashes in place while at most half full).
-            reqs: DoneTable::with_capacity(crate::seam::REQS_RESERVED),
+            reqs: ReqTable::with_capacity(crate::seam::REQS_RESERVED),
             next_req: 1,
             bell: Doorbell::new()?,
             token: None,
@@ -671,7 +671,7 @@ impl ShmTransport {
         p.publish_consumed();
         match posting {
             Posting::Done => {
-                self.reqs.finish(req);
+                self.reqs.finish(req, true);
                 return Ok(Request::new(self.id, req));
             }
             Posting::Pending => {}
@@ -685,7 +685,7 @@ impl ShmTransport {
                 if let Some(i) = p.core.index_of(req) {
                     p.core.take(i);
                 }
-                self.reqs.finish(req);
+                self.reqs.finish(req, true);
                 return Ok(Request::new(self.id, req));
             }
             Posting::Clear { id, a: None } => {
@@ -728,7 +728,7 @@ impl ShmTransport {
     fn new_req(&mut self) -> u64 {
         let id = self.next_req;
         self.next_req += 1;
-        self.reqs.post(id);
+        self.reqs.post(id, false);
         id
     }
 
@@ -946,7 +946,7 @@ fn pump_sends(
     pull_bytes: usize,
     p: &mut Peer,
     bell: &mut Doorbell,
-    reqs: &mut DoneTable,
+    reqs: &mut ReqTable<bool>,
 ) -> Result<bool> {
     let credits = p.credits();
     let Some(conn) = p.conn.as_mut() else {
@@ -967,7 +967,7 @@ fn pump_sends(
             break;
         }
         p.imm_reqs.pop_front();
-        reqs.finish(req);
+        reqs.finish(req, true);
     }
     let mut credits = credits;
     while let Some(op) = p.sends.front_mut() {
@@ -1065,7 +1065,7 @@ fn pump_sends(
         pushed = true;
         op.sent += len;
         if op.sent == op.len as u64 {
-            reqs.finish(op.req);
+            reqs.finish(op.req, true);
             p.sends.pop_front();
         }
     }
@@ -1096,7 +1096,7 @@ fn push_frame(
 }
 
 /// Completes our rendezvous sends to `p` that the peer has pulled.
-fn reap_pulls(p: &mut Peer, reqs: &mut DoneTable) -> bool {
+fn reap_pulls(p: &mut Peer, reqs: &mut ReqTable<bool>) -> bool {
     let Some(conn) = p.conn.as_ref() else {
         return false;
     };
@@ -1107,7 +1107,7 @@ fn reap_pulls(p: &mut Peer, reqs: &mut DoneTable) -> bool {
     p.pulls_out.retain(|o| {
         let done = conn.tx.pulled(o.k);
         if done {
-            reqs.finish(o.req);
+            reqs.finish(o.req, true);
         }
         !done
     });
@@ -1192,7 +1192,7 @@ fn pump_recvs(
     eager: bool,
     p: &mut Peer,
     bell: &mut Doorbell,
-    reqs: &mut DoneTable,
+    reqs: &mut ReqTable<bool>,
 ) -> Result<bool> {
     if p.held.is_some() {
         return Ok(false);
@@ -1241,7 +1241,7 @@ fn pump_recvs(
                     conn.rx.pop();
                 }
                 if let Some(r) = p.core.file(h, b)? {
-                    reqs.finish(r.req);
+                    reqs.finish(r.req, true);
                 }
                 popped = true;
                 continue;
@@ -1316,7 +1316,7 @@ fn pump_recvs(
                 unsafe { pull_message(p, &h, ptr, len)? };
                 popped = true;
                 let r = p.core.take(i);
-                reqs.finish(r.req);
+                reqs.finish(r.req, true);
                 continue;
             }
             Head::Deliver(i, h) => (i, h),
@@ -1326,7 +1326,7 @@ fn pump_recvs(
         if r.extra.in_place && r.got == 0 && n == r.len && n > 0 {
             // The whole message is this one frame: leave it in the slot.
             if let Some(r) = p.core.delivered(i, &h, n) {
-                reqs.finish(r.req);
+                reqs.finish(r.req, true);
                 p.held = Some((r.req, n));
             }
             held = true;
@@ -1354,7 +1354,7 @@ fn pump_recvs(
         let req = p.core.posted()[i].req;
         match p.core.delivered(i, &h, n) {
             Some(r) => {
-                reqs.finish(r.req);
+                reqs.finish(r.req, true);
                 p.active = None;
             }
             None => p.active = Some(req),
@@ -1828,7 +1828,7 @@ impl Transport for ShmTransport {
             return Err(self.write_failed(peer, e));
         }
         let req = self.new_req();
-        self.reqs.finish(req);
+        self.reqs.finish(req, true);
         Ok(Request::new(self.id, req))
     }
 

@@ -87,10 +87,7 @@ pub(super) fn tag(seq: u64, step: u32) -> Tag {
     crate::test_tags::tag(0xc0, seq, 100, 0, step)
 }
 
-pub(super) fn reg(t: &mut ShmTransport, buf: &mut [u8]) -> MemHandle {
-    // SAFETY: every test keeps the buffer alive and untouched until its transfers are done.
-    unsafe { t.register(buf.as_mut_ptr(), buf.len()) }.unwrap()
-}
+pub(super) use crate::test_drive::reg;
 
 pub(super) fn pattern(len: usize, seed: u8) -> Vec<u8> {
     (0..len)

@@ -40,7 +40,7 @@ use crate::recv_core::{
     Credits, DEFAULT_EAGER_FRAMES, DEFAULT_SMALL_FRAMES, Posted, Posting, RecvCore,
     SMALL_FRAME_BYTES,
 };
-use crate::reqmap::{self, ReqMap};
+use crate::reqmap::ReqTable;
 use crate::seam::{
     Arrival, MemHandle, MemPtr, Properties, Rank, ReadFrom, Readiness, RemoteRegion, Request, Tag,
     Tested, Transport, TransportId, WriteImm,
@@ -247,7 +247,7 @@ pub struct TcpTransport {
     /// This rank's one-sided reads waiting for their `Fetched` frame, by
     /// request id (the id the `Get` carried).
     reads: HashMap<u64, PendingRead>,
-    reqs: ReqMap<ReqState>,
+    reqs: ReqTable<ReqState>,
     next_req: u64,
     registry: Option<Registry>,
     token_base: usize,
@@ -263,8 +263,6 @@ pub struct TcpTransport {
     published: bool,
     /// Frames read into a buffer because their receive was not posted.
     early_frames: u64,
-    /// Requests that became `Done` (see `Transport::finished`).
-    finished: u64,
 }
 
 impl TcpTransport {
@@ -305,7 +303,7 @@ impl TcpTransport {
             // Reserved: a table that grows when more requests than ever are
             // live at once would allocate in a steady-state step (hashbrown
             // rehashes in place while at most half full).
-            reqs: reqmap::with_capacity(crate::seam::REQS_RESERVED),
+            reqs: ReqTable::with_capacity(crate::seam::REQS_RESERVED),
             next_req: 1,
             registry: None,
             token_base: 0,
@@ -315,7 +313,6 @@ impl TcpTransport {
             pokes: 0,
             published: false,
             early_frames: 0,
-            finished: 0,
         })
     }
 
@@ -368,7 +365,7 @@ impl TcpTransport {
     fn new_req(&mut self, st: ReqState) -> u64 {
         let id = self.next_req;
         self.next_req += 1;
-        self.reqs.insert(id, st);
+        self.reqs.post(id, st);
         id
     }
 
@@ -728,14 +725,11 @@ impl TcpTransport {
         FrameHeader::control(kind, self.me, 0)
     }
 
-    fn complete_send_segment(reqs: &mut ReqMap<ReqState>, finished: &mut u64, req: u64) {
-        if let Some(st) = reqs.get_mut(&req)
-            && let ReqState::Send { segments_left } = st
-        {
+    fn complete_send_segment(reqs: &mut ReqTable<ReqState>, req: u64) {
+        if let Some(ReqState::Send { segments_left }) = reqs.get_mut(&req) {
             *segments_left -= 1;
             if *segments_left == 0 {
-                *st = ReqState::Done;
-                *finished += 1;
+                reqs.finish(req, ReqState::Done);
             }
         }
     }
@@ -772,7 +766,7 @@ impl TcpTransport {
                 let Some(lane) = lanes[li].as_mut() else {
                     continue;
                 };
-                match Self::send_lane(lane, core, &mut self.reqs, &mut self.finished, always) {
+                match Self::send_lane(lane, core, &mut self.reqs, always) {
                     Ok(m) => moved |= m,
                     Err(e) if severed(&e) && conn.only_control_queued() => {
                         // The peer finished and closed while we still owed
@@ -806,8 +800,7 @@ impl TcpTransport {
     fn send_lane(
         lane: &mut Lane,
         core: &mut RecvCore<()>,
-        reqs: &mut ReqMap<ReqState>,
-        finished: &mut u64,
+        reqs: &mut ReqTable<ReqState>,
         always: bool,
     ) -> io::Result<bool> {
         let mut moved = false;
@@ -862,7 +855,7 @@ impl TcpTransport {
                         n -= left;
                         let req = seg.req;
                         lane.sendq.pop_front();
-                        Self::complete_send_segment(reqs, finished, req);
+                        Self::complete_send_segment(reqs, req);
                     }
                 }
                 Err(e) if would_block(&e) => {
@@ -939,8 +932,7 @@ impl TcpTransport {
                             // The receive may have been posted while the
                             // payload was read: then it is delivered now.
                             if let Some(p) = core.file(hdr, b)? {
-                                self.reqs.insert(p.req, ReqState::Done);
-                                self.finished += 1;
+                                self.reqs.finish(p.req, ReqState::Done);
                             }
                         }
                         Rx::Header { buf, got } => {
@@ -1241,8 +1233,7 @@ impl TcpTransport {
                             if let Some(i) = core.index_of(req)
                                 && let Some(p) = core.delivered(i, &hdr, len)
                             {
-                                self.reqs.insert(p.req, ReqState::Done);
-                                self.finished += 1;
+                                self.reqs.finish(p.req, ReqState::Done);
                             }
                             lane.rx = Rx::new();
                             moved = true;
@@ -1255,8 +1246,7 @@ impl TcpTransport {
                             // The bytes are in: the read is done.
                             let req = *req;
                             self.reads.remove(&req);
-                            self.reqs.insert(req, ReqState::Done);
-                            self.finished += 1;
+                            self.reqs.finish(req, ReqState::Done);
                             lane.rx = Rx::new();
                             moved = true;
                         }
@@ -1660,8 +1650,7 @@ impl Transport for TcpTransport {
         // transport is aborted (register's contract).
         match unsafe { conn.core.post(posted) }? {
             Posting::Done => {
-                self.reqs.insert(req, ReqState::Done);
-                self.finished += 1;
+                self.reqs.finish(req, ReqState::Done);
                 return Ok(Request::new(self.id, req));
             }
             Posting::Pending => {}
@@ -1699,7 +1688,7 @@ impl Transport for TcpTransport {
     }
 
     fn finished(&self) -> Option<u64> {
-        Some(self.finished)
+        Some(self.reqs.finished())
     }
 
     fn progress(&mut self) -> Result<bool> {

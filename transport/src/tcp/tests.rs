@@ -68,35 +68,7 @@ fn pair_polled(cfg: TcpConfig, poll: Option<&mio::Poll>) -> (TcpTransport, TcpTr
     }
 }
 
-/// Registers `v` with `t`.
-pub(super) fn reg(t: &mut TcpTransport, v: &mut [u8]) -> MemHandle {
-    // SAFETY: every vector registered here outlives the transports' use.
-    unsafe { t.register(v.as_mut_ptr(), v.len()) }.unwrap()
-}
-
-/// One message of each size (message k patterned with seed k) registered
-/// with `a`, and a zeroed destination for each registered with `b`: the
-/// vectors and their handles.
-pub(super) struct Messages {
-    pub src: Vec<Vec<u8>>,
-    pub dst: Vec<Vec<u8>>,
-    pub ms: Vec<MemHandle>,
-    pub md: Vec<MemHandle>,
-}
-
-impl Messages {
-    pub fn new(a: &mut TcpTransport, b: &mut TcpTransport, sizes: &[usize]) -> Messages {
-        let mut src: Vec<Vec<u8>> = sizes
-            .iter()
-            .enumerate()
-            .map(|(k, &len)| pattern(len, k as u8))
-            .collect();
-        let mut dst: Vec<Vec<u8>> = sizes.iter().map(|&len| vec![0u8; len]).collect();
-        let ms = src.iter_mut().map(|v| reg(a, v)).collect();
-        let md = dst.iter_mut().map(|v| reg(b, v)).collect();
-        Messages { src, dst, ms, md }
-    }
-}
+pub(super) use crate::test_drive::{Messages, reg};
 
 pub(super) fn pattern(len: usize, seed: u8) -> Vec<u8> {
     (0..len)

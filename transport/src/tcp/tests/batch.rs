@@ -29,7 +29,7 @@ fn batched_frames_arrive_whole_through_tiny_socket_buffers() {
                 _ => rng.random_range(SMALL_FRAME_BYTES..=40 * 1024),
             })
             .collect();
-        let Messages { src, dst, ms, md } = Messages::new(&mut a, &mut b, &sizes);
+        let Messages { src, dst, ms, md } = Messages::new(&mut a, &mut b, &sizes, pattern);
         // Everything queued at once: eager frames, small ones and
         // announcements behind them on the one lane.
         let mut sends: Vec<Outstanding> = (0..n)

@@ -67,7 +67,7 @@ fn every_finished_request_moves_the_count_once() {
                 _ => rng.random_range(100 * 1024..=300 * 1024),
             })
             .collect();
-        let Messages { src, dst, ms, md } = Messages::new(&mut a, &mut b, &sizes);
+        let Messages { src, dst, ms, md } = Messages::new(&mut a, &mut b, &sizes, pattern);
         let (mut sa, mut sb) = (Side::new(n), Side::new(n));
         let a0 = a.finished().unwrap();
         let b0 = b.finished().unwrap();
