@@ -354,7 +354,7 @@ pub(crate) fn route(
         transports.push(Box::new(t));
     }
     let shm_idx = if needs_shm {
-        let (pull_bytes, pull_region_max) = cfg.shm_pulls_for(env.local_size as usize, cpus);
+        let pulls = cfg.shm_pulls_for(env.local_size as usize, cpus);
         transports.push(Box::new(ShmTransport::new(
             me,
             peers.to_vec(),
@@ -363,8 +363,9 @@ pub(crate) fn route(
                 name_secret: shm_secret.to_owned(),
                 slot_bytes: cfg.shm_slot_bytes.value,
                 slots: cfg.shm_slots.value,
-                pull_bytes,
-                pull_region_max,
+                pull_bytes: pulls.bytes,
+                pull_region_max: pulls.region_max,
+                p2p_pull_bytes: pulls.p2p_bytes,
                 eager_frames: cfg.eager_frames.value,
             },
         )?));

@@ -57,6 +57,31 @@ pub const DEPTH_SHARED_CORES: usize = 8;
 /// until then; `GW_SHM_PULL_BYTES=0` turns them off.
 pub const PULL_BYTES_CORE_PER_RANK: usize = 64 << 10;
 
+/// Where every rank of a host has a core of its own, point-to-point
+/// messages (a user's send, receive and sendrecv) from this size on are
+/// pulled, out of any region. Their receiver only stores them, so the one
+/// copy is the whole transfer; a collective's 16-32 KiB segments are read
+/// out of their slots by a receiver that reduces them, and pulling those
+/// lost. On the 2026-12-05 VM, 2 ranks, 16 KiB against 64 KiB as the
+/// threshold for everything (`ab-builds.py`, 3 rounds): p2p 16 and 32 KiB
+/// latency 1.56 and 1.81x as fast, one way 1.59 and 1.63x, both ways 1.21
+/// and 1.29x, 4-8 KiB and 64-256 KiB unchanged (0.95-1.02); all-reduce 32
+/// and 64 KiB 0.78 and 0.71x as fast.
+pub const P2P_PULL_BYTES_CORE_PER_RANK: usize = 16 << 10;
+
+/// Which shared-memory messages are pulled in one copy (see
+/// [`Config::shm_pulls_for`]), as [`gw_transport::shm::ShmConfig`] takes it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ShmPulls {
+    /// Messages of at least this many bytes (`pull_bytes`; 0: none)...
+    pub bytes: usize,
+    /// ...out of registered regions under this size (`pull_region_max`).
+    pub region_max: usize,
+    /// Point-to-point messages of at least this many bytes, out of any
+    /// region (`p2p_pull_bytes`; 0: none).
+    pub p2p_bytes: usize,
+}
+
 /// Messages out of registered regions of at least this size keep the slots
 /// where every rank has a core (see [`PULL_BYTES_CORE_PER_RANK`]): they are
 /// segments of a large operation, whose receiver streams them out of the
@@ -506,19 +531,24 @@ impl Config {
     }
 
     /// Which shared-memory messages are pulled in one copy on a host that
-    /// runs `local_ranks` ranks on `cores` cores: those of at least the
-    /// first value, out of registered regions under the second
-    /// ([`gw_transport::shm::ShmConfig`]'s `pull_bytes`, `pull_region_max`).
-    /// `GW_SHM_PULL_BYTES` where set, out of any region; else
-    /// [`PULL_BYTES_CORE_PER_RANK`] out of regions under
-    /// [`PULL_REGION_MAX_CORE_PER_RANK`] with a core per rank, and the
-    /// default threshold out of any region without.
-    pub fn shm_pulls_for(&self, local_ranks: usize, cores: usize) -> (usize, usize) {
+    /// runs `local_ranks` ranks on `cores` cores. `GW_SHM_PULL_BYTES` where
+    /// set, for every message out of any region; else, with a core per
+    /// rank, [`PULL_BYTES_CORE_PER_RANK`] out of regions under
+    /// [`PULL_REGION_MAX_CORE_PER_RANK`] and
+    /// [`P2P_PULL_BYTES_CORE_PER_RANK`] for point-to-point messages, and
+    /// without, the default threshold for everything out of any region.
+    pub fn shm_pulls_for(&self, local_ranks: usize, cores: usize) -> ShmPulls {
         match self.shm_pull_bytes.source {
-            Source::Default if local_ranks <= cores => {
-                (PULL_BYTES_CORE_PER_RANK, PULL_REGION_MAX_CORE_PER_RANK)
-            }
-            _ => (self.shm_pull_bytes.value, usize::MAX),
+            Source::Default if local_ranks <= cores => ShmPulls {
+                bytes: PULL_BYTES_CORE_PER_RANK,
+                region_max: PULL_REGION_MAX_CORE_PER_RANK,
+                p2p_bytes: P2P_PULL_BYTES_CORE_PER_RANK,
+            },
+            _ => ShmPulls {
+                bytes: self.shm_pull_bytes.value,
+                region_max: usize::MAX,
+                p2p_bytes: self.shm_pull_bytes.value,
+            },
         }
     }
 
@@ -568,8 +598,8 @@ impl Config {
             match self.shm_pull_bytes.source {
                 Source::Default => format!(
                     "{:<18} = {PULL_BYTES_CORE_PER_RANK} out of regions under \
-                     {PULL_REGION_MAX_CORE_PER_RANK} with a core per rank, {} where ranks \
-                     share cores (default)",
+                     {PULL_REGION_MAX_CORE_PER_RANK} and {P2P_PULL_BYTES_CORE_PER_RANK} for \
+                     point-to-point with a core per rank, {} where ranks share cores (default)",
                     "GW_SHM_PULL_BYTES", self.shm_pull_bytes.value
                 ),
                 _ => line("GW_SHM_PULL_BYTES", &self.shm_pull_bytes),
@@ -627,24 +657,33 @@ mod tests {
     #[test]
     fn default_pulls_depend_on_cores_per_rank_and_a_set_threshold_does_not() {
         let mut c = Config::default();
+        let everywhere = |n| ShmPulls {
+            bytes: n,
+            region_max: usize::MAX,
+            p2p_bytes: n,
+        };
         assert_eq!(
             c.shm_pulls_for(2, 2),
-            (PULL_BYTES_CORE_PER_RANK, PULL_REGION_MAX_CORE_PER_RANK)
+            ShmPulls {
+                bytes: PULL_BYTES_CORE_PER_RANK,
+                region_max: PULL_REGION_MAX_CORE_PER_RANK,
+                p2p_bytes: P2P_PULL_BYTES_CORE_PER_RANK,
+            }
         );
         assert_eq!(
             c.shm_pulls_for(4, 2),
-            (gw_transport::shm::DEFAULT_PULL_BYTES, usize::MAX)
+            everywhere(gw_transport::shm::DEFAULT_PULL_BYTES)
         );
         assert!(c.describe().iter().any(|l| l.contains("GW_SHM_PULL_BYTES")
-            && l.contains("with a core per rank")
+            && l.contains("for point-to-point with a core per rank")
             && l.contains("where ranks share cores (default)")));
         // Set, it is the threshold everywhere, out of any region; 0 is off.
         c.apply_env_from(&env(&[("GW_SHM_PULL_BYTES", "0")]))
             .unwrap();
-        assert_eq!(c.shm_pulls_for(2, 2), (0, usize::MAX));
-        assert_eq!(c.shm_pulls_for(4, 2), (0, usize::MAX));
+        assert_eq!(c.shm_pulls_for(2, 2), everywhere(0));
+        assert_eq!(c.shm_pulls_for(4, 2), everywhere(0));
         c.shm_pull_bytes.set(65536);
-        assert_eq!(c.shm_pulls_for(1, 64), (65536, usize::MAX));
+        assert_eq!(c.shm_pulls_for(1, 64), everywhere(65536));
     }
 
     #[test]

@@ -1121,13 +1121,17 @@ impl Engine {
                         // less.
                         // Both halves of a sendrecv with one peer keep both
                         // ranks busy: one copy of each message beats two
-                        // however large (`SendHint::Exchanged`).
+                        // however large (`SendHint::Exchanged`). Any other
+                        // point-to-point message is only stored where it
+                        // lands (`SendHint::Stored`).
                         let hint = if self.cfg.oversubscribed {
                             None
                         } else if r.op.fp.op == OpKind::Reduce {
                             Some(SendHint::Pushed)
                         } else if r.sched.exchanges_with(peer) {
                             Some(SendHint::Exchanged)
+                        } else if r.op.fp.op == OpKind::SendRecv {
+                            Some(SendHint::Stored)
                         } else {
                             None
                         };

@@ -305,6 +305,11 @@ pub enum SendHint {
     /// in): the receiver may copy it straight out, once, however large
     /// the region.
     Exchanged,
+    /// A point-to-point message whose receiver only stores it: no
+    /// reduction or forward overlaps the copy, so one copy (a pull) beats
+    /// two (into a slot and out) from smaller sizes on than for a
+    /// collective's segment.
+    Stored,
 }
 
 /// The transport interface (see the module comment for the contract).

@@ -114,6 +114,13 @@ pub struct ShmConfig {
     /// receiver, out of the sender's process, where the kernel allows it
     /// (default 256 KiB; 0 never does).
     pub pull_bytes: usize,
+    /// Point-to-point messages (sent with [`SendHint::Exchanged`] or
+    /// [`SendHint::Stored`]) of at least this many bytes are pulled, out of
+    /// any region (default 256 KiB; 0 never). Their receiver only stores
+    /// them, so the one copy is the whole transfer and pulling wins from
+    /// smaller sizes on than for a collective's segment, whose receiver
+    /// reads it straight out of its slot to reduce or forward it.
+    pub p2p_pull_bytes: usize,
     /// Messages sent from a registered region of at least this many bytes
     /// go through the slots however long they are (`usize::MAX`, the
     /// default: no such limit). Such a message is a segment of a large
@@ -136,6 +143,7 @@ impl ShmConfig {
             slot_bytes: DEFAULT_SLOT_BYTES,
             slots: DEFAULT_SLOTS,
             pull_bytes: DEFAULT_PULL_BYTES,
+            p2p_pull_bytes: DEFAULT_PULL_BYTES,
             pull_region_max: usize::MAX,
             eager_frames: DEFAULT_EAGER_FRAMES,
         }
@@ -204,9 +212,9 @@ struct SendOp {
     cleared: bool,
     /// Credits for all its frames are spent: it goes eagerly.
     reserved: bool,
-    /// It may be pulled, if long enough: posted as `SendHint::Exchanged`,
-    /// or with no hint out of a region under `ShmConfig::pull_region_max`.
-    pullable: bool,
+    /// It is pulled if it has at least this many bytes (`usize::MAX`:
+    /// never); see `ShmTransport::post_send`.
+    pull_from: usize,
 }
 
 /// A message announced to its receiver (an `Rts`), waiting for its `Cts`.
@@ -448,11 +456,12 @@ impl ShmTransport {
                 wants_imm: false,
             });
         }
-        if cfg.pull_bytes > 0 {
+        if cfg.pull_bytes > 0 || cfg.p2p_pull_bytes > 0 {
             pull::allow_peers_to_pull();
         }
         tracing::info!(
-            "shm: rank {me}, job {}, {} slots of {} bytes per ring, single copy from {} bytes{}",
+            "shm: rank {me}, job {}, {} slots of {} bytes per ring, single copy from {} bytes{}, \
+             point-to-point from {} bytes",
             cfg.job_id,
             cfg.slots,
             cfg.slot_bytes,
@@ -461,7 +470,8 @@ impl ShmTransport {
                 String::new()
             } else {
                 format!(" out of regions under {} bytes", cfg.pull_region_max)
-            }
+            },
+            cfg.p2p_pull_bytes
         );
         Ok(ShmTransport {
             id: TransportId::next(),
@@ -625,6 +635,12 @@ impl ShmTransport {
         self.check_post(peer)?;
         let (ptr, region_len) = self.range(mem, offset, len, "isend")?;
         let req = self.new_req();
+        let from = match hint {
+            Some(SendHint::Pushed) => 0,
+            None if region_len >= self.cfg.pull_region_max => 0,
+            None => self.cfg.pull_bytes,
+            Some(SendHint::Exchanged | SendHint::Stored) => self.cfg.p2p_pull_bytes,
+        };
         self.peers[peer as usize].sends.push_back(SendOp {
             req,
             tag,
@@ -634,10 +650,12 @@ impl ShmTransport {
             sent: 0,
             cleared: false,
             reserved: false,
-            pullable: match hint {
-                Some(SendHint::Pushed) => false,
-                None => region_len < self.cfg.pull_region_max,
-                Some(SendHint::Exchanged) => true,
+            // A rendezvous frame's payload must fit its slot, and a frame's
+            // payload never exceeds its message.
+            pull_from: match from {
+                0 => usize::MAX,
+                _ if self.cfg.slot_bytes < RENDEZVOUS_LEN => usize::MAX,
+                n => n.max(RENDEZVOUS_LEN),
             },
         });
         Ok(Request::new(self.id, req))
@@ -937,13 +955,12 @@ fn examine(p: &Peer, rx: &Consumer, raw: &[u8; HEADER_LEN]) -> Result<Head> {
 }
 
 /// Copies as many queued segments to `p` as its ring has free slots; a
-/// message of at least `pull_bytes` goes as one rendezvous frame instead
-/// when the peer can pull from us. Control frames go first. A message goes
+/// message of at least its `pull_from` bytes goes as one rendezvous frame
+/// instead when the peer can pull from us. Control frames go first. A message goes
 /// eagerly only if the peer has a credit for each of its frames; otherwise
 /// it is announced and waits for the peer's `Cts` (see `recv_core`).
 fn pump_sends(
     me: Rank,
-    pull_bytes: usize,
     p: &mut Peer,
     bell: &mut Doorbell,
     reqs: &mut ReqTable<bool>,
@@ -973,12 +990,7 @@ fn pump_sends(
     while let Some(op) = p.sends.front_mut() {
         if op.sent == 0
             && !op.cleared
-            && pull_bytes > 0
-            && op.pullable
-            // A rendezvous frame's payload must fit its slot, and a frame's
-            // payload never exceeds its message.
-            && op.len >= pull_bytes.max(RENDEZVOUS_LEN)
-            && slot_bytes >= RENDEZVOUS_LEN
+            && op.len >= op.pull_from
             && conn.tx.can_pull() == CanPull::Yes
         {
             if p.pulls_out.len() as u64 >= MAX_PULLS {
@@ -1673,7 +1685,7 @@ impl Transport for ShmTransport {
             }
             // Not counted as progress: no transfer moved.
             probe_peer(p);
-            did |= pump_sends(me, self.cfg.pull_bytes, p, &mut self.bell, &mut self.reqs)?;
+            did |= pump_sends(me, p, &mut self.bell, &mut self.reqs)?;
         }
         // Decided after the sends went out: only a send that is still stuck
         // makes early frames worth copying out of the rings.
@@ -1804,7 +1816,7 @@ impl Transport for ShmTransport {
         let p = &mut self.peers[peer as usize];
         let k = p.queue_ctl(h.encode());
         p.imm_reqs.push_back((k, req));
-        pump_sends(me, self.cfg.pull_bytes, p, &mut self.bell, &mut self.reqs)?;
+        pump_sends(me, p, &mut self.bell, &mut self.reqs)?;
         Ok(Request::new(self.id, req))
     }
 

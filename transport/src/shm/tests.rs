@@ -56,6 +56,7 @@ fn cfg_pull(job_id: &str, slots: usize, slot_bytes: usize, pull_bytes: usize) ->
         slot_bytes,
         slots,
         pull_bytes,
+        p2p_pull_bytes: pull_bytes,
         pull_region_max: usize::MAX,
         eager_frames: crate::recv_core::DEFAULT_EAGER_FRAMES,
     }
@@ -862,6 +863,44 @@ fn large_messages_are_pulled_and_small_ones_use_slots() {
     assert!(a.peers[1].pulls_out.is_empty());
 }
 
+/// Ranks 0 and 1 of a job with config `c`, connected, once rank 1 has
+/// found out that it may pull from rank 0 (until then nothing is pulled).
+fn probed_pair(c: ShmConfig) -> (ShmTransport, ShmTransport) {
+    let mut a = ShmTransport::new(0, infos(2), c.clone()).unwrap();
+    let mut b = ShmTransport::new(1, infos(2), c).unwrap();
+    assert_eq!(a.connect(1).unwrap(), Readiness::Ready);
+    assert_eq!(b.connect(0).unwrap(), Readiness::Ready);
+    let deadline = Instant::now() + Duration::from_secs(3);
+    while a.peers[1].conn.as_ref().unwrap().tx.can_pull() == super::ring::CanPull::Unknown {
+        assert!(Instant::now() < deadline, "b never probed a");
+        a.progress().unwrap();
+        b.progress().unwrap();
+    }
+    (a, b)
+}
+
+/// Sends each `(region, length, hint)` from `a` (from the region's start)
+/// to receives on `b`, one after another in `md`, and runs them to the end.
+fn send_hinted(
+    a: &mut ShmTransport,
+    b: &mut ShmTransport,
+    sends: &[(MemHandle, usize, Option<SendHint>)],
+    md: MemHandle,
+) {
+    let (mut ra, mut rb) = (vec![], vec![]);
+    let mut off = 0;
+    for (i, &(m, n, hint)) in sends.iter().enumerate() {
+        let t = tag(1, i as u32);
+        ra.push(match hint {
+            Some(h) => a.isend_hinted(1, t, m, 0, n, h).unwrap(),
+            None => a.isend(1, t, m, 0, n).unwrap(),
+        });
+        rb.push(b.irecv(0, t, md, off, n).unwrap());
+        off += n;
+    }
+    run(a, b, ra, rb);
+}
+
 #[test]
 fn large_regions_and_pushed_sends_use_slots_and_exchanged_sends_are_pulled() {
     let j = job("pullregion");
@@ -869,18 +908,9 @@ fn large_regions_and_pushed_sends_use_slots_and_exchanged_sends_are_pulled() {
         pull_region_max: 8192,
         ..cfg_pull(&j, 2, 64, 100)
     };
-    let mut a = ShmTransport::new(0, infos(2), c.clone()).unwrap();
-    let mut b = ShmTransport::new(1, infos(2), c).unwrap();
-    assert_eq!(a.connect(1).unwrap(), Readiness::Ready);
-    assert_eq!(b.connect(0).unwrap(), Readiness::Ready);
-    // Until b has probed a, nothing is pulled; wait for it, so that a send
-    // going through the slots below can only be the region limit's doing.
-    let deadline = Instant::now() + Duration::from_secs(3);
-    while a.peers[1].conn.as_ref().unwrap().tx.can_pull() == super::ring::CanPull::Unknown {
-        assert!(Instant::now() < deadline, "b never probed a");
-        a.progress().unwrap();
-        b.progress().unwrap();
-    }
+    // A send going through the slots below can only be the region
+    // limit's doing.
+    let (mut a, mut b) = probed_pair(c);
     // One region just under the limit, one at it; from each, a 1000-byte
     // message (long enough to pull) and the whole region; then the small
     // region's message again, pushed, and the whole large region,
@@ -900,18 +930,7 @@ fn large_regions_and_pushed_sends_use_slots_and_exchanged_sends_are_pulled() {
         (ms, 1000, Some(SendHint::Pushed)),
         (ml, large, Some(SendHint::Exchanged)),
     ];
-    let (mut ra, mut rb) = (vec![], vec![]);
-    let mut off = 0;
-    for (i, &(m, n, hint)) in sends.iter().enumerate() {
-        let t = tag(1, i as u32);
-        ra.push(match hint {
-            Some(h) => a.isend_hinted(1, t, m, 0, n, h).unwrap(),
-            None => a.isend(1, t, m, 0, n).unwrap(),
-        });
-        rb.push(b.irecv(0, t, md, off, n).unwrap());
-        off += n;
-    }
-    run(&mut a, &mut b, ra, rb);
+    send_hinted(&mut a, &mut b, &sends, md);
     let want = [
         &src_large[..1000],
         &src_small[..1000],
@@ -926,6 +945,41 @@ fn large_regions_and_pushed_sends_use_slots_and_exchanged_sends_are_pulled() {
     // exchanged one were pulled.
     assert_eq!(a.peers[1].next_pull, 3);
     assert!(a.peers[1].pulls_out.is_empty());
+}
+
+#[test]
+fn point_to_point_sends_are_pulled_from_their_own_threshold() {
+    // Collectives' sends pull from 1000 bytes, point-to-point ones (stored
+    // or exchanged) from 100; then, with the point-to-point threshold at
+    // 0, only the collectives' ones.
+    for (p2p, pulled) in [(100, 4), (0, 1)] {
+        let j = job(&format!("p2ppull{p2p}"));
+        let c = ShmConfig {
+            p2p_pull_bytes: p2p,
+            ..cfg_pull(&j, 2, 4096, 1000)
+        };
+        let (mut a, mut b) = probed_pair(c);
+        let mut src = pattern(2000, 7);
+        let mut dst = vec![0u8; 500 + 500 + 99 + 500 + 2000 + 100];
+        let ms = reg(&mut a, &mut src);
+        let md = reg(&mut b, &mut dst);
+        let sends = [
+            (ms, 500, None),                      // a collective's, under 1000
+            (ms, 500, Some(SendHint::Stored)),    // pulled at 100
+            (ms, 99, Some(SendHint::Stored)),     // under 100
+            (ms, 500, Some(SendHint::Exchanged)), // pulled at 100
+            (ms, 2000, None),                     // pulled at 1000
+            (ms, 100, Some(SendHint::Stored)),    // pulled at 100
+        ];
+        send_hinted(&mut a, &mut b, &sends, md);
+        let want: Vec<u8> = sends
+            .iter()
+            .flat_map(|&(_, n, _)| src[..n].iter().copied())
+            .collect();
+        assert_eq!(dst, want);
+        assert_eq!(a.peers[1].next_pull, pulled, "p2p threshold {p2p}");
+        assert!(a.peers[1].pulls_out.is_empty());
+    }
 }
 
 #[test]
