@@ -298,6 +298,21 @@ pub(crate) struct EngineConfig {
     pub board: Option<Board>,
 }
 
+/// What decides whether a queued message may start (see
+/// `Engine::start_messages`): the queue, the messages running and
+/// `current`. Between two looks `messages` only shrinks (it grows only
+/// there), every change to the queue is counted, and `current` ends or is
+/// replaced by a newly started operation, so an equal gate means that
+/// nothing which could hold a message back has changed.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+struct MessageGate {
+    /// `Engine::queue_changes`.
+    queue_changes: u64,
+    messages: usize,
+    /// `Engine::started` when `current` began; `None` while there is none.
+    current: Option<u64>,
+}
+
 /// The engine state, turned by one thread at a time (see `drive.rs`).
 pub(crate) struct Engine {
     cfg: EngineConfig,
@@ -320,6 +335,12 @@ pub(crate) struct Engine {
     /// The transports' finished-request count when `messages` were last
     /// advanced (see `step_messages`); `None`: advance them next step.
     messages_seen: Option<u64>,
+    /// What `start_messages` last left (see `MessageGate`).
+    messages_gate: Option<MessageGate>,
+    /// Operations put into or taken out of `queue` so far.
+    queue_changes: u64,
+    /// Operations made `current` so far.
+    started: u64,
     failed: Option<Error>,
     scratch: Vec<u64>,
     scratch_handles: Vec<Option<MemHandle>>,
@@ -380,6 +401,9 @@ impl Engine {
                 current: None,
                 messages: Vec::new(),
                 messages_seen: None,
+                messages_gate: None,
+                queue_changes: 0,
+                started: 0,
                 failed: None,
                 scratch: Vec::new(),
                 scratch_handles: vec![None; nt],
@@ -499,6 +523,7 @@ impl Engine {
     pub(crate) fn queue_after_submitted(&mut self, op: OpDesc) {
         self.drain_messages();
         self.queue.push_back(op);
+        self.queue_changes += 1;
     }
 
     pub fn is_idle(&mut self) -> bool {
@@ -580,6 +605,7 @@ impl Engine {
                         op.done.finish(Err(failed_earlier(e)));
                     } else {
                         self.queue.push_back(op);
+                        self.queue_changes += 1;
                     }
                 }
                 Ok(Msg::Shutdown) | Err(TryRecvError::Disconnected) => self.shutting_down = true,
@@ -705,6 +731,7 @@ impl Engine {
         let Some(mut op) = self.queue.pop_front() else {
             return;
         };
+        self.queue_changes += 1;
         if let Some(e) = &self.failed {
             op.done.finish(Err(failed_earlier(e)));
             return;
@@ -803,12 +830,35 @@ impl Engine {
             return;
         }
         self.current = Some(self.running(op, sched, key, prepared, window, round, spare));
+        self.started += 1;
     }
 
     /// Starts every point-to-point message queued, wherever it stands in
     /// the queue (it waits for nothing the other ranks order), unless an
     /// earlier operation still to end touches its memory.
     fn start_messages(&mut self) {
+        // Only what was queued, finished or started since the last look can
+        // let a message start, and looking costs a pass over the queue
+        // against everything running: with a window of messages into one
+        // buffer, each held back by the one before, that pass on every turn
+        // was a quarter of a receiver's time.
+        let gate = self.message_gate();
+        if self.messages_gate == Some(gate) {
+            return;
+        }
+        self.start_queued_messages();
+        self.messages_gate = Some(self.message_gate());
+    }
+
+    fn message_gate(&self) -> MessageGate {
+        MessageGate {
+            queue_changes: self.queue_changes,
+            messages: self.messages.len(),
+            current: self.current.as_ref().map(|_| self.started),
+        }
+    }
+
+    fn start_queued_messages(&mut self) {
         if self.failed.is_some() || !self.queue.iter().any(|op| op.fp.is_message()) {
             return;
         }
@@ -822,6 +872,7 @@ impl Engine {
             let Some(mut op) = self.queue.remove(i) else {
                 break;
             };
+            self.queue_changes += 1;
             match std::mem::replace(&mut op.plan, Plan::Started) {
                 Plan::Built(sched) => {
                     // Messages allocate anyway (their schedule is built per
@@ -1476,6 +1527,7 @@ impl Engine {
             r.op.done.finish(Err(e.clone()));
         }
         self.failed = Some(e.clone());
+        self.queue_changes += 1;
         for op in std::mem::take(&mut self.queue) {
             match op.plan {
                 // Nothing runs any more, but the buffers may go away: let

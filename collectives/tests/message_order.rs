@@ -181,3 +181,90 @@ fn a_waiting_message_does_not_hold_back_a_deferred_round_shm() {
 fn a_waiting_message_does_not_hold_back_a_deferred_round_tcp() {
     deferred_round_beside_a_waiting_message(TransportChoice::Tcp, "message_order_deferred_tcp");
 }
+
+/// Rank 1 posts windows of receives whose buffers overlap at random
+/// offsets within one buffer, with random lengths (up to 40 KiB, so that
+/// shared memory pulls some and slots others); rank 0 sends each message
+/// filled with its own byte. Each receive must wait for the earlier ones
+/// that write the same bytes, so every byte ends as the last message
+/// covering it left it, and every held-back receive must start once the
+/// one before it ends (a window of 48, each waiting on the last).
+fn overlapping_receives_land_in_posting_order(t: TransportChoice, key: &'static str) {
+    const WINDOW: usize = 48;
+    const BUF: usize = 64 << 10;
+    let (_store, comms) =
+        local_world(2, key, |_, cfg| cfg.transport.set(t)).expect("communicators");
+    on_each_rank(comms, key, move |c| {
+        let me = c.rank();
+        let peer = 1 - me;
+        let err = |e: Error| format!("{key} rank {me}: {e}");
+        // The same draws on both ranks.
+        let mut seed = 0x9e37_79b9_7f4a_7c15u64;
+        let mut draw = |n: usize| {
+            seed = seed
+                .wrapping_mul(6_364_136_223_846_793_005)
+                .wrapping_add(1_442_695_040_888_963_407);
+            (seed >> 33) as usize % n
+        };
+        for round in 0..6 {
+            let msgs: Vec<(usize, usize)> = (0..WINDOW)
+                .map(|_| {
+                    let len = 1 + draw(40 << 10);
+                    (draw(BUF - len + 1), len)
+                })
+                .collect();
+            let fill = |i: usize| (1 + (round * WINDOW + i) % 250) as u8;
+            if me == 0 {
+                let bufs: Vec<Vec<u8>> = (0..WINDOW).map(|i| vec![fill(i); msgs[i].1]).collect();
+                let mut handles = Vec::with_capacity(WINDOW);
+                for b in &bufs {
+                    // SAFETY: bufs is neither moved nor touched until every
+                    // handle has been waited for.
+                    let h = unsafe {
+                        c.sendrecv_raw(DType::U8, Some((peer, b.as_ptr(), b.len())), None)
+                    }
+                    .map_err(err)?;
+                    handles.push(h);
+                }
+                for h in handles {
+                    h.wait().map_err(err)?;
+                }
+                continue;
+            }
+            let mut buf = vec![0u8; BUF];
+            let base = buf.as_mut_ptr();
+            let mut handles = Vec::with_capacity(WINDOW);
+            for &(off, n) in &msgs {
+                // SAFETY: buf is neither moved nor touched until every
+                // handle has been waited for.
+                let h = unsafe { c.sendrecv_raw(DType::U8, None, Some((peer, base.add(off), n))) }
+                    .map_err(err)?;
+                handles.push(h);
+            }
+            for h in handles {
+                h.wait().map_err(err)?;
+            }
+            let mut want = vec![0u8; BUF];
+            for (i, &(off, n)) in msgs.iter().enumerate() {
+                want[off..off + n].fill(fill(i));
+            }
+            if let Some(i) = (0..BUF).find(|&i| buf[i] != want[i]) {
+                return Err(format!(
+                    "{key} round {round}: byte {i} is {}, the last message over it wrote {}",
+                    buf[i], want[i]
+                ));
+            }
+        }
+        Ok(())
+    });
+}
+
+#[test]
+fn overlapping_receives_land_in_posting_order_shm() {
+    overlapping_receives_land_in_posting_order(TransportChoice::Shm, "overlap-shm");
+}
+
+#[test]
+fn overlapping_receives_land_in_posting_order_tcp() {
+    overlapping_receives_land_in_posting_order(TransportChoice::Tcp, "overlap-tcp");
+}
