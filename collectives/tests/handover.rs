@@ -15,8 +15,7 @@
 #[allow(dead_code)]
 mod common;
 
-use common::on_each_rank;
-use gw_collectives::local::local_world;
+use common::on_two_ranks;
 use gw_collectives::{DType, Error, TransportChoice};
 use rand::{Rng, SeedableRng};
 use std::time::{Duration, Instant};
@@ -33,9 +32,7 @@ fn byte(round: usize, i: usize) -> u8 {
 }
 
 fn check(t: TransportChoice, key: &'static str) {
-    let (_store, comms) =
-        local_world(2, key, |_, cfg| cfg.transport.set(t)).expect("communicators");
-    on_each_rank(comms, key, move |c| {
+    on_two_ranks(t, key, move |c| {
         let me = c.rank();
         let peer = 1 - me;
         let err = |e: Error| format!("{key} rank {me}: {e}");

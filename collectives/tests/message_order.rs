@@ -11,7 +11,7 @@
 #[allow(dead_code)]
 mod common;
 
-use common::on_each_rank;
+use common::{on_each_rank, on_two_ranks};
 use gw_collectives::local::local_world;
 use gw_collectives::{DType, Error, OpKind, RawOp, RedOp, TransportChoice};
 use std::time::{Duration, Instant};
@@ -33,9 +33,7 @@ fn all_reduce_in_place(buf: &mut [f32]) -> RawOp {
 }
 
 fn check(t: TransportChoice, key: &'static str) {
-    let (_store, comms) =
-        local_world(2, key, |_, cfg| cfg.transport.set(t)).expect("communicators");
-    on_each_rank(comms, key, move |c| {
+    on_two_ranks(t, key, move |c| {
         let me = c.rank();
         let peer = 1 - me;
         let err = |e: Error| format!("{key} rank {me}: {e}");
@@ -113,15 +111,28 @@ fn check(t: TransportChoice, key: &'static str) {
     });
 }
 
-#[test]
-fn messages_keep_their_order_with_operations_on_the_same_memory_shm() {
-    check(TransportChoice::Shm, "message_order_shm");
+/// One test per transport: `$shm` and `$tcp` run `$check` with that
+/// transport, under job keys made of `$key`.
+macro_rules! on_shm_and_tcp {
+    ($shm:ident, $tcp:ident, $check:ident, $key:literal) => {
+        #[test]
+        fn $shm() {
+            $check(TransportChoice::Shm, concat!($key, "_shm"));
+        }
+
+        #[test]
+        fn $tcp() {
+            $check(TransportChoice::Tcp, concat!($key, "_tcp"));
+        }
+    };
 }
 
-#[test]
-fn messages_keep_their_order_with_operations_on_the_same_memory_tcp() {
-    check(TransportChoice::Tcp, "message_order_tcp");
-}
+on_shm_and_tcp!(
+    messages_keep_their_order_with_operations_on_the_same_memory_shm,
+    messages_keep_their_order_with_operations_on_the_same_memory_tcp,
+    check,
+    "message_order"
+);
 
 /// Rank 0 posts a receive, then starts a small persistent all-reduce (left
 /// for its `wait`, see `deferred.rs`) and waits for the receive; rank 1
@@ -172,15 +183,12 @@ fn deferred_round_beside_a_waiting_message(t: TransportChoice, key: &'static str
     });
 }
 
-#[test]
-fn a_waiting_message_does_not_hold_back_a_deferred_round_shm() {
-    deferred_round_beside_a_waiting_message(TransportChoice::Shm, "message_order_deferred_shm");
-}
-
-#[test]
-fn a_waiting_message_does_not_hold_back_a_deferred_round_tcp() {
-    deferred_round_beside_a_waiting_message(TransportChoice::Tcp, "message_order_deferred_tcp");
-}
+on_shm_and_tcp!(
+    a_waiting_message_does_not_hold_back_a_deferred_round_shm,
+    a_waiting_message_does_not_hold_back_a_deferred_round_tcp,
+    deferred_round_beside_a_waiting_message,
+    "message_order_deferred"
+);
 
 /// Rank 1 posts windows of receives whose buffers overlap at random
 /// offsets within one buffer, with random lengths (up to 40 KiB, so that
@@ -192,9 +200,7 @@ fn a_waiting_message_does_not_hold_back_a_deferred_round_tcp() {
 fn overlapping_receives_land_in_posting_order(t: TransportChoice, key: &'static str) {
     const WINDOW: usize = 48;
     const BUF: usize = 64 << 10;
-    let (_store, comms) =
-        local_world(2, key, |_, cfg| cfg.transport.set(t)).expect("communicators");
-    on_each_rank(comms, key, move |c| {
+    on_two_ranks(t, key, move |c| {
         let me = c.rank();
         let peer = 1 - me;
         let err = |e: Error| format!("{key} rank {me}: {e}");
@@ -259,12 +265,9 @@ fn overlapping_receives_land_in_posting_order(t: TransportChoice, key: &'static 
     });
 }
 
-#[test]
-fn overlapping_receives_land_in_posting_order_shm() {
-    overlapping_receives_land_in_posting_order(TransportChoice::Shm, "overlap-shm");
-}
-
-#[test]
-fn overlapping_receives_land_in_posting_order_tcp() {
-    overlapping_receives_land_in_posting_order(TransportChoice::Tcp, "overlap-tcp");
-}
+on_shm_and_tcp!(
+    overlapping_receives_land_in_posting_order_shm,
+    overlapping_receives_land_in_posting_order_tcp,
+    overlapping_receives_land_in_posting_order,
+    "message_order_overlap"
+);

@@ -1,6 +1,7 @@
 //! Inputs and checks shared by the all-reduce integration tests.
 
-use gw_collectives::{Communicator, RedOp};
+use gw_collectives::local::local_world;
+use gw_collectives::{Communicator, RedOp, TransportChoice};
 
 /// Rank `r`'s element `i` in call `k`: small integers, so float sums are exact.
 pub fn input(r: u32, k: usize, i: usize) -> f32 {
@@ -40,4 +41,16 @@ where
             panic!("{what}: {e}");
         }
     }
+}
+
+/// Runs `body` on both ranks of a local 2-rank world over transport `t`,
+/// as [`on_each_rank`] does.
+#[allow(dead_code)] // Not every test file that shares this module uses it.
+pub fn on_two_ranks<F>(t: TransportChoice, key: &str, body: F)
+where
+    F: Fn(Communicator) -> Result<(), String> + Clone + Send + 'static,
+{
+    let (_store, comms) =
+        local_world(2, key, |_, cfg| cfg.transport.set(t)).expect("communicators");
+    on_each_rank(comms, key, body);
 }
