@@ -841,7 +841,7 @@ impl Engine {
         // let a message start, and looking costs a pass over the queue
         // against everything running: with a window of messages into one
         // buffer, each held back by the one before, that pass on every turn
-        // was a quarter of a receiver's time.
+        // was an eighth of a 64 KiB receiver's time.
         let gate = self.message_gate();
         if self.messages_gate == Some(gate) {
             return;
