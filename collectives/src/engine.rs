@@ -301,16 +301,16 @@ pub(crate) struct EngineConfig {
 /// What decides whether a queued message may start (see
 /// `Engine::start_messages`): the queue, the messages running and
 /// `current`. Between two looks `messages` only shrinks (it grows only
-/// there), every change to the queue is counted, and `current` ends or is
-/// replaced by a newly started operation, so an equal gate means that
-/// nothing which could hold a message back has changed.
+/// there), every change to the queue is counted, and `current` either
+/// ends or is replaced by an operation taken out of the queue (counted
+/// too), so an equal gate means that nothing which could hold a message
+/// back has changed.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 struct MessageGate {
     /// `Engine::queue_changes`.
     queue_changes: u64,
     messages: usize,
-    /// `Engine::started` when `current` began; `None` while there is none.
-    current: Option<u64>,
+    current: bool,
 }
 
 /// The engine state, turned by one thread at a time (see `drive.rs`).
@@ -339,8 +339,6 @@ pub(crate) struct Engine {
     messages_gate: Option<MessageGate>,
     /// Operations put into or taken out of `queue` so far.
     queue_changes: u64,
-    /// Operations made `current` so far.
-    started: u64,
     failed: Option<Error>,
     scratch: Vec<u64>,
     scratch_handles: Vec<Option<MemHandle>>,
@@ -403,7 +401,6 @@ impl Engine {
                 messages_seen: None,
                 messages_gate: None,
                 queue_changes: 0,
-                started: 0,
                 failed: None,
                 scratch: Vec::new(),
                 scratch_handles: vec![None; nt],
@@ -830,7 +827,6 @@ impl Engine {
             return;
         }
         self.current = Some(self.running(op, sched, key, prepared, window, round, spare));
-        self.started += 1;
     }
 
     /// Starts every point-to-point message queued, wherever it stands in
@@ -854,7 +850,7 @@ impl Engine {
         MessageGate {
             queue_changes: self.queue_changes,
             messages: self.messages.len(),
-            current: self.current.as_ref().map(|_| self.started),
+            current: self.current.is_some(),
         }
     }
 

@@ -75,7 +75,11 @@ pub(super) fn pair_pull(
     pull_bytes: usize,
 ) -> (ShmTransport, ShmTransport) {
     let j = job(name);
-    let c = cfg_pull(&j, slots, slot_bytes, pull_bytes);
+    connected_pair(cfg_pull(&j, slots, slot_bytes, pull_bytes))
+}
+
+/// Ranks 0 and 1 of a job with config `c`, connected.
+fn connected_pair(c: ShmConfig) -> (ShmTransport, ShmTransport) {
     let mut a = ShmTransport::new(0, infos(2), c.clone()).unwrap();
     let mut b = ShmTransport::new(1, infos(2), c).unwrap();
     assert_eq!(a.connect(1).unwrap(), Readiness::Ready);
@@ -866,10 +870,7 @@ fn large_messages_are_pulled_and_small_ones_use_slots() {
 /// Ranks 0 and 1 of a job with config `c`, connected, once rank 1 has
 /// found out that it may pull from rank 0 (until then nothing is pulled).
 fn probed_pair(c: ShmConfig) -> (ShmTransport, ShmTransport) {
-    let mut a = ShmTransport::new(0, infos(2), c.clone()).unwrap();
-    let mut b = ShmTransport::new(1, infos(2), c).unwrap();
-    assert_eq!(a.connect(1).unwrap(), Readiness::Ready);
-    assert_eq!(b.connect(0).unwrap(), Readiness::Ready);
+    let (mut a, mut b) = connected_pair(c);
     let deadline = Instant::now() + Duration::from_secs(3);
     while a.peers[1].conn.as_ref().unwrap().tx.can_pull() == super::ring::CanPull::Unknown {
         assert!(Instant::now() < deadline, "b never probed a");
