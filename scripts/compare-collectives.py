@@ -14,6 +14,11 @@ bench/peers/gloo_coll.py -n RANKS COLL -T SECONDS` (PyTorch's Gloo
 backend), all float32 sum (root 0), out of place (Gloo's all-reduce,
 broadcast and reduce in place, as torch.distributed has them), each timed
 loop sized to about SECONDS on the slowest rank, every result checked.
+The broadcast is compared in place on every side: MPI_Bcast has one
+buffer, as torch's broadcast has, while gradwire's out-of-place broadcast
+(nccl-tests' first column) also copies the root's input to its output, a
+pass over the message that no peer makes; gwbench's JSON files in --out
+keep both of its columns.
 `-c p2p` (in the default list; 2 ranks only) runs `gwbench p2p -T SECONDS`
 against `bench/peers/mpi_p2p` under each MPI (Gloo has no point-to-point
 program here): ping-pong latency, one-way and bidirectional bandwidth,
@@ -208,7 +213,13 @@ def gradwire(a, coll, sz, log):
         raise RuntimeError(f"gwbench found wrong results (see {js})")
     if coll == "p2p":
         return {row["size"]: {m: row[k] for m, k in P2P_METRICS.items()} for row in doc["rows"]}
-    return {row["size"]: row["out_of_place"]["busbw"] for row in doc["rows"]}
+    return {row["size"]: row[gradwire_column(coll)]["busbw"] for row in doc["rows"]}
+
+
+def gradwire_column(coll):
+    """Which of gwbench's columns is compared: in place for the broadcast,
+    whose peers all have one buffer (see the module comment)."""
+    return "in_place" if coll == "broadcast" else "out_of_place"
 
 
 def peer(argv, env, a, coll, sz, log):
@@ -274,6 +285,11 @@ def main():
         lower_better = c == "p2p_lat"
         what = {"p2p_lat": "ping-pong latency us", "p2p_bw": "one-way GB/s",
                 "p2p_bibw": "bidirectional GB/s"}.get(c, "busbw GB/s")
+        if c in COLLS:
+            results.setdefault("gradwire_columns", {})[c] = gradwire_column(c)
+            if gradwire_column(c) == "in_place":
+                what += ", gradwire's in place"
+
         print(f"\n{c}, {a.transport}, {a.ranks} ranks: {what} (median over rounds); "
               "gradwire/peer = median [min-max] of per-round ratios"
               + (" of peer/gradwire time (above 1: gradwire faster)" if lower_better else ""))

@@ -21,10 +21,21 @@ fn world(
     key: &str,
     scheduled: impl Fn(u32) -> bool,
 ) -> (gw_rendezvous::StoreServer, Vec<Communicator>) {
+    world_with_segments(transport, n, key, scheduled, SEGMENT_ELEMS)
+}
+
+/// [`world`] with segments of `segment_elems` elements.
+fn world_with_segments(
+    transport: TransportChoice,
+    n: u32,
+    key: &str,
+    scheduled: impl Fn(u32) -> bool,
+    segment_elems: usize,
+) -> (gw_rendezvous::StoreServer, Vec<Communicator>) {
     local_world(n, key, |r, cfg| {
         cfg.transport.set(transport);
         cfg.algo.set(Some(Algo::Rd));
-        cfg.segment_bytes.set(SEGMENT_ELEMS * 4);
+        cfg.segment_bytes.set(segment_elems * 4);
         // A rank that does not drive its own calls runs every one as a
         // schedule on its engine thread.
         cfg.inline.set(!scheduled(r));
@@ -353,6 +364,87 @@ fn direct_broadcasts_and_reduces_meet_ranks_running_the_schedule() {
 #[test]
 fn stress_random_broadcasts_and_reduces_every_world_size() {
     stress_every_world_size("tree", run_trees, 100, 400);
+}
+
+/// Elements per segment in [`large_direct_broadcasts_and_all_gathers_land_in_the_output`]:
+/// 64 KiB, so that calls from 16 KiB up take the direct path too.
+const LARGE_SEGMENT_ELEMS: usize = 16 << 10;
+
+/// Each rank makes `calls` broadcasts (random roots) and all-gathers of
+/// 16-64 KiB (a rank's block, for an all-gather), some in place, and checks
+/// every element.
+fn run_large(comms: Vec<Communicator>, calls: usize, seed: u64) {
+    let n = comms.len() as u32;
+    on_each_rank(comms, "rank", move |c| {
+        let r = c.rank();
+        let mut rng = StdRng::seed_from_u64(seed);
+        for k in 0..calls {
+            let count = rng.random_range(LARGE_SEGMENT_ELEMS / 4..=LARGE_SEGMENT_ELEMS);
+            let in_place = rng.random_bool(0.5);
+            let mine: Vec<f32> = (0..count).map(|i| input(r, k, i)).collect();
+            if rng.random_bool(0.5) {
+                let root = rng.random_range(0..n);
+                let out = if in_place {
+                    let mut b = if r == root { mine } else { vec![0.0f32; count] };
+                    c.broadcast(&mut b, root).map(|()| b)
+                } else {
+                    let mut b = vec![0.0f32; count];
+                    c.broadcast_from(&mine, &mut b, root).map(|()| b)
+                }
+                .map_err(|e| format!("call {k} (broadcast): {e}"))?;
+                if let Some(i) = (0..count).find(|&i| out[i] != input(root, k, i)) {
+                    return Err(format!(
+                        "rank {r} call {k} (broadcast from {root}, {count} elements, in place {in_place}): element {i} is {}",
+                        out[i]
+                    ));
+                }
+            } else {
+                let mut out = vec![0.0f32; count * n as usize];
+                if in_place {
+                    out[r as usize * count..][..count].copy_from_slice(&mine);
+                    c.all_gather_in_place(&mut out)
+                } else {
+                    c.all_gather(&mine, &mut out)
+                }
+                .map_err(|e| format!("call {k} (all-gather): {e}"))?;
+                let want = |i: usize| input((i / count) as u32, k, i % count);
+                if let Some(i) = (0..out.len()).find(|&i| out[i] != want(i)) {
+                    return Err(format!(
+                        "rank {r} call {k} (all-gather of {count} elements a rank, in place {in_place}): element {i} is {}, not {}",
+                        out[i],
+                        want(i)
+                    ));
+                }
+            }
+        }
+        Ok(())
+    });
+}
+
+/// Broadcasts and all-gathers of 16-64 KiB on the direct path, where the
+/// receive is posted on the caller's own output: a broadcast's message is
+/// pulled straight into it between two ranks with a core each over shm,
+/// and an all-gather lands the peer's blocks in place. Over shm and TCP,
+/// at 2 and 4 ranks, every rank direct or rank 0 running the schedules.
+#[test]
+fn large_direct_broadcasts_and_all_gathers_land_in_the_output() {
+    for transport in [TransportChoice::Shm, TransportChoice::Tcp] {
+        for n in [2u32, 4] {
+            for mixed in [false, true] {
+                let key = format!("large{n}{mixed}{transport:?}");
+                let scheduled = move |r: u32| mixed && r == 0;
+                let (_store, comms) =
+                    world_with_segments(transport, n, &key, scheduled, LARGE_SEGMENT_ELEMS);
+                let before = direct_calls();
+                run_large(comms, 40, 7 + u64::from(n));
+                let direct = direct_calls() - before;
+                assert!(
+                    direct >= 20 * u64::from(n - 1),
+                    "{transport:?} n={n} mixed={mixed}: only {direct} direct calls"
+                );
+            }
+        }
+    }
 }
 
 #[test]

@@ -379,9 +379,19 @@ pub trait Transport: Send {
     /// request, if the transport can do so at once (a message that fits its
     /// eager path, nothing queued before it); [`Now::Later`] otherwise, and
     /// nothing was sent. For small operations whose own bookkeeping would
-    /// cost more than the transfer. By default always `Later`.
-    fn send_now(&mut self, peer: Rank, tag: Tag, bytes: &[u8]) -> Result<Now> {
-        let _ = (peer, tag, bytes);
+    /// cost more than the transfer. `hint` is the one the caller would post
+    /// the send with ([`Transport::isend_hinted`]): a message that the
+    /// transport would then have its receiver pull is `Later` too, since
+    /// pushing it costs two copies where a pull costs one. By default
+    /// always `Later`.
+    fn send_now(
+        &mut self,
+        peer: Rank,
+        tag: Tag,
+        bytes: &[u8],
+        hint: Option<SendHint>,
+    ) -> Result<Now> {
+        let _ = (peer, tag, bytes, hint);
         Ok(Now::Later)
     }
 

@@ -14,7 +14,7 @@
 //! A small all-gather that the recursive doubling schedule would run (or the
 //! ring, on two ranks: the same single exchange; see
 //! `algo::rd_gather::direct_rounds`) goes the same way: per round the blocks
-//! gathered so far out, the partner's into scratch, copied into place. A
+//! gathered so far out, the partner's straight into their place. A
 //! small reduce-scatter likewise runs the recursive halving schedule's
 //! exchanges (`algo::rh_scatter::direct_rounds`), its partial sums in
 //! scratch, and a small broadcast or reduce this rank's edges of the
@@ -27,13 +27,14 @@
 //! the timeout and disagreements are detected and reported as on the
 //! general path.
 
+use super::user_regs::Mem;
 use super::{
     Engine, PEER_CHECK_EVERY, Ptr, STALL, STALL_CHECKS, aborted, consult_board, failed_earlier,
 };
 use crate::algo::coll::Tree;
 use crate::op::Fingerprint;
 use crate::reduce::Kernel;
-use gw_transport::{Error, Now, Outstanding, Rank, Request, Result, Tag};
+use gw_transport::{Error, Now, Outstanding, Rank, Request, Result, SendHint, Tag};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
@@ -60,6 +61,28 @@ struct Leg {
     t: usize,
     peer: Rank,
     tag: Tag,
+}
+
+/// Where an exchange's incoming bytes land.
+#[derive(Clone, Copy)]
+enum Land {
+    /// Nothing comes in (a send only).
+    Nowhere,
+    /// At the start of scratch, where a reduction reads them.
+    Scratch,
+    /// At their place in the caller's output, which nothing else of the
+    /// call touches meanwhile: stored there, they need no second copy out
+    /// of scratch (a 2-rank 64 KiB broadcast's receiver copied every byte
+    /// twice).
+    At(Ptr),
+}
+
+/// A send [`Engine::direct_start`] began: its request and registration
+/// where it had to be posted, nothing where it went at once.
+#[derive(Default)]
+struct Started {
+    req: Option<Request>,
+    mem: Option<Mem>,
 }
 
 /// Which collective a [`DirectOp`] is.
@@ -109,9 +132,9 @@ impl DirectShape {
 }
 
 impl DirectOp {
-    /// The largest message of a round, which lands at the start of
-    /// scratch: the whole buffer for an all-reduce, half of the blocks for
-    /// an all-gather's last round and a reduce-scatter's first.
+    /// The largest message of a round: the whole buffer for an
+    /// all-reduce, broadcast or reduce, half of the blocks for an
+    /// all-gather's last round and a reduce-scatter's first.
     fn largest_message(&self) -> usize {
         match self.shape {
             DirectShape::AllReduce | DirectShape::Broadcast(_) | DirectShape::Reduce(_) => {
@@ -123,13 +146,15 @@ impl DirectOp {
         }
     }
 
-    /// Scratch the operation needs: its largest message, and for a
-    /// reduce-scatter or reduce as much again after it for the partial
-    /// sums.
+    /// Scratch the operation needs: its largest message where a reduction
+    /// reads it, and for a reduce-scatter or reduce as much again after it
+    /// for the partial sums. An all-gather's and a broadcast's messages
+    /// land in the caller's output.
     fn scratch_bytes(&self) -> usize {
         match self.shape {
             DirectShape::ReduceScatter | DirectShape::Reduce(_) => 2 * self.largest_message(),
-            _ => self.largest_message(),
+            DirectShape::AllReduce => self.largest_message(),
+            DirectShape::AllGather | DirectShape::Broadcast(_) => 0,
         }
     }
 }
@@ -256,13 +281,9 @@ impl Engine {
             let leg = self.direct_leg(op, peer, j, w)?;
             let (mine, theirs) = (me & !(k - 1), peer & !(k - 1));
             let len = k * block;
-            self.direct_exchange(op, leg, at(mine), len, w)?;
-            // SAFETY: scratch holds the `len` bytes just received
-            // (`largest_message` sized it); the peer's blocks in recv are
-            // `len` bytes and no other part of this call touches them.
-            unsafe {
-                std::ptr::copy_nonoverlapping(self.scratch.as_ptr().cast::<u8>(), at(theirs).0, len)
-            };
+            // The peer's blocks in recv are `len` bytes, disjoint from
+            // ours, and no other part of this call touches them.
+            self.direct_move(op, leg, Some(at(mine)), Land::At(at(theirs)), len, w)?;
         }
         Ok(())
     }
@@ -323,29 +344,35 @@ impl Engine {
             None => op.send,
             Some(parent) => {
                 let leg = self.direct_leg(op, parent as usize, 0, w)?;
-                self.direct_transfer(op, leg, None, len, w)?;
-                // SAFETY: scratch holds the `len` bytes just received; recv
-                // is the caller's, `len` bytes, disjoint from scratch.
-                unsafe {
-                    std::ptr::copy_nonoverlapping(
-                        self.scratch.as_ptr().cast::<u8>(),
-                        op.recv.0,
-                        len,
-                    )
-                };
+                // recv is the caller's output, `len` bytes; a non-root's
+                // input is never read.
+                self.direct_move(op, leg, None, Land::At(op.recv), len, w)?;
                 op.recv
             }
         };
-        for child in tree.children.into_iter().flatten() {
-            let leg = self.direct_leg(op, child as usize, 0, w)?;
-            self.direct_transfer(op, leg, Some(src), len, w)?;
+        // Every child's message goes out before the root's own copy, which
+        // then runs beside the transfers instead of after them (a 2-rank
+        // 64 KiB broadcast out of place waited for the pull, then copied).
+        let mut sends = [None, None];
+        for (slot, child) in sends.iter_mut().zip(tree.children) {
+            if let Some(child) = child {
+                let leg = self.direct_leg(op, child as usize, 0, w)?;
+                *slot = Some((leg, self.direct_start(op, leg, src, len)?));
+            }
         }
         if tree.parent.is_none() && op.send.0 != op.recv.0 {
             // SAFETY: the caller's input and output, `len` bytes each,
-            // disjoint (not in place).
+            // disjoint (not in place); the sends only read the input.
             unsafe { std::ptr::copy_nonoverlapping(op.send.0.cast_const(), op.recv.0, len) };
         }
-        Ok(())
+        let mut res = Ok(());
+        for (leg, started) in sends.into_iter().flatten() {
+            // Every started send is finished (its registration given
+            // back), even after one failed.
+            let r = self.direct_finish(op, leg, started, Land::Nowhere, len, w);
+            res = res.and(r);
+        }
+        res
     }
 
     /// Each child's partial sum is received and added, in the order
@@ -364,7 +391,7 @@ impl Engine {
         let mut sum = op.send.0;
         for (i, child) in tree.children.into_iter().flatten().enumerate() {
             let leg = self.direct_leg(op, child as usize, 0, w)?;
-            self.direct_transfer(op, leg, None, len, w)?;
+            self.direct_move(op, leg, None, Land::Scratch, len, w)?;
             let last = tree.parent.is_none() && i + 1 == nchildren;
             // SAFETY: `count` elements at sum (the input, or acc after the
             // first child), at the landed message and at acc; acc is the
@@ -378,7 +405,7 @@ impl Engine {
         }
         if let Some(parent) = tree.parent {
             let leg = self.direct_leg(op, parent as usize, 0, w)?;
-            self.direct_transfer(op, leg, Some(Ptr(sum)), len, w)?;
+            self.direct_move(op, leg, Some(Ptr(sum)), Land::Nowhere, len, w)?;
         }
         Ok(())
     }
@@ -423,25 +450,11 @@ impl Engine {
         len: usize,
         w: &mut Waiting,
     ) -> Result<()> {
-        self.direct_move(op, leg, Some(src), true, len, w)
+        self.direct_move(op, leg, Some(src), Land::Scratch, len, w)
     }
 
-    /// `len` bytes one way: `Some(src)` out to the leg's peer, or (`None`)
-    /// the peer's into scratch.
-    fn direct_transfer(
-        &mut self,
-        op: &DirectOp,
-        leg: Leg,
-        src: Option<Ptr>,
-        len: usize,
-        w: &mut Waiting,
-    ) -> Result<()> {
-        let receive = src.is_none();
-        self.direct_move(op, leg, src, receive, len, w)
-    }
-
-    /// Sends `src` (if any) and receives the peer's `len` bytes into
-    /// scratch (if `receive`). Where the transport can move the messages
+    /// Sends `src` (if any) and receives the peer's `len` bytes where
+    /// `land` says. Where the transport can move the messages
     /// at once (`send_now`, `recv_now`: shm, with nothing else pending with
     /// the peer) no request is posted and no memory registered; otherwise,
     /// or as soon as anything else stands in the way, they are posted.
@@ -450,64 +463,125 @@ impl Engine {
         op: &DirectOp,
         leg: Leg,
         src: Option<Ptr>,
-        receive: bool,
+        land: Land,
         len: usize,
         w: &mut Waiting,
     ) -> Result<()> {
+        let started = match src {
+            Some(src) => self.direct_start(op, leg, src, len)?,
+            None => Started::default(),
+        };
+        self.direct_finish(op, leg, started, land, len, w)
+    }
+
+    /// Sends `len` bytes at `src` to the leg's peer: at once where the
+    /// transport can, else posted.
+    fn direct_start(&mut self, op: &DirectOp, leg: Leg, src: Ptr, len: usize) -> Result<Started> {
         let Leg { t, peer, tag } = leg;
-        let mut mem = None;
-        let mut sreq = None;
-        if let Some(src) = src {
-            // SAFETY: the caller keeps `src` (its input or output, or
-            // scratch, at least `len` long) valid and unwritten until we
-            // return.
-            let out = unsafe { std::slice::from_raw_parts(src.0, len) };
-            if !matches!(self.transports[t].send_now(peer, tag, out)?, Now::Done) {
-                // A persistent round's buffer is registered already; else
-                // as any operation's (a caller registration, or its own,
-                // given back below, before we return).
-                let m = match self.prepared_mem(t, src.0, len) {
-                    Some(m) => m,
-                    None => self.mem_for(t, src.0, len)?,
-                };
-                match self.transports[t].isend(peer, tag, m.handle, m.offset, len) {
-                    Ok(req) => (mem, sreq) = (Some(m), Some(req)),
-                    Err(e) => {
-                        self.give_back(t, m);
-                        return Err(e);
-                    }
-                }
-            }
+        // SAFETY: the caller keeps `src` (its input or output, or scratch,
+        // at least `len` long) valid and unwritten until the send is
+        // finished.
+        let out = unsafe { std::slice::from_raw_parts(src.0, len) };
+        let hint = self.direct_hint(op);
+        if matches!(
+            self.transports[t].send_now(peer, tag, out, hint)?,
+            Now::Done
+        ) {
+            return Ok(Started::default());
         }
-        let res = self.direct_complete(op, leg, sreq, receive, len, w);
-        if let Some(m) = mem {
+        // A persistent round's buffer is registered already; else as any
+        // operation's (a caller registration, or its own, given back when
+        // the send is finished).
+        let m = match self.prepared_mem(t, src.0, len) {
+            Some(m) => m,
+            None => self.mem_for(t, src.0, len)?,
+        };
+        let tr = &mut self.transports[t];
+        let posted = match hint {
+            Some(h) => tr.isend_hinted(peer, tag, m.handle, m.offset, len, h),
+            None => tr.isend(peer, tag, m.handle, m.offset, len),
+        };
+        let req = match posted {
+            Ok(req) => req,
+            Err(e) => {
+                self.give_back(t, m);
+                return Err(e);
+            }
+        };
+        Ok(Started {
+            req: Some(req),
+            mem: Some(m),
+        })
+    }
+
+    /// Waits for a started send and receives the peer's `len` bytes where
+    /// `land` says, then gives back what the send and the receive
+    /// registered.
+    fn direct_finish(
+        &mut self,
+        op: &DirectOp,
+        leg: Leg,
+        started: Started,
+        land: Land,
+        len: usize,
+        w: &mut Waiting,
+    ) -> Result<()> {
+        let mut dst_mem = None;
+        let res = self.direct_complete(op, leg, started.req, land, len, &mut dst_mem, w);
+        for m in [started.mem, dst_mem].into_iter().flatten() {
             // Its own registration's deregistering fails only while the
-            // send is still posted, after an error that fails the
+            // transfer is still posted, after an error that fails the
             // communicator (the transports are aborted).
-            self.give_back(t, m);
+            self.give_back(leg.t, m);
         }
         res
     }
 
+    /// Who should move a send's bytes (see `SendHint`). A broadcast's
+    /// receivers only store what comes, and with a core per rank it is
+    /// pulled in one copy from where the transport would pull a
+    /// point-to-point message: through the ring's slots a message of one
+    /// segment costs a copy in and then a copy out, one after the other.
+    /// An all-gather's exchange lost pulled (2 ranks, 64 KiB, 0.71x as
+    /// fast: each rank's send completes only once the other's pull is
+    /// reported), and everything else reduces what arrives: those push.
+    fn direct_hint(&self, op: &DirectOp) -> Option<SendHint> {
+        match op.shape {
+            DirectShape::Broadcast(_) if !self.cfg.oversubscribed => Some(SendHint::Stored),
+            _ => None,
+        }
+    }
+
     /// Waits for the send (if posted) and receives the peer's `len` bytes
-    /// into scratch (if `receive`).
+    /// where `land` says. A receive posted on the caller's memory leaves
+    /// its registration in `dst_mem`, for the caller to give back.
+    #[allow(clippy::too_many_arguments)]
     fn direct_complete(
         &mut self,
         op: &DirectOp,
         leg: Leg,
         sreq: Option<Request>,
-        receive: bool,
+        land: Land,
         len: usize,
+        dst_mem: &mut Option<Mem>,
         w: &mut Waiting,
     ) -> Result<()> {
         let Leg { t, peer, tag } = leg;
-        let slot = self.scratch_handles[t]
-            .ok_or_else(|| Error::Internal("scratch used before it was registered".into()))?;
-        // SAFETY: scratch holds at least `len` (ensure_scratch took the
-        // largest message) and nothing else uses it during this call.
-        let into = unsafe { std::slice::from_raw_parts_mut(self.scratch.as_mut_ptr().cast(), len) };
+        let into: &mut [u8] = match land {
+            // SAFETY: the caller's output, valid for `len` bytes that
+            // nothing else touches until we return (the callers' promise
+            // for `Land::At`).
+            Land::At(p) => unsafe { std::slice::from_raw_parts_mut(p.0, len) },
+            // SAFETY: scratch holds at least `len` (ensure_scratch took
+            // the largest message a reduction reads) and nothing else uses
+            // it during this call.
+            Land::Scratch => unsafe {
+                std::slice::from_raw_parts_mut(self.scratch.as_mut_ptr().cast(), len)
+            },
+            Land::Nowhere => &mut [],
+        };
         let mut sreq = sreq.map(Outstanding::new);
-        let (mut sent, mut got) = (sreq.is_none(), !receive);
+        let (mut sent, mut got) = (sreq.is_none(), matches!(land, Land::Nowhere));
         let mut rreq: Option<Outstanding> = None;
         loop {
             let mut moved = false;
@@ -516,8 +590,25 @@ impl Engine {
                     Now::Done => (got, moved) = (true, true),
                     Now::Empty => {}
                     Now::Later => {
+                        let (mem, offset) = match land {
+                            Land::At(p) => {
+                                let m = match self.prepared_mem(t, p.0, len) {
+                                    Some(m) => m,
+                                    None => self.mem_for(t, p.0, len)?,
+                                };
+                                let at = (m.handle, m.offset);
+                                *dst_mem = Some(m);
+                                at
+                            }
+                            _ => (
+                                self.scratch_handles[t].ok_or_else(|| {
+                                    Error::Internal("scratch used before it was registered".into())
+                                })?,
+                                0,
+                            ),
+                        };
                         rreq = Some(Outstanding::new(
-                            self.transports[t].irecv(peer, tag, slot, 0, len)?,
+                            self.transports[t].irecv(peer, tag, mem, offset, len)?,
                         ));
                     }
                 }

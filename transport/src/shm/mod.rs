@@ -31,7 +31,10 @@
 //! [`ShmConfig::pull_region_max`]) is one rendezvous frame, and the receiver copies
 //! the bytes straight out of the sender's process (see `pull.rs`) when its
 //! receive is posted; the send completes when the receiver reports it
-//! pulled. A rendezvous frame taken out of the ring early is kept as an
+//! pulled. With nothing queued to the peer before it, that frame goes into
+//! the ring when the send is posted, not at the next `progress`: it is
+//! only an address, and the receiver can copy while the sender's caller
+//! goes on (a broadcast's root copies its own output next). A rendezvous frame taken out of the ring early is kept as an
 //! announcement, so its message is copied once, to its receive, never into
 //! a buffer.
 //!
@@ -635,13 +638,10 @@ impl ShmTransport {
         self.check_post(peer)?;
         let (ptr, region_len) = self.range(mem, offset, len, "isend")?;
         let req = self.new_req();
-        let from = match hint {
-            Some(SendHint::Pushed) => 0,
-            None if region_len >= self.cfg.pull_region_max => 0,
-            None => self.cfg.pull_bytes,
-            Some(SendHint::Exchanged | SendHint::Stored) => self.cfg.p2p_pull_bytes,
-        };
-        self.peers[peer as usize].sends.push_back(SendOp {
+        let pull_from = self.pull_from(hint, region_len);
+        let me = self.me;
+        let p = &mut self.peers[peer as usize];
+        p.sends.push_back(SendOp {
             req,
             tag,
             mem,
@@ -650,15 +650,34 @@ impl ShmTransport {
             sent: 0,
             cleared: false,
             reserved: false,
+            pull_from,
+        });
+        if len >= pull_from && p.sends.len() == 1 {
+            // Nothing queued before it, and its frame is only the address
+            // to pull from: out now, so that the receiver copies while the
+            // caller goes on (a broadcast's root copies its own output
+            // next, which otherwise ran before the receiver could start).
+            pump_sends(me, p, &mut self.bell, &mut self.reqs)?;
+        }
+        Ok(Request::new(self.id, req))
+    }
+
+    /// The size from which a send posted with `hint` out of a registered
+    /// region of `region_len` bytes is pulled (`usize::MAX`: never).
+    fn pull_from(&self, hint: Option<SendHint>, region_len: usize) -> usize {
+        let from = match hint {
+            Some(SendHint::Pushed) => 0,
+            None if region_len >= self.cfg.pull_region_max => 0,
+            None => self.cfg.pull_bytes,
+            Some(SendHint::Exchanged | SendHint::Stored) => self.cfg.p2p_pull_bytes,
+        };
+        match from {
+            0 => usize::MAX,
             // A rendezvous frame's payload must fit its slot, and a frame's
             // payload never exceeds its message.
-            pull_from: match from {
-                0 => usize::MAX,
-                _ if self.cfg.slot_bytes < RENDEZVOUS_LEN => usize::MAX,
-                n => n.max(RENDEZVOUS_LEN),
-            },
-        });
-        Ok(Request::new(self.id, req))
+            _ if self.cfg.slot_bytes < RENDEZVOUS_LEN => usize::MAX,
+            n => n.max(RENDEZVOUS_LEN),
+        }
     }
 
     /// Posts a receive (see `irecv` and `irecv_in_place`).
@@ -1529,8 +1548,19 @@ impl Transport for ShmTransport {
         self.post_recv(peer, tag, mem, offset, len, true)
     }
 
-    fn send_now(&mut self, peer: Rank, tag: Tag, bytes: &[u8]) -> Result<Now> {
+    fn send_now(
+        &mut self,
+        peer: Rank,
+        tag: Tag,
+        bytes: &[u8],
+        hint: Option<SendHint>,
+    ) -> Result<Now> {
         self.check_post(peer)?;
+        // Posted with a hint, it would be pulled: one copy instead of two.
+        // (Without one the region decides, which only a posted send names.)
+        if hint.is_some() && bytes.len() >= self.pull_from(hint, 0) {
+            return Ok(Now::Later);
+        }
         let me = self.me;
         let p = &mut self.peers[peer as usize];
         let Some(conn) = p.conn.as_mut() else {

@@ -983,6 +983,51 @@ fn point_to_point_sends_are_pulled_from_their_own_threshold() {
     }
 }
 
+/// A pulled send with nothing queued before it names its address at
+/// posting, so that its receiver pulls it while the sender makes no
+/// progress call (a broadcast's root copies its own output meanwhile); and
+/// `send_now` leaves a message that its hint would have pulled to the
+/// posted path.
+#[test]
+fn a_pulled_send_is_announced_at_posting() {
+    let j = job("pullpost");
+    let c = ShmConfig {
+        p2p_pull_bytes: 100,
+        ..cfg_pull(&j, 2, 4096, 1000)
+    };
+    let (mut a, mut b) = probed_pair(c);
+    let mut src = pattern(500, 3);
+    let mut dst = vec![0u8; 500];
+    let ms = reg(&mut a, &mut src);
+    let md = reg(&mut b, &mut dst);
+    let stored = Some(SendHint::Stored);
+    assert_eq!(
+        a.send_now(1, tag(1, 0), &src[..99], stored).unwrap(),
+        Now::Done
+    );
+    assert_eq!(a.send_now(1, tag(1, 1), &src, stored).unwrap(), Now::Later);
+    let sent = a
+        .isend_hinted(1, tag(1, 1), ms, 0, 500, SendHint::Stored)
+        .unwrap();
+    let mut small = [0u8; 99];
+    assert_eq!(b.recv_now(0, tag(1, 0), &mut small).unwrap(), Now::Done);
+    assert_eq!(small[..], src[..99]);
+    let mut got = Outstanding::new(b.irecv(0, tag(1, 1), md, 0, 500).unwrap());
+    let deadline = Instant::now() + Duration::from_secs(3);
+    while !got.poll(&mut b).unwrap() {
+        assert!(
+            Instant::now() < deadline,
+            "the receiver never saw the send: it was not announced when posted"
+        );
+        b.progress().unwrap();
+    }
+    assert_eq!(dst, src);
+    assert_eq!(a.peers[1].next_pull, 1, "not pulled");
+    // The sender learns that it was pulled at its next progress.
+    run(&mut a, &mut b, vec![sent], Vec::<Request>::new());
+    assert!(a.peers[1].pulls_out.is_empty());
+}
+
 #[test]
 fn a_send_waiting_to_be_pulled_keeps_its_memory_registered() {
     let (mut a, mut b) = pair_pull("pullbusy", 2, 64, 16);

@@ -10,7 +10,7 @@ use proptest::prelude::*;
 fn a_small_message_goes_and_comes_without_requests() {
     let (mut a, mut b) = pair("now", 4, 64);
     let msg = pattern(40, 1);
-    assert_eq!(a.send_now(1, tag(1, 0), &msg).unwrap(), Now::Done);
+    assert_eq!(a.send_now(1, tag(1, 0), &msg, None).unwrap(), Now::Done);
     let mut got = vec![0u8; 40];
     assert_eq!(b.recv_now(0, tag(1, 0), &mut got).unwrap(), Now::Done);
     assert_eq!(got, msg);
@@ -29,7 +29,10 @@ fn anything_else_pending_with_the_peer_hands_over_to_the_posted_path() {
     let mut dst = vec![0u8; 310];
     let (ms, md) = (reg(&mut a, &mut src), reg(&mut b, &mut dst));
     // Larger than a slot: several frames.
-    assert_eq!(a.send_now(1, tag(1, 0), &src[..100]).unwrap(), Now::Later);
+    assert_eq!(
+        a.send_now(1, tag(1, 0), &src[..100], None).unwrap(),
+        Now::Later
+    );
     let big = Outstanding::new(a.isend(1, tag(1, 0), ms, 0, 300).unwrap());
     // Four of its five frames fill the ring.
     a.progress().unwrap();
@@ -46,13 +49,19 @@ fn anything_else_pending_with_the_peer_hands_over_to_the_posted_path() {
     // The ring has room again, but the big message's last frame is still
     // queued: a small message may not overtake it.
     assert!(a.peers[1].conn.as_ref().unwrap().tx.free().unwrap() > 0);
-    assert_eq!(a.send_now(1, tag(1, 1), &src[300..]).unwrap(), Now::Later);
+    assert_eq!(
+        a.send_now(1, tag(1, 1), &src[300..], None).unwrap(),
+        Now::Later
+    );
     // With a receive posted, nothing is taken at once either.
     assert_eq!(b.recv_now(0, tag(1, 1), &mut small).unwrap(), Now::Later);
     run(&mut a, &mut b, vec![big], vec![r0]);
     assert_eq!(dst[..300], src[..300]);
     // Once nothing is pending, the fast path is open again.
-    assert_eq!(a.send_now(1, tag(1, 1), &src[300..]).unwrap(), Now::Done);
+    assert_eq!(
+        a.send_now(1, tag(1, 1), &src[300..], None).unwrap(),
+        Now::Done
+    );
     assert_eq!(b.recv_now(0, tag(1, 1), &mut small).unwrap(), Now::Done);
     assert_eq!(small, src[300..]);
 }
@@ -63,9 +72,15 @@ fn a_full_ring_or_buffered_frames_send_the_caller_to_the_posted_path() {
     let mut src = pattern(16, 5);
     let mut dst = vec![0u8; 16];
     let (ms, md) = (reg(&mut a, &mut src), reg(&mut b, &mut dst));
-    assert_eq!(a.send_now(1, tag(1, 0), &src[..8]).unwrap(), Now::Done);
+    assert_eq!(
+        a.send_now(1, tag(1, 0), &src[..8], None).unwrap(),
+        Now::Done
+    );
     // One slot, taken: the next message waits for the posted path.
-    assert_eq!(a.send_now(1, tag(1, 1), &src[8..]).unwrap(), Now::Later);
+    assert_eq!(
+        a.send_now(1, tag(1, 1), &src[8..], None).unwrap(),
+        Now::Later
+    );
     let s1 = Outstanding::new(a.isend(1, tag(1, 1), ms, 8, 8).unwrap());
     // b posts step 1 first: step 0 is buffered as early to let it through.
     let r1 = Outstanding::new(b.irecv(0, tag(1, 1), md, 8, 8).unwrap());
@@ -90,7 +105,7 @@ fn disagreements_and_aborts_are_reported_as_on_the_posted_path() {
     let m = pattern(8, 7);
     // Same operation slot, another call: a mismatch naming both.
     let other = crate::test_tags::tag(0xc0, 1, 100, 5, 0);
-    assert_eq!(a.send_now(1, other, &m).unwrap(), Now::Done);
+    assert_eq!(a.send_now(1, other, &m, None).unwrap(), Now::Done);
     let mut got = vec![0u8; 8];
     assert!(matches!(
         b.recv_now(0, tag(1, 0), &mut got),
@@ -103,7 +118,7 @@ fn disagreements_and_aborts_are_reported_as_on_the_posted_path() {
         Err(Error::Remote { what, .. }) if what.contains("rank 0 gave up")
     ));
     assert!(matches!(
-        a.send_now(1, tag(1, 0), &m),
+        a.send_now(1, tag(1, 0), &m, None),
         Err(Error::Aborted(_))
     ));
 }
@@ -133,7 +148,7 @@ proptest! {
         let mut sends = vec![];
         for (i, m) in msgs.iter().enumerate() {
             let (t, range) = (tag(1, i as u32), offs[i]..offs[i] + m.0);
-            if m.1 && a.send_now(1, t, &src[range]).unwrap() == Now::Done {
+            if m.1 && a.send_now(1, t, &src[range], None).unwrap() == Now::Done {
                 continue;
             }
             sends.push(a.isend(1, t, ms, offs[i], m.0).unwrap());
