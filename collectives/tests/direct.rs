@@ -366,13 +366,13 @@ fn stress_random_broadcasts_and_reduces_every_world_size() {
     stress_every_world_size("tree", run_trees, 100, 400);
 }
 
-/// Elements per segment in [`large_direct_broadcasts_and_all_gathers_land_in_the_output`]:
+/// Elements per segment in [`large_direct_broadcasts_reduces_and_all_gathers`]:
 /// 64 KiB, so that calls from 16 KiB up take the direct path too.
 const LARGE_SEGMENT_ELEMS: usize = 16 << 10;
 
-/// Each rank makes `calls` broadcasts (random roots) and all-gathers of
-/// 16-64 KiB (a rank's block, for an all-gather), some in place, and checks
-/// every element.
+/// Each rank makes `calls` broadcasts and reduces (random roots) and
+/// all-gathers of 16-64 KiB (a rank's block, for an all-gather), some in
+/// place, and checks every element (a reduce's at its root).
 fn run_large(comms: Vec<Communicator>, calls: usize, seed: u64) {
     let n = comms.len() as u32;
     on_each_rank(comms, "rank", move |c| {
@@ -382,7 +382,27 @@ fn run_large(comms: Vec<Communicator>, calls: usize, seed: u64) {
             let count = rng.random_range(LARGE_SEGMENT_ELEMS / 4..=LARGE_SEGMENT_ELEMS);
             let in_place = rng.random_bool(0.5);
             let mine: Vec<f32> = (0..count).map(|i| input(r, k, i)).collect();
-            if rng.random_bool(0.5) {
+            let kind = rng.random_range(0..3);
+            if kind == 0 {
+                let root = rng.random_range(0..n);
+                let op = random_op(&mut rng);
+                let out = if in_place {
+                    let mut b = mine;
+                    c.reduce_in_place(&mut b, op, root).map(|()| b)
+                } else {
+                    let mut b = vec![0.0f32; count];
+                    c.reduce(&mine, &mut b, op, root).map(|()| b)
+                }
+                .map_err(|e| format!("call {k} (reduce): {e}"))?;
+                let wrong = (0..count).find(|&i| !right(op, n, k, i, out[i]));
+                if let (true, Some(i)) = (r == root, wrong) {
+                    return Err(format!(
+                        "rank {r} call {k} ({op:?} reduce to {root}, {count} elements, in place {in_place}): element {i} is {}, sum {}",
+                        out[i],
+                        expected(n, k, i)
+                    ));
+                }
+            } else if kind == 1 {
                 let root = rng.random_range(0..n);
                 let out = if in_place {
                     let mut b = if r == root { mine } else { vec![0.0f32; count] };
@@ -421,13 +441,13 @@ fn run_large(comms: Vec<Communicator>, calls: usize, seed: u64) {
     });
 }
 
-/// Broadcasts and all-gathers of 16-64 KiB on the direct path, where the
-/// receive is posted on the caller's own output: a broadcast's message is
-/// pulled straight into it between two ranks with a core each over shm,
-/// and an all-gather lands the peer's blocks in place. Over shm and TCP,
+/// Broadcasts, reduces and all-gathers of 16-64 KiB on the direct path:
+/// between two ranks with a core each over shm a broadcast's message is
+/// pulled straight into the receiver's output and a reduce's from 32 KiB
+/// into scratch, and an all-gather lands the peer's blocks in place. Over shm and TCP,
 /// at 2 and 4 ranks, every rank direct or rank 0 running the schedules.
 #[test]
-fn large_direct_broadcasts_and_all_gathers_land_in_the_output() {
+fn large_direct_broadcasts_reduces_and_all_gathers() {
     for transport in [TransportChoice::Shm, TransportChoice::Tcp] {
         for n in [2u32, 4] {
             for mixed in [false, true] {
