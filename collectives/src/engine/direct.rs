@@ -277,19 +277,25 @@ impl Engine {
         // SAFETY: recv holds a block per rank (the caller's layout); send,
         // one block, is either recv's block `me` (in place) or disjoint.
         let at = |b: usize| Ptr(unsafe { op.recv.0.add(b * block) });
-        if at(me).0 != op.send.0 {
-            // SAFETY: as above; disjoint, both `block` bytes.
-            unsafe { std::ptr::copy_nonoverlapping(op.send.0.cast_const(), at(me).0, block) };
-        }
+        let copy_own = at(me).0 != op.send.0;
         for j in 0..op.rounds {
             let k = 1usize << j;
             let peer = me ^ k;
             let leg = self.direct_leg(op, peer, j, w)?;
             let (mine, theirs) = (me & !(k - 1), peer & !(k - 1));
             let len = k * block;
+            // Round 0 sends this rank's block from the input, and copies
+            // it into the output while the peer's comes.
+            let src = if j == 0 { op.send } else { at(mine) };
+            let started = self.direct_start(op, leg, src, len)?;
+            if j == 0 && copy_own {
+                // SAFETY: as above; disjoint, both `block` bytes; the
+                // send only reads the input.
+                unsafe { std::ptr::copy_nonoverlapping(op.send.0.cast_const(), at(me).0, block) };
+            }
             // The peer's blocks in recv are `len` bytes, disjoint from
             // ours, and no other part of this call touches them.
-            self.direct_move(op, leg, Some(at(mine)), Land::At(at(theirs)), len, w)?;
+            self.direct_finish(op, leg, started, Land::At(at(theirs)), len, w)?;
         }
         Ok(())
     }
