@@ -758,7 +758,9 @@ impl Communicator {
             nranks: self.size,
             count,
             root: op.root,
-            segment_elems: (self.cfg.segment_bytes_for(self.shape.link) / es).max(1),
+            segment_elems: (segment_bytes(op.kind, self.cfg.segment_bytes_for(self.shape.link))
+                / es)
+                .max(1),
             depth: self.depth,
             scaled: op.weight.is_some(),
             local_size: self.shape.local.map_or(0, |l| l as u32),
@@ -1317,5 +1319,21 @@ impl Drop for Communicator {
         {
             tracing::warn!("GW_TRACE: cannot append to {path}: {e}");
         }
+    }
+}
+
+/// Largest segment of a reduce. Its root adds each segment to its own only
+/// once the segment is whole, so the additions overlap the transfers only
+/// across segments; TCP's 1 MiB segments made a 1 MiB reduce one message,
+/// received and then added. 2 ranks over TCP, 1 MiB and 4 MiB reduces with
+/// 256 KiB segments against 1 MiB: 1.33x and 1.16x as fast.
+pub(crate) const REDUCE_SEGMENT_BYTES: usize = 256 << 10;
+
+/// The segment of an operation `kind` on a link whose collectives use
+/// `link_segment` bytes.
+fn segment_bytes(kind: OpKind, link_segment: usize) -> usize {
+    match kind {
+        OpKind::Reduce => link_segment.min(REDUCE_SEGMENT_BYTES),
+        _ => link_segment,
     }
 }
