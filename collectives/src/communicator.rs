@@ -1337,3 +1337,18 @@ fn segment_bytes(kind: OpKind, link_segment: usize) -> usize {
         _ => link_segment,
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn only_a_reduce_caps_its_segments() {
+        let mib = 1 << 20;
+        assert_eq!(segment_bytes(OpKind::Reduce, mib), REDUCE_SEGMENT_BYTES);
+        assert_eq!(segment_bytes(OpKind::Reduce, 128 << 10), 128 << 10);
+        for kind in [OpKind::AllReduce, OpKind::Broadcast, OpKind::AllGather] {
+            assert_eq!(segment_bytes(kind, mib), mib, "{kind:?}");
+        }
+    }
+}
