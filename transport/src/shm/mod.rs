@@ -34,9 +34,9 @@
 //! pulled. With nothing queued to the peer before it, that frame goes into
 //! the ring when the send is posted, not at the next `progress`: it is
 //! only an address, and the receiver can copy while the sender's caller
-//! goes on (a broadcast's root copies its own output next). A rendezvous frame taken out of the ring early is kept as an
-//! announcement, so its message is copied once, to its receive, never into
-//! a buffer.
+//! goes on (a broadcast's root copies its own output next). A rendezvous
+//! frame taken out of the ring early is kept as an announcement, so its
+//! message is copied once, to its receive, never into a buffer.
 //!
 //! Sleeping: a peer's store into shared memory raises no poller event, so each
 //! rank has a datagram "doorbell" in the abstract socket namespace. Before the
@@ -652,11 +652,17 @@ impl ShmTransport {
             reserved: false,
             pull_from,
         });
-        if len >= pull_from && p.sends.len() == 1 {
+        let pulled = p
+            .conn
+            .as_ref()
+            .is_some_and(|c| c.tx.can_pull() == CanPull::Yes);
+        if pulled && len >= pull_from && p.sends.len() == 1 {
             // Nothing queued before it, and its frame is only the address
             // to pull from: out now, so that the receiver copies while the
             // caller goes on (a broadcast's root copies its own output
             // next, which otherwise ran before the receiver could start).
+            // A peer that cannot pull gets the bytes through the slots, at
+            // the next progress as before.
             pump_sends(me, p, &mut self.bell, &mut self.reqs)?;
         }
         Ok(Request::new(self.id, req))
