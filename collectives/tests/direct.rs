@@ -366,13 +366,14 @@ fn stress_random_broadcasts_and_reduces_every_world_size() {
     stress_every_world_size("tree", run_trees, 100, 400);
 }
 
-/// Elements per segment in [`large_direct_broadcasts_reduces_and_all_gathers`]:
+/// Elements per segment in [`large_direct_calls_of_every_kind`]:
 /// 64 KiB, so that calls from 16 KiB up take the direct path too.
 const LARGE_SEGMENT_ELEMS: usize = 16 << 10;
 
-/// Each rank makes `calls` broadcasts and reduces (random roots) and
-/// all-gathers of 16-64 KiB (a rank's block, for an all-gather), some in
-/// place, and checks every element (a reduce's at its root).
+/// Each rank makes `calls` broadcasts and reduces (random roots),
+/// all-gathers and reduce-scatters of 16-64 KiB (a rank's block, for an
+/// all-gather; the whole input, for a reduce-scatter), some in place, and
+/// checks every element (a reduce's at its root).
 fn run_large(comms: Vec<Communicator>, calls: usize, seed: u64) {
     let n = comms.len() as u32;
     on_each_rank(comms, "rank", move |c| {
@@ -382,8 +383,24 @@ fn run_large(comms: Vec<Communicator>, calls: usize, seed: u64) {
             let count = rng.random_range(LARGE_SEGMENT_ELEMS / 4..=LARGE_SEGMENT_ELEMS);
             let in_place = rng.random_bool(0.5);
             let mine: Vec<f32> = (0..count).map(|i| input(r, k, i)).collect();
-            let kind = rng.random_range(0..3);
-            if kind == 0 {
+            let kind = rng.random_range(0..4);
+            if kind == 3 {
+                // The whole input within one segment: 16-64 KiB in all.
+                let per = count / n as usize;
+                let op = random_op(&mut rng);
+                let send: Vec<f32> = (0..per * n as usize).map(|i| input(r, k, i)).collect();
+                let mut out = vec![0.0f32; per];
+                c.reduce_scatter(&send, &mut out, op)
+                    .map_err(|e| format!("call {k} (reduce-scatter): {e}"))?;
+                let first = r as usize * per;
+                if let Some(j) = (0..per).find(|&j| !right(op, n, k, first + j, out[j])) {
+                    return Err(format!(
+                        "rank {r} call {k} ({op:?} reduce-scatter of {per} elements a rank): element {j} is {}, sum {}",
+                        out[j],
+                        expected(n, k, first + j)
+                    ));
+                }
+            } else if kind == 0 {
                 let root = rng.random_range(0..n);
                 let op = random_op(&mut rng);
                 let out = if in_place {
@@ -441,13 +458,14 @@ fn run_large(comms: Vec<Communicator>, calls: usize, seed: u64) {
     });
 }
 
-/// Broadcasts, reduces and all-gathers of 16-64 KiB on the direct path:
-/// between two ranks with a core each over shm a broadcast's message is
-/// pulled straight into the receiver's output and a reduce's from 32 KiB
-/// into scratch, and an all-gather lands the peer's blocks in place. Over shm and TCP,
+/// Broadcasts, reduces, all-gathers and reduce-scatters of 16-64 KiB on
+/// the direct path: between two ranks with a core each over shm a
+/// broadcast's message is pulled straight into the receiver's output, a
+/// reduce's from 32 KiB into scratch, an all-gather's blocks into their
+/// place and a reduce-scatter's halves (from 16 KiB) into scratch. Over shm and TCP,
 /// at 2 and 4 ranks, every rank direct or rank 0 running the schedules.
 #[test]
-fn large_direct_broadcasts_reduces_and_all_gathers() {
+fn large_direct_calls_of_every_kind() {
     for transport in [TransportChoice::Shm, TransportChoice::Tcp] {
         for n in [2u32, 4] {
             for mixed in [false, true] {
