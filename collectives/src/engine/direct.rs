@@ -501,13 +501,7 @@ impl Engine {
         ) {
             return Ok(Started::default());
         }
-        // A persistent round's buffer is registered already; else as any
-        // operation's (a caller registration, or its own, given back when
-        // the send is finished).
-        let m = match self.prepared_mem(t, src.0, len) {
-            Some(m) => m,
-            None => self.mem_for(t, src.0, len)?,
-        };
+        let m = self.direct_mem(t, src.0, len)?;
         let tr = &mut self.transports[t];
         let posted = match hint {
             Some(h) => tr.isend_hinted(peer, tag, m.handle, m.offset, len, h),
@@ -524,6 +518,17 @@ impl Engine {
             req: Some(req),
             mem: Some(m),
         })
+    }
+
+    /// The registration on transport `t` of the caller's `len` bytes at
+    /// `ptr`, for a transfer that must be posted: a persistent round's
+    /// buffer is registered already; else as any operation's (a caller
+    /// registration, or its own, given back when the transfer is finished).
+    fn direct_mem(&mut self, t: usize, ptr: *mut u8, len: usize) -> Result<Mem> {
+        match self.prepared_mem(t, ptr, len) {
+            Some(m) => Ok(m),
+            None => self.mem_for(t, ptr, len),
+        }
     }
 
     /// Waits for a started send and receives the peer's `len` bytes where
@@ -613,10 +618,7 @@ impl Engine {
                     Now::Later => {
                         let (mem, offset) = match land {
                             Land::At(p) => {
-                                let m = match self.prepared_mem(t, p.0, len) {
-                                    Some(m) => m,
-                                    None => self.mem_for(t, p.0, len)?,
-                                };
+                                let m = self.direct_mem(t, p.0, len)?;
                                 let at = (m.handle, m.offset);
                                 *dst_mem = Some(m);
                                 at
