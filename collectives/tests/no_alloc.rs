@@ -194,7 +194,9 @@ fn measure(comms: &[Communicator], count: usize) -> Result<Window, String> {
     let before_bytes = AtomicU64::new(0);
     let before_stalls = AtomicU64::new(0);
     let trace = counting::trace_from_env();
-    let results: Vec<Result<Window, String>> = std::thread::scope(|s| {
+    // Reserved here: see `join_ranks`.
+    let mut results: Vec<Result<Window, String>> = Vec::with_capacity(n);
+    std::thread::scope(|s| {
         let hs: Vec<_> = comms
             .iter()
             .map(|c| {
@@ -232,12 +234,7 @@ fn measure(comms: &[Communicator], count: usize) -> Result<Window, String> {
                 })
             })
             .collect();
-        hs.into_iter()
-            .map(|h| {
-                h.join()
-                    .unwrap_or_else(|_| Err("rank thread panicked".into()))
-            })
-            .collect()
+        counting::join_ranks(hs, &mut results)
     });
     // Every rank read the counters after the same barrier; the largest
     // reading counts (a later allocation could only make it larger).

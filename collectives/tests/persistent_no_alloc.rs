@@ -84,7 +84,8 @@ fn measure(comms: &[Communicator], count: usize) -> Result<Window, String> {
     let before_stalls = AtomicU64::new(0);
     let before_regs = AtomicU64::new(0);
     let trace = counting::trace_from_env();
-    let results: Vec<Result<Window, String>> = std::thread::scope(|s| {
+    let mut results: Vec<Result<Window, String>> = Vec::with_capacity(comms.len());
+    std::thread::scope(|s| {
         let hs: Vec<_> = comms
             .iter()
             .map(|c| {
@@ -133,7 +134,7 @@ fn measure(comms: &[Communicator], count: usize) -> Result<Window, String> {
                 })
             })
             .collect();
-        counting::join_ranks(hs)
+        counting::join_ranks(hs, &mut results)
     });
     let mut out = Window {
         allocs: 0,

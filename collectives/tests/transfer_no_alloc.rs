@@ -82,7 +82,8 @@ fn measure(comms: &[Communicator], kind: Kind, len: usize) -> Result<[u64; 4], S
             gw_collectives::registrations(),
         ]
     };
-    let results: Vec<Result<[u64; 4], String>> = std::thread::scope(|s| {
+    let mut results: Vec<Result<[u64; 4], String>> = Vec::with_capacity(comms.len());
+    std::thread::scope(|s| {
         let hs: Vec<_> = comms
             .iter()
             .map(|c| {
@@ -120,7 +121,7 @@ fn measure(comms: &[Communicator], kind: Kind, len: usize) -> Result<[u64; 4], S
                 })
             })
             .collect();
-        counting::join_ranks(hs)
+        counting::join_ranks(hs, &mut results)
     });
     let mut out = [0u64; 4];
     for r in results {

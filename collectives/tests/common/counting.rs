@@ -82,15 +82,24 @@ pub fn trace_from_env() -> bool {
     }
 }
 
-/// Joins the measuring rank threads of a scope, a panic as an error.
-#[allow(dead_code)] // not every test that counts allocations has rank threads
+/// Joins the measuring rank threads of a scope into `out`, a panic as an
+/// error. `out` must have room for every rank, reserved before the threads
+/// were spawned: this runs on the main thread, which may get here while the
+/// ranks are still inside the measured window (descheduled through a whole
+/// warm-up, it once allocated the result vector there and failed the test),
+/// so it must not allocate.
 pub fn join_ranks<T>(
     hs: Vec<std::thread::ScopedJoinHandle<'_, Result<T, String>>>,
-) -> Vec<Result<T, String>> {
-    hs.into_iter()
-        .map(|h| {
+    out: &mut Vec<Result<T, String>>,
+) {
+    assert!(
+        out.capacity() - out.len() >= hs.len(),
+        "join_ranks: reserve room for every rank before spawning them"
+    );
+    for h in hs {
+        out.push(
             h.join()
-                .unwrap_or_else(|_| Err("rank thread panicked".into()))
-        })
-        .collect()
+                .unwrap_or_else(|_| Err("rank thread panicked".into())),
+        );
+    }
 }
