@@ -827,6 +827,7 @@ impl ShmTransport {
                 eager
                     || p.wants_imm
                     || !p.core.posted().is_empty()
+                    || !p.announced.is_empty()
                     || !matches!(FrameHeader::decode(&raw),
                         Ok(h) if matches!(h.kind, FrameKind::Data | FrameKind::Rendezvous))
             }
@@ -1219,8 +1220,9 @@ unsafe fn pull_message(p: &mut Peer, h: &FrameHeader, dst: *mut u8, len: usize) 
 ///
 /// Frames nobody has asked for yet are taken out of the ring only when
 /// `eager` (one of this rank's sends is stuck on a full ring, so a cycle of
-/// full rings could form through other ranks) or when a posted receive
-/// waits behind them: eager data into the receive core's buffers (the
+/// full rings could form through other ranks), when a posted receive
+/// waits behind them, or when a message of ours to `p` waits for its
+/// clearance (`Cts`), which may be behind them: eager data into the receive core's buffers (the
 /// sender's credits guarantee room), rendezvous frames as announcements
 /// (their message stays in the sender's memory until its receive is
 /// posted). Announcements and clearances are always taken at once.
@@ -1243,11 +1245,22 @@ fn pump_recvs(
             break;
         };
         let (i, h) = match examine(p, &conn.rx, &raw)? {
-            Head::Early(_) if !eager && !p.wants_imm && p.core.posted().is_empty() => {
+            Head::Early(_)
+                if !eager
+                    && !p.wants_imm
+                    && p.core.posted().is_empty()
+                    && p.announced.is_empty() =>
+            {
                 // Nothing here waits for a frame behind this one and none of
                 // our sends is stuck, so no rank can be waiting on us to make
                 // room: leave it in the ring, and the receive that is posted
                 // next takes it straight from the slot (one copy, not three).
+                // A message of ours announced to this peer waits for its
+                // clearance, which comes behind whatever the peer sent before
+                // it: left here, that frame would hold the clearance back
+                // while our caller waits for the send before it posts the
+                // receive that takes the frame (an rd all-reduce on four ranks
+                // hung so, each partner waiting for the other).
                 break;
             }
             Head::Early(h) if h.kind == FrameKind::Rendezvous => {

@@ -226,6 +226,42 @@ fn unmatched_frame_is_buffered_while_a_send_is_stuck() {
     assert_eq!(dst, back);
 }
 
+/// A message too large for the sender's credits is announced (`Rts`); its
+/// clearance (`Cts`) then comes behind whatever the receiver had sent the
+/// sender before it. The sender has no receive posted for that frame (its
+/// caller posts it only once the send is done, as a schedule whose reduce
+/// overwrites the buffer being sent does) and no send stuck on a full
+/// ring: it must still take the frame out of the ring to reach the
+/// clearance, or both wait for ever (an rd all-reduce on four ranks hung
+/// so, once in a few hundred runs of `in_place.rs`).
+#[test]
+fn a_clearance_behind_an_early_frame_reaches_the_sender() {
+    // Two 16-byte slots and 4 eager frames: 6 credits, so a 200-byte
+    // message (13 frames) is announced at once.
+    let (mut a, mut b) = pair("ctsbehind", 2, 16);
+    let mut big = pattern(200, 4);
+    let mut early = pattern(16, 8);
+    let (mut got_big, mut got_early) = (vec![0u8; 200], vec![0u8; 16]);
+    let m_big = reg(&mut a, &mut big);
+    let m_got_early = reg(&mut a, &mut got_early);
+    let m_early = reg(&mut b, &mut early);
+    let m_got_big = reg(&mut b, &mut got_big);
+    // b's frame for a, which a has not asked for: it waits in the ring.
+    let s_early = b.isend(0, tag(4, 1), m_early, 0, 16).unwrap();
+    b.progress().unwrap();
+    let send = a.isend(1, tag(4, 0), m_big, 0, 200).unwrap();
+    a.progress().unwrap();
+    assert_eq!(a.peers[1].announced.len(), 1, "the large send is announced");
+    // b posts the receive; its clearance goes into b's ring behind the frame.
+    let recv = b.irecv(0, tag(4, 0), m_got_big, 0, 200).unwrap();
+    run(&mut a, &mut b, vec![send], vec![recv, s_early]);
+    assert_eq!(got_big, big);
+    // The frame taken out of the way waits in a buffer for its receive.
+    let r = a.irecv(1, tag(4, 1), m_got_early, 0, 16).unwrap();
+    run(&mut a, &mut b, vec![r], Vec::<Outstanding>::new());
+    assert_eq!(got_early, early);
+}
+
 #[test]
 fn mismatched_fingerprint_names_both_ranks() {
     let (mut a, mut b) = pair("mismatch", 2, 16);
