@@ -2,7 +2,7 @@
 //! done: what every backend's tests do between posting and checking, and
 //! the buffers they register for it.
 
-use crate::seam::{MemHandle, Outstanding, Transport};
+use crate::seam::{MemHandle, Outstanding, Rank, Tag, Transport};
 use std::time::{Duration, Instant};
 
 /// Progresses `a` and `b` until every request of `ra` (on `a`) and `rb`
@@ -63,4 +63,145 @@ impl Messages {
         let md = dst.iter_mut().map(|v| reg(b, v)).collect();
         Messages { src, dst, ms, md }
     }
+}
+
+/// (offset, length) of consecutive messages of `sizes` bytes in one buffer.
+pub(crate) fn offsets(sizes: &[usize]) -> Vec<(usize, usize)> {
+    sizes
+        .iter()
+        .scan(0, |o, &n| {
+            let r = (*o, n);
+            *o += n;
+            Some(r)
+        })
+        .collect()
+}
+
+/// One rank of [`exchange_waiting_for_sends`].
+struct Exchanger<'t, T: Transport> {
+    t: &'t mut T,
+    peer: Rank,
+    src: MemHandle,
+    dst: MemHandle,
+    parts: &'t [(usize, usize)],
+    window: usize,
+    ahead: usize,
+    tag: fn(u32) -> Tag,
+    sends: Vec<Option<Outstanding>>,
+    recvs: Vec<Option<Outstanding>>,
+    sent: Vec<bool>,
+    got: Vec<bool>,
+}
+
+impl<T: Transport> Exchanger<'_, T> {
+    fn done(&self) -> bool {
+        self.got.iter().all(|&g| g)
+    }
+
+    /// Posts what may be posted, tests what runs, and progresses once.
+    fn turn(&mut self) -> crate::Result<()> {
+        let received = self.got.iter().take_while(|&&g| g).count();
+        for k in 0..self.parts.len().min(received + self.ahead) {
+            if self.sends[k].is_none() && !self.sent[k] {
+                let (o, n) = self.parts[k];
+                let tag = (self.tag)(k as u32);
+                self.sends[k] = Some(self.t.isend(self.peer, tag, self.src, o, n)?.into());
+            }
+        }
+        for k in 0..self.parts.len() {
+            if let Some(s) = self.sends[k].as_mut()
+                && s.poll(&mut *self.t)?
+            {
+                self.sends[k] = None;
+                self.sent[k] = true;
+            }
+            let ready = k < self.window || self.sent[k - self.window];
+            if ready && self.recvs[k].is_none() && !self.got[k] {
+                let (o, n) = self.parts[k];
+                let tag = (self.tag)(k as u32);
+                self.recvs[k] = Some(self.t.irecv(self.peer, tag, self.dst, o, n)?.into());
+            }
+            if let Some(r) = self.recvs[k].as_mut()
+                && r.poll(&mut *self.t)?
+            {
+                self.recvs[k] = None;
+                self.got[k] = true;
+            }
+        }
+        self.t.progress()?;
+        Ok(())
+    }
+}
+
+/// Ranks 0 (`a`) and 1 (`b`) exchange messages of `sizes` bytes, message k
+/// both ways under tag `tag(k)`, and each posts its receive of message k
+/// only once its own send of message k - `window` is done (the first
+/// `window` at once), as an rd all-reduce's receive waits for a scratch
+/// slot that the reduce of an earlier message frees only after that
+/// message's send (the reduce overwrites what is sent). Sends run at most
+/// `ahead` past the receives done in order. The ranks turn in the rhythm
+/// `turns` (true: `a`), repeated, each at least once a cycle. Fails if the
+/// exchange is not done within 2 s, or a byte is wrong. The transports are
+/// taken so that they are dropped before the buffers they hold, however
+/// this returns.
+pub(crate) fn exchange_waiting_for_sends<T: Transport>(
+    a: T,
+    b: T,
+    sizes: &[usize],
+    (window, ahead): (usize, usize),
+    turns: &[bool],
+    tag: fn(u32) -> Tag,
+) -> Result<(), String> {
+    let parts = offsets(sizes);
+    let total = sizes.iter().sum();
+    let bytes = |seed: u8| -> Vec<u8> {
+        (0..total)
+            .map(|i| (i as u8).wrapping_mul(31).wrapping_add(seed))
+            .collect()
+    };
+    let (mut a_src, mut b_src) = (bytes(31), bytes(41));
+    let (mut a_dst, mut b_dst) = (vec![0u8; total], vec![0u8; total]);
+    let (mut a, mut b) = (a, b);
+    let (sa, da) = (reg(&mut a, &mut a_src), reg(&mut a, &mut a_dst));
+    let (sb, db) = (reg(&mut b, &mut b_src), reg(&mut b, &mut b_dst));
+    let new = |t, peer, src, dst| Exchanger {
+        t,
+        peer,
+        src,
+        dst,
+        parts: &parts,
+        window,
+        ahead,
+        tag,
+        sends: (0..parts.len()).map(|_| None).collect(),
+        recvs: (0..parts.len()).map(|_| None).collect(),
+        sent: vec![false; parts.len()],
+        got: vec![false; parts.len()],
+    };
+    let (mut ea, mut eb) = (new(&mut a, 1, sa, da), new(&mut b, 0, sb, db));
+    let deadline = Instant::now() + Duration::from_secs(2);
+    let err = |e: crate::Error| e.to_string();
+    while !(ea.done() && eb.done()) {
+        if Instant::now() >= deadline {
+            return Err(format!(
+                "stuck: rank 0 got {:?} sent {:?}, rank 1 got {:?} sent {:?}",
+                ea.got, ea.sent, eb.got, eb.sent
+            ));
+        }
+        for &a_turns in turns {
+            if a_turns {
+                ea.turn().map_err(err)?;
+            } else {
+                eb.turn().map_err(err)?;
+            }
+        }
+        ea.turn().map_err(err)?;
+        eb.turn().map_err(err)?;
+    }
+    drop((ea, eb));
+    drop((a, b));
+    if a_dst != b_src || b_dst != a_src {
+        return Err("the exchange delivered wrong bytes".into());
+    }
+    Ok(())
 }

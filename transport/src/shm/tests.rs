@@ -92,7 +92,7 @@ pub(super) fn tag(seq: u64, step: u32) -> Tag {
     crate::test_tags::tag(0xc0, seq, 100, 0, step)
 }
 
-pub(super) use crate::test_drive::reg;
+pub(super) use crate::test_drive::{offsets, reg};
 
 pub(super) fn pattern(len: usize, seed: u8) -> Vec<u8> {
     (0..len)
@@ -605,18 +605,6 @@ fn creator_wakes_a_higher_rank_waiting_to_connect() {
     assert!(start.elapsed() < Duration::from_secs(2));
 }
 
-/// (offset, length) of consecutive messages of `sizes` bytes in one buffer.
-fn offsets(sizes: &[usize]) -> Vec<(usize, usize)> {
-    sizes
-        .iter()
-        .scan(0, |o, &n| {
-            let r = (*o, n);
-            *o += n;
-            Some(r)
-        })
-        .collect()
-}
-
 /// Actions of a random interleaving.
 #[derive(Clone, Copy, Debug)]
 enum Step {
@@ -682,99 +670,6 @@ proptest! {
     }
 }
 
-/// One rank of `exchanges_whose_receives_wait_for_their_sends_finish`:
-/// message k goes both ways. Its receive is posted once this rank's send
-/// of message k - `window` is done (the first `window` at once), as an rd
-/// all-reduce's receive waits for a scratch slot that the reduce of an
-/// earlier message frees only after that message's send (the reduce
-/// overwrites what is sent); sends run at most `ahead` ahead of the
-/// receives done in order.
-struct Exchanger {
-    t: ShmTransport,
-    peer: Rank,
-    src: MemHandle,
-    dst: MemHandle,
-    parts: Vec<(usize, usize)>,
-    window: usize,
-    ahead: usize,
-    sends: Vec<Option<Outstanding>>,
-    recvs: Vec<Option<Outstanding>>,
-    sent: Vec<bool>,
-    got: Vec<bool>,
-}
-
-impl Exchanger {
-    fn new(
-        mut t: ShmTransport,
-        peer: Rank,
-        src: &mut [u8],
-        dst: &mut [u8],
-        parts: Vec<(usize, usize)>,
-        (window, ahead): (usize, usize),
-    ) -> Exchanger {
-        let (src, dst) = (reg(&mut t, src), reg(&mut t, dst));
-        let n = parts.len();
-        Exchanger {
-            t,
-            peer,
-            src,
-            dst,
-            parts,
-            window,
-            ahead,
-            sends: (0..n).map(|_| None).collect(),
-            recvs: (0..n).map(|_| None).collect(),
-            sent: vec![false; n],
-            got: vec![false; n],
-        }
-    }
-
-    fn done(&self) -> bool {
-        self.got.iter().all(|&g| g)
-    }
-
-    /// Posts what may be posted, tests what runs, and progresses once.
-    fn turn(&mut self) {
-        let received = self.got.iter().take_while(|&&g| g).count();
-        for k in 0..self.parts.len().min(received + self.ahead) {
-            if self.sends[k].is_none() && !self.sent[k] {
-                let (o, n) = self.parts[k];
-                self.sends[k] = Some(
-                    self.t
-                        .isend(self.peer, tag(5, k as u32), self.src, o, n)
-                        .unwrap()
-                        .into(),
-                );
-            }
-        }
-        for k in 0..self.parts.len() {
-            if let Some(s) = self.sends[k].as_mut()
-                && s.poll(&mut self.t).unwrap()
-            {
-                self.sends[k] = None;
-                self.sent[k] = true;
-            }
-            let ready = k < self.window || self.sent[k - self.window];
-            if ready && self.recvs[k].is_none() && !self.got[k] {
-                let (o, n) = self.parts[k];
-                self.recvs[k] = Some(
-                    self.t
-                        .irecv(self.peer, tag(5, k as u32), self.dst, o, n)
-                        .unwrap()
-                        .into(),
-                );
-            }
-            if let Some(r) = self.recvs[k].as_mut()
-                && r.poll(&mut self.t).unwrap()
-            {
-                self.recvs[k] = None;
-                self.got[k] = true;
-            }
-        }
-        self.t.progress().unwrap();
-    }
-}
-
 proptest! {
     #![proptest_config(ProptestConfig { cases: 1024, ..ProptestConfig::default() })]
 
@@ -795,30 +690,9 @@ proptest! {
     ) {
         let (a, b) = pair_pull("waitsend", slots, slot_bytes, pull_slots * slot_bytes);
         let sizes: Vec<usize> = fracs.iter().map(|x| (x * slot_bytes as f64) as usize).collect();
-        let parts = offsets(&sizes);
-        let total = sizes.iter().sum();
-        let (mut a_src, mut b_src) = (pattern(total, 31), pattern(total, 41));
-        let (mut a_dst, mut b_dst) = (vec![0u8; total], vec![0u8; total]);
-        let mut ea = Exchanger::new(a, 1, &mut a_src, &mut a_dst, parts.clone(), (window, ahead));
-        let mut eb = Exchanger::new(b, 0, &mut b_src, &mut b_dst, parts, (window, ahead));
-        let deadline = Instant::now() + Duration::from_secs(2);
-        while !(ea.done() && eb.done()) {
-            prop_assert!(Instant::now() < deadline, "stuck: a got {:?} sent {:?}, b got {:?} sent {:?}", ea.got, ea.sent, eb.got, eb.sent);
-            // Which rank turns, in a random rhythm repeated to the end;
-            // each turns at least once a cycle.
-            for &a_turns in &turns {
-                if a_turns {
-                    ea.turn();
-                } else {
-                    eb.turn();
-                }
-            }
-            ea.turn();
-            eb.turn();
-        }
-        drop((ea, eb));
-        prop_assert_eq!(&a_dst, &b_src);
-        prop_assert_eq!(&b_dst, &a_src);
+        let r = crate::test_drive::exchange_waiting_for_sends(
+            a, b, &sizes, (window, ahead), &turns, |k| tag(5, k));
+        prop_assert!(r.is_ok(), "{}", r.unwrap_err());
     }
 }
 

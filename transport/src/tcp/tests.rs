@@ -447,6 +447,7 @@ mod put_frames {
 }
 
 mod batch;
+mod exchange;
 mod finished;
 mod gone;
 mod small;
