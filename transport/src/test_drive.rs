@@ -141,9 +141,9 @@ impl<T: Transport> Exchanger<'_, T> {
 /// message's send (the reduce overwrites what is sent). Sends run at most
 /// `ahead` past the receives done in order. The ranks turn in the rhythm
 /// `turns` (true: `a`), repeated, each at least once a cycle. Fails if the
-/// exchange is not done within 2 s, or a byte is wrong. The transports are
-/// taken so that they are dropped before the buffers they hold, however
-/// this returns.
+/// exchange is not done within 10 s (far more than a busy CI machine
+/// needs), or a byte is wrong. The transports are taken so that they are
+/// dropped before the buffers they hold, however this returns.
 pub(crate) fn exchange_waiting_for_sends<T: Transport>(
     a: T,
     b: T,
@@ -179,7 +179,7 @@ pub(crate) fn exchange_waiting_for_sends<T: Transport>(
         got: vec![false; parts.len()],
     };
     let (mut ea, mut eb) = (new(&mut a, 1, sa, da), new(&mut b, 0, sb, db));
-    let deadline = Instant::now() + Duration::from_secs(2);
+    let deadline = Instant::now() + Duration::from_secs(10);
     let err = |e: crate::Error| e.to_string();
     while !(ea.done() && eb.done()) {
         if Instant::now() >= deadline {

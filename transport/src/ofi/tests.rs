@@ -58,6 +58,41 @@ fn messages_of_every_size_both_ways_on_each_provider() {
     }
 }
 
+/// The exchange whose receives wait for their own sends (see
+/// `test_drive::exchange_waiting_for_sends`): eager messages, announced
+/// ones waiting for a grant, and many-segment ones, in random mixes and
+/// rhythms, on each provider.
+#[test]
+fn exchanges_whose_receives_wait_for_their_sends_finish_on_each_provider() {
+    use rand::{Rng, SeedableRng, rngs::StdRng};
+    for prov in PROVIDERS {
+        for seed in 1..=6u64 {
+            let Some((a, b)) = pair(&cfg(prov)) else {
+                break;
+            };
+            let mut rng = StdRng::seed_from_u64(seed);
+            let sizes: Vec<usize> = (0..rng.random_range(1..12))
+                .map(|_| [0, 10, 4096, 5000, 70_000, 200_000][rng.random_range(0..6)])
+                .collect();
+            let (window, ahead) = (rng.random_range(1..4), rng.random_range(1..12));
+            let turns: Vec<bool> = (0..rng.random_range(1..24)).map(|_| rng.random()).collect();
+            let r = crate::test_drive::exchange_waiting_for_sends(
+                a,
+                b,
+                &sizes,
+                (window, ahead),
+                &turns,
+                |k| tag(9, k),
+            );
+            assert!(
+                r.is_ok(),
+                "{prov}, seed {seed}, sizes {sizes:?}: {}",
+                r.unwrap_err()
+            );
+        }
+    }
+}
+
 #[test]
 fn many_messages_posted_late_and_out_of_order() {
     // More messages than credits and slots, receives posted after every
