@@ -90,6 +90,23 @@ pub struct ShmPulls {
 /// all-gather 64 MiB 0.89).
 pub const PULL_REGION_MAX_CORE_PER_RANK: usize = 4 << 20;
 
+/// A 2-rank all-gather whose output is at least [`PULL_REGION_MAX_CORE_PER_RANK`]
+/// and under this size has its exchanges pulled all the same (hinted
+/// `SendHint::Exchanged`): each rank only stores the other's block, and
+/// one copy beats two up to where the output outgrows the caches and the
+/// slots' streaming copy wins. 2026-12-05 VM (late), shm, `ab-builds.py` (4
+/// rounds), slots against pulls, old/new: 4 MiB 1.04, 8 MiB 1.17, 16 MiB
+/// 1.18 and 1.28 (two runs), 32 MiB 1.03 [0.94-1.12], 64 MiB 0.79
+/// [0.75-0.86]; 1 MiB (pulled by the region rule already) 0.98 with the
+/// hint, so smaller outputs keep that rule.
+pub const ALL_GATHER_PULLED_BELOW: usize = 32 << 20;
+
+/// Whether a 2-rank all-gather with `out_bytes` of output has its
+/// exchanges pulled (see [`ALL_GATHER_PULLED_BELOW`]).
+pub fn all_gather_pulled(ranks: usize, out_bytes: usize) -> bool {
+    ranks == 2 && (PULL_REGION_MAX_CORE_PER_RANK..ALL_GATHER_PULLED_BELOW).contains(&out_bytes)
+}
+
 /// Where a setting's value came from.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Source {
@@ -620,6 +637,23 @@ mod tests {
             .map(|(k, v)| (k.to_string(), v.to_string()))
             .collect();
         move |k| m.get(k).cloned()
+    }
+
+    #[test]
+    fn only_a_two_rank_all_gather_with_an_output_between_the_bounds_is_pulled() {
+        let (lo, hi) = (PULL_REGION_MAX_CORE_PER_RANK, ALL_GATHER_PULLED_BELOW);
+        assert!(all_gather_pulled(2, lo));
+        assert!(all_gather_pulled(2, hi - 1));
+        assert!(
+            !all_gather_pulled(2, lo - 1),
+            "the region rule pulls those already"
+        );
+        assert!(
+            !all_gather_pulled(2, hi),
+            "the slots' streaming copy wins there"
+        );
+        assert!(!all_gather_pulled(3, 8 << 20));
+        assert!(!all_gather_pulled(4, 8 << 20));
     }
 
     #[test]

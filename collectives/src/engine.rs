@@ -1168,14 +1168,22 @@ impl Engine {
                         // less.
                         // Both halves of a sendrecv with one peer keep both
                         // ranks busy: one copy of each message beats two
-                        // however large (`SendHint::Exchanged`). Any other
+                        // however large (`SendHint::Exchanged`), and so does
+                        // a 2-rank all-gather's while its output stays
+                        // cached (`all_gather_pulled`). Any other
                         // point-to-point message is only stored where it
                         // lands (`SendHint::Stored`).
                         let hint = if self.cfg.oversubscribed {
                             None
                         } else if r.op.fp.op == OpKind::Reduce {
                             Some(SendHint::Pushed)
-                        } else if r.sched.exchanges_with(peer) {
+                        } else if r.sched.exchanges_with(peer)
+                            || (r.op.fp.op == OpKind::AllGather
+                                && crate::config::all_gather_pulled(
+                                    self.cfg.hostnames.len(),
+                                    r.op.recv_bytes,
+                                ))
+                        {
                             Some(SendHint::Exchanged)
                         } else if r.op.fp.op == OpKind::SendRecv {
                             Some(SendHint::Stored)
