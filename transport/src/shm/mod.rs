@@ -1222,8 +1222,9 @@ unsafe fn pull_message(p: &mut Peer, h: &FrameHeader, dst: *mut u8, len: usize) 
 /// `eager` (one of this rank's sends is stuck on a full ring, so a cycle of
 /// full rings could form through other ranks), when a posted receive
 /// waits behind them, or when a message of ours to `p` waits for its
-/// clearance (`Cts`), which may be behind them: eager data into the receive core's buffers (the
-/// sender's credits guarantee room), rendezvous frames as announcements
+/// clearance (`Cts`), which may be behind them: eager data into the
+/// receive core's buffers (the sender's credits guarantee room),
+/// rendezvous frames as announcements
 /// (their message stays in the sender's memory until its receive is
 /// posted). Announcements and clearances are always taken at once.
 fn pump_recvs(
