@@ -65,6 +65,13 @@ impl Messages {
     }
 }
 
+/// `len` bytes that differ with `seed` and along the buffer.
+pub(crate) fn pattern(len: usize, seed: u8) -> Vec<u8> {
+    (0..len)
+        .map(|i| (i as u8).wrapping_mul(31).wrapping_add(seed))
+        .collect()
+}
+
 /// (offset, length) of consecutive messages of `sizes` bytes in one buffer.
 pub(crate) fn offsets(sizes: &[usize]) -> Vec<(usize, usize)> {
     sizes
@@ -154,12 +161,7 @@ pub(crate) fn exchange_waiting_for_sends<T: Transport>(
 ) -> Result<(), String> {
     let parts = offsets(sizes);
     let total = sizes.iter().sum();
-    let bytes = |seed: u8| -> Vec<u8> {
-        (0..total)
-            .map(|i| (i as u8).wrapping_mul(31).wrapping_add(seed))
-            .collect()
-    };
-    let (mut a_src, mut b_src) = (bytes(31), bytes(41));
+    let (mut a_src, mut b_src) = (pattern(total, 31), pattern(total, 41));
     let (mut a_dst, mut b_dst) = (vec![0u8; total], vec![0u8; total]);
     let (mut a, mut b) = (a, b);
     let (sa, da) = (reg(&mut a, &mut a_src), reg(&mut a, &mut a_dst));

@@ -335,6 +335,22 @@ impl Peer {
         Error::Protocol(format!("shared memory from {}: {}", self.who(), c.0))
     }
 
+    /// Whether frames of this peer nobody has asked for yet are taken out
+    /// of its ring now (into the receive core's buffers, or as
+    /// announcements) rather than left in their slots for the receive
+    /// posted next to copy once. `eager`: one of this rank's sends is stuck
+    /// on a full ring, so a cycle of full rings could form through other
+    /// ranks. Otherwise a frame behind them is awaited: an immediate
+    /// (`wants_imm`), a posted receive's message, or the clearance (`Cts`)
+    /// of a message of ours announced to this peer, which comes behind
+    /// whatever the peer sent before it. Left in the ring, that frame would
+    /// hold the clearance back while our caller waits for the send before
+    /// it posts the receive that takes the frame (an rd all-reduce on four
+    /// ranks hung so, each partner waiting for the other).
+    fn drains_early(&self, eager: bool) -> bool {
+        eager || self.wants_imm || !self.core.posted().is_empty() || !self.announced.is_empty()
+    }
+
     fn has_ops(&self) -> bool {
         !self.sends.is_empty()
             || !self.core.posted().is_empty()
@@ -817,17 +833,13 @@ impl ShmTransport {
             // The oldest inbound frame is delivered already, read in place.
             return false;
         }
-        // An inbound frame is work when it is delivered or buffered now: a
-        // receive is posted, a send of ours is stuck, or it is neither data
-        // nor rendezvous (an announcement, a clearance, close, abort, or
-        // garbage to report).
+        // An inbound frame is work when it is delivered or buffered now
+        // (`drains_early`), or it is neither data nor rendezvous (an
+        // announcement, a clearance, close, abort, or garbage to report).
         match conn.rx.peek() {
             Ok(None) => false,
             Ok(Some(raw)) => {
-                eager
-                    || p.wants_imm
-                    || !p.core.posted().is_empty()
-                    || !p.announced.is_empty()
+                p.drains_early(eager)
                     || !matches!(FrameHeader::decode(&raw),
                         Ok(h) if matches!(h.kind, FrameKind::Data | FrameKind::Rendezvous))
             }
@@ -1219,14 +1231,11 @@ unsafe fn pull_message(p: &mut Peer, h: &FrameHeader, dst: *mut u8, len: usize) 
 /// Delivers the frames at the head of `p`'s inbound ring to matching receives.
 ///
 /// Frames nobody has asked for yet are taken out of the ring only when
-/// `eager` (one of this rank's sends is stuck on a full ring, so a cycle of
-/// full rings could form through other ranks), when a posted receive
-/// waits behind them, or when a message of ours to `p` waits for its
-/// clearance (`Cts`), which may be behind them: eager data into the
-/// receive core's buffers (the sender's credits guarantee room),
-/// rendezvous frames as announcements
-/// (their message stays in the sender's memory until its receive is
-/// posted). Announcements and clearances are always taken at once.
+/// [`Peer::drains_early`] says so: eager data into the receive core's
+/// buffers (the sender's credits guarantee room), rendezvous frames as
+/// announcements (their message stays in the sender's memory until its
+/// receive is posted). Announcements and clearances are always taken at
+/// once.
 fn pump_recvs(
     me: Rank,
     eager: bool,
@@ -1246,22 +1255,11 @@ fn pump_recvs(
             break;
         };
         let (i, h) = match examine(p, &conn.rx, &raw)? {
-            Head::Early(_)
-                if !eager
-                    && !p.wants_imm
-                    && p.core.posted().is_empty()
-                    && p.announced.is_empty() =>
-            {
+            Head::Early(_) if !p.drains_early(eager) => {
                 // Nothing here waits for a frame behind this one and none of
                 // our sends is stuck, so no rank can be waiting on us to make
                 // room: leave it in the ring, and the receive that is posted
                 // next takes it straight from the slot (one copy, not three).
-                // A message of ours announced to this peer waits for its
-                // clearance, which comes behind whatever the peer sent before
-                // it: left here, that frame would hold the clearance back
-                // while our caller waits for the send before it posts the
-                // receive that takes the frame (an rd all-reduce on four ranks
-                // hung so, each partner waiting for the other).
                 break;
             }
             Head::Early(h) if h.kind == FrameKind::Rendezvous => {

@@ -92,13 +92,7 @@ pub(super) fn tag(seq: u64, step: u32) -> Tag {
     crate::test_tags::tag(0xc0, seq, 100, 0, step)
 }
 
-pub(super) use crate::test_drive::{offsets, reg};
-
-pub(super) fn pattern(len: usize, seed: u8) -> Vec<u8> {
-    (0..len)
-        .map(|i| (i as u8).wrapping_mul(31).wrapping_add(seed))
-        .collect()
-}
+pub(super) use crate::test_drive::{offsets, pattern, reg};
 
 /// Progresses both sides until every request completes (at most 2 s).
 pub(super) fn run(
