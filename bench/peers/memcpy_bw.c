@@ -2,17 +2,21 @@
  * memcpy_bw: one thread's memcpy bandwidth, the shared-memory ceiling of
  * scripts/compare-peers.sh.
  *
- *   memcpy_bw [MIB [REPS]]      (defaults: 256 MiB, 9 repetitions)
+ *   memcpy_bw [MIB [REPS [HUGE]]]      (defaults: 256 MiB, 9 repetitions, 0)
  *
  * Copies a MIB-MiB buffer into another (both prefaulted) REPS times after one
  * warm-up copy and prints the median:  memcpy bytes=B reps=R gbps=X
+ * With HUGE 1 both buffers are advised onto transparent huge pages, as
+ * `gwbench --hugepages 1` advises its own, so that a one-sided write and
+ * this copy are compared on the same kind of memory.
  * GB = 1e9 bytes; the rate counts the bytes copied (each read once and
  * written once), as a copy-based transport moves them.
  */
-#define _POSIX_C_SOURCE 199309L
+#define _DEFAULT_SOURCE
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 #include <time.h>
 
 static double now(void) {
@@ -29,12 +33,25 @@ static int cmp(const void *a, const void *b) {
 int main(int argc, char **argv) {
     size_t mib = argc > 1 ? strtoul(argv[1], NULL, 10) : 256;
     int reps = argc > 2 ? atoi(argv[2]) : 9;
-    if (mib == 0 || reps < 1 || reps > 1000) {
-        fprintf(stderr, "usage: memcpy_bw [MIB [REPS]]\n");
+    int huge = argc > 3 ? atoi(argv[3]) : 0;
+    if (mib == 0 || reps < 1 || reps > 1000 || (huge != 0 && huge != 1)) {
+        fprintf(stderr, "usage: memcpy_bw [MIB [REPS [HUGE 0|1]]]\n");
         return 2;
     }
     size_t bytes = mib << 20;
-    char *src = malloc(bytes), *dst = malloc(bytes);
+    char *src = NULL, *dst = NULL;
+    if (huge) {
+        size_t two_mib = (size_t)2 << 20;
+        if (posix_memalign((void **)&src, two_mib, bytes) || posix_memalign((void **)&dst, two_mib, bytes))
+            src = dst = NULL;
+        else if (madvise(src, bytes, MADV_HUGEPAGE) || madvise(dst, bytes, MADV_HUGEPAGE)) {
+            perror("memcpy_bw: madvise(MADV_HUGEPAGE)");
+            return 1;
+        }
+    } else {
+        src = malloc(bytes);
+        dst = malloc(bytes);
+    }
     if (!src || !dst) {
         fprintf(stderr, "memcpy_bw: cannot allocate 2 x %zu MiB\n", mib);
         return 1;
@@ -53,7 +70,7 @@ int main(int argc, char **argv) {
         rate[r] = (double)bytes / dt / 1e9;
     }
     qsort(rate, (size_t)reps, sizeof(double), cmp);
-    printf("memcpy bytes=%zu reps=%d gbps=%.4f min=%.4f max=%.4f sink=%u\n", bytes, reps,
-           rate[reps / 2], rate[0], rate[reps - 1], sink);
+    printf("memcpy bytes=%zu reps=%d gbps=%.4f min=%.4f max=%.4f sink=%u huge=%d\n", bytes, reps,
+           rate[reps / 2], rate[0], rate[reps - 1], sink, huge);
     return 0;
 }

@@ -324,6 +324,19 @@ struct Opts {
     )]
     register: bool,
 
+    /// Put the host buffers on transparent huge pages (madvise, as perftest's
+    /// --use_hugepages and numpy's large arrays): single-copy transfers
+    /// between processes pin the peer's memory page by page, which costs
+    /// less on 2 MiB pages. The header says what the kernel gave
+    #[arg(
+        long = "hugepages",
+        value_name = "0|1",
+        default_value = "0",
+        value_parser = check_parser(),
+        action = clap::ArgAction::Set,
+    )]
+    hugepages: bool,
+
     /// Where the buffers live: host memory, or CUDA device memory (GPU:
     /// the local rank modulo the GPUs; needs an NVIDIA driver and NVRTC).
     /// Collectives only
@@ -456,6 +469,8 @@ pub struct CollOpts {
     pub persistent: bool,
     /// `--register 1`: buffers registered once before timing.
     pub register: bool,
+    /// `--hugepages 1`: host buffers advised onto transparent huge pages.
+    pub hugepages: bool,
     /// `--device cuda`: buffers in device memory.
     pub device: Device,
 }
@@ -480,6 +495,8 @@ pub struct P2pOpts {
     /// `-T`: each of the three timed loops about this many seconds (`iters`
     /// the least count), as for collectives.
     pub time: Option<f64>,
+    /// `--hugepages 1`: the buffers advised onto transparent huge pages.
+    pub hugepages: bool,
 }
 
 /// The operation of `p2p --op`.
@@ -834,6 +851,7 @@ pub fn parse<S: Into<OsString>>(args: impl IntoIterator<Item = S>) -> Result<Com
             json: o.json,
             perftest,
             time: o.time,
+            hugepages: o.hugepages,
         }));
     };
     let cmd = Cli::command();
@@ -881,6 +899,9 @@ pub fn parse<S: Into<OsString>>(args: impl IntoIterator<Item = S>) -> Result<Com
     if o.register && o.device != "host" {
         return err("--register 1 applies to host buffers (device data is staged)");
     }
+    if o.hugepages && o.device != "host" {
+        return err("--hugepages 1 applies to host buffers, not --device cuda");
+    }
     Ok(Command::Coll(CollOpts {
         coll,
         sizes,
@@ -895,6 +916,7 @@ pub fn parse<S: Into<OsString>>(args: impl IntoIterator<Item = S>) -> Result<Com
         json: o.json,
         persistent: o.persistent,
         register: o.register,
+        hugepages: o.hugepages,
         device: if o.device == "cuda" {
             Device::Cuda
         } else {

@@ -17,6 +17,7 @@ mod check;
 mod model;
 mod nccl;
 mod p2p;
+mod pages;
 mod perftest;
 mod report;
 

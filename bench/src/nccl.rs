@@ -10,6 +10,7 @@
 use crate::Fail;
 use crate::args::{Coll, CollOpts, Device};
 use crate::check::{Pattern, Value, count_wrong, poison};
+use crate::pages::Buffer;
 use crate::report::{self, Header, Meas, RankLine, Row, Summary};
 use gradwire::device::{DeviceComm, DeviceRequest};
 use gw_collectives::{Algo, Communicator, DType, Error, RawOp, RawPersistent, RedOp, Registration};
@@ -170,17 +171,13 @@ impl JsonOut {
     }
 }
 
-/// Zero-filled memory for `n` elements, or an error instead of an abort.
-pub fn alloc<T: Value>(n: usize, what: &str) -> Result<Vec<T>, Fail> {
-    let mut v = Vec::new();
-    if v.try_reserve_exact(n).is_err() {
-        return Err(Fail::Other(format!(
-            "cannot allocate the {what} buffer ({n} elements of {} bytes)",
-            size_of::<T>()
-        )));
-    }
-    v.resize(n, T::from_exact(0, 0.0));
-    Ok(v)
+/// Zero-filled memory for `n` elements, faulted in, or an error instead of
+/// an abort; with `huge`, on transparent huge pages (see [`crate::pages`]).
+pub fn alloc<T: Value>(n: usize, what: &str, huge: bool) -> Result<Buffer<T>, Fail> {
+    Buffer::zeroed(n, huge).map_err(|e| {
+        let pages = if huge { " on huge pages" } else { "" };
+        Fail::Other(format!("cannot allocate the {what} buffer{pages}: {e}"))
+    })
 }
 
 /// Runs `k` copies of `op`, each a blocking call, as a training loop and
@@ -251,8 +248,8 @@ struct Bench<'a, T: Value> {
     me: u32,
     n: u32,
     pattern: Pattern,
-    send: Vec<T>,
-    recv: Vec<T>,
+    send: Buffer<T>,
+    recv: Buffer<T>,
     sizes: Vec<(usize, Layout)>,
     /// With `-P 1`: the persistent all-reduce of the size being measured.
     persistent: Option<RawPersistent>,
@@ -296,8 +293,8 @@ impl<'a, T: Value> Bench<'a, T> {
             me: comm.rank(),
             n,
             pattern: Pattern::new(o.dtype, o.redop, n),
-            send: alloc(max_send, "send")?,
-            recv: alloc(max_buf, "receive")?,
+            send: alloc(max_send, "send", o.hugepages)?,
+            recv: alloc(max_buf, "receive", o.hugepages)?,
             sizes,
             persistent: None,
             dev,
@@ -342,6 +339,12 @@ impl<'a, T: Value> Bench<'a, T> {
             time_s: self.o.time,
             warmup: self.o.warmup,
             check: self.o.check,
+            hugepages: self.o.hugepages.then(|| {
+                crate::pages::Given::of(&[
+                    (self.send.as_ptr().cast(), size_of_val(&*self.send)),
+                    (self.recv.as_ptr().cast(), size_of_val(&*self.recv)),
+                ])
+            }),
             ranks: self
                 .comm
                 .hostnames()

@@ -18,6 +18,7 @@
 
 use crate::Fail;
 use crate::args::P2pOpts;
+use crate::pages::Buffer;
 use crate::report::{self, Header, P2pRow, RankLine, Summary};
 use gw_collectives::{Communicator, DType, Error, Handle};
 use std::io::Write as _;
@@ -92,8 +93,8 @@ pub(crate) struct P2p<'a> {
     pub(crate) comm: &'a Communicator,
     pub(crate) me: u32,
     pub(crate) peer: u32,
-    pub(crate) send: Vec<u8>,
-    pub(crate) recv: Vec<u8>,
+    pub(crate) send: Buffer<u8>,
+    pub(crate) recv: Buffer<u8>,
     tiny: [u8; 1],
 }
 
@@ -234,8 +235,8 @@ pub fn run(comm: &Communicator, o: &P2pOpts) -> Result<bool, Fail> {
         comm,
         me,
         peer: 1 - me,
-        send: crate::nccl::alloc::<u8>(max, "send")?,
-        recv: crate::nccl::alloc::<u8>(max, "receive")?,
+        send: crate::nccl::alloc::<u8>(max, "send", o.hugepages)?,
+        recv: crate::nccl::alloc::<u8>(max, "receive", o.hugepages)?,
         tiny: [0],
     };
     let routes = comm.routes();
@@ -254,6 +255,12 @@ pub fn run(comm: &Communicator, o: &P2pOpts) -> Result<bool, Fail> {
         time_s: o.time,
         warmup: o.warmup,
         check: o.check,
+        hugepages: o.hugepages.then(|| {
+            crate::pages::Given::of(&[
+                (b.send.as_ptr(), b.send.len()),
+                (b.recv.as_ptr(), b.recv.len()),
+            ])
+        }),
         ranks: comm
             .hostnames()
             .iter()

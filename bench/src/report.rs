@@ -84,6 +84,9 @@ pub struct Header {
     #[serde(rename = "warmup_iters")]
     pub warmup: usize,
     pub check: bool,
+    /// `--hugepages 1`: what the kernel gave.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub hugepages: Option<crate::pages::Given>,
     pub ranks: Vec<RankLine>,
 }
 
@@ -218,6 +221,9 @@ pub fn header_lines(h: &Header) -> Vec<String> {
         v[0].push_str(&format!(" timed loops: about {t} s each"));
     }
     v.push(format!("# Transport: {}", h.transport));
+    if let Some(g) = &h.hugepages {
+        v.push(g.line());
+    }
     if let Some(a) = &h.algorithm {
         v.push(format!("# Algorithm: {a}"));
     }
@@ -370,6 +376,7 @@ mod tests {
             time_s: None,
             warmup: 5,
             check: true,
+            hugepages: None,
             ranks: vec![
                 RankLine {
                     rank: 0,

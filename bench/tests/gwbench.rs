@@ -551,6 +551,78 @@ fn p2p_one_sided_in_perftests_shape() {
     }
 }
 
+/// `--hugepages 1`: the buffers advised onto huge pages still carry every
+/// byte right, and the header says what the kernel gave.
+#[test]
+fn buffers_on_huge_pages_check_out_and_say_so() {
+    let program = gwbench();
+    let b = program.to_str().unwrap();
+    let coll = run(
+        &gwrun(),
+        &[
+            "--transport",
+            "shm",
+            "-n",
+            "2",
+            b,
+            "allreduce",
+            "-b",
+            "8",
+            "-e",
+            "8M",
+            "-f",
+            "64",
+            "-n",
+            "2",
+            "--hugepages",
+            "1",
+        ],
+    );
+    all_rows_right(&coll, "allreduce --hugepages 1");
+    let write = run(
+        &gwrun(),
+        &[
+            "--transport",
+            "shm",
+            "-n",
+            "2",
+            b,
+            "p2p",
+            "--op",
+            "write",
+            "-b",
+            "1M",
+            "-e",
+            "4M",
+            "-f",
+            "4",
+            "-n",
+            "4",
+            "-c",
+            "1",
+            "--hugepages",
+            "1",
+        ],
+    );
+    assert_eq!(write.code, Some(0), "{}", write.all());
+    assert_eq!(
+        perftest_rows(&write, "#bytes", 5).len(),
+        2,
+        "{}",
+        write.all()
+    );
+    for r in [&coll, &write] {
+        let line = r
+            .rank0()
+            .into_iter()
+            .find(|l| l.starts_with("# Buffers: transparent huge pages asked for; "))
+            .unwrap_or_else(|| panic!("no huge page line\n{}", r.all()));
+        assert!(line.contains(" MiB on them (rank 0; kernel: "), "{line}");
+    }
+    let plain = bench(2, &["allreduce", "-b", "8", "-e", "8", "-n", "1"]);
+    assert!(!plain.stdout.contains("# Buffers:"), "{}", plain.all());
+}
+
 #[test]
 fn perftest_flags_refused_where_they_do_not_apply() {
     for (args, want) in [
@@ -569,6 +641,11 @@ fn perftest_flags_refused_where_they_do_not_apply() {
         ),
         (&["allreduce", "--bidir"], "applies to p2p only"),
         (&["allreduce", "-o", "send"], "is a p2p operation"),
+        (
+            &["allreduce", "--hugepages", "1", "--device", "cuda"],
+            "--hugepages 1 applies to host buffers",
+        ),
+        (&["p2p", "--hugepages", "2"], "--hugepages"),
     ] {
         let r = run(&gwbench(), args);
         assert_eq!(r.code, Some(2), "{args:?}\n{}", r.all());

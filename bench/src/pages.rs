@@ -1,0 +1,271 @@
+//! Benchmark buffers on transparent huge pages (`--hugepages 1`).
+//!
+//! Single-copy transfers between processes (`process_vm_writev`/`readv`,
+//! which gradwire's shm transport and libfabric's shm provider use for large
+//! messages) pin and map the other process's memory page by page. On 4 KiB
+//! pages that costs a quarter to a half of memcpy's speed here; on 2 MiB
+//! pages the same copy runs at 0.8–1.0 of memcpy, while memcpy itself does
+//! not change. perftest offers the choice (`--use_hugepages`), and numpy
+//! already advises huge pages for its large arrays, so a user's buffers may
+//! be of either kind: gwbench measures both, and says which it used and what
+//! the kernel actually gave.
+
+use serde::Serialize;
+use std::alloc::{Layout, alloc, dealloc};
+use std::fs;
+use std::ops::{Deref, DerefMut};
+use std::ptr::NonNull;
+
+/// The size and alignment of a huge page on x86-64 and aarch64 (4 KiB
+/// granule): whole ones are what the kernel can back with a huge page.
+const HUGE: usize = 2 << 20;
+
+/// A benchmark buffer of `len` zeroed elements, faulted in before timing.
+/// On huge pages it is allocated in whole, aligned 2 MiB units, so that
+/// even a 1 MiB buffer can sit on one: `malloc`'s large blocks start 16
+/// bytes past a page, which leaves the first and last partial units (all of
+/// a buffer under 4 MiB) on small pages.
+pub struct Buffer<T> {
+    ptr: NonNull<T>,
+    len: usize,
+    layout: Option<Layout>,
+}
+
+impl<T: Copy> Buffer<T> {
+    /// `len` elements whose bytes are all zero (the zero of every element
+    /// type gwbench uses), on huge pages if `huge`.
+    pub fn zeroed(len: usize, huge: bool) -> Result<Buffer<T>, String> {
+        let bytes = len
+            .checked_mul(size_of::<T>())
+            .ok_or_else(|| format!("{len} elements overflow the address space"))?;
+        if bytes == 0 {
+            return Ok(Buffer {
+                ptr: NonNull::dangling(),
+                len,
+                layout: None,
+            });
+        }
+        let layout = if huge {
+            Layout::from_size_align(bytes.div_ceil(HUGE) * HUGE, HUGE)
+        } else {
+            Layout::from_size_align(bytes, align_of::<T>())
+        }
+        .map_err(|e| format!("{bytes} bytes: {e}"))?;
+        // SAFETY: the layout's size is not zero.
+        let raw = unsafe { alloc(layout) };
+        let Some(ptr) = NonNull::new(raw.cast::<T>()) else {
+            return Err(format!("out of memory for {} bytes", layout.size()));
+        };
+        let buf = Buffer {
+            ptr,
+            len,
+            layout: Some(layout),
+        };
+        if huge {
+            advise_huge(raw, layout.size())?;
+        }
+        // SAFETY: `raw` is valid for `layout.size()` bytes. Writing every
+        // byte also faults the pages in (on huge pages, after the advice).
+        unsafe { raw.write_bytes(0, layout.size()) };
+        Ok(buf)
+    }
+}
+
+impl<T> Drop for Buffer<T> {
+    fn drop(&mut self) {
+        if let Some(layout) = self.layout {
+            // SAFETY: allocated in `zeroed` with this layout.
+            unsafe { dealloc(self.ptr.as_ptr().cast(), layout) };
+        }
+    }
+}
+
+impl<T> Deref for Buffer<T> {
+    type Target = [T];
+    fn deref(&self) -> &[T] {
+        // SAFETY: `len` initialised elements (zeroed), or dangling and empty.
+        unsafe { std::slice::from_raw_parts(self.ptr.as_ptr(), self.len) }
+    }
+}
+
+impl<T> DerefMut for Buffer<T> {
+    fn deref_mut(&mut self) -> &mut [T] {
+        // SAFETY: as in `deref`, and `&mut self` is unique.
+        unsafe { std::slice::from_raw_parts_mut(self.ptr.as_ptr(), self.len) }
+    }
+}
+
+/// What `--hugepages 1` got, for the header: rank 0's buffers.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct Given {
+    /// Bytes of the buffers on huge pages after they were faulted in.
+    pub huge_bytes: u64,
+    /// The buffers' bytes.
+    pub bytes: u64,
+    /// The kernel's policy ([`policy`]).
+    pub policy: String,
+}
+
+impl Given {
+    /// Reads what the kernel gave `buffers` (each a start and a length).
+    pub fn of(buffers: &[(*const u8, usize)]) -> Given {
+        Given {
+            huge_bytes: buffers
+                .iter()
+                .map(|&(p, n)| huge_bytes(p, n).unwrap_or(0))
+                .sum(),
+            bytes: buffers.iter().map(|&(_, n)| n as u64).sum(),
+            policy: policy(),
+        }
+    }
+
+    /// The header line.
+    pub fn line(&self) -> String {
+        let mib = |b: u64| b as f64 / f64::from(1u32 << 20);
+        format!(
+            "# Buffers: transparent huge pages asked for; {:.1} of {:.1} MiB on them (rank 0; kernel: {})",
+            mib(self.huge_bytes),
+            mib(self.bytes),
+            self.policy
+        )
+    }
+}
+
+/// The kernel's transparent huge page policy, as
+/// `/sys/kernel/mm/transparent_hugepage/enabled` shows it (the bracketed
+/// word is in force), or why it could not be read.
+pub fn policy() -> String {
+    fs::read_to_string("/sys/kernel/mm/transparent_hugepage/enabled")
+        .map(|s| s.trim().to_owned())
+        .unwrap_or_else(|e| format!("unknown ({e})"))
+}
+
+/// Asks the kernel to back `[ptr, ptr + len)` with huge pages from its next
+/// faults on. Only the whole 4 KiB pages inside the range are advised, so
+/// neighbouring allocations keep their own advice.
+pub fn advise_huge(ptr: *const u8, len: usize) -> Result<(), String> {
+    const PAGE: usize = 4096;
+    let start = (ptr as usize).div_ceil(PAGE) * PAGE;
+    let end = (ptr as usize + len) / PAGE * PAGE;
+    if end <= start {
+        return Ok(());
+    }
+    // SAFETY: madvise with MADV_HUGEPAGE changes no contents and no
+    // protection; the range lies inside memory this process allocated.
+    let rc = unsafe { libc::madvise(start as *mut libc::c_void, end - start, libc::MADV_HUGEPAGE) };
+    if rc != 0 {
+        return Err(format!(
+            "madvise(MADV_HUGEPAGE) on {} bytes failed: {} (transparent huge pages: {})",
+            end - start,
+            std::io::Error::last_os_error(),
+            policy()
+        ));
+    }
+    Ok(())
+}
+
+/// How many bytes of `[ptr, ptr + len)` sit on huge pages now, from
+/// `/proc/self/smaps` (a mapping's `AnonHugePages`, capped by its overlap
+/// with the range).
+pub fn huge_bytes(ptr: *const u8, len: usize) -> Result<u64, String> {
+    let smaps = fs::read_to_string("/proc/self/smaps")
+        .map_err(|e| format!("cannot read /proc/self/smaps: {e}"))?;
+    Ok(huge_in(&smaps, ptr as u64, ptr as u64 + len as u64))
+}
+
+/// [`huge_bytes`] over the text of an smaps file.
+fn huge_in(smaps: &str, lo: u64, hi: u64) -> u64 {
+    let mut total = 0;
+    let mut overlap = 0u64;
+    for line in smaps.lines() {
+        if let Some(kb) = line.strip_prefix("AnonHugePages:") {
+            let kb: u64 = kb.trim().trim_end_matches("kB").trim().parse().unwrap_or(0);
+            total += (kb * 1024).min(overlap);
+            continue;
+        }
+        // A mapping's first line: "start-end perms offset dev inode path".
+        let Some((range, _)) = line.split_once(' ') else {
+            continue;
+        };
+        let Some((a, b)) = range.split_once('-') else {
+            continue;
+        };
+        if let (Ok(a), Ok(b)) = (u64::from_str_radix(a, 16), u64::from_str_radix(b, 16)) {
+            overlap = hi.min(b).saturating_sub(lo.max(a));
+        }
+    }
+    total
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn smaps_huge_pages_count_only_inside_the_range() {
+        let smaps = "\
+7f0000000000-7f0000800000 rw-p 00000000 00:00 0 \n\
+Size:               8192 kB\n\
+AnonHugePages:      6144 kB\n\
+7f0000800000-7f0000a00000 rw-p 00000000 00:00 0 \n\
+AnonHugePages:      2048 kB\n\
+7f0001000000-7f0001200000 rw-p 00000000 00:00 0 [heap]\n\
+AnonHugePages:      2048 kB\n";
+        let mib = 1 << 20;
+        let base = 0x7f00_0000_0000u64;
+        // The whole first mapping: its 6 MiB.
+        assert_eq!(huge_in(smaps, base, base + 8 * mib), 6 * mib);
+        // 1 MiB of it: no more than the overlap.
+        assert_eq!(huge_in(smaps, base, base + mib), mib);
+        // Both adjacent mappings, not the far one.
+        assert_eq!(huge_in(smaps, base, base + 10 * mib), 8 * mib);
+        assert_eq!(huge_in(smaps, base + 10 * mib, base + 16 * mib), 0);
+    }
+
+    #[test]
+    fn buffers_are_zeroed_aligned_and_writable() {
+        for (len, huge) in [
+            (0, false),
+            (0, true),
+            (3, false),
+            (3, true),
+            (1 << 19, true),
+        ] {
+            let mut b = Buffer::<f32>::zeroed(len, huge).expect("allocate");
+            assert_eq!(b.len(), len);
+            assert!(b.iter().all(|&x| x == 0.0));
+            if huge && len > 0 {
+                assert_eq!(b.as_ptr() as usize % HUGE, 0);
+            }
+            for (i, x) in b.iter_mut().enumerate() {
+                *x = i as f32;
+            }
+            assert!(b.iter().enumerate().all(|(i, &x)| x == i as f32));
+        }
+        assert!(Buffer::<u64>::zeroed(usize::MAX / 4, false).is_err());
+    }
+
+    #[test]
+    fn advised_memory_gets_huge_pages_where_the_kernel_allows() {
+        // 2 MiB: one aligned huge page's worth, the smallest that can get one.
+        let len = 2 << 20;
+        let b = Buffer::<u8>::zeroed(len, true).expect("allocate");
+        let got = huge_bytes(b.as_ptr(), len).expect("smaps");
+        let policy = policy();
+        let defrag =
+            fs::read_to_string("/sys/kernel/mm/transparent_hugepage/defrag").unwrap_or_default();
+        // With huge pages allowed for advised memory and the kernel told to
+        // compact for it at fault time, the buffer is one.
+        let allowed = policy.contains("[always]") || policy.contains("[madvise]");
+        let compacts = ["[always]", "[madvise]", "[defer+madvise]"]
+            .iter()
+            .any(|w| defrag.contains(w));
+        if allowed && compacts {
+            assert_eq!(got, len as u64, "bytes on huge pages ({policy}; {defrag})");
+        } else {
+            eprintln!(
+                "not checked: this kernel gives no huge pages on advice ({policy}; {defrag})"
+            );
+        }
+    }
+}
