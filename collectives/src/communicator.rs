@@ -31,10 +31,22 @@ use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
-/// Completions kept for reuse (see [`Communicator::completion`]): enough for
-/// a blocking loop (which needs two: the one just finished may still be held
-/// by the engine for a moment) and for a dozen non-blocking calls in flight.
+/// Completions made at creation for reuse (see [`Communicator::completion`]):
+/// enough for a blocking loop (which needs two: the one just finished may
+/// still be held by the engine for a moment) and for a dozen non-blocking
+/// calls in flight.
 const COMPLETION_POOL: usize = 16;
+
+/// How far the pool grows when more calls are in flight at once (a window
+/// of non-blocking messages, as MPI benchmarks and pipeline code post):
+/// beyond it, completions are made and dropped per call.
+const COMPLETION_POOL_MAX: usize = 1024;
+
+/// Pooled completions and where the next search for a free one starts.
+struct CompletionPool {
+    all: Vec<Arc<Completion>>,
+    next: usize,
+}
 
 /// The largest all-gather or reduce-scatter (bytes of all the blocks),
 /// broadcast or reduce the caller runs itself (`engine/direct.rs`): that
@@ -168,7 +180,7 @@ pub struct Communicator {
     p2p_seq: Mutex<(Vec<u64>, Vec<u64>)>,
     tx: mailbox::Sender,
     /// Completions of earlier operations, reused once nothing refers to them.
-    completions: Mutex<Vec<Arc<Completion>>>,
+    completions: Mutex<CompletionPool>,
     pub(crate) driver: Arc<Driver>,
     abort: Arc<AtomicBool>,
     thread: Option<JoinHandle<()>>,
@@ -293,11 +305,12 @@ impl Communicator {
             // Filled now: a pool grown on demand would keep as few as the
             // warm-up happened to need, and allocate later on the first race
             // with an engine that has not dropped its reference yet.
-            completions: Mutex::new(
-                (0..COMPLETION_POOL)
+            completions: Mutex::new(CompletionPool {
+                all: (0..COMPLETION_POOL)
                     .map(|_| Arc::new(Completion::new(started.caller_spin)))
                     .collect(),
-            ),
+                next: 0,
+            }),
             driver: started.driver,
             abort: started.abort,
             thread: Some(started.thread),
@@ -475,12 +488,6 @@ impl Communicator {
         }
     }
 
-    /// A completion for a new operation. A steady-state step must not
-    /// allocate, so completions are pooled: one whose `Arc` nobody else holds
-    /// any more (its handle dropped, the engine done with it) is reset and
-    /// reused. `Arc::get_mut` proves that exclusivity, so a handle kept
-    /// around, or an engine that has not dropped its reference yet, never
-    /// sees its completion reused under it; a new one is made instead.
     /// The next collective sequence number, after a deferred persistent
     /// round (started earlier) has drawn its own.
     pub(crate) fn next_seq(&self) -> Result<u64> {
@@ -498,16 +505,43 @@ impl Communicator {
         }
     }
 
+    /// A completion for a new operation. A steady-state step must not
+    /// allocate, so completions are pooled: one whose `Arc` nobody else holds
+    /// any more (its handle dropped, the engine done with it) is reset and
+    /// reused. `Arc::get_mut` proves that exclusivity, so a handle kept
+    /// around, or an engine that has not dropped its reference yet, never
+    /// sees its completion reused under it; another is taken instead.
+    ///
+    /// Operations finish about in the order they were posted, so the search
+    /// starts after the completion handed out last: with a window of calls
+    /// in flight, the first one it looks at is usually free (a search from
+    /// the front walked the whole window every call). A pool with every
+    /// completion in use doubles, up to [`COMPLETION_POOL_MAX`].
     pub(crate) fn completion(&self) -> Arc<Completion> {
-        let mut pool = self.completions.lock().unwrap_or_else(|p| p.into_inner());
-        for c in pool.iter_mut() {
-            if let Some(free) = Arc::get_mut(c) {
+        let mut guard = self.completions.lock().unwrap_or_else(|p| p.into_inner());
+        let pool = &mut *guard;
+        let n = pool.all.len();
+        for i in 0..n {
+            let at = (pool.next + i) % n;
+            if let Some(free) = Arc::get_mut(&mut pool.all[at]) {
                 free.reset();
-                return c.clone();
+                pool.next = (at + 1) % n;
+                return pool.all[at].clone();
             }
         }
         // Every pooled one is in use (many non-blocking calls in flight).
-        Arc::new(Completion::new(self.caller_spin))
+        // The pool doubles: grown by one, it would grow again each time the
+        // engine happened to hold a finished completion a moment longer,
+        // allocating now and then in a steady stream. The search keeps its
+        // start: the oldest call in flight, which finishes first, holds the
+        // completion there.
+        let grow = n.min(COMPLETION_POOL_MAX.saturating_sub(n));
+        if grow == 0 {
+            return Arc::new(Completion::new(self.caller_spin));
+        }
+        pool.all
+            .extend((0..grow).map(|_| Arc::new(Completion::new(self.caller_spin))));
+        pool.all[n].clone()
     }
 
     /// Queues an operation. `kick`: wake the engine thread to start it now
@@ -877,7 +911,7 @@ impl Communicator {
             count: 0,
             root: 0,
         };
-        let sched = Box::new(P2p::new(halves.0, halves.1));
+        let sched = P2p::new(halves.0, halves.1);
         let raw = RawOp {
             kind: OpKind::SendRecv,
             dtype,
@@ -890,7 +924,7 @@ impl Communicator {
         };
         self.submit(
             fp,
-            Plan::Built(sched),
+            Plan::Message(sched),
             Kernel::new(dtype, RedOp::None, self.size)?,
             &raw,
             sb,

@@ -38,6 +38,7 @@ pub(crate) use direct::{DirectOp, DirectShape};
 #[doc(hidden)]
 pub use in_place::in_place_reads;
 
+use crate::algo::p2p::P2p;
 use crate::algo::{Action, ActionId, Buf, Loc, Schedule};
 use crate::board::Board;
 use crate::mailbox::Receiver;
@@ -103,9 +104,52 @@ pub fn stall_checks() -> u64 {
     STALL_CHECKS.load(Ordering::Relaxed)
 }
 
+/// A running operation's schedule: boxed (collectives, persistent rounds,
+/// which go back to a cache), or a point-to-point message's, held by value
+/// so that a message allocates nothing.
+enum RunSched {
+    Boxed(Box<dyn Schedule>),
+    Message(P2p),
+}
+
+impl RunSched {
+    /// The box, to give back to the cache or the persistent operation; a
+    /// message's schedule is only dropped.
+    fn into_boxed(self) -> Option<Box<dyn Schedule>> {
+        match self {
+            RunSched::Boxed(b) => Some(b),
+            RunSched::Message(_) => None,
+        }
+    }
+}
+
+impl std::ops::Deref for RunSched {
+    type Target = dyn Schedule;
+    fn deref(&self) -> &(dyn Schedule + 'static) {
+        match self {
+            RunSched::Boxed(b) => b.as_ref(),
+            RunSched::Message(p) => p,
+        }
+    }
+}
+
+impl std::ops::DerefMut for RunSched {
+    fn deref_mut(&mut self) -> &mut (dyn Schedule + 'static) {
+        match self {
+            RunSched::Boxed(b) => b.as_mut(),
+            RunSched::Message(p) => p,
+        }
+    }
+}
+
+/// Message vectors kept for reuse ([`Engine::message_spares`]): a window of
+/// non-blocking messages in flight needs a set each, and taking them from
+/// finished messages keeps a steady stream from allocating.
+const MESSAGE_SPARES: usize = 1024;
+
 struct Running {
     op: OpDesc,
-    sched: Box<dyn Schedule>,
+    sched: RunSched,
     /// Under which key the schedule goes back to the cache (collectives).
     key: Option<sched_cache::Key>,
     /// The persistent operation this is a round of (`prepared.rs`): its
@@ -141,6 +185,18 @@ struct Running {
 }
 
 impl Running {
+    /// Its vectors, for another operation (see [`Spare`]).
+    fn take_spare(&mut self) -> Spare {
+        Spare {
+            handles: std::mem::take(&mut self.handles),
+            inflight: std::mem::take(&mut self.inflight),
+            blocked: std::mem::take(&mut self.blocked),
+            window_handles: std::mem::take(&mut self.window_handles),
+            expect: std::mem::take(&mut self.expect),
+            arrived: std::mem::take(&mut self.arrived),
+        }
+    }
+
     fn is_finished(&self) -> bool {
         self.sched.is_done() && self.inflight.is_empty() && self.blocked.is_empty()
     }
@@ -182,6 +238,19 @@ struct Spare {
 const INFLIGHT_ROOM: usize = 2 * crate::algo::MAX_DEPTH * 4;
 
 impl Spare {
+    /// Empties the vectors, with a registration slot per transport, for
+    /// another operation.
+    fn ready_for(&mut self, transports: usize) {
+        self.handles.clear();
+        self.handles.resize(transports, None);
+        self.inflight.clear();
+        self.blocked.clear();
+        self.window_handles.clear();
+        self.window_handles.resize(transports, None);
+        self.expect.clear();
+        self.arrived.clear();
+    }
+
     fn with_room() -> Self {
         Spare {
             handles: Vec::new(),
@@ -345,6 +414,8 @@ pub(crate) struct Engine {
     shutting_down: bool,
     schedules: ScheduleCache,
     spare: Spare,
+    /// Vectors of finished messages, for the next ones (`MESSAGE_SPARES`).
+    message_spares: Vec<Spare>,
     /// Persistent operations' plans (`prepared.rs`).
     prepared: Vec<prepared::Prepared>,
     /// Buffers the caller registered (`user_regs.rs`).
@@ -407,6 +478,7 @@ impl Engine {
                 shutting_down: false,
                 schedules: ScheduleCache::new(sched_cache::MAX_ENTRIES, sched_cache::MAX_BYTES),
                 spare: Spare::with_room(),
+                message_spares: Vec::new(),
                 prepared: Vec::new(),
                 user_regs,
             },
@@ -738,21 +810,14 @@ impl Engine {
         // same way on every rank, as a scratch allocation failure does.
         let nt = self.transports.len();
         let mut spare = std::mem::take(&mut self.spare);
-        spare.handles.clear();
-        spare.handles.resize(nt, None);
-        spare.inflight.clear();
-        spare.blocked.clear();
-        spare.window_handles.clear();
-        spare.window_handles.resize(nt, None);
-        spare.expect.clear();
-        spare.arrived.clear();
+        spare.ready_for(nt);
         let mut window = (Ptr(std::ptr::null_mut()), 0);
         let mut round = 0u8;
         let (sched, key, prepared) = match std::mem::replace(&mut op.plan, Plan::Started) {
             Plan::Collective(spec, algo) => {
                 let key = (spec, algo);
                 match self.schedules.take(&key) {
-                    Ok(s) => (s, Some(key), None),
+                    Ok(s) => (RunSched::Boxed(s), Some(key), None),
                     Err(e) => {
                         self.spare = spare;
                         op.done.finish(Err(e));
@@ -760,11 +825,12 @@ impl Engine {
                     }
                 }
             }
-            Plan::Built(s) => (s, None, None),
+            Plan::Built(s) => (RunSched::Boxed(s), None, None),
+            Plan::Message(p) => (RunSched::Message(p), None, None),
             Plan::Prepared(id) => match self.take_prepared(id, &op, &mut spare) {
                 Ok((s, w, rd)) => {
                     (window, round) = (w, rd);
-                    (s, None, Some(id))
+                    (RunSched::Boxed(s), None, Some(id))
                 }
                 Err(e) => {
                     self.spare = spare;
@@ -819,8 +885,8 @@ impl Engine {
         };
         let need = sched.scratch_elems() * op.kernel.dtype.size();
         if let Err(e) = self.ensure_scratch(need) {
-            if let Some(id) = prepared {
-                self.put_prepared(id, sched);
+            if let (Some(id), Some(s)) = (prepared, sched.into_boxed()) {
+                self.put_prepared(id, s);
             }
             self.spare = spare;
             op.done.finish(Err(e));
@@ -869,15 +935,15 @@ impl Engine {
                 break;
             };
             self.queue_changes += 1;
-            match std::mem::replace(&mut op.plan, Plan::Started) {
-                Plan::Built(sched) => {
-                    // Messages allocate anyway (their schedule is built per
-                    // call), so their vectors are their own.
-                    let spare = Spare {
-                        handles: vec![None; nt],
-                        window_handles: vec![None; nt],
-                        ..Spare::default()
-                    };
+            let sched = match std::mem::replace(&mut op.plan, Plan::Started) {
+                Plan::Message(p) => Some(RunSched::Message(p)),
+                Plan::Built(b) => Some(RunSched::Boxed(b)),
+                _ => None,
+            };
+            match sched {
+                Some(sched) => {
+                    let mut spare = self.message_spares.pop().unwrap_or_default();
+                    spare.ready_for(nt);
                     let mut r = self.running(
                         op,
                         sched,
@@ -893,7 +959,7 @@ impl Engine {
                     // Its first advance posts it.
                     self.messages_seen = None;
                 }
-                _ => op.done.finish(Err(Error::Internal(
+                None => op.done.finish(Err(Error::Internal(
                     "a point-to-point message without its schedule".into(),
                 ))),
             }
@@ -917,7 +983,7 @@ impl Engine {
     fn running(
         &self,
         op: OpDesc,
-        sched: Box<dyn Schedule>,
+        sched: RunSched,
         key: Option<sched_cache::Key>,
         prepared: Option<u64>,
         window: (Ptr, usize),
@@ -1059,6 +1125,7 @@ impl Engine {
                 r.trace_done();
                 self.release(&mut r);
                 r.op.done.finish(Ok(()));
+                self.keep_message_spare(r);
                 moved = true;
             } else {
                 i += 1;
@@ -1460,23 +1527,23 @@ impl Engine {
         Ok((mem, off, len))
     }
 
+    /// Keeps a finished message's vectors for the next message.
+    fn keep_message_spare(&mut self, mut r: Running) {
+        if self.message_spares.len() < MESSAGE_SPARES {
+            self.message_spares.push(r.take_spare());
+        }
+    }
+
     /// Keeps what a finished operation leaves that the next one can reuse
     /// (its schedule, in the cache; its vectors) and returns its completion,
     /// for the caller to finish.
-    fn retire(&mut self, r: Running) -> Arc<Completion> {
-        if let Some(id) = r.prepared {
-            self.put_prepared(id, r.sched);
-        } else if let Some(key) = r.key {
-            self.schedules.put(key, r.sched);
+    fn retire(&mut self, mut r: Running) -> Arc<Completion> {
+        self.spare = r.take_spare();
+        match (r.prepared, r.key, r.sched.into_boxed()) {
+            (Some(id), _, Some(s)) => self.put_prepared(id, s),
+            (None, Some(key), Some(s)) => self.schedules.put(key, s),
+            _ => {}
         }
-        self.spare = Spare {
-            handles: r.handles,
-            inflight: r.inflight,
-            blocked: r.blocked,
-            window_handles: r.window_handles,
-            expect: r.expect,
-            arrived: r.arrived,
-        };
         r.op.done
     }
 
@@ -1521,8 +1588,8 @@ impl Engine {
         }
         if let Some(mut r) = self.current.take() {
             self.release(&mut r);
-            if let Some(id) = r.prepared {
-                self.put_prepared(id, r.sched);
+            if let (Some(id), Some(s)) = (r.prepared, r.sched.into_boxed()) {
+                self.put_prepared(id, s);
             }
             r.op.done.finish(Err(e.clone()));
         }

@@ -147,8 +147,11 @@ pub(crate) enum Plan {
     /// call from its cache, or builds one (see `sched_cache`). The caller has
     /// already checked the arguments with `algo::check`.
     Collective(OpSpec, Algo),
-    /// A schedule the caller built (point-to-point), run once.
+    /// A schedule the caller built, run once.
     Built(Box<dyn Schedule>),
+    /// A point-to-point message, whose schedule the engine runs by value
+    /// (nothing to allocate per message).
+    Message(crate::algo::p2p::P2p),
     /// Plan a persistent operation once (`engine/prepared.rs`): keep its
     /// schedule (built by the caller, rewound) under `id`, make room in
     /// scratch and register the operation's buffers with every transport.

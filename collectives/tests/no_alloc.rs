@@ -16,7 +16,9 @@
 //! with its own communicator (a store run by the test, as in `train/tests`).
 //! All ranks run a fixed "training step" (all-reduce out of place, in place,
 //! weighted and fused; reduce-scatter; all-gather; broadcast; reduce; barrier;
-//! small messages and ones cut into many pipelined segments) for `WARMUP`
+//! small messages and ones cut into many pipelined segments; a window of
+//! `WINDOW` non-blocking messages around the ring, as pipeline code and MPI
+//! benchmarks post them) for `WARMUP`
 //! iterations, meet at a `std::sync::Barrier` (which does not allocate), and
 //! rank 0 reads the global allocation counter. They then run `MEASURED` more
 //! identical steps, meet again, and rank 0 reads the counter a second time.
@@ -56,6 +58,15 @@ const SEGMENT_BYTES: usize = 16 << 10;
 const SMALL: usize = 1000;
 const MEDIUM: usize = 40_000;
 const FUSED: [usize; 4] = [3, 100, 17, 900];
+/// Non-blocking messages in flight at once: more than the completions a
+/// communicator makes at creation (16), so that its pool must grow to hold
+/// them instead of making one per call, and few enough that what a
+/// transport queues for one peer (a frame each, and credits) stays within
+/// the room it reserves per peer (64; a 40-message window grew the ofi
+/// driver's queue once in four runs, after the warm-up).
+const WINDOW: usize = 24;
+/// Bytes of each of them.
+const WINDOW_BYTES: usize = 256;
 
 /// One rank's buffers, allocated before the warm-up and reused every step.
 struct Bufs {
@@ -66,6 +77,10 @@ struct Bufs {
     rs_recv: Vec<f32>,
     ag_recv: Vec<f32>,
     fused: Vec<Vec<f32>>,
+    /// What this rank sends in the window, and a slot per message it receives.
+    p2p_send: Vec<u8>,
+    p2p_recv: Vec<u8>,
+    handles: Vec<gw_collectives::Handle>,
 }
 
 impl Bufs {
@@ -78,6 +93,9 @@ impl Bufs {
             rs_recv: vec![0.0; count],
             ag_recv: vec![0.0; count * n],
             fused: FUSED.iter().map(|&l| vec![0.0; l]).collect(),
+            p2p_send: vec![0; WINDOW_BYTES],
+            p2p_recv: vec![0; WINDOW * WINDOW_BYTES],
+            handles: Vec::with_capacity(WINDOW),
         }
     }
 }
@@ -151,7 +169,47 @@ fn step(c: &Communicator, b: &mut Bufs, it: usize) -> Result<(), String> {
     if r == root && b.recv[0] != sum {
         return bad("reduce", b.recv[0], sum);
     }
+    window(c, b, it)?;
     c.barrier().map_err(|e| e.to_string())?;
+    Ok(())
+}
+
+/// `WINDOW` messages to the next rank and from the previous one, all posted
+/// before any is waited for; checks every received byte.
+fn window(c: &Communicator, b: &mut Bufs, it: usize) -> Result<(), String> {
+    let (r, n) = (c.rank() as usize, c.size() as usize);
+    let (to, from) = (((r + 1) % n) as u32, ((r + n - 1) % n) as u32);
+    let byte = |rank: usize| (rank * 31 + it) as u8;
+    b.p2p_send.fill(byte(r));
+    b.p2p_recv.fill(0);
+    let send = (to, b.p2p_send.as_ptr(), WINDOW_BYTES);
+    for slot in b.p2p_recv.chunks_exact_mut(WINDOW_BYTES) {
+        // SAFETY: both buffers outlive the handles, which are all waited
+        // for below before they are touched again.
+        let h = unsafe {
+            c.sendrecv_raw(
+                gw_collectives::DType::U8,
+                Some(send),
+                Some((from, slot.as_mut_ptr(), WINDOW_BYTES)),
+            )
+        }
+        .map_err(|e| e.to_string())?;
+        b.handles.push(h);
+    }
+    let mut first = Ok(());
+    for h in b.handles.drain(..) {
+        if let Err(e) = h.wait() {
+            first = first.and(Err(e.to_string()));
+        }
+    }
+    first?;
+    if let Some(i) = b.p2p_recv.iter().position(|&x| x != byte((r + n - 1) % n)) {
+        return Err(format!(
+            "rank {r} iteration {it}: window byte {i} is {}, want {}",
+            b.p2p_recv[i],
+            byte((r + n - 1) % n)
+        ));
+    }
     Ok(())
 }
 

@@ -15,40 +15,25 @@ pub struct Half {
     pub count: usize,
 }
 
-/// A send from `Buf::Send`, a receive into `Buf::Recv`, or both.
+/// A send from `Buf::Send`, a receive into `Buf::Recv`, or both. It holds
+/// only its two halves and makes their actions when asked, so that a
+/// message's schedule allocates nothing and stays small (the engine runs it
+/// by value; see `RunSched` there).
 pub struct P2p {
-    pending: Vec<Action>,
+    /// Halves not yet handed out, as actions: the send goes first.
+    send_due: bool,
+    recv_due: bool,
     outstanding: usize,
-    /// What it moves, for [`Schedule::waiting_for`]: described only if it
-    /// stalls, not for every message (a stream of small messages paid for
-    /// the formatting).
     send: Option<Half>,
     recv: Option<Half>,
 }
 
 impl P2p {
     pub fn new(send: Option<Half>, recv: Option<Half>) -> P2p {
-        let mut pending = Vec::new();
-        if let Some(h) = recv {
-            pending.push(Action::Recv {
-                id: 1,
-                peer: h.peer,
-                step: h.step,
-                dst: Loc::new(Buf::Recv, 0, h.count),
-            });
-        }
-        if let Some(h) = send {
-            pending.push(Action::Send {
-                id: 0,
-                peer: h.peer,
-                step: h.step,
-                src: Loc::new(Buf::Send, 0, h.count),
-            });
-        }
-        let outstanding = pending.len();
         P2p {
-            pending,
-            outstanding,
+            send_due: send.is_some(),
+            recv_due: recv.is_some(),
+            outstanding: usize::from(send.is_some()) + usize::from(recv.is_some()),
             send,
             recv,
         }
@@ -57,7 +42,27 @@ impl P2p {
 
 impl Schedule for P2p {
     fn next_action(&mut self) -> Option<Action> {
-        self.pending.pop()
+        if self.send_due {
+            self.send_due = false;
+            let h = self.send?;
+            return Some(Action::Send {
+                id: 0,
+                peer: h.peer,
+                step: h.step,
+                src: Loc::new(Buf::Send, 0, h.count),
+            });
+        }
+        if self.recv_due {
+            self.recv_due = false;
+            let h = self.recv?;
+            return Some(Action::Recv {
+                id: 1,
+                peer: h.peer,
+                step: h.step,
+                dst: Loc::new(Buf::Recv, 0, h.count),
+            });
+        }
+        None
     }
 
     fn complete(&mut self, _id: ActionId) {
@@ -91,6 +96,48 @@ impl Schedule for P2p {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_send_goes_out_before_the_receive_and_both_must_finish() {
+        let h = |peer, step| Half {
+            peer,
+            step,
+            count: 4,
+        };
+        let mut both = P2p::new(Some(h(1, 7)), Some(h(2, 3)));
+        assert!(matches!(
+            both.next_action(),
+            Some(Action::Send {
+                id: 0,
+                peer: 1,
+                step: 7,
+                ..
+            })
+        ));
+        assert!(matches!(
+            both.next_action(),
+            Some(Action::Recv {
+                id: 1,
+                peer: 2,
+                step: 3,
+                ..
+            })
+        ));
+        assert_eq!(both.next_action(), None);
+        both.complete(0);
+        assert!(!both.is_done());
+        both.complete(1);
+        assert!(both.is_done());
+        let mut recv = P2p::new(None, Some(h(2, 0)));
+        assert!(matches!(recv.next_action(), Some(Action::Recv { .. })));
+        assert_eq!(recv.next_action(), None);
+        assert!(!recv.is_done());
+        recv.complete(1);
+        assert!(recv.is_done());
+        let mut none = P2p::new(None, None);
+        assert_eq!(none.next_action(), None);
+        assert!(none.is_done());
+    }
 
     #[test]
     fn a_stalled_transfer_names_its_halves() {
