@@ -2,7 +2,7 @@
  * cma_bw: cross-memory attach bandwidth (process_vm_writev into another
  * process) beside one thread's memcpy, by the kind of page on each side.
  *
- *   cma_bw MIB PAGES      PAGES: 0 both on 4 KiB pages, 1 huge source,
+ *   cma_bw MIB PAGES      MIB 1-1024; PAGES: 0 both on 4 KiB pages, 1 huge source,
  *                                2 huge target, 3 both huge
  *
  * Single-copy transports (gradwire's shm, libfabric's shm provider, MPI's
@@ -18,6 +18,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
+#include <sys/prctl.h>
 #include <sys/uio.h>
 #include <sys/wait.h>
 #include <time.h>
@@ -41,17 +42,22 @@ static char *buffer(size_t bytes, int huge) {
     return p;
 }
 
+/* A whole number in [lo, hi], or -1. */
+static long number(const char *s, long lo, long hi) {
+    char *end;
+    long v = strtol(s, &end, 10);
+    return (*s && !*end && v >= lo && v <= hi) ? v : -1;
+}
+
 int main(int argc, char **argv) {
-    if (argc != 3) {
-        fprintf(stderr, "usage: cma_bw MIB PAGES(0-3)\n");
+    /* process_vm_writev moves at most about 2 GiB per call. */
+    long mib = argc == 3 ? number(argv[1], 1, 1024) : -1;
+    long pages = argc == 3 ? number(argv[2], 0, 3) : -1;
+    if (mib < 0 || pages < 0) {
+        fprintf(stderr, "usage: cma_bw MIB(1-1024) PAGES(0-3)\n");
         return 2;
     }
-    size_t bytes = strtoul(argv[1], NULL, 10) << 20;
-    int pages = atoi(argv[2]);
-    if (bytes == 0 || pages < 0 || pages > 3) {
-        fprintf(stderr, "usage: cma_bw MIB PAGES(0-3)\n");
-        return 2;
-    }
+    size_t bytes = (size_t)mib << 20;
     char *src = buffer(bytes, pages & 1), *dst = buffer(bytes, pages & 2);
     char *local = buffer(bytes, pages & 2);
     if (!src || !dst || !local) {
@@ -71,12 +77,16 @@ int main(int argc, char **argv) {
         return 1;
     }
     if (child == 0) {
-        /* The target: fault its own copy of dst in, then wait to be killed. */
+        /* The target: fault its own copy of dst in, then wait to be killed
+         * (also if the parent dies first). */
+        close(ready[0]);
+        if (prctl(PR_SET_PDEATHSIG, SIGKILL) || getppid() == 1) _exit(1);
         memset(dst, 2, bytes);
         if (write(ready[1], "x", 1) != 1) _exit(1);
         pause();
         _exit(0);
     }
+    close(ready[1]); /* so that a target that dies early ends the read */
     char c;
     if (read(ready[0], &c, 1) != 1) {
         fprintf(stderr, "cma_bw: the target process died\n");
@@ -87,8 +97,12 @@ int main(int argc, char **argv) {
     long n = 0;
     while (now() - t0 < 0.5) {
         double a = now();
-        if (process_vm_writev(child, &from, 1, &to, 1, 0) != (ssize_t)bytes) {
-            perror("cma_bw: process_vm_writev");
+        ssize_t moved = process_vm_writev(child, &from, 1, &to, 1, 0);
+        if (moved != (ssize_t)bytes) {
+            if (moved < 0)
+                perror("cma_bw: process_vm_writev");
+            else
+                fprintf(stderr, "cma_bw: process_vm_writev moved %zd of %zu bytes\n", moved, bytes);
             kill(child, SIGKILL);
             return 1;
         }
@@ -107,7 +121,7 @@ int main(int argc, char **argv) {
     }
     kill(child, SIGKILL);
     waitpid(child, NULL, 0);
-    printf("cma bytes=%zu pages=%d cma_gbps=%.3f memcpy_gbps=%.3f sink=%d\n", bytes, pages,
+    printf("cma bytes=%zu pages=%ld cma_gbps=%.3f memcpy_gbps=%.3f sink=%d\n", bytes, pages,
            (double)bytes * (double)n / spent / 1e9, (double)bytes * (double)m / m_spent / 1e9,
            local[bytes / 2]);
     return 0;

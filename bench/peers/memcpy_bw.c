@@ -34,17 +34,19 @@ int main(int argc, char **argv) {
     size_t mib = argc > 1 ? strtoul(argv[1], NULL, 10) : 256;
     int reps = argc > 2 ? atoi(argv[2]) : 9;
     int huge = argc > 3 ? atoi(argv[3]) : 0;
-    if (mib == 0 || reps < 1 || reps > 1000 || (huge != 0 && huge != 1)) {
+    if (mib == 0 || mib > 65536 || reps < 1 || reps > 1000 || (huge != 0 && huge != 1)) {
         fprintf(stderr, "usage: memcpy_bw [MIB [REPS [HUGE 0|1]]]\n");
         return 2;
     }
     size_t bytes = mib << 20;
     char *src = NULL, *dst = NULL;
     if (huge) {
-        size_t two_mib = (size_t)2 << 20;
-        if (posix_memalign((void **)&src, two_mib, bytes) || posix_memalign((void **)&dst, two_mib, bytes))
+        /* Whole aligned 2 MiB units, as gwbench --hugepages 1 allocates: a
+         * 1 MiB buffer could otherwise get no huge page at all. */
+        size_t two_mib = (size_t)2 << 20, whole = (bytes + two_mib - 1) / two_mib * two_mib;
+        if (posix_memalign((void **)&src, two_mib, whole) || posix_memalign((void **)&dst, two_mib, whole))
             src = dst = NULL;
-        else if (madvise(src, bytes, MADV_HUGEPAGE) || madvise(dst, bytes, MADV_HUGEPAGE)) {
+        else if (madvise(src, whole, MADV_HUGEPAGE) || madvise(dst, whole, MADV_HUGEPAGE)) {
             perror("memcpy_bw: madvise(MADV_HUGEPAGE)");
             return 1;
         }

@@ -70,7 +70,14 @@ fn cma_bw_for_every_placement_of_huge_pages() {
         assert!(field(&out, "cma_gbps") > 0.0, "{out}");
         assert!(field(&out, "memcpy_gbps") > 0.0, "{out}");
     }
-    for bad in [&["2", "4"][..], &["0", "1"], &["2"]] {
+    for bad in [
+        &["2", "4"][..],
+        &["0", "1"],
+        &["2"],
+        &["2", "x"],
+        &["2000", "0"],
+        &["2x", "0"],
+    ] {
         let (code, _, err) = run(&exe, bad);
         assert_eq!(code, 2, "{bad:?}: {err}");
         assert!(err.contains("usage"), "{bad:?}: {err}");
