@@ -4,8 +4,9 @@
  *
  *   memcpy_bw [MIB [REPS [HUGE]]]      (defaults: 256 MiB, 9 repetitions, 0)
  *
- * Copies a MIB-MiB buffer into another (both prefaulted) REPS times after one
- * warm-up copy and prints the median:  memcpy bytes=B reps=R gbps=X
+ * Copies a MIB-MiB buffer into another (both prefaulted) after one warm-up
+ * copy, REPS samples of at least 5 ms of copies each, and prints their
+ * median:  memcpy bytes=B reps=R gbps=X
  * With HUGE 1 both buffers are advised onto transparent huge pages, as
  * `gwbench --hugepages 1` advises its own, so that a one-sided write and
  * this copy are compared on the same kind of memory.
@@ -63,13 +64,20 @@ int main(int argc, char **argv) {
     memcpy(dst, src, bytes); /* warm-up */
     double *rate = malloc(sizeof(double) * (size_t)reps);
     unsigned sink = 0;
+    /* Each sample copies for at least 5 ms: a single 1 MiB copy takes
+     * about 25 us, too short to time alone on a shared machine (its
+     * median moved 1.6x between runs). */
     for (int r = 0; r < reps; r++) {
-        src[(size_t)r * 4096 % bytes] = (char)r;
-        double t0 = now();
-        memcpy(dst, src, bytes);
-        double dt = now() - t0;
-        sink += (unsigned char)dst[(size_t)r * 4096 % bytes];
-        rate[r] = (double)bytes / dt / 1e9;
+        long k = 0;
+        double t0 = now(), dt;
+        do {
+            src[(size_t)(r + k) * 4096 % bytes] = (char)(r + k);
+            memcpy(dst, src, bytes);
+            sink += (unsigned char)dst[(size_t)(r + k) * 4096 % bytes];
+            k++;
+            dt = now() - t0;
+        } while (dt < 5e-3);
+        rate[r] = (double)bytes * (double)k / dt / 1e9;
     }
     qsort(rate, (size_t)reps, sizeof(double), cmp);
     printf("memcpy bytes=%zu reps=%d gbps=%.4f min=%.4f max=%.4f sink=%u huge=%d\n", bytes, reps,
