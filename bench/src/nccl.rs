@@ -339,12 +339,10 @@ impl<'a, T: Value> Bench<'a, T> {
             time_s: self.o.time,
             warmup: self.o.warmup,
             check: self.o.check,
-            hugepages: self.o.hugepages.then(|| {
-                crate::pages::Given::of(&[
-                    (self.send.as_ptr().cast(), size_of_val(&*self.send)),
-                    (self.recv.as_ptr().cast(), size_of_val(&*self.recv)),
-                ])
-            }),
+            hugepages: self
+                .o
+                .hugepages
+                .then(|| crate::pages::Given::of(&[self.send.span(), self.recv.span()])),
             ranks: self
                 .comm
                 .hostnames()

@@ -255,12 +255,9 @@ pub fn run(comm: &Communicator, o: &P2pOpts) -> Result<bool, Fail> {
         time_s: o.time,
         warmup: o.warmup,
         check: o.check,
-        hugepages: o.hugepages.then(|| {
-            crate::pages::Given::of(&[
-                (b.send.as_ptr(), b.send.len()),
-                (b.recv.as_ptr(), b.recv.len()),
-            ])
-        }),
+        hugepages: o
+            .hugepages
+            .then(|| crate::pages::Given::of(&[b.send.span(), b.recv.span()])),
         ranks: comm
             .hostnames()
             .iter()

@@ -76,6 +76,13 @@ impl<T: Value> Buffer<T> {
     }
 }
 
+impl<T> Buffer<T> {
+    /// Where its bytes start and how many there are, for [`Given::of`].
+    pub fn span(&self) -> (*const u8, usize) {
+        (self.ptr.as_ptr().cast(), self.len * size_of::<T>())
+    }
+}
+
 impl<T> Drop for Buffer<T> {
     fn drop(&mut self) {
         if let Some(layout) = self.layout {
@@ -158,23 +165,16 @@ pub fn policy() -> String {
         .unwrap_or_else(|e| format!("unknown ({e})"))
 }
 
-/// Asks the kernel to back `[ptr, ptr + len)` with huge pages from its next
-/// faults on. Only the whole 4 KiB pages inside the range are advised, so
-/// neighbouring allocations keep their own advice.
-pub fn advise_huge(ptr: *const u8, len: usize) -> Result<(), String> {
-    const PAGE: usize = 4096;
-    let start = (ptr as usize).div_ceil(PAGE) * PAGE;
-    let end = (ptr as usize + len) / PAGE * PAGE;
-    if end <= start {
-        return Ok(());
-    }
+/// Asks the kernel to back `[ptr, ptr + len)`, a range of whole pages
+/// (here whole, aligned huge pages: see [`Buffer`]), with huge pages from
+/// its next faults on.
+fn advise_huge(ptr: *mut u8, len: usize) -> Result<(), String> {
     // SAFETY: madvise with MADV_HUGEPAGE changes no contents and no
-    // protection; the range lies inside memory this process allocated.
-    let rc = unsafe { libc::madvise(start as *mut libc::c_void, end - start, libc::MADV_HUGEPAGE) };
+    // protection; the range is memory this process allocated.
+    let rc = unsafe { libc::madvise(ptr.cast(), len, libc::MADV_HUGEPAGE) };
     if rc != 0 {
         return Err(format!(
-            "madvise(MADV_HUGEPAGE) on {} bytes failed: {} (transparent huge pages: {})",
-            end - start,
+            "madvise(MADV_HUGEPAGE) on {len} bytes failed: {} (transparent huge pages: {})",
             std::io::Error::last_os_error(),
             policy()
         ));

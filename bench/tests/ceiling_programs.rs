@@ -6,23 +6,11 @@
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
+#[path = "common/cc.rs"]
+mod cc;
+
 fn build(name: &str) -> PathBuf {
-    let dir = std::env::temp_dir().join(format!("gw-ceilings-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).expect("temp dir");
-    let exe = dir.join(name);
-    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join(format!("peers/{name}.c"));
-    let out = Command::new("cc")
-        .args(["-O2", "-Wall", "-Wextra", "-Werror", "-o"])
-        .arg(&exe)
-        .arg(&src)
-        .output()
-        .expect("run cc");
-    assert!(
-        out.status.success(),
-        "cc {name}.c failed:\n{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    exe
+    cc::build(&format!("peers/{name}.c"), "gw-ceilings")
 }
 
 /// `key=value` fields of a program's one output line.

@@ -7,25 +7,15 @@
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 
+#[path = "common/cc.rs"]
+mod cc;
+
 /// Built into a directory of the test's own, since tests run in parallel.
 fn build(test: &str) -> PathBuf {
-    let dir = std::env::temp_dir().join(format!("gw-bench-sockets-{}-{test}", std::process::id()));
-    std::fs::create_dir_all(&dir).expect("temp dir");
-    let exe = dir.join("send_buffer_state");
-    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("sockets/send_buffer_state.c");
-    let out = Command::new("cc")
-        .args(["-O2", "-Wall", "-Wextra", "-Werror", "-o"])
-        .arg(&exe)
-        .arg(&src)
-        .output()
-        .expect("cc runs");
-    assert!(
-        out.status.success(),
-        "cc {}: {}",
-        src.display(),
-        String::from_utf8_lossy(&out.stderr)
-    );
-    exe
+    cc::build(
+        "sockets/send_buffer_state.c",
+        &format!("gw-bench-sockets-{test}"),
+    )
 }
 
 fn run(exe: &Path, args: &[&str], env: &[(&str, &str)]) -> Output {

@@ -935,18 +935,13 @@ impl Engine {
                 break;
             };
             self.queue_changes += 1;
-            let sched = match std::mem::replace(&mut op.plan, Plan::Started) {
-                Plan::Message(p) => Some(RunSched::Message(p)),
-                Plan::Built(b) => Some(RunSched::Boxed(b)),
-                _ => None,
-            };
-            match sched {
-                Some(sched) => {
+            match std::mem::replace(&mut op.plan, Plan::Started) {
+                Plan::Message(p) => {
                     let mut spare = self.message_spares.pop().unwrap_or_default();
                     spare.ready_for(nt);
                     let mut r = self.running(
                         op,
-                        sched,
+                        RunSched::Message(p),
                         None,
                         None,
                         (Ptr(std::ptr::null_mut()), 0),
@@ -959,7 +954,7 @@ impl Engine {
                     // Its first advance posts it.
                     self.messages_seen = None;
                 }
-                None => op.done.finish(Err(Error::Internal(
+                _ => op.done.finish(Err(Error::Internal(
                     "a point-to-point message without its schedule".into(),
                 ))),
             }
