@@ -339,7 +339,8 @@ struct Opts {
 
     /// Where the buffers live: host memory, or CUDA device memory (GPU:
     /// the local rank modulo the GPUs; needs an NVIDIA driver and NVRTC).
-    /// Collectives only
+    /// The collectives, and p2p's own table (its messages are staged
+    /// blocking calls; not with --op)
     #[arg(long = "device", value_name = "host|cuda", default_value = "host",
           value_parser = ["host", "cuda"])]
     device: String,
@@ -497,6 +498,9 @@ pub struct P2pOpts {
     pub time: Option<f64>,
     /// `--hugepages 1`: the buffers advised onto transparent huge pages.
     pub hugepages: bool,
+    /// `--device cuda`: the messages sent from and received into device
+    /// memory (gwbench's own table only).
+    pub device: Device,
 }
 
 /// The operation of `p2p --op`.
@@ -802,12 +806,6 @@ pub fn parse<S: Into<OsString>>(args: impl IntoIterator<Item = S>) -> Result<Com
                 None => format!("--{long} does not apply to p2p"),
             });
         }
-        if o.device != "host" {
-            return err(format!(
-                "--device {} applies to the collectives; p2p measures host memory only",
-                o.device
-            ));
-        }
         let op = match o.redop {
             OpArg::P2p(op) => Some(op),
             OpArg::Red(_) => None,
@@ -843,6 +841,17 @@ pub fn parse<S: Into<OsString>>(args: impl IntoIterator<Item = S>) -> Result<Com
             // perftest's tables count iterations (-n), as ib_write_bw's do.
             return err("-T (--time) goes with gwbench's own p2p table, not with --op");
         }
+        if perftest.is_some() && o.device != "host" {
+            // Device messages are staged blocking calls: no windows of
+            // requests, no one-sided operations on device memory.
+            return err(format!(
+                "--device {} goes with gwbench's own p2p table, not with --op (perftest's tables measure host memory)",
+                o.device
+            ));
+        }
+        if o.hugepages && o.device != "host" {
+            return err("--hugepages 1 applies to host buffers, not --device cuda");
+        }
         return Ok(Command::P2p(P2pOpts {
             sizes,
             iters: o.iters,
@@ -852,6 +861,7 @@ pub fn parse<S: Into<OsString>>(args: impl IntoIterator<Item = S>) -> Result<Com
             perftest,
             time: o.time,
             hugepages: o.hugepages,
+            device: device_of(&o.device),
         }));
     };
     let cmd = Cli::command();
@@ -917,12 +927,17 @@ pub fn parse<S: Into<OsString>>(args: impl IntoIterator<Item = S>) -> Result<Com
         persistent: o.persistent,
         register: o.register,
         hugepages: o.hugepages,
-        device: if o.device == "cuda" {
-            Device::Cuda
-        } else {
-            Device::Host
-        },
+        device: device_of(&o.device),
     }))
+}
+
+/// `--device`'s value (clap allows only host and cuda).
+fn device_of(name: &str) -> Device {
+    if name == "cuda" {
+        Device::Cuda
+    } else {
+        Device::Host
+    }
 }
 
 /// The completion script for `shell`, in memory: see

@@ -16,6 +16,7 @@ mod calibrate;
 mod check;
 mod model;
 mod nccl;
+mod on_device;
 mod p2p;
 mod pages;
 mod perftest;

@@ -10,11 +10,12 @@
 use crate::Fail;
 use crate::args::{Coll, CollOpts, Device};
 use crate::check::{Pattern, Value, count_wrong, poison};
+use crate::on_device::OnDevice;
 use crate::pages::Buffer;
 use crate::report::{self, Header, Meas, RankLine, Row, Summary};
-use gradwire::device::{DeviceComm, DeviceRequest};
+use gradwire::device::DeviceRequest;
 use gw_collectives::{Algo, Communicator, DType, Error, RawOp, RawPersistent, RedOp, Registration};
-use gw_cuda::{DeviceBuf, Gpu};
+use gw_cuda::DeviceBuf;
 use half::{bf16, f16};
 use std::io::Write as _;
 use std::time::Instant;
@@ -200,37 +201,6 @@ pub unsafe fn launch(
     Ok(())
 }
 
-/// `--device cuda`: device buffers mirroring `send` and `recv` (filled
-/// from them before each measurement, read back for `-c 1`), and the
-/// communicator's device paths, the ones C and Python callers take.
-struct OnDevice<'a> {
-    dc: DeviceComm<'a>,
-    gpu: &'static Gpu,
-    send: DeviceBuf,
-    recv: DeviceBuf,
-}
-
-impl<'a> OnDevice<'a> {
-    /// GPU `local rank % GPUs`, its kernels compiled up front, and the
-    /// buffers.
-    fn new(comm: &'a Communicator, send_bytes: usize, recv_bytes: usize) -> Result<Self, Fail> {
-        let cuda = |e: gw_cuda::Error| Fail::Other(format!("--device cuda: {e}"));
-        let count = gw_cuda::device::count().map_err(cuda)?;
-        if count < 1 {
-            return Err(Fail::Other("--device cuda: the driver sees no GPU".into()));
-        }
-        let gpu = Gpu::get(comm.local_rank() as i32 % count).map_err(cuda)?;
-        gpu.make_current().map_err(cuda)?;
-        gpu.prepare().map_err(cuda)?;
-        Ok(OnDevice {
-            dc: DeviceComm::new(comm),
-            gpu,
-            send: DeviceBuf::new(gpu.driver(), send_bytes).map_err(cuda)?,
-            recv: DeviceBuf::new(gpu.driver(), recv_bytes).map_err(cuda)?,
-        })
-    }
-}
-
 /// `v` as bytes.
 fn bytes_of<T: Value>(v: &[T]) -> &[u8] {
     // SAFETY: Value types are plain numbers without padding.
@@ -380,10 +350,7 @@ impl<'a, T: Value> Bench<'a, T> {
             self.print(&l);
         }
         if let Some(d) = &self.dev {
-            self.print(&format!(
-                "# Buffers: CUDA device memory (rank 0: GPU {}, {}), results checked after copying back",
-                d.gpu.ordinal, d.gpu.arch
-            ));
+            self.print(&d.line());
         }
         for l in report::COLUMNS {
             self.print(l);

@@ -13,11 +13,18 @@
 //! With `-T` each of the three loops is sized by time instead of `-n`, as
 //! the collectives' are (`bench/peers/mpi_p2p.c` measures MPI the same way).
 //!
+//! With `--device cuda` the messages leave from and land in device memory
+//! through the communicator's device path (`DeviceComm::sendrecv`, which
+//! `gwSend`/`gwRecv` take): blocking calls staged through pinned host
+//! buffers, so the bandwidth loops send one message at a time, without
+//! windows, and the rows include both copies across the bus.
+//!
 //! Only point-to-point calls are used, so it runs without any collective
 //! algorithm.
 
 use crate::Fail;
-use crate::args::P2pOpts;
+use crate::args::{Device, P2pOpts};
+use crate::on_device::OnDevice;
 use crate::pages::Buffer;
 use crate::report::{self, Header, P2pRow, RankLine, Summary};
 use gw_collectives::{Communicator, DType, Error, Handle};
@@ -33,6 +40,29 @@ pub fn pattern(src: u32, size: usize, i: usize) -> u8 {
 /// Point-to-point messages all run at once, so without a window `-n` large
 /// messages would all be in flight together.
 pub const WINDOW: usize = 64;
+
+/// Why a transfer failed: the library, or the device path of `--device
+/// cuda` (a driver call, the staging), whose errors are messages.
+pub(crate) enum XferError {
+    Lib(Error),
+    Device(String),
+}
+
+impl From<Error> for XferError {
+    fn from(e: Error) -> XferError {
+        XferError::Lib(e)
+    }
+}
+
+impl XferError {
+    /// As gwbench reports it: `what` (the transfer that failed) and why.
+    pub(crate) fn fail(self, what: String) -> Fail {
+        match self {
+            XferError::Lib(err) => Fail::Lib { what, err },
+            XferError::Device(m) => Fail::Other(format!("{what}: --device cuda: {m}")),
+        }
+    }
+}
 
 /// Posts `k` transfers (each a send of `send`, a receive into `recv`, or
 /// both), [`WINDOW`] at a time, and waits for all of them.
@@ -96,37 +126,56 @@ pub(crate) struct P2p<'a> {
     pub(crate) send: Buffer<u8>,
     pub(crate) recv: Buffer<u8>,
     tiny: [u8; 1],
+    /// `--device cuda`: where the messages leave from and land.
+    dev: Option<OnDevice<'a>>,
 }
 
 impl P2p<'_> {
-    /// One round trip of `size` bytes (rank 0 first).
-    pub(crate) fn round(&mut self, size: usize) -> Result<(), Error> {
-        let (c, p) = (self.comm, self.peer);
-        if self.me == 0 {
-            c.send(p, &self.send[..size])?;
-            c.recv(p, &mut self.recv[..size])
-        } else {
-            c.recv(p, &mut self.recv[..size])?;
-            c.send(p, &self.send[..size])
+    /// One blocking transfer of `size` bytes with the peer: a send, a
+    /// receive, or both at once; from and into device memory with
+    /// `--device cuda`, else the host buffers.
+    fn transfer(&mut self, size: usize, send: bool, recv: bool) -> Result<(), XferError> {
+        let p = self.peer;
+        if let Some(d) = &self.dev {
+            let s = send.then(|| (p, d.send.ptr() as *const u8, size));
+            let r = recv.then(|| (p, d.recv.ptr() as *mut u8, size));
+            // SAFETY: both device buffers hold the largest size and are
+            // reached by nothing else during the blocking call.
+            return unsafe { d.dc.sendrecv(s, r) }.map_err(XferError::Device);
         }
+        let (c, sb, rb) = (self.comm, &self.send[..size], &mut self.recv[..size]);
+        Ok(match (send, recv) {
+            (true, true) => c.sendrecv(sb, p, rb, p),
+            (true, false) => c.send(p, sb),
+            (false, true) => c.recv(p, rb),
+            (false, false) => Ok(()),
+        }?)
+    }
+
+    /// One round trip of `size` bytes (rank 0 first).
+    pub(crate) fn round(&mut self, size: usize) -> Result<(), XferError> {
+        let first = self.me == 0;
+        self.transfer(size, first, !first)?;
+        self.transfer(size, !first, first)
     }
 
     /// A one-byte round trip, so that both ranks start the next phase together.
     /// Rank 0 posts its receive together with its send, so that it is posted
     /// before rank 1 can answer (and, after the last one, exit).
-    fn sync(&mut self) -> Result<(), Error> {
+    fn sync(&mut self) -> Result<(), XferError> {
         let (c, p) = (self.comm, self.peer);
         let one = [1u8];
         if self.me == 0 {
-            c.sendrecv(&one, p, &mut self.tiny, p)
+            c.sendrecv(&one, p, &mut self.tiny, p)?;
         } else {
             c.recv(p, &mut self.tiny)?;
-            c.send(p, &one)
+            c.send(p, &one)?;
         }
+        Ok(())
     }
 
     /// Seconds this rank spent on `k` iterations of `lp`.
-    fn timed(&mut self, lp: Loop, size: usize, k: usize) -> Result<f64, Error> {
+    fn timed(&mut self, lp: Loop, size: usize, k: usize) -> Result<f64, XferError> {
         match lp {
             Loop::PingPong => self.pingpong(size, k),
             Loop::Stream => self.stream(size, k),
@@ -135,7 +184,7 @@ impl P2p<'_> {
     }
 
     /// Seconds this rank spent on `k` round trips.
-    fn pingpong(&mut self, size: usize, k: usize) -> Result<f64, Error> {
+    fn pingpong(&mut self, size: usize, k: usize) -> Result<f64, XferError> {
         let t0 = Instant::now();
         for _ in 0..k {
             self.round(size)?;
@@ -144,7 +193,7 @@ impl P2p<'_> {
     }
 
     /// The larger of the two ranks' `mine`.
-    fn slower(&mut self, mine: f64) -> Result<f64, Error> {
+    fn slower(&mut self, mine: f64) -> Result<f64, XferError> {
         let mut theirs = [0.0f64];
         self.comm
             .sendrecv(&[mine], self.peer, &mut theirs, self.peer)?;
@@ -160,7 +209,7 @@ impl P2p<'_> {
         least: usize,
         size: usize,
         lp: Loop,
-    ) -> Result<usize, Error> {
+    ) -> Result<usize, XferError> {
         crate::nccl::count_for_time(target, least, |k| {
             let mine = self.timed(lp, size, k)?;
             self.slower(mine)
@@ -168,47 +217,78 @@ impl P2p<'_> {
     }
 
     /// Seconds for `k` one-way messages plus the acknowledgement (rank 0).
-    pub(crate) fn stream(&mut self, size: usize, k: usize) -> Result<f64, Error> {
+    pub(crate) fn stream(&mut self, size: usize, k: usize) -> Result<f64, XferError> {
         self.sync()?;
         let (c, p) = (self.comm, self.peer);
         let t0 = Instant::now();
-        if self.me == 0 {
+        let sender = self.me == 0;
+        if self.dev.is_some() {
+            for _ in 0..k {
+                self.transfer(size, sender, !sender)?;
+            }
+        } else if sender {
             post(c, p, k, Some(&self.send[..size]), None)?;
-            c.recv(p, &mut self.tiny)?;
         } else {
             post(c, p, k, None, Some(&mut self.recv[..size]))?;
+        }
+        if sender {
+            c.recv(p, &mut self.tiny)?;
+        } else {
             c.send(p, &[1u8])?;
         }
         Ok(t0.elapsed().as_secs_f64())
     }
 
     /// Seconds for `k` simultaneous exchanges, the larger of the two ranks'.
-    pub(crate) fn both_ways(&mut self, size: usize, k: usize) -> Result<f64, Error> {
+    pub(crate) fn both_ways(&mut self, size: usize, k: usize) -> Result<f64, XferError> {
         self.sync()?;
         let t0 = Instant::now();
-        post(
-            self.comm,
-            self.peer,
-            k,
-            Some(&self.send[..size]),
-            Some(&mut self.recv[..size]),
-        )?;
+        if self.dev.is_some() {
+            for _ in 0..k {
+                self.transfer(size, true, true)?;
+            }
+        } else {
+            post(
+                self.comm,
+                self.peer,
+                k,
+                Some(&self.send[..size]),
+                Some(&mut self.recv[..size]),
+            )?;
+        }
         let mine = t0.elapsed().as_secs_f64();
         self.slower(mine)
     }
 
-    /// Exchanges the pattern once; wrong bytes on (this rank, both ranks).
-    fn check(&mut self, size: usize) -> Result<(u64, u64), Error> {
+    /// Writes this rank's pattern for `size` into the send buffer (and its
+    /// device copy).
+    fn fill(&mut self, size: usize) -> Result<(), XferError> {
         for (i, b) in self.send[..size].iter_mut().enumerate() {
             *b = pattern(self.me, size, i);
         }
+        if let Some(d) = &self.dev {
+            d.send
+                .upload(&self.send[..size])
+                .map_err(|e| XferError::Device(format!("filling the device buffer: {e}")))?;
+        }
+        Ok(())
+    }
+
+    /// Exchanges the pattern once; wrong bytes on (this rank, both ranks).
+    fn check(&mut self, size: usize) -> Result<(u64, u64), XferError> {
+        self.fill(size)?;
         self.recv[..size].fill(0xff);
-        self.comm.sendrecv(
-            &self.send[..size],
-            self.peer,
-            &mut self.recv[..size],
-            self.peer,
-        )?;
+        if let Some(d) = &self.dev {
+            d.recv
+                .upload(&self.recv[..size])
+                .map_err(|e| XferError::Device(format!("poisoning the device buffer: {e}")))?;
+        }
+        self.transfer(size, true, true)?;
+        if let Some(d) = &self.dev {
+            d.recv
+                .download(&mut self.recv[..size])
+                .map_err(|e| XferError::Device(format!("reading the device buffer back: {e}")))?;
+        }
         let wrong = (0..size)
             .filter(|&i| self.recv[i] != pattern(self.peer, size, i))
             .count() as i64;
@@ -238,6 +318,10 @@ pub fn run(comm: &Communicator, o: &P2pOpts) -> Result<bool, Fail> {
         send: crate::nccl::alloc::<u8>(max, "send", o.hugepages)?,
         recv: crate::nccl::alloc::<u8>(max, "receive", o.hugepages)?,
         tiny: [0],
+        dev: match o.device {
+            Device::Host => None,
+            Device::Cuda => Some(OnDevice::new(comm, max.max(1), max.max(1))?),
+        },
     };
     let routes = comm.routes();
     let header = Header {
@@ -279,13 +363,16 @@ pub fn run(comm: &Communicator, o: &P2pOpts) -> Result<bool, Fail> {
     for l in report::header_lines(&header) {
         print(&l);
     }
+    if let Some(d) = &b.dev {
+        print(&d.line());
+    }
     if let Some(pt) = &o.perftest {
         for (i, x) in b.send.iter_mut().enumerate() {
             *x = pattern(me, max, i);
         }
         crate::perftest::run(&mut b, o, pt, &print)?;
         b.sync()
-            .map_err(|e| Fail::lib("final synchronisation", e))?;
+            .map_err(|e| e.fail("final synchronisation".into()))?;
         return Ok(true);
     }
     for l in report::p2p_columns() {
@@ -294,14 +381,12 @@ pub fn run(comm: &Communicator, o: &P2pOpts) -> Result<bool, Fail> {
 
     let lib = |what: &str, size: usize| {
         let what = format!("p2p {what} of {size} bytes");
-        move |e: Error| Fail::Lib { what, err: e }
+        move |e: XferError| e.fail(what)
     };
     let mut rows = Vec::new();
     let mut out_of_bounds = 0u64;
     for &size in &sizes {
-        for (i, x) in b.send[..size].iter_mut().enumerate() {
-            *x = pattern(me, size, i);
-        }
+        b.fill(size).map_err(lib("filling the buffers", size))?;
         // Each loop: its warm-up, its count (-n, or sized by -T), its timing.
         let mut secs = [0.0f64; 3];
         let mut counts = [o.iters; 3];
@@ -329,7 +414,7 @@ pub fn run(comm: &Communicator, o: &P2pOpts) -> Result<bool, Fail> {
             // Each rank's failed check counts once, as in the collective table.
             let mut theirs = [0i64];
             comm.sendrecv(&[i64::from(mine > 0)], b.peer, &mut theirs, b.peer)
-                .map_err(lib("exchange of check results", size))?;
+                .map_err(|e| lib("exchange of check results", size)(e.into()))?;
             out_of_bounds += u64::from(mine > 0) + theirs[0] as u64;
             Some(total)
         } else {
@@ -357,7 +442,7 @@ pub fn run(comm: &Communicator, o: &P2pOpts) -> Result<bool, Fail> {
     }
     // Rank 0's last lines are out before either rank exits.
     b.sync()
-        .map_err(|e| Fail::lib("final synchronisation", e))?;
+        .map_err(|e| e.fail("final synchronisation".into()))?;
     Ok(out_of_bounds == 0)
 }
 

@@ -18,7 +18,7 @@
 
 use crate::Fail;
 use crate::args::{P2pOp, P2pOpts, Perftest};
-use crate::p2p::P2p;
+use crate::p2p::{P2p, XferError};
 use gw_collectives::Error;
 use std::time::Instant;
 
@@ -249,21 +249,25 @@ fn run_one_sided(
 
 /// The error of a library call in `p2p --op OP`: `what` (a call's name)
 /// for a message of `size` bytes.
-fn lib_err(op: &str, what: &str, size: usize) -> impl FnOnce(Error) -> Fail + use<> {
+fn lib_err<E: Into<XferError>>(
+    op: &str,
+    what: &str,
+    size: usize,
+) -> impl FnOnce(E) -> Fail + use<E> {
     let what = format!("p2p --op {op} {what} of {size} bytes");
-    move |err| Fail::Lib { what, err }
+    move |err| err.into().fail(what)
 }
 
 /// A latency test's samples: `o.warmup` untimed calls of `round`, then
 /// `o.iters` timed ones, each sample a call's time in µs divided by `per`
 /// (2 where a call is a round trip). `what` names a timed call in errors.
-fn latency_samples(
+fn latency_samples<E: Into<XferError>>(
     o: &P2pOpts,
     op: &str,
     size: usize,
     what: &str,
     per: f64,
-    mut round: impl FnMut() -> Result<(), Error>,
+    mut round: impl FnMut() -> Result<(), E>,
 ) -> Result<Vec<f64>, Fail> {
     for _ in 0..o.warmup {
         round().map_err(lib_err(op, "warm-up", size))?;

@@ -383,6 +383,20 @@ fn error_lines(r: &Run) -> Vec<&str> {
         .collect()
 }
 
+/// A run that failed (exit 1) for want of a CUDA driver: each error line
+/// names the loader's reason, and nothing panicked.
+fn each_names_the_missing_driver(r: &Run) {
+    assert_eq!(r.code, Some(1), "{}", r.all());
+    for e in error_lines(r) {
+        assert!(
+            e.contains("--device cuda: CUDA driver not found (libcuda.so.1: "),
+            "{}",
+            r.all()
+        );
+    }
+    assert!(!r.all().contains("panicked"), "{}", r.all());
+}
+
 /// Rank 0's rows after perftest's column line starting with `first`.
 fn perftest_rows(r: &Run, first: &str, width: usize) -> Vec<Vec<f64>> {
     let lines = r.rank0();
@@ -1001,10 +1015,10 @@ fn trace_file_holds_every_ranks_collectives_and_transfers() {
     let _ = std::fs::remove_dir_all(&dir);
 }
 
-/// `--device cuda` runs the collectives on device buffers through the C
-/// ABI's device paths (the GPU check runs it on a GPU). Where there is no
-/// NVIDIA driver it fails in one line naming the loader's reason,
-/// never a panic; p2p refuses it by name.
+/// `--device cuda` runs the collectives and p2p's own table on device
+/// buffers through the C ABI's device paths (the GPU check runs them on a
+/// GPU). Where there is no NVIDIA driver each fails in one line naming the
+/// loader's reason, never a panic; p2p's perftest tables refuse it by name.
 #[test]
 fn device_cuda_without_a_driver_is_one_line_naming_it() {
     // SAFETY: probing for the driver runs only its initialisers.
@@ -1015,22 +1029,21 @@ fn device_cuda_without_a_driver_is_one_line_naming_it() {
     // One rank: with more, gwrun stops the others once the first exits,
     // which may cut their lines short.
     let r = bench(1, &["allreduce", "--device", "cuda", "-b", "8", "-e", "1K"]);
-    assert_eq!(r.code, Some(1), "{}", r.all());
-    let errors = error_lines(&r);
-    assert_eq!(errors.len(), 1, "one line: {}", r.all());
-    for e in errors {
+    assert_eq!(error_lines(&r).len(), 1, "one line: {}", r.all());
+    each_names_the_missing_driver(&r);
+    // p2p needs its two ranks; the second may be stopped before it says
+    // anything once the first has exited, so at least one line.
+    let r = bench(2, &["p2p", "--device", "cuda", "-b", "8", "-e", "1K"]);
+    assert!(!error_lines(&r).is_empty(), "{}", r.all());
+    each_names_the_missing_driver(&r);
+    for op in ["send", "write", "read"] {
+        let r = bench(2, &["p2p", "--op", op, "--device", "cuda"]);
+        assert_eq!(r.code, Some(2), "{}", r.all());
         assert!(
-            e.contains("--device cuda: CUDA driver not found (libcuda.so.1: "),
+            r.all()
+                .contains("--device cuda goes with gwbench's own p2p table, not with --op"),
             "{}",
             r.all()
         );
     }
-    assert!(!r.all().contains("panicked"), "{}", r.all());
-    let r = bench(2, &["p2p", "--device", "cuda"]);
-    assert_eq!(r.code, Some(2), "{}", r.all());
-    assert!(
-        r.all().contains("--device cuda applies to the collectives"),
-        "{}",
-        r.all()
-    );
 }

@@ -1,13 +1,14 @@
 //! Device buffers for Rust programs that hold a [`Communicator`] (gwbench's
 //! `--device cuda`): the same device paths the C ABI's calls take (the IPC
 //! all-reduce among ranks on one GPU, the staging pipeline, the persistent
-//! device all-reduce), so that what gwbench measures is what C, Python and
-//! PyTorch callers get.
+//! device all-reduce, point-to-point messages staged through pinned host
+//! memory), so that what gwbench measures is what C, Python and PyTorch
+//! callers get.
 
 use crate::cuda::{self, CommCuda, DeviceHost};
 use crate::cuda_persistent::DevicePersistent;
-use gw_collectives::Communicator;
 use gw_collectives::communicator::RawOp;
+use gw_collectives::{Communicator, DType};
 
 /// A communicator with the device state its device calls keep (pinned
 /// staging buffers, peers' IPC mappings).
@@ -48,6 +49,30 @@ impl<'a> DeviceComm<'a> {
             ),
             Err(f) => Err(f.msg),
         }
+    }
+
+    /// A blocking send of `send`'s bytes and/or receive into `recv`'s (peer,
+    /// address, bytes), as `gwSendRecv`, where at least one buffer is
+    /// device memory: staged through the communicator's pinned buffers.
+    /// Buffers all in host memory are an error (use the communicator).
+    ///
+    /// # Safety
+    /// Each buffer is valid for its bytes and untouched until this returns.
+    pub unsafe fn sendrecv(
+        &self,
+        send: Option<(u32, *const u8, usize)>,
+        recv: Option<(u32, *mut u8, usize)>,
+    ) -> Result<(), String> {
+        let (mut send, mut recv) = (send, recv);
+        let staged = cuda::stage_p2p(self, DType::U8, &mut send, &mut recv, false)
+            .map_err(|f| f.msg)?
+            .ok_or("the buffers are host memory")?;
+        // SAFETY: the host halves are the caller's (valid per the contract)
+        // or the staged pinned buffers, which `staged` holds until the end.
+        let h =
+            unsafe { self.comm.sendrecv_raw(DType::U8, send, recv) }.map_err(|e| e.to_string())?;
+        h.wait().map_err(|e| e.to_string())?;
+        staged.finish().map_err(|f| f.msg)
     }
 
     /// A persistent all-reduce of `op` (an all-reduce on device buffers),

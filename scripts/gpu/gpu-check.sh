@@ -6,7 +6,7 @@
 # (IPC all-reduce, the staged path and its pipeline, persistent rounds, the
 # Python calls), the persistent-against-ordinary timing and the bandwidth
 # tables against Gloo and the host path at 2 and 4 ranks, then gwbench
-# --device cuda (1, 2, 4 ranks), and ends with "N passed, N failed".
+# --device cuda (1, 2, 4 ranks; p2p at 2), and ends with "N passed, N failed".
 # GW_CHECK_TIMEOUT / GW_BENCH_TIMEOUT bound each step (120 / 200 s).
 set -u
 HERE=$(cd "$(dirname "$0")" && pwd)
@@ -98,4 +98,7 @@ for coll in reduce_scatter all_gather broadcast reduce; do
   gwbench_check "gwbench-$coll-2" gwrun -n 2 gwbench "$coll" --device cuda \
     -b 1M -e 16M -f 4 -c 1 -T 0.1 -J "$FIG/gwbench-$coll-2.json"
 done
+# Messages between device buffers, staged through pinned memory.
+gwbench_check "gwbench-p2p-2" gwrun -n 2 gwbench p2p --device cuda \
+  -b 4K -e 64M -f 4 -c 1 -T 0.05 -J "$FIG/gwbench-p2p-2.json"
 echo "$pass passed, $fail failed"
