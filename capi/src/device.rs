@@ -66,7 +66,7 @@ impl<'a> DeviceComm<'a> {
         let (mut send, mut recv) = (send, recv);
         let staged = cuda::stage_p2p(self, DType::U8, &mut send, &mut recv, false)
             .map_err(|f| f.msg)?
-            .ok_or("the buffers are host memory")?;
+            .ok_or("the buffers are host memory, or this process has not loaded the CUDA driver")?;
         // SAFETY: the host halves are the caller's (valid per the contract)
         // or the staged pinned buffers, which `staged` holds until the end.
         let h =

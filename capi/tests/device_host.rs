@@ -90,11 +90,15 @@ fn one_rank(rank: u32, env: LaunchEnv) -> Result<(), String> {
         return Err(format!("run said {e:?}"));
     }
 
-    // Nothing was posted: the next message pairs with the peer's next one.
-    comm.sendrecv(&send, peer, &mut recv, peer)
+    // Nothing was posted: the next message pairs with the peer's next one,
+    // of another length and other bytes than the refused one's (a stray
+    // 64-byte message would fail this receive as a size mismatch).
+    let mine = [rank as u8 + 101; 32];
+    let mut theirs = [0u8; 32];
+    comm.sendrecv(&mine, peer, &mut theirs, peer)
         .map_err(|e| format!("host exchange: {e}"))?;
-    if recv != [peer as u8 + 1; 64] {
-        return Err(format!("received {:?}, not the peer's bytes", &recv[..4]));
+    if theirs != [peer as u8 + 101; 32] {
+        return Err(format!("received {:?}, not the peer's bytes", &theirs[..4]));
     }
     Ok(())
 }
