@@ -69,6 +69,38 @@ pub const PULL_BYTES_CORE_PER_RANK: usize = 64 << 10;
 /// and 64 KiB 0.78 and 0.71x as fast.
 pub const P2P_PULL_BYTES_CORE_PER_RANK: usize = 16 << 10;
 
+/// Where ranks share cores, but at most [`STORED_PULLS_RANKS_PER_CORE`] to
+/// a core, the segments of a broadcast or an all-gather with at least
+/// [`STORED_PULLED_OUTPUT_SHARED_CORES`] of output (hinted
+/// `SendHint::Stored` by the engine: their receivers only store them) are
+/// pulled in one copy from this size on, where other collectives' keep the
+/// transport's threshold ([`gw_transport::shm::DEFAULT_PULL_BYTES`], 256
+/// KiB, above their 128 KiB segments).
+pub const STORED_PULL_BYTES_SHARED_CORES: usize = 64 << 10;
+
+/// The least output of a broadcast or an all-gather whose segments are
+/// pulled where ranks share cores (see [`STORED_PULL_BYTES_SHARED_CORES`]).
+/// Through the slots each segment costs two copies, the sender's and the
+/// receiver's, on cores with no time to spare; pulled it costs one, but
+/// the send completes only once its receiver has run, which with cores
+/// shared is a wait. Beyond the caches the copy saved weighs more; in
+/// them, the wait. 2026-12-06 VM (2 cores), shm, `ab-builds.py`, slots
+/// against segments pulled from 64 KiB at any size, 5 rounds, old/new at
+/// 64 KiB / 256 KiB / 1 / 4 / 16 MiB: 4 ranks all-gather 0.90 / 0.83 / 1.03
+/// / 1.12 / 1.17, broadcast 0.86 / 0.84 / 0.81 / 1.30 / 1.39; 3 ranks
+/// all-gather 1.01 / 1.28 / 1.15 / 1.20 / 1.14, broadcast 1.03 / 1.18 / 0.88
+/// / 1.41 / 1.40 (4-rank rounds spread 0.5-1.7 below 4 MiB; its 64 KiB
+/// all-gather, whose 16 KiB blocks were not pulled, read 0.90 all the
+/// same). At 8 ranks (4 to a core) 16 MiB was slower pulled (all-gather
+/// 0.89, broadcast 0.96), hence [`STORED_PULLS_RANKS_PER_CORE`]; and the
+/// 4-rank all-reduce, whose receivers reduce, 0.90 at 256 KiB and 16 MiB.
+pub const STORED_PULLED_OUTPUT_SHARED_CORES: usize = 4 << 20;
+
+/// The most ranks to a core for which [`STORED_PULL_BYTES_SHARED_CORES`]
+/// applies: the more ranks wait for each core, the longer a pulled send
+/// waits for its receiver to run.
+pub const STORED_PULLS_RANKS_PER_CORE: usize = 2;
+
 /// Which shared-memory messages are pulled in one copy (see
 /// [`Config::shm_pulls_for`]), as [`gw_transport::shm::ShmConfig`] takes it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -77,8 +109,9 @@ pub struct ShmPulls {
     pub bytes: usize,
     /// ...out of registered regions under this size (`pull_region_max`).
     pub region_max: usize,
-    /// Point-to-point messages of at least this many bytes, out of any
-    /// region (`p2p_pull_bytes`; 0: none).
+    /// Messages hinted `Stored` or `Exchanged` (point-to-point messages,
+    /// and where ranks share cores a broadcast's and an all-gather's) of at
+    /// least this many bytes, out of any region (`p2p_pull_bytes`; 0: none).
     pub p2p_bytes: usize,
 }
 
@@ -553,13 +586,20 @@ impl Config {
     /// rank, [`PULL_BYTES_CORE_PER_RANK`] out of regions under
     /// [`PULL_REGION_MAX_CORE_PER_RANK`] and
     /// [`P2P_PULL_BYTES_CORE_PER_RANK`] for point-to-point messages, and
-    /// without, the default threshold for everything out of any region.
+    /// without, the default threshold for everything out of any region but
+    /// [`STORED_PULL_BYTES_SHARED_CORES`] for stored messages where a core
+    /// runs at most [`STORED_PULLS_RANKS_PER_CORE`] ranks.
     pub fn shm_pulls_for(&self, local_ranks: usize, cores: usize) -> ShmPulls {
         match self.shm_pull_bytes.source {
             Source::Default if local_ranks <= cores => ShmPulls {
                 bytes: PULL_BYTES_CORE_PER_RANK,
                 region_max: PULL_REGION_MAX_CORE_PER_RANK,
                 p2p_bytes: P2P_PULL_BYTES_CORE_PER_RANK,
+            },
+            Source::Default if local_ranks <= STORED_PULLS_RANKS_PER_CORE * cores => ShmPulls {
+                bytes: self.shm_pull_bytes.value,
+                region_max: usize::MAX,
+                p2p_bytes: STORED_PULL_BYTES_SHARED_CORES,
             },
             _ => ShmPulls {
                 bytes: self.shm_pull_bytes.value,
@@ -616,7 +656,10 @@ impl Config {
                 Source::Default => format!(
                     "{:<18} = {PULL_BYTES_CORE_PER_RANK} out of regions under \
                      {PULL_REGION_MAX_CORE_PER_RANK} and {P2P_PULL_BYTES_CORE_PER_RANK} for \
-                     point-to-point with a core per rank, {} where ranks share cores (default)",
+                     point-to-point with a core per rank, {} where ranks share cores but \
+                     {STORED_PULL_BYTES_SHARED_CORES} for broadcasts and all-gathers from \
+                     {STORED_PULLED_OUTPUT_SHARED_CORES} of output at \
+                     {STORED_PULLS_RANKS_PER_CORE} ranks a core at most (default)",
                     "GW_SHM_PULL_BYTES", self.shm_pull_bytes.value
                 ),
                 _ => line("GW_SHM_PULL_BYTES", &self.shm_pull_bytes),
@@ -704,18 +747,36 @@ mod tests {
                 p2p_bytes: P2P_PULL_BYTES_CORE_PER_RANK,
             }
         );
-        assert_eq!(
-            c.shm_pulls_for(4, 2),
-            everywhere(gw_transport::shm::DEFAULT_PULL_BYTES)
-        );
+        // Two ranks to a core: stored messages from their own threshold.
+        for (ranks, cores) in [(3, 2), (4, 2), (16, 8)] {
+            assert_eq!(
+                c.shm_pulls_for(ranks, cores),
+                ShmPulls {
+                    p2p_bytes: STORED_PULL_BYTES_SHARED_CORES,
+                    ..everywhere(gw_transport::shm::DEFAULT_PULL_BYTES)
+                },
+                "{ranks} ranks on {cores} cores"
+            );
+        }
+        // More: everything from the transport's threshold.
+        for (ranks, cores) in [(5, 2), (8, 2), (17, 8)] {
+            assert_eq!(
+                c.shm_pulls_for(ranks, cores),
+                everywhere(gw_transport::shm::DEFAULT_PULL_BYTES),
+                "{ranks} ranks on {cores} cores"
+            );
+        }
         assert!(c.describe().iter().any(|l| l.contains("GW_SHM_PULL_BYTES")
             && l.contains("for point-to-point with a core per rank")
-            && l.contains("where ranks share cores (default)")));
+            && l.contains(
+                "for broadcasts and all-gathers from 4194304 of output at 2 ranks a core at most"
+            )));
         // Set, it is the threshold everywhere, out of any region; 0 is off.
         c.apply_env_from(&env(&[("GW_SHM_PULL_BYTES", "0")]))
             .unwrap();
         assert_eq!(c.shm_pulls_for(2, 2), everywhere(0));
         assert_eq!(c.shm_pulls_for(4, 2), everywhere(0));
+        assert_eq!(c.shm_pulls_for(8, 2), everywhere(0));
         c.shm_pull_bytes.set(65536);
         assert_eq!(c.shm_pulls_for(1, 64), everywhere(65536));
     }

@@ -1234,9 +1234,16 @@ impl Engine {
                         // a 2-rank all-gather's while its output stays
                         // cached (`all_gather_pulled`). Any other
                         // point-to-point message is only stored where it
-                        // lands (`SendHint::Stored`).
+                        // lands (`SendHint::Stored`). Where ranks share
+                        // cores, so do a large broadcast's and all-gather's
+                        // receivers, and the transport pulls those from a
+                        // threshold of its own where that pays
+                        // (`config::STORED_PULLED_OUTPUT_SHARED_CORES`).
                         let hint = if self.cfg.oversubscribed {
-                            None
+                            (matches!(r.op.fp.op, OpKind::Broadcast | OpKind::AllGather)
+                                && r.op.recv_bytes
+                                    >= crate::config::STORED_PULLED_OUTPUT_SHARED_CORES)
+                                .then_some(SendHint::Stored)
                         } else if r.op.fp.op == OpKind::Reduce {
                             Some(SendHint::Pushed)
                         } else if r.sched.exchanges_with(peer)

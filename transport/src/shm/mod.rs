@@ -117,12 +117,13 @@ pub struct ShmConfig {
     /// receiver, out of the sender's process, where the kernel allows it
     /// (default 256 KiB; 0 never does).
     pub pull_bytes: usize,
-    /// Point-to-point messages (sent with [`SendHint::Exchanged`] or
-    /// [`SendHint::Stored`]) of at least this many bytes are pulled, out of
-    /// any region (default 256 KiB; 0 never). Their receiver only stores
-    /// them, so the one copy is the whole transfer and pulling wins from
-    /// smaller sizes on than for a collective's segment, whose receiver
-    /// reads it straight out of its slot to reduce or forward it.
+    /// Messages sent with [`SendHint::Exchanged`] or [`SendHint::Stored`]
+    /// (point-to-point messages, and the collectives' whose receivers only
+    /// store them) of at least this many bytes are pulled, out of any
+    /// region (default 256 KiB; 0 never). The one copy is then the whole
+    /// transfer, so pulling wins from smaller sizes on than for a
+    /// collective's segment whose receiver reduces it straight out of its
+    /// slot.
     pub p2p_pull_bytes: usize,
     /// Messages sent from a registered region of at least this many bytes
     /// go through the slots however long they are (`usize::MAX`, the
@@ -480,7 +481,7 @@ impl ShmTransport {
         }
         tracing::info!(
             "shm: rank {me}, job {}, {} slots of {} bytes per ring, single copy from {} bytes{}, \
-             point-to-point from {} bytes",
+             point-to-point and stored messages from {} bytes",
             cfg.job_id,
             cfg.slots,
             cfg.slot_bytes,
