@@ -72,10 +72,13 @@ pub const P2P_PULL_BYTES_CORE_PER_RANK: usize = 16 << 10;
 /// Where ranks share cores, but at most [`STORED_PULLS_RANKS_PER_CORE`] to
 /// a core, the segments of a broadcast or an all-gather with at least
 /// [`STORED_PULLED_OUTPUT_SHARED_CORES`] of output (hinted
-/// `SendHint::Stored` by the engine: their receivers only store them) are
-/// pulled in one copy from this size on, where other collectives' keep the
-/// transport's threshold ([`gw_transport::shm::DEFAULT_PULL_BYTES`], 256
-/// KiB, above their 128 KiB segments).
+/// `SendHint::Stored` by the engine: their receivers store them, and a
+/// broadcast's inner ranks forward them from where they landed) are pulled
+/// in one copy from this size on, where other collectives' segments keep
+/// the transport's threshold ([`gw_transport::shm::DEFAULT_PULL_BYTES`],
+/// 256 KiB, above their 128 KiB segments). The engine marks those sends
+/// wherever ranks share cores; with more than two ranks to a core this
+/// threshold is the transport's, so the mark changes nothing there.
 pub const STORED_PULL_BYTES_SHARED_CORES: usize = 64 << 10;
 
 /// The least output of a broadcast or an all-gather whose segments are
@@ -109,9 +112,11 @@ pub struct ShmPulls {
     pub bytes: usize,
     /// ...out of registered regions under this size (`pull_region_max`).
     pub region_max: usize,
-    /// Messages hinted `Stored` or `Exchanged` (point-to-point messages,
-    /// and where ranks share cores a broadcast's and an all-gather's) of at
-    /// least this many bytes, out of any region (`p2p_pull_bytes`; 0: none).
+    /// Messages hinted `Stored` or `Exchanged` of at least this many bytes,
+    /// out of any region (`p2p_pull_bytes`; 0: none): with a core per rank,
+    /// point-to-point messages and a direct call's; where ranks share cores,
+    /// a large broadcast's and all-gather's segments (point-to-point
+    /// messages get no hint there).
     pub p2p_bytes: usize,
 }
 
@@ -302,7 +307,8 @@ pub struct Config {
     /// `GW_SHM_PULL_BYTES`: shared-memory messages from this size on are
     /// copied once, by the receiver, out of the sender's process (0: never).
     /// Left at its default, it applies where a host runs more ranks than it
-    /// has cores; with a core per rank a smaller threshold and a region
+    /// has cores, but for large broadcasts and all-gathers at two ranks a
+    /// core at most; with a core per rank a smaller threshold and a region
     /// limit do (see [`Config::shm_pulls_for`]).
     pub shm_pull_bytes: Setting<usize>,
     /// `GW_TRACE`: a Chrome-trace file every rank appends its timeline to
@@ -596,11 +602,15 @@ impl Config {
                 region_max: PULL_REGION_MAX_CORE_PER_RANK,
                 p2p_bytes: P2P_PULL_BYTES_CORE_PER_RANK,
             },
-            Source::Default if local_ranks <= STORED_PULLS_RANKS_PER_CORE * cores => ShmPulls {
-                bytes: self.shm_pull_bytes.value,
-                region_max: usize::MAX,
-                p2p_bytes: STORED_PULL_BYTES_SHARED_CORES,
-            },
+            Source::Default
+                if local_ranks.div_ceil(cores.max(1)) <= STORED_PULLS_RANKS_PER_CORE =>
+            {
+                ShmPulls {
+                    bytes: self.shm_pull_bytes.value,
+                    region_max: usize::MAX,
+                    p2p_bytes: STORED_PULL_BYTES_SHARED_CORES,
+                }
+            }
             _ => ShmPulls {
                 bytes: self.shm_pull_bytes.value,
                 region_max: usize::MAX,

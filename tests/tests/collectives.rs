@@ -208,6 +208,38 @@ fn ranks_bound_to_a_processor_each_count_their_hosts() {
     }
 }
 
+/// Four ranks bound to two processors share them, two to a core: shared
+/// memory then pulls the segments of broadcasts and all-gathers of 4 MiB
+/// and more in one copy (`config::STORED_PULL_BYTES_SHARED_CORES`), and
+/// their results are checked element by element. Bound here, so that the
+/// path runs on hosts with more processors too; a host with one runs the
+/// four on it, four to a core, where the transport's own threshold holds.
+#[test]
+fn large_stored_collectives_pulled_where_two_ranks_share_a_core() {
+    let mine = gw_rendezvous::peers::own_cpus();
+    assert!(!mine.is_empty(), "sched_getaffinity named no processor");
+    let cpus = format!("{},{}", mine[0], mine[mine.len().min(2) - 1]);
+    let stored_from = if mine.len() >= 2 { 65536 } else { 262144 };
+    let gwtest = gw_tests::bin("gwtest");
+    let script = format!(
+        "exec taskset -c {cpus} {} collectives --big-only float,uint8 1000 1048589",
+        gwtest.display()
+    );
+    let env = [("GW_TRANSPORT", "shm"), ("GW_DEBUG", "info")];
+    let run = gwrun(4, "sh", &["-c", &script], &env, DEADLINE);
+    assert!(run.status.success(), "{}", run.all());
+    for r in 0..4 {
+        for want in [
+            format!("rank {r}: shm: rank {r},"),
+            format!("[{r}] rank {r}: collectives ok"),
+        ] {
+            assert!(run.all().contains(&want), "missing {want:?}: {}", run.all());
+        }
+    }
+    let want = format!("point-to-point and stored messages from {stored_from} bytes");
+    assert!(run.all().contains(&want), "missing {want:?}: {}", run.all());
+}
+
 #[test]
 fn rhd_on_three_ranks_is_refused_clearly() {
     let run = gwrun(

@@ -289,6 +289,12 @@ impl<X, A> RecvCore<X, A> {
         &self.posted
     }
 
+    /// How many messages the peer announced that no receive has claimed.
+    #[cfg(test)]
+    pub fn announcements(&self) -> usize {
+        self.announced.len()
+    }
+
     /// Whether anything is posted, buffered or announced.
     pub fn is_idle(&self) -> bool {
         self.posted.is_empty() && self.early.filed.is_empty() && self.announced.is_empty()

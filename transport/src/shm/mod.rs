@@ -741,6 +741,11 @@ impl ShmTransport {
                 unsafe { pull_bytes(p, &pull.hdr, pull.addr, ptr.0, len)? };
                 if let Some(conn) = p.conn.as_ref() {
                     conn.rx.mark_pulled(pull.k);
+                    // A sender waiting only for this pull may be asleep
+                    // (see `set_sleep_flags`): nothing else would wake it.
+                    if conn.rx.take_writer_sleeping() {
+                        self.bell.ring(&p.bell);
+                    }
                 }
                 if let Some(i) = p.core.index_of(req) {
                     p.core.take(i);

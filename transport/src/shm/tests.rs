@@ -1081,6 +1081,54 @@ fn a_pulled_send_is_announced_at_posting() {
     assert!(a.peers[1].pulls_out.is_empty());
 }
 
+/// A message announced before its receive was posted is pulled when the
+/// receive comes; its sender, asleep with nothing else to wait for, must
+/// be woken then, not at its next timeout (the poll below waits 3 s).
+#[test]
+fn a_sender_asleep_on_an_announced_pull_is_woken_when_it_is_pulled() {
+    let j = job("pullwake");
+    let c = ShmConfig {
+        p2p_pull_bytes: 100,
+        ..cfg_pull(&j, 2, 4096, 1000)
+    };
+    let (mut a, mut b) = probed_pair(c);
+    let mut src = pattern(500, 5);
+    let mut dst = vec![0u8; 500];
+    let mut other = vec![0u8; 8];
+    let ms = reg(&mut a, &mut src);
+    let md = reg(&mut b, &mut dst);
+    let mo = reg(&mut b, &mut other);
+    // A receive of another message, so that b takes a's rendezvous frame
+    // out of the ring as an announcement.
+    let later = b.irecv(0, tag(2, 1), mo, 0, 8).unwrap();
+    let sent = a
+        .isend_hinted(1, tag(2, 0), ms, 0, 500, SendHint::Stored)
+        .unwrap();
+    let deadline = Instant::now() + Duration::from_secs(3);
+    while b.peers[0].core.announcements() == 0 {
+        assert!(Instant::now() < deadline, "b never took the announcement");
+        b.progress().unwrap();
+    }
+    let h = sleepy(a, vec![sent]);
+    std::thread::sleep(Duration::from_millis(100));
+    let start = Instant::now();
+    let mut got = Outstanding::new(b.irecv(0, tag(2, 0), md, 0, 500).unwrap());
+    assert!(got.poll(&mut b).unwrap(), "pulled at posting");
+    let (mut a, woken) = h.join().unwrap();
+    assert!(
+        start.elapsed() < Duration::from_secs(1),
+        "the sender slept {:?} after its message was pulled",
+        start.elapsed()
+    );
+    assert!(woken >= 1);
+    assert_eq!(dst, src);
+    let mut tail = [9u8; 8];
+    let ms2 = reg(&mut a, &mut tail);
+    let s2 = a.isend(1, tag(2, 1), ms2, 0, 8).unwrap();
+    run(&mut a, &mut b, vec![s2], vec![later]);
+    assert_eq!(other, tail);
+}
+
 #[test]
 fn a_send_waiting_to_be_pulled_keeps_its_memory_registered() {
     let (mut a, mut b) = pair_pull("pullbusy", 2, 64, 16);
