@@ -6,7 +6,8 @@
 # (IPC all-reduce, the staged path and its pipeline, persistent rounds, the
 # Python calls), the persistent-against-ordinary timing and the bandwidth
 # tables against Gloo and the host path at 2 and 4 ranks, then gwbench
-# --device cuda (1, 2, 4 ranks; p2p at 2), and ends with "N passed, N failed".
+# --device cuda (1, 2, 4 ranks; p2p at 2), and ends with "N passed, N failed"
+# (exit status 1 if any failed).
 # GW_CHECK_TIMEOUT / GW_BENCH_TIMEOUT bound each step (120 / 200 s).
 set -u
 HERE=$(cd "$(dirname "$0")" && pwd)
@@ -102,3 +103,5 @@ done
 gwbench_check "gwbench-p2p-2" gwrun -n 2 gwbench p2p --device cuda \
   -b 4K -e 64M -f 4 -c 1 -T 0.05 -J "$FIG/gwbench-p2p-2.json"
 echo "$pass passed, $fail failed"
+# Status 1 when anything failed, so that a job running the check sees it.
+[ "$fail" -eq 0 ]
