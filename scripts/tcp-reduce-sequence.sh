@@ -10,13 +10,15 @@
 # 16 MiB times (µs, out of place / in place) per round, so that a build
 # can be checked for it: BIN names the directory of gwrun and gwbench.
 #
-#   scripts/tcp-reduce-sequence.sh [ROUNDS]     (default 4; BIN=target/release)
+#   scripts/tcp-reduce-sequence.sh [ROUNDS]     (default 4; BIN: this checkout's
+#                                               release build, built first)
 #
 # Needs OpenMPI (mpicc.openmpi, mpirun.openmpi).
 set -euo pipefail
+[[ -z ${BIN:-} ]] || BIN=$(cd "$BIN" && pwd)
 cd "$(dirname "$0")/.."
 rounds=${1:-4}
-bin=${BIN:-target/release}
+bin=${BIN:-${CARGO_TARGET_DIR:-target}/release}
 [[ -n ${BIN:-} ]] || cargo build --release -q -p gw-bench -p gw-launch
 out=$(mktemp -d)
 trap 'rm -rf "$out"' EXIT
@@ -25,15 +27,25 @@ mpicc.openmpi -O2 -o "$out/mpi_p2p" bench/peers/mpi_p2p.c -lm
 mpi=(mpirun.openmpi --allow-run-as-root --oversubscribe --mca pml ob1 --mca btl tcp,self
   --mca btl_tcp_if_include lo -n 2)
 sizes=(65536:1:5 1048576:1:5 16777216:1:5)
-gw() { GW_TRANSPORT=tcp "$bin/gwrun" -n 2 "$bin/gwbench" "$@" -b 64K -e 16M -f 16 -T 0.2 -c 1; }
+# One launch, its output in $out/NAME.log; on failure the log is shown.
+launch() {
+  local name=$1
+  shift
+  "$@" >"$out/$name.log" 2>&1 || {
+    echo "tcp-reduce-sequence.sh: $name failed:" >&2
+    cat "$out/$name.log" >&2
+    exit 1
+  }
+}
+gw() { GW_TRANSPORT=tcp "$bin/gwrun" -n 2 "$bin/gwbench" "$@" -b 64K -e 16M -f 16 -n 1 -w 5 -T 0.2 -c 1; }
 for r in $(seq 1 "$rounds"); do
   for c in allreduce reduce_scatter allgather broadcast reduce; do
-    gw "$c" -n 1 -w 5 >"$out/$c.log" 2>&1
+    launch "$c" gw "$c"
     if [[ $c == reduce ]]; then
       awk -v r="$r" '/^\[0\] +(1048576|16777216) / {printf "round %s, %s B: %s / %s us\n", r, $2, $7, $11}' "$out/$c.log"
     fi
-    "${mpi[@]}" "$out/mpi_coll" "$c" -T 0.2 "${sizes[@]}" >/dev/null 2>&1
+    launch "openmpi-$c" "${mpi[@]}" "$out/mpi_coll" "$c" -T 0.2 "${sizes[@]}"
   done
-  gw p2p >/dev/null 2>&1
-  "${mpi[@]}" "$out/mpi_p2p" -T 0.2 "${sizes[@]}" >/dev/null 2>&1
+  launch p2p gw p2p
+  launch openmpi-p2p "${mpi[@]}" "$out/mpi_p2p" -T 0.2 "${sizes[@]}"
 done
