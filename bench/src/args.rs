@@ -790,6 +790,9 @@ pub fn parse<S: Into<OsString>>(args: impl IntoIterator<Item = S>) -> Result<Com
         max: o.maxbytes,
         factor: o.stepfactor,
     };
+    if o.hugepages && o.device != "host" {
+        return err("--hugepages 1 applies to host buffers, not --device cuda");
+    }
 
     let Some(coll) = bench.coll() else {
         let cmd = Cli::command();
@@ -849,9 +852,6 @@ pub fn parse<S: Into<OsString>>(args: impl IntoIterator<Item = S>) -> Result<Com
                 o.device
             ));
         }
-        if o.hugepages && o.device != "host" {
-            return err("--hugepages 1 applies to host buffers, not --device cuda");
-        }
         return Ok(Command::P2p(P2pOpts {
             sizes,
             iters: o.iters,
@@ -908,9 +908,6 @@ pub fn parse<S: Into<OsString>>(args: impl IntoIterator<Item = S>) -> Result<Com
     }
     if o.register && o.device != "host" {
         return err("--register 1 applies to host buffers (device data is staged)");
-    }
-    if o.hugepages && o.device != "host" {
-        return err("--hugepages 1 applies to host buffers, not --device cuda");
     }
     Ok(Command::Coll(CollOpts {
         coll,

@@ -152,6 +152,21 @@ impl P2p<'_> {
         }?)
     }
 
+    /// `k` transfers of `size` bytes (sends, receives, or both at once): in
+    /// windows ([`post`]) from host memory, one blocking call at a time
+    /// from device memory, whose messages have no non-blocking form.
+    fn burst(&mut self, size: usize, k: usize, send: bool, recv: bool) -> Result<(), XferError> {
+        if self.dev.is_some() {
+            for _ in 0..k {
+                self.transfer(size, send, recv)?;
+            }
+            return Ok(());
+        }
+        let s = send.then_some(&self.send[..size]);
+        let r = recv.then_some(&mut self.recv[..size]);
+        Ok(post(self.comm, self.peer, k, s, r)?)
+    }
+
     /// One round trip of `size` bytes (rank 0 first).
     pub(crate) fn round(&mut self, size: usize) -> Result<(), XferError> {
         let first = self.me == 0;
@@ -222,15 +237,7 @@ impl P2p<'_> {
         let (c, p) = (self.comm, self.peer);
         let t0 = Instant::now();
         let sender = self.me == 0;
-        if self.dev.is_some() {
-            for _ in 0..k {
-                self.transfer(size, sender, !sender)?;
-            }
-        } else if sender {
-            post(c, p, k, Some(&self.send[..size]), None)?;
-        } else {
-            post(c, p, k, None, Some(&mut self.recv[..size]))?;
-        }
+        self.burst(size, k, sender, !sender)?;
         if sender {
             c.recv(p, &mut self.tiny)?;
         } else {
@@ -243,19 +250,7 @@ impl P2p<'_> {
     pub(crate) fn both_ways(&mut self, size: usize, k: usize) -> Result<f64, XferError> {
         self.sync()?;
         let t0 = Instant::now();
-        if self.dev.is_some() {
-            for _ in 0..k {
-                self.transfer(size, true, true)?;
-            }
-        } else {
-            post(
-                self.comm,
-                self.peer,
-                k,
-                Some(&self.send[..size]),
-                Some(&mut self.recv[..size]),
-            )?;
-        }
+        self.burst(size, k, true, true)?;
         let mine = t0.elapsed().as_secs_f64();
         self.slower(mine)
     }
@@ -414,7 +409,8 @@ pub fn run(comm: &Communicator, o: &P2pOpts) -> Result<bool, Fail> {
             // Each rank's failed check counts once, as in the collective table.
             let mut theirs = [0i64];
             comm.sendrecv(&[i64::from(mine > 0)], b.peer, &mut theirs, b.peer)
-                .map_err(|e| lib("exchange of check results", size)(e.into()))?;
+                .map_err(XferError::from)
+                .map_err(lib("exchange of check results", size))?;
             out_of_bounds += u64::from(mine > 0) + theirs[0] as u64;
             Some(total)
         } else {

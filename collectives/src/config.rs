@@ -602,19 +602,16 @@ impl Config {
                 region_max: PULL_REGION_MAX_CORE_PER_RANK,
                 p2p_bytes: P2P_PULL_BYTES_CORE_PER_RANK,
             },
-            Source::Default
-                if local_ranks.div_ceil(cores.max(1)) <= STORED_PULLS_RANKS_PER_CORE =>
-            {
-                ShmPulls {
-                    bytes: self.shm_pull_bytes.value,
-                    region_max: usize::MAX,
-                    p2p_bytes: STORED_PULL_BYTES_SHARED_CORES,
-                }
-            }
-            _ => ShmPulls {
+            source => ShmPulls {
                 bytes: self.shm_pull_bytes.value,
                 region_max: usize::MAX,
-                p2p_bytes: self.shm_pull_bytes.value,
+                p2p_bytes: if source == Source::Default
+                    && local_ranks.div_ceil(cores.max(1)) <= STORED_PULLS_RANKS_PER_CORE
+                {
+                    STORED_PULL_BYTES_SHARED_CORES
+                } else {
+                    self.shm_pull_bytes.value
+                },
             },
         }
     }

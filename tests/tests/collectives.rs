@@ -168,6 +168,14 @@ fn every_pipeline_depth_gives_the_same_results() {
     );
 }
 
+/// The first two processors this process may use: the same one twice on a
+/// one-processor machine, where ranks bound to "two" really do share it.
+fn first_two_cpus() -> [u32; 2] {
+    let mine = gw_rendezvous::peers::own_cpus();
+    assert!(!mine.is_empty(), "sched_getaffinity named no processor");
+    [mine[0], mine[mine.len().min(2) - 1]]
+}
+
 /// Ranks that a launcher binds to a processor each (`srun
 /// --cpu-bind=cores`, `taskset` per rank) each see one, but share none: they must count the processors
 /// of their host, not their own, or they take themselves for ranks sharing
@@ -175,11 +183,7 @@ fn every_pipeline_depth_gives_the_same_results() {
 /// model that charges them twice).
 #[test]
 fn ranks_bound_to_a_processor_each_count_their_hosts() {
-    let mine = gw_rendezvous::peers::own_cpus();
-    assert!(!mine.is_empty(), "sched_getaffinity named no processor");
-    // The first two this test may use (the same one twice on a one-processor
-    // machine, where the ranks really do share it).
-    let cpus = [mine[0], mine[mine.len().min(2) - 1]];
+    let cpus = first_two_cpus();
     let distinct = if cpus[0] == cpus[1] { 1 } else { 2 };
     let gwtest = gw_tests::bin("gwtest");
     let script = format!(
@@ -216,10 +220,9 @@ fn ranks_bound_to_a_processor_each_count_their_hosts() {
 /// four on it, four to a core, where the transport's own threshold holds.
 #[test]
 fn large_stored_collectives_pulled_where_two_ranks_share_a_core() {
-    let mine = gw_rendezvous::peers::own_cpus();
-    assert!(!mine.is_empty(), "sched_getaffinity named no processor");
-    let cpus = format!("{},{}", mine[0], mine[mine.len().min(2) - 1]);
-    let stored_from = if mine.len() >= 2 { 65536 } else { 262144 };
+    let [a, b] = first_two_cpus();
+    let cpus = format!("{a},{b}");
+    let stored_from = if a != b { 65536 } else { 262144 };
     let gwtest = gw_tests::bin("gwtest");
     let script = format!(
         "exec taskset -c {cpus} {} collectives --big-only float,uint8 1000 1048589",

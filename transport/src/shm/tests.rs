@@ -933,6 +933,16 @@ fn probed_pair(c: ShmConfig) -> (ShmTransport, ShmTransport) {
     (a, b)
 }
 
+/// A probed pair of job `name` that pulls hinted (stored) messages from
+/// 100 bytes and others from 1000, with two 4 KiB slots per ring.
+fn stored_pulls_pair(name: &str) -> (ShmTransport, ShmTransport) {
+    let j = job(name);
+    probed_pair(ShmConfig {
+        p2p_pull_bytes: 100,
+        ..cfg_pull(&j, 2, 4096, 1000)
+    })
+}
+
 /// Sends each `(region, length, hint)` from `a` (from the region's start)
 /// to receives on `b`, one after another in `md`, and runs them to the end.
 fn send_hinted(
@@ -1043,12 +1053,7 @@ fn point_to_point_sends_are_pulled_from_their_own_threshold() {
 /// posted path.
 #[test]
 fn a_pulled_send_is_announced_at_posting() {
-    let j = job("pullpost");
-    let c = ShmConfig {
-        p2p_pull_bytes: 100,
-        ..cfg_pull(&j, 2, 4096, 1000)
-    };
-    let (mut a, mut b) = probed_pair(c);
+    let (mut a, mut b) = stored_pulls_pair("pullpost");
     let mut src = pattern(500, 3);
     let mut dst = vec![0u8; 500];
     let ms = reg(&mut a, &mut src);
@@ -1086,12 +1091,7 @@ fn a_pulled_send_is_announced_at_posting() {
 /// be woken then, not at its next timeout (the poll below waits 3 s).
 #[test]
 fn a_sender_asleep_on_an_announced_pull_is_woken_when_it_is_pulled() {
-    let j = job("pullwake");
-    let c = ShmConfig {
-        p2p_pull_bytes: 100,
-        ..cfg_pull(&j, 2, 4096, 1000)
-    };
-    let (mut a, mut b) = probed_pair(c);
+    let (mut a, mut b) = stored_pulls_pair("pullwake");
     let mut src = pattern(500, 5);
     let mut dst = vec![0u8; 500];
     let mut other = vec![0u8; 8];

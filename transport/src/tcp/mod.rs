@@ -1450,9 +1450,10 @@ fn start_payload(hdr: FrameHeader, p: &Posted<()>) -> Rx {
 /// segments ran 2.5-15x slower at 16 MiB (10-60 ms) in 18 of 23 rounds of
 /// a sequence of launches (each segment's transfer about 1 ms instead of
 /// 50 µs, its RTT samples about 5 ms), and with this in 4 of 20 (7-20 ms):
-/// much less often and less slow, not never (`scripts/tcp-reduce-sequence.sh`). The option is not sticky (the
-/// kernel goes back to delaying when it sees traffic both ways), hence at
-/// every such read. Only large frames: asked at every payload read of 16
+/// much less often and less slow, not never
+/// (`scripts/tcp-reduce-sequence.sh`). The option is not sticky (the kernel
+/// goes back to delaying when it sees traffic both ways), hence at every
+/// such read. Only large frames: asked at every payload read of 16
 /// KiB or more, a 2-rank 16 KiB all-reduce ran 0.80x as fast (its ACKs
 /// could ride on the reply, and now go alone) and 64 KiB 0.94x.
 const QUICKACK_READ_BYTES: usize = 128 << 10;
