@@ -176,12 +176,29 @@ def build_peers(a, out):
 RUN_TIMEOUT_S = 300
 
 
+# The launch running now, whose session a signal to this script must end:
+# in a session of its own it would outlive the script (MPICH's ranks, which
+# poll, were left spinning on both cores once).
+RUNNING = None
+
+
+def end_running(signum, _frame):
+    if RUNNING is not None and RUNNING.poll() is None:
+        try:
+            os.killpg(RUNNING.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+    sys.exit(128 + signum)
+
+
 def run(argv, env, log):
+    global RUNNING
     e = dict(os.environ)
     e.update(env)
     # A session of its own, so that a hung run's ranks go with their launcher.
     p = subprocess.Popen(argv, env=e, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                          text=True, start_new_session=True)
+    RUNNING = p
     try:
         stdout, stderr = p.communicate(timeout=RUN_TIMEOUT_S)
     except subprocess.TimeoutExpired:
@@ -247,6 +264,8 @@ def peer(argv, env, a, coll, sz, log):
 
 
 def main():
+    for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
+        signal.signal(sig, end_running)
     a = parse_args()
     os.makedirs(a.out, exist_ok=True)
     sz = sizes(a)
