@@ -311,6 +311,11 @@ pub struct Config {
     /// core at most; with a core per rank a smaller threshold and a region
     /// limit do (see [`Config::shm_pulls_for`]).
     pub shm_pull_bytes: Setting<usize>,
+    /// `GW_SHM_ADAPT`: a collective's shared-memory segment that
+    /// `GW_SHM_PULL_BYTES`'s rules would pull goes through the slots where they are measured to
+    /// cost less (1, the default; only where every rank of the host has a
+    /// core), or the rules alone decide (0).
+    pub shm_adapt: Setting<bool>,
     /// `GW_TRACE`: a Chrome-trace file every rank appends its timeline to
     /// when its communicator closes (see `trace.rs`); unset: no tracing.
     pub trace: Setting<Option<String>>,
@@ -348,6 +353,7 @@ impl Default for Config {
             shm_slot_bytes: Setting::default(512 * 1024),
             shm_slots: Setting::default(8),
             shm_pull_bytes: Setting::default(gw_transport::shm::DEFAULT_PULL_BYTES),
+            shm_adapt: Setting::default(true),
         }
     }
 }
@@ -561,6 +567,13 @@ impl Config {
             |v| v.parse().ok(),
             "bytes (0 turns single-copy pulls off)",
         )?;
+        env_override(
+            &mut self.shm_adapt,
+            "GW_SHM_ADAPT",
+            env,
+            zero_or_one,
+            "0 or 1",
+        )?;
         Ok(())
     }
 
@@ -671,6 +684,7 @@ impl Config {
                 ),
                 _ => line("GW_SHM_PULL_BYTES", &self.shm_pull_bytes),
             },
+            line("GW_SHM_ADAPT", &self.shm_adapt),
             line("GW_TRACE", &self.trace),
         ]
     }
@@ -789,6 +803,16 @@ mod tests {
     }
 
     #[test]
+    fn measured_costs_choose_between_pull_and_slots_unless_turned_off() {
+        let mut c = Config::default();
+        assert!(c.shm_adapt.value);
+        c.apply_env_from(&env(&[("GW_SHM_ADAPT", "0")])).unwrap();
+        assert!(!c.shm_adapt.value);
+        assert_eq!(c.shm_adapt.source, Source::Env("GW_SHM_ADAPT"));
+        assert!(c.describe().iter().any(|l| l.contains("GW_SHM_ADAPT")));
+    }
+
+    #[test]
     fn env_overrides_api_and_records_source() {
         let mut c = Config::default();
         c.lanes.set(4);
@@ -813,6 +837,7 @@ mod tests {
             ("GW_LANES", "0"),
             ("GW_ALGO", "butterfly"),
             ("GW_SHM_SLOTS", "1"),
+            ("GW_SHM_ADAPT", "yes"),
             ("GW_SOCKET_SEND_BUFFER_BYTES", "100"),
             ("GW_SOCKET_RECV_BUFFER_BYTES", "100"),
             ("GW_PIPELINE_DEPTH", "0"),

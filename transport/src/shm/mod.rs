@@ -46,6 +46,7 @@
 //! the flag sends one byte to the doorbell. Without [`Transport::attach`] the
 //! transport works by polling alone.
 
+mod costs;
 mod doorbell;
 mod names;
 mod one_sided;
@@ -56,6 +57,8 @@ mod segment;
 mod stream;
 #[cfg(test)]
 mod tests;
+#[cfg(test)]
+mod tests_adapt;
 #[cfg(test)]
 mod tests_in_place;
 #[cfg(test)]
@@ -136,6 +139,12 @@ pub struct ShmConfig {
     /// credits, so a full ring of frames nobody asked for yet can always be
     /// taken out of the ring.
     pub eager_frames: usize,
+    /// A collective's segment (a send without a hint) that the rules above
+    /// would pull goes through the slots instead where, as measured on its
+    /// ring, the two slot copies cost less than the pull (see `costs.rs`;
+    /// default on, `GW_SHM_ADAPT=0` off). Off, the rules alone decide,
+    /// which tests that count pulls rely on.
+    pub adaptive: bool,
 }
 
 impl ShmConfig {
@@ -150,6 +159,7 @@ impl ShmConfig {
             p2p_pull_bytes: DEFAULT_PULL_BYTES,
             pull_region_max: usize::MAX,
             eager_frames: DEFAULT_EAGER_FRAMES,
+            adaptive: true,
         }
     }
 
@@ -318,6 +328,8 @@ struct Peer {
     /// `next_imm` found none: take frames out of the ring until one comes,
     /// even when no receive is posted (an immediate may wait behind data).
     wants_imm: bool,
+    /// Pull or slots for our large messages, by what they cost.
+    choice: costs::PathChoice,
 }
 
 impl Peer {
@@ -368,6 +380,23 @@ impl Peer {
         let cap = conn.tx.credits();
         let out = self.sent_eager.wrapping_sub(conn.tx.consumed());
         (cap as u64).saturating_sub(out) as usize
+    }
+
+    /// Whether a message of `len` bytes would go through slots of
+    /// `slot_bytes` at once: nothing announced and waiting, and credits for
+    /// its frames and for every frame queued before it. Beyond its credits a message through
+    /// the slots is announced and waits for its receive (three trips
+    /// through the rings), which a pull never does, so the costs of the
+    /// copies alone (`costs.rs`) decide only where this holds.
+    fn slots_free_for(&self, len: usize, slot_bytes: usize) -> bool {
+        let frames = |n: usize| n.div_ceil(slot_bytes).max(1);
+        let queued: usize = self
+            .sends
+            .iter()
+            .filter(|op| !op.reserved && op.len < op.pull_from)
+            .map(|op| frames(op.len))
+            .sum();
+        self.announced.is_empty() && queued + frames(len) <= self.credits()
     }
 
     /// Credits the eager frames consumed since last said, through the ring.
@@ -474,6 +503,7 @@ impl ShmTransport {
                 held: None,
                 imms: VecDeque::with_capacity(crate::seam::POSTED_RESERVED),
                 wants_imm: false,
+                choice: costs::PathChoice::default(),
             });
         }
         if cfg.pull_bytes > 0 || cfg.p2p_pull_bytes > 0 {
@@ -655,9 +685,26 @@ impl ShmTransport {
         self.check_post(peer)?;
         let (ptr, region_len) = self.range(mem, offset, len, "isend")?;
         let req = self.new_req();
-        let pull_from = self.pull_from(hint, region_len);
+        let mut pull_from = self.pull_from(hint, region_len);
         let me = self.me;
         let p = &mut self.peers[peer as usize];
+        // Only a collective's own segments (no hint): their receives are
+        // posted as the schedule reaches them, while a point-to-point
+        // stream's often are not, and a message through the slots that
+        // arrives before its receive is copied twice on that side; an
+        // exchange or stored message may come out of a region of any
+        // size, where two slot copies that each ran in cache lost to one
+        // pull (docs/performance.md, "Pull or slots, measured").
+        if self.cfg.adaptive
+            && hint.is_none()
+            && len >= pull_from
+            && let Some(conn) = p.conn.as_ref()
+            && conn.tx.can_pull() == CanPull::Yes
+            && p.slots_free_for(len, conn.tx.slot_bytes())
+            && !p.choice.pull(conn.tx.costs(), len)
+        {
+            pull_from = usize::MAX;
+        }
         p.sends.push_back(SendOp {
             req,
             tag,
@@ -1189,9 +1236,15 @@ fn rendezvous_at_head(p: &Peer) -> Result<(u64, u64)> {
 /// `dst` must be valid for writes of `len` bytes.
 unsafe fn pull_bytes(p: &Peer, h: &FrameHeader, addr: u64, dst: *mut u8, len: usize) -> Result<()> {
     let pid = p.info.pid;
+    let t = std::time::Instant::now();
     // SAFETY: the caller's promise on dst.
     match unsafe { pull::pull(pid, addr, dst, len) } {
-        Ok(()) => Ok(()),
+        Ok(()) => {
+            if let Some(conn) = p.conn.as_ref() {
+                conn.rx.record_pull(t.elapsed(), len);
+            }
+            Ok(())
+        }
         Err(e) if e.raw_os_error() == Some(libc::ESRCH) => Err(Error::Remote {
             rank: p.info.rank,
             addr: p.info.hostname.clone(),

@@ -13,6 +13,8 @@
 //! 264  can_pull         u32  consumer: 1 if it can read the producer's memory, 2 if not
 //! 272  credits          u32  consumer: 1 + the eager frames it buffers (0: not yet said)
 //! 280  consumed         u64  consumer: eager frames it has consumed so far
+//! 288  pull_cost        u32  consumer: ps per byte its pulls out of the producer cost
+//! 292  out_cost         u32  consumer: ps per byte its copies out of the slots cost
 //! 320  done[64]         u64  consumer: rendezvous message `k` pulled => done[k % 64] = k + 1
 //! 832  slot 0: header[64] payload[stride - 64]
 //!      slot 1 ...
@@ -25,6 +27,10 @@
 //! `head + 1`. Each side keeps its own counter privately and only reads the
 //! other's, so a buggy peer can corrupt what we read but never what we own;
 //! counters that make no sense are reported as [`Corrupt`], never trusted.
+//!
+//! `pull_cost` and `out_cost` (0: not measured yet) let the producer
+//! choose between a pull and the slots for each large message (see
+//! `costs.rs`); only a choice depends on them, never correctness.
 //!
 //! `credits` and `consumed` are the receive core's credits (see
 //! `recv_core`) without messages: the producer may have `credits` eager
@@ -40,9 +46,11 @@
 //! This module is pure logic over memory: it knows nothing of files, peers or
 //! sockets, and is tested on an ordinary heap buffer.
 
+use super::costs::{self, MEASURED_BYTES};
 use crate::wire::HEADER_LEN;
 use std::ptr::NonNull;
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering, fence};
+use std::time::Instant;
 
 /// Bytes of the control block in front of the slots.
 pub(crate) const CONTROL_LEN: usize = 832;
@@ -54,6 +62,8 @@ const PROBE_ADDR_OFF: usize = 256;
 const CAN_PULL_OFF: usize = 264;
 const CREDITS_OFF: usize = 272;
 const CONSUMED_OFF: usize = 280;
+const PULL_COST_OFF: usize = 288;
+const OUT_COST_OFF: usize = 292;
 const DONE_OFF: usize = 320;
 /// Rendezvous messages a producer may have outstanding on one ring.
 pub(crate) const MAX_PULLS: u64 = 64;
@@ -128,6 +138,8 @@ impl RingRef {
         self.u32_at(CAN_PULL_OFF).store(0, Ordering::Relaxed);
         self.u32_at(CREDITS_OFF).store(0, Ordering::Relaxed);
         self.u64_at(CONSUMED_OFF).store(0, Ordering::Relaxed);
+        self.u32_at(PULL_COST_OFF).store(0, Ordering::Relaxed);
+        self.u32_at(OUT_COST_OFF).store(0, Ordering::Relaxed);
         for k in 0..MAX_PULLS as usize {
             self.u64_at(DONE_OFF + 8 * k).store(0, Ordering::Relaxed);
         }
@@ -198,13 +210,20 @@ impl RingRef {
 pub(crate) struct Producer {
     ring: RingRef,
     tail: u64,
+    /// What our copies of large payloads into the slots cost, ps per byte
+    /// (0: none yet).
+    in_cost: u32,
 }
 
 impl Producer {
     /// Takes the producer role; starts from the tail currently in the ring.
     pub(crate) fn new(ring: RingRef) -> Producer {
         let tail = ring.tail().load(Ordering::Relaxed);
-        Producer { ring, tail }
+        Producer {
+            ring,
+            tail,
+            in_cost: 0,
+        }
     }
 
     /// Payload bytes per slot.
@@ -235,6 +254,7 @@ impl Producer {
             return Ok(false);
         }
         let slot = self.ring.slot(self.tail);
+        let timed = (payload.len() >= MEASURED_BYTES).then(Instant::now);
         // SAFETY: the slot at `tail` is free (head has moved past it, observed with
         // Acquire in `free`), so the consumer does not touch it until we publish;
         // header and payload fit the slot's stride; sources are valid slices that
@@ -242,6 +262,10 @@ impl Producer {
         unsafe {
             std::ptr::copy_nonoverlapping(header.as_ptr(), slot, HEADER_LEN);
             std::ptr::copy_nonoverlapping(payload.as_ptr(), slot.add(HEADER_LEN), payload.len());
+        }
+        if let Some(t) = timed {
+            let sample = costs::ps_per_byte(t.elapsed(), payload.len());
+            self.in_cost = costs::mix(self.in_cost, sample);
         }
         self.tail = self.tail.wrapping_add(1);
         self.ring.tail().store(self.tail, Ordering::Release);
@@ -293,6 +317,21 @@ impl Producer {
     /// Eager frames the consumer has consumed so far.
     pub(crate) fn consumed(&self) -> u64 {
         self.ring.u64_at(CONSUMED_OFF).load(Ordering::Acquire)
+    }
+
+    /// Sets what our copies in cost (tests choose a winner).
+    #[cfg(test)]
+    pub(crate) fn set_in_cost(&mut self, ps: u32) {
+        self.in_cost = ps;
+    }
+
+    /// What the ways a large message can take cost now (see `costs.rs`).
+    pub(crate) fn costs(&self) -> costs::Costs {
+        costs::Costs {
+            pull: self.ring.u32_at(PULL_COST_OFF).load(Ordering::Relaxed),
+            slot_in: self.in_cost,
+            slot_out: self.ring.u32_at(OUT_COST_OFF).load(Ordering::Relaxed),
+        }
     }
 
     /// Whether rendezvous message `k` has been pulled by the consumer.
@@ -366,6 +405,8 @@ impl Consumer {
     /// (see `stream.rs`).
     pub(crate) fn read_payload_with(&self, dst: &mut [u8], streaming: bool) -> Result<(), Corrupt> {
         let src = self.payload_ptr(dst.len())?;
+        // Streamed copies are of regions never pulled: not a choice's cost.
+        let timed = (!streaming && dst.len() >= MEASURED_BYTES).then(Instant::now);
         // SAFETY: `payload_ptr` checked that the published slot holds
         // dst.len() bytes; dst is a distinct local buffer.
         unsafe {
@@ -374,6 +415,9 @@ impl Consumer {
             } else {
                 std::ptr::copy_nonoverlapping(src, dst.as_mut_ptr(), dst.len());
             }
+        }
+        if let Some(t) = timed {
+            self.record(OUT_COST_OFF, costs::ps_per_byte(t.elapsed(), dst.len()));
         }
         Ok(())
     }
@@ -430,6 +474,32 @@ impl Consumer {
             .store(if yes { 1 } else { 2 }, Ordering::Release);
     }
 
+    /// Mixes what a pull of a large message out of the producer cost into
+    /// the figure the producer reads.
+    pub(crate) fn record_pull(&self, elapsed: std::time::Duration, bytes: usize) {
+        if bytes >= MEASURED_BYTES {
+            self.record(PULL_COST_OFF, costs::ps_per_byte(elapsed, bytes));
+        }
+    }
+
+    /// Sets both published costs as they are (tests choose a winner).
+    #[cfg(test)]
+    pub(crate) fn set_costs(&self, pull: u32, out: u32) {
+        self.ring
+            .u32_at(PULL_COST_OFF)
+            .store(pull, Ordering::Relaxed);
+        self.ring.u32_at(OUT_COST_OFF).store(out, Ordering::Relaxed);
+    }
+
+    /// Only this side writes the field, so a load and a store suffice.
+    fn record(&self, off: usize, sample: u32) {
+        let field = self.ring.u32_at(off);
+        field.store(
+            costs::mix(field.load(Ordering::Relaxed), sample),
+            Ordering::Relaxed,
+        );
+    }
+
     /// Reports rendezvous message `k` as pulled: the producer may reuse its memory.
     pub(crate) fn mark_pulled(&self, k: u64) {
         self.ring
@@ -454,6 +524,42 @@ mod tests {
         let r = unsafe { RingRef::new(buf.as_mut_ptr().cast(), slots, slot_bytes) };
         r.init();
         (Producer::new(r), Consumer::new(r))
+    }
+
+    #[test]
+    fn large_copies_are_timed_and_the_consumers_costs_reach_the_producer() {
+        let slot = 2 * MEASURED_BYTES;
+        let mut buf = region(2, slot);
+        let (mut p, mut c) = pair(&mut buf, 2, slot);
+        let through = |p: &mut Producer, c: &mut Consumer, len: usize| {
+            let msg = vec![9u8; len];
+            assert!(p.push(&header(0, len as u64, len as u64), &msg).unwrap());
+            let mut out = vec![0u8; len];
+            c.read_payload(&mut out).unwrap();
+            c.pop();
+            assert_eq!(out, msg);
+            p.costs()
+        };
+        let none = costs::Costs {
+            pull: 0,
+            slot_in: 0,
+            slot_out: 0,
+        };
+        assert_eq!(p.costs(), none);
+        // Under the size that is timed, nothing is measured.
+        assert_eq!(through(&mut p, &mut c, MEASURED_BYTES - 1), none);
+        // A timed copy each way; the consumer's lands in the control block.
+        let k = through(&mut p, &mut c, MEASURED_BYTES);
+        assert!(k.slot_in > 0 && k.slot_out > 0 && k.pull == 0, "{k:?}");
+        // A pull's cost, as the consumer reports it: 1 s for 1 MB is
+        // 10^6 ps a byte; a small pull is not counted.
+        c.record_pull(std::time::Duration::from_millis(1), 100);
+        assert_eq!(p.costs().pull, 0);
+        c.record_pull(std::time::Duration::from_secs(1), 1_000_000);
+        assert_eq!(p.costs().pull, 1_000_000);
+        // A ring made afresh over the same memory forgets them.
+        let (p, _) = pair(&mut buf, 2, slot);
+        assert_eq!(p.costs().pull, 0);
     }
 
     fn header(offset: u64, len: u64, total: u64) -> [u8; HEADER_LEN] {

@@ -49,7 +49,12 @@ pub(super) fn cfg(job_id: &str, slots: usize, slot_bytes: usize) -> ShmConfig {
     cfg_pull(job_id, slots, slot_bytes, 0)
 }
 
-fn cfg_pull(job_id: &str, slots: usize, slot_bytes: usize, pull_bytes: usize) -> ShmConfig {
+pub(super) fn cfg_pull(
+    job_id: &str,
+    slots: usize,
+    slot_bytes: usize,
+    pull_bytes: usize,
+) -> ShmConfig {
     ShmConfig {
         job_id: job_id.into(),
         name_secret: secret(job_id),
@@ -59,6 +64,8 @@ fn cfg_pull(job_id: &str, slots: usize, slot_bytes: usize, pull_bytes: usize) ->
         p2p_pull_bytes: pull_bytes,
         pull_region_max: usize::MAX,
         eager_frames: crate::recv_core::DEFAULT_EAGER_FRAMES,
+        // The tests below count pulls: the size rules alone decide.
+        adaptive: false,
     }
 }
 
@@ -922,7 +929,7 @@ fn large_messages_are_pulled_and_small_ones_use_slots() {
 
 /// Ranks 0 and 1 of a job with config `c`, connected, once rank 1 has
 /// found out that it may pull from rank 0 (until then nothing is pulled).
-fn probed_pair(c: ShmConfig) -> (ShmTransport, ShmTransport) {
+pub(super) fn probed_pair(c: ShmConfig) -> (ShmTransport, ShmTransport) {
     let (mut a, mut b) = connected_pair(c);
     let deadline = Instant::now() + Duration::from_secs(3);
     while a.peers[1].conn.as_ref().unwrap().tx.can_pull() == super::ring::CanPull::Unknown {
@@ -945,7 +952,7 @@ fn stored_pulls_pair(name: &str) -> (ShmTransport, ShmTransport) {
 
 /// Sends each `(region, length, hint)` from `a` (from the region's start)
 /// to receives on `b`, one after another in `md`, and runs them to the end.
-fn send_hinted(
+pub(super) fn send_hinted(
     a: &mut ShmTransport,
     b: &mut ShmTransport,
     sends: &[(MemHandle, usize, Option<SendHint>)],

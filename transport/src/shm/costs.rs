@@ -1,0 +1,182 @@
+//! Which way a large message crosses is chosen by what copies cost now.
+//!
+//! A message can cross by one pull (the receiver's `process_vm_readv`,
+//! which pins the sender's pages and copies them) or through the slots (the
+//! sender copies in, the receiver copies out). Which is cheaper is not a
+//! property of the code: on the development VM it flips with the host's
+//! placement of its virtual processors, for minutes at a time. In one phase
+//! the receiver's copy out of lines another core just wrote is slow and the
+//! pull wins by 2x; in the other the pull's page pinning dominates and the
+//! slots win by 2x (docs/performance.md, "Pull or slots, measured"). So the
+//! sender of a segment that the size rules would have pulled compares the
+//! two costs as measured on this very ring: the receiver publishes what
+//! its pulls and its copies out of the slots cost per byte, the sender
+//! keeps what its copies in cost, and every [`PROBE_EVERY`]th such message
+//! takes the other way, so that neither figure goes stale.
+//!
+//! The comparison is of total processor time per byte: one pull against
+//! the two slot copies added. In a collective both ranks copy at once and
+//! that is what a step costs; a one-way stream, whose two slot copies run
+//! on two processors, may gain more from the slots than this says, never
+//! less.
+
+use std::time::Duration;
+
+/// Copies from this size on are timed: a clock read is then well under
+/// 1% of the copy.
+pub(crate) const MEASURED_BYTES: usize = 64 << 10;
+
+/// One message in this many of those the size rules would pull and whose
+/// copy is timed crosses the way currently not chosen, to measure it again.
+pub(crate) const PROBE_EVERY: u64 = 32;
+
+/// Picoseconds per byte of a copy of `bytes` that took `elapsed`, at least 1
+/// (0 means "not measured" wherever these are kept).
+pub(crate) fn ps_per_byte(elapsed: Duration, bytes: usize) -> u32 {
+    let ps = elapsed.as_nanos().saturating_mul(1000) / bytes.max(1) as u128;
+    ps.clamp(1, u32::MAX as u128) as u32
+}
+
+/// A running cost with `sample` mixed in: a quarter of the weight on the
+/// newest, so a phase change shows within a few messages.
+pub(crate) fn mix(old: u32, sample: u32) -> u32 {
+    if old == 0 {
+        return sample;
+    }
+    ((3 * old as u64 + sample as u64) / 4) as u32
+}
+
+/// The sender's choice for one peer.
+#[derive(Debug, Default)]
+pub(crate) struct PathChoice {
+    /// Messages so far that the size rules would pull, long enough for
+    /// their copies to be timed.
+    eligible: u64,
+}
+
+/// What a choice is made from, in picoseconds per byte, 0 where not yet
+/// measured.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct Costs {
+    /// The receiver's pulls out of our process.
+    pub pull: u32,
+    /// Our copies into the slots.
+    pub slot_in: u32,
+    /// The receiver's copies out of the slots.
+    pub slot_out: u32,
+}
+
+impl PathChoice {
+    /// Whether the next message that the size rules would pull, `len`
+    /// bytes long, is pulled. Until both ways are measured, pulls stay the
+    /// rule. Every [`PROBE_EVERY`]th message long enough to be timed takes
+    /// the other way; a shorter one would measure nothing.
+    pub(crate) fn pull(&mut self, c: Costs, len: usize) -> bool {
+        let probe = len >= MEASURED_BYTES && {
+            self.eligible = self.eligible.wrapping_add(1);
+            self.eligible.is_multiple_of(PROBE_EVERY)
+        };
+        let slots_known = c.slot_in != 0 && c.slot_out != 0;
+        let prefer_pull =
+            c.pull == 0 || !slots_known || (c.pull as u64) <= c.slot_in as u64 + c.slot_out as u64;
+        prefer_pull != probe
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn choices(c: Costs, n: usize) -> Vec<bool> {
+        let mut p = PathChoice::default();
+        (0..n).map(|_| p.pull(c, MEASURED_BYTES)).collect()
+    }
+
+    fn pulled(v: &[bool]) -> usize {
+        v.iter().filter(|&&b| b).count()
+    }
+
+    #[test]
+    fn unmeasured_costs_keep_pulls_and_probe_the_slots() {
+        let c = Costs {
+            pull: 0,
+            slot_in: 0,
+            slot_out: 0,
+        };
+        let v = choices(c, 64);
+        assert_eq!(pulled(&v), 62);
+        assert!(!v[31] && !v[63], "the 32nd and 64th go through the slots");
+        // A pull measured but the slots not: the same.
+        let v = choices(Costs { pull: 100, ..c }, 64);
+        assert_eq!(pulled(&v), 62);
+        let v = choices(
+            Costs {
+                pull: 100,
+                slot_in: 10,
+                ..c
+            },
+            64,
+        );
+        assert_eq!(pulled(&v), 62, "one slot copy measured is not enough");
+    }
+
+    #[test]
+    fn the_cheaper_way_wins_and_the_other_is_probed() {
+        // Pull 100 ps/B against 40 + 50: the slots.
+        let c = Costs {
+            pull: 100,
+            slot_in: 40,
+            slot_out: 50,
+        };
+        let v = choices(c, 64);
+        assert_eq!(pulled(&v), 2);
+        assert!(v[31] && v[63]);
+        // Pull 80 against 90: the pull.
+        let v = choices(Costs { pull: 80, ..c }, 64);
+        assert_eq!(pulled(&v), 62);
+        // A tie goes to the pull: one copy, and no slots held.
+        let v = choices(Costs { pull: 90, ..c }, 32);
+        assert_eq!(pulled(&v), 31);
+    }
+
+    #[test]
+    fn messages_too_short_to_be_timed_are_never_probes() {
+        let c = Costs {
+            pull: 100,
+            slot_in: 40,
+            slot_out: 50,
+        };
+        let mut p = PathChoice::default();
+        let short: Vec<bool> = (0..64).map(|_| p.pull(c, MEASURED_BYTES - 1)).collect();
+        assert_eq!(pulled(&short), 0, "the cheaper way, every time");
+        // Nor do they count towards the next probe.
+        let long: Vec<bool> = (0..32).map(|_| p.pull(c, MEASURED_BYTES)).collect();
+        assert_eq!(pulled(&long), 1);
+        assert!(long[31]);
+        let unknown = Costs {
+            pull: 0,
+            slot_in: 0,
+            slot_out: 0,
+        };
+        assert!((0..64).all(|_| p.pull(unknown, 1000)));
+    }
+
+    #[test]
+    fn costs_are_picoseconds_per_byte_never_zero() {
+        assert_eq!(ps_per_byte(Duration::from_micros(10), 100_000), 100);
+        assert_eq!(ps_per_byte(Duration::ZERO, 1 << 20), 1);
+        assert_eq!(ps_per_byte(Duration::from_secs(10), 0), u32::MAX);
+    }
+
+    #[test]
+    fn a_running_cost_starts_at_its_first_sample_and_follows_slowly() {
+        assert_eq!(mix(0, 80), 80);
+        assert_eq!(mix(80, 160), 100);
+        let mut c = 100;
+        for _ in 0..12 {
+            c = mix(c, 300);
+        }
+        assert!((290..=300).contains(&c), "{c}");
+        assert_eq!(mix(u32::MAX, u32::MAX), u32::MAX);
+    }
+}

@@ -1,0 +1,161 @@
+//! The choice between a pull and the slots for each message the size rules
+//! would pull, made from the costs both sides measured (see `costs.rs`).
+
+use super::costs::{Costs, PROBE_EVERY};
+use super::tests::{cfg_pull, job, pattern, probed_pair, reg, run, send_hinted, tag};
+use super::*;
+use proptest::prelude::*;
+
+/// Messages per run: two probes' worth, were they long enough to probe.
+const MESSAGES: usize = 2 * PROBE_EVERY as usize;
+
+/// Sends [`MESSAGES`] messages of 8 KiB from rank 0 to rank 1, which pulls
+/// from 1000 bytes, with the costs of rank 0's choice set to `c` first;
+/// checks every byte and returns how many were pulled. 8 KiB is under
+/// what is timed, so the costs stay as set and no message is a probe
+/// (`costs.rs` tests the probes).
+fn pulled_of(name: &str, adaptive: bool, c: Costs) -> u64 {
+    let (mut a, mut b) = probed_pair(ShmConfig {
+        adaptive,
+        ..cfg_pull(&job(name), 2, 16384, 1000)
+    });
+    b.peers[0]
+        .conn
+        .as_ref()
+        .unwrap()
+        .rx
+        .set_costs(c.pull, c.slot_out);
+    a.peers[1].conn.as_mut().unwrap().tx.set_in_cost(c.slot_in);
+    let n = 8192;
+    let mut src = pattern(n, 3);
+    let mut dst = vec![0u8; n * MESSAGES];
+    let ms = reg(&mut a, &mut src);
+    let md = reg(&mut b, &mut dst);
+    // One at a time: a message beyond its credits keeps its pull (see
+    // `slots_free_for`), which the last test here shows.
+    for i in 0..MESSAGES {
+        let ra = a.isend(1, tag(1, i as u32), ms, 0, n).unwrap();
+        let rb = b.irecv(0, tag(1, i as u32), md, i * n, n).unwrap();
+        run(&mut a, &mut b, vec![ra], vec![rb]);
+    }
+    for (i, got) in dst.chunks(n).enumerate() {
+        assert!(got == &src[..], "message {i} arrived wrong");
+    }
+    assert!(a.peers[1].pulls_out.is_empty());
+    a.peers[1].next_pull
+}
+
+#[test]
+fn slots_measured_cheaper_carry_every_message() {
+    let c = Costs {
+        pull: 300,
+        slot_in: 40,
+        slot_out: 50,
+    };
+    assert_eq!(pulled_of("adaptslots", true, c), 0);
+    // Off, the size rules alone decide: every message is pulled.
+    assert_eq!(pulled_of("adaptoff", false, c), MESSAGES as u64);
+}
+
+#[test]
+fn pulls_measured_cheaper_or_unmeasured_costs_keep_every_message_pulled() {
+    let cheap_pull = Costs {
+        pull: 80,
+        slot_in: 40,
+        slot_out: 50,
+    };
+    assert_eq!(pulled_of("adaptpull", true, cheap_pull), MESSAGES as u64);
+    let unknown = Costs {
+        pull: 0,
+        slot_in: 0,
+        slot_out: 0,
+    };
+    assert_eq!(pulled_of("adaptunk", true, unknown), MESSAGES as u64);
+}
+
+#[test]
+fn hinted_messages_keep_their_pulls_however_cheap_the_slots() {
+    // Point-to-point messages and exchanges: only a collective's own
+    // segments (no hint) are chosen by cost.
+    for (i, hint) in [SendHint::Exchanged, SendHint::Stored]
+        .into_iter()
+        .enumerate()
+    {
+        let (mut a, mut b) = probed_pair(ShmConfig {
+            adaptive: true,
+            p2p_pull_bytes: 1000,
+            ..cfg_pull(&job(&format!("adapthint{i}")), 2, 16384, 1000)
+        });
+        b.peers[0].conn.as_ref().unwrap().rx.set_costs(300, 50);
+        a.peers[1].conn.as_mut().unwrap().tx.set_in_cost(40);
+        let n = 8192;
+        let mut src = pattern(n, 5);
+        let mut dst = vec![0u8; 2 * n];
+        let ms = reg(&mut a, &mut src);
+        let md = reg(&mut b, &mut dst);
+        send_hinted(&mut a, &mut b, &[(ms, n, Some(hint)), (ms, n, None)], md);
+        assert!(dst.chunks(n).all(|got| got == &src[..]));
+        assert_eq!(
+            a.peers[1].next_pull, 1,
+            "{hint:?} pulled, the plain one not"
+        );
+    }
+}
+
+#[test]
+fn messages_beyond_the_credits_are_pulled_however_cheap_the_slots() {
+    // All posted at once: the first ones take the ring's credits, the
+    // rest would be announced through the slots, and are pulled instead.
+    let (mut a, mut b) = probed_pair(ShmConfig {
+        adaptive: true,
+        ..cfg_pull(&job("adaptcredits"), 2, 16384, 1000)
+    });
+    b.peers[0].conn.as_ref().unwrap().rx.set_costs(300, 50);
+    a.peers[1].conn.as_mut().unwrap().tx.set_in_cost(40);
+    let credits = a.peers[1].credits() as u64;
+    let n = 8192;
+    let mut src = pattern(n, 4);
+    let mut dst = vec![0u8; n * MESSAGES];
+    let ms = reg(&mut a, &mut src);
+    let md = reg(&mut b, &mut dst);
+    send_hinted(&mut a, &mut b, &vec![(ms, n, None); MESSAGES], md);
+    assert!(dst.chunks(n).all(|got| got == &src[..]));
+    assert_eq!(a.peers[1].next_pull, MESSAGES as u64 - credits);
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(24))]
+
+    /// Costs that flip from one message to the next, some messages long
+    /// enough to be timed (and so to mix real costs in, and to probe):
+    /// whichever way each goes, every byte arrives, in order.
+    #[test]
+    fn messages_arrive_whole_whichever_way_each_one_takes(
+        msgs in prop::collection::vec((1usize..200_000, any::<bool>()), 1..40),
+    ) {
+        let (mut a, mut b) = probed_pair(ShmConfig {
+            adaptive: true,
+            ..cfg_pull(&job("adaptmix"), 2, 65536, 1000)
+        });
+        let total: usize = msgs.iter().map(|m| m.0).sum();
+        let mut src = pattern(total, 9);
+        let mut dst = vec![0u8; total];
+        let ms = reg(&mut a, &mut src);
+        let md = reg(&mut b, &mut dst);
+        let (mut ra, mut rb) = (vec![], vec![]);
+        let mut off = 0;
+        for (i, &(n, slots_cheaper)) in msgs.iter().enumerate() {
+            let (pull, out) = if slots_cheaper { (1000, 10) } else { (10, 1000) };
+            b.peers[0].conn.as_ref().unwrap().rx.set_costs(pull, out);
+            a.peers[1].conn.as_mut().unwrap().tx.set_in_cost(10);
+            let t = tag(1, i as u32);
+            ra.push(a.isend(1, t, ms, off, n).unwrap());
+            rb.push(b.irecv(0, t, md, off, n).unwrap());
+            off += n;
+        }
+        run(&mut a, &mut b, ra, rb);
+        prop_assert!(dst == src, "a message arrived wrong");
+        prop_assert!(a.peers[1].pulls_out.is_empty());
+        prop_assert!(a.peers[1].next_pull <= msgs.len() as u64);
+    }
+}
