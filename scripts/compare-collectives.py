@@ -176,37 +176,63 @@ def build_peers(a, out):
 RUN_TIMEOUT_S = 300
 
 
-# The launch running now, whose session a signal to this script must end:
-# in a session of its own it would outlive the script (MPICH's ranks, which
-# poll, were left spinning on both cores once).
+# The launch running now, which a signal to this script must end: in a
+# session of its own it would outlive the script (MPICH's ranks, which
+# poll, were left spinning on both cores once). A signal that comes while
+# a launch is being started waits until it has started.
 RUNNING = None
+STARTING = False
+PENDING = None
+
+
+def end_launch(p):
+    """Ends launch `p`: SIGTERM to its process group, so that a launcher
+    can pass it on to ranks in groups of their own (gwrun's ranks are),
+    then SIGKILL to the group after 6 s."""
+    for sig, wait in ((signal.SIGTERM, 6), (signal.SIGKILL, None)):
+        try:
+            os.killpg(p.pid, sig)
+        except ProcessLookupError:
+            return
+        try:
+            p.wait(timeout=wait)
+            return
+        except subprocess.TimeoutExpired:
+            pass
 
 
 def end_running(signum, _frame):
-    if RUNNING is not None and RUNNING.poll() is None:
-        try:
-            os.killpg(RUNNING.pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
+    global PENDING
+    if STARTING:
+        PENDING = signum
+        return
+    if RUNNING is not None:
+        end_launch(RUNNING)
     sys.exit(128 + signum)
 
 
 def run(argv, env, log):
-    global RUNNING
+    global RUNNING, STARTING
     e = dict(os.environ)
     e.update(env)
     # A session of its own, so that a hung run's ranks go with their launcher.
+    STARTING = True
     p = subprocess.Popen(argv, env=e, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                          text=True, start_new_session=True)
     RUNNING = p
+    STARTING = False
+    if PENDING is not None:
+        end_running(PENDING, None)
     try:
         stdout, stderr = p.communicate(timeout=RUN_TIMEOUT_S)
     except subprocess.TimeoutExpired:
-        os.killpg(p.pid, signal.SIGKILL)
+        end_launch(p)
         stdout, stderr = p.communicate()
         with open(log, "w") as f:
             f.write(" ".join(argv) + "\n" + stdout + stderr)
         raise RuntimeError(f"{' '.join(argv[:6])}... ran past {RUN_TIMEOUT_S} s (see {log})") from None
+    finally:
+        RUNNING = None
     r = subprocess.CompletedProcess(argv, p.returncode, stdout, stderr)
     with open(log, "w") as f:
         f.write(" ".join(argv) + "\n" + r.stdout + r.stderr)

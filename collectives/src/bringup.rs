@@ -367,10 +367,7 @@ pub(crate) fn route(
                 pull_region_max: pulls.region_max,
                 p2p_pull_bytes: pulls.p2p_bytes,
                 eager_frames: cfg.eager_frames.value,
-                // Where ranks share cores, the slots measured cheaper
-                // lost as often as they won (docs/performance.md, "Pull
-                // or slots, measured"): the rules alone decide there.
-                adaptive: cfg.shm_adapt.value && env.local_size as usize <= cpus,
+                adaptive: cfg.shm_adapt_for(env.local_size as usize, cpus),
             },
         )?));
         Some(transports.len() - 1)

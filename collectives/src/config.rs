@@ -577,6 +577,18 @@ impl Config {
         Ok(())
     }
 
+    /// Whether shared memory chooses between a pull and the slots by
+    /// measured cost on a host running `local_ranks` ranks on `cores`
+    /// cores: `GW_SHM_ADAPT` where set; by default only where every rank
+    /// has a core, since where ranks share cores the measured choice lost
+    /// as often as it won (docs/performance.md, "Pull or slots, measured").
+    pub fn shm_adapt_for(&self, local_ranks: usize, cores: usize) -> bool {
+        match self.shm_adapt.source {
+            Source::Default => self.shm_adapt.value && local_ranks <= cores,
+            _ => self.shm_adapt.value,
+        }
+    }
+
     /// The pipeline segment (and TCP frame) of collectives bound by `link`:
     /// `GW_SEGMENT_BYTES` where set, else its default over shared memory and
     /// [`TCP_SEGMENT_BYTES`] over TCP. Every rank derives the same `link`
@@ -684,7 +696,13 @@ impl Config {
                 ),
                 _ => line("GW_SHM_PULL_BYTES", &self.shm_pull_bytes),
             },
-            line("GW_SHM_ADAPT", &self.shm_adapt),
+            match self.shm_adapt.source {
+                Source::Default => format!(
+                    "{:<18} = 1 where every rank of the host has a core, else 0 (default)",
+                    "GW_SHM_ADAPT"
+                ),
+                _ => line("GW_SHM_ADAPT", &self.shm_adapt),
+            },
             line("GW_TRACE", &self.trace),
         ]
     }
@@ -803,13 +821,21 @@ mod tests {
     }
 
     #[test]
-    fn measured_costs_choose_between_pull_and_slots_unless_turned_off() {
-        let mut c = Config::default();
-        assert!(c.shm_adapt.value);
-        c.apply_env_from(&env(&[("GW_SHM_ADAPT", "0")])).unwrap();
-        assert!(!c.shm_adapt.value);
-        assert_eq!(c.shm_adapt.source, Source::Env("GW_SHM_ADAPT"));
-        assert!(c.describe().iter().any(|l| l.contains("GW_SHM_ADAPT")));
+    fn measured_costs_choose_between_pull_and_slots_where_ranks_have_cores() {
+        let c = Config::default();
+        assert!(c.shm_adapt_for(2, 2) && c.shm_adapt_for(1, 64));
+        assert!(!c.shm_adapt_for(3, 2) && !c.shm_adapt_for(8, 2));
+        assert!(
+            c.describe().iter().any(|l| l.contains("GW_SHM_ADAPT")
+                && l.contains("where every rank of the host has a core"))
+        );
+        // Set, it holds everywhere.
+        for (v, on) in [("0", false), ("1", true)] {
+            let mut c = Config::default();
+            c.apply_env_from(&env(&[("GW_SHM_ADAPT", v)])).unwrap();
+            assert_eq!(c.shm_adapt.source, Source::Env("GW_SHM_ADAPT"));
+            assert_eq!((c.shm_adapt_for(2, 2), c.shm_adapt_for(8, 2)), (on, on));
+        }
     }
 
     #[test]

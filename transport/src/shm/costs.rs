@@ -38,12 +38,16 @@ pub(crate) fn ps_per_byte(elapsed: Duration, bytes: usize) -> u32 {
 }
 
 /// A running cost with `sample` mixed in: a quarter of the weight on the
-/// newest, so a phase change shows within a few messages.
+/// newest, so a phase change shows within a few messages. A sample is
+/// taken as at most 4x the running cost: one copy preempted or faulting
+/// would otherwise count for hundreds of messages on the way not chosen,
+/// which only the probes measure.
 pub(crate) fn mix(old: u32, sample: u32) -> u32 {
     if old == 0 {
         return sample;
     }
-    ((3 * old as u64 + sample as u64) / 4) as u32
+    let sample = (sample as u64).min(4 * old as u64);
+    ((3 * old as u64 + sample) / 4) as u32
 }
 
 /// The sender's choice for one peer.
@@ -67,10 +71,11 @@ pub(crate) struct Costs {
 }
 
 impl PathChoice {
-    /// Whether the next message that the size rules would pull, `len`
-    /// bytes long, is pulled. Until both ways are measured, pulls stay the
-    /// rule. Every [`PROBE_EVERY`]th message long enough to be timed takes
-    /// the other way; a shorter one would measure nothing.
+    /// Whether the next message that the size rules would pull is pulled;
+    /// `len` is its longest copy (its length, or a slot's where shorter:
+    /// the slots copy a frame at a time). Until both ways are measured,
+    /// pulls stay the rule. Every [`PROBE_EVERY`]th message whose copies
+    /// are timed takes the other way; another would measure nothing.
     pub(crate) fn pull(&mut self, c: Costs, len: usize) -> bool {
         let probe = len >= MEASURED_BYTES && {
             self.eligible = self.eligible.wrapping_add(1);
@@ -172,6 +177,8 @@ mod tests {
     fn a_running_cost_starts_at_its_first_sample_and_follows_slowly() {
         assert_eq!(mix(0, 80), 80);
         assert_eq!(mix(80, 160), 100);
+        // An outlier counts as 4x the running cost at most.
+        assert_eq!(mix(100, 1_000_000), 175);
         let mut c = 100;
         for _ in 0..12 {
             c = mix(c, 300);

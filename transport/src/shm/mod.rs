@@ -142,8 +142,9 @@ pub struct ShmConfig {
     /// A collective's segment (a send without a hint) that the rules above
     /// would pull goes through the slots instead where, as measured on its
     /// ring, the two slot copies cost less than the pull (see `costs.rs`;
-    /// default on, `GW_SHM_ADAPT=0` off). Off, the rules alone decide,
-    /// which tests that count pulls rely on.
+    /// default on; the communicator turns it off where ranks share cores
+    /// unless `GW_SHM_ADAPT=1` says otherwise). Off, the rules alone
+    /// decide, which tests that count pulls rely on.
     pub adaptive: bool,
 }
 
@@ -701,7 +702,9 @@ impl ShmTransport {
             && let Some(conn) = p.conn.as_ref()
             && conn.tx.can_pull() == CanPull::Yes
             && p.slots_free_for(len, conn.tx.slot_bytes())
-            && !p.choice.pull(conn.tx.costs(), len)
+            && !p
+                .choice
+                .pull(conn.tx.costs(), len.min(conn.tx.slot_bytes()))
         {
             pull_from = usize::MAX;
         }

@@ -64,6 +64,12 @@ const CREDITS_OFF: usize = 272;
 const CONSUMED_OFF: usize = 280;
 const PULL_COST_OFF: usize = 288;
 const OUT_COST_OFF: usize = 292;
+const _: () = assert!(
+    PULL_COST_OFF >= CONSUMED_OFF + 8
+        && OUT_COST_OFF >= PULL_COST_OFF + 4
+        && OUT_COST_OFF.is_multiple_of(4)
+        && OUT_COST_OFF + 4 <= DONE_OFF
+);
 const DONE_OFF: usize = 320;
 /// Rendezvous messages a producer may have outstanding on one ring.
 pub(crate) const MAX_PULLS: u64 = 64;
@@ -153,7 +159,9 @@ impl RingRef {
     }
 
     fn u32_at(&self, off: usize) -> &AtomicU32 {
-        // SAFETY: as in `u64_at`.
+        // SAFETY: `off` is one of the control-block offsets of a u32
+        // (multiples of 4 below CONTROL_LEN, checked below); otherwise as in
+        // `u64_at`.
         unsafe { &*self.base.as_ptr().add(off).cast::<AtomicU32>() }
     }
 
@@ -405,7 +413,9 @@ impl Consumer {
     /// (see `stream.rs`).
     pub(crate) fn read_payload_with(&self, dst: &mut [u8], streaming: bool) -> Result<(), Corrupt> {
         let src = self.payload_ptr(dst.len())?;
-        // Streamed copies are of regions never pulled: not a choice's cost.
+        // A streamed copy (into a receive of 16 MiB or more) costs what
+        // writes past the caches cost, not what the cached copy a choice
+        // weighs costs: not timed.
         let timed = (!streaming && dst.len() >= MEASURED_BYTES).then(Instant::now);
         // SAFETY: `payload_ptr` checked that the published slot holds
         // dst.len() bytes; dst is a distinct local buffer.

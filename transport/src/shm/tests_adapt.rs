@@ -1,7 +1,7 @@
 //! The choice between a pull and the slots for each message the size rules
 //! would pull, made from the costs both sides measured (see `costs.rs`).
 
-use super::costs::{Costs, PROBE_EVERY};
+use super::costs::{Costs, PROBE_EVERY, PathChoice};
 use super::tests::{cfg_pull, job, pattern, probed_pair, reg, run, send_hinted, tag};
 use super::*;
 use proptest::prelude::*;
@@ -123,39 +123,78 @@ fn messages_beyond_the_credits_are_pulled_however_cheap_the_slots() {
     assert_eq!(a.peers[1].next_pull, MESSAGES as u64 - credits);
 }
 
+#[test]
+fn real_copies_from_64_kib_are_measured_both_ways() {
+    // One message pulled by the rules, one pushed through the slots: each
+    // side's timed copy reaches the sender's figures.
+    let (mut a, mut b) = probed_pair(cfg_pull(&job("adaptreal"), 2, 65536, 65536));
+    let n = 65536;
+    let mut src = pattern(n, 6);
+    let mut dst = vec![0u8; 2 * n];
+    let ms = reg(&mut a, &mut src);
+    let md = reg(&mut b, &mut dst);
+    let none = Costs {
+        pull: 0,
+        slot_in: 0,
+        slot_out: 0,
+    };
+    assert_eq!(a.peers[1].conn.as_ref().unwrap().tx.costs(), none);
+    send_hinted(
+        &mut a,
+        &mut b,
+        &[(ms, n, None), (ms, n, Some(SendHint::Pushed))],
+        md,
+    );
+    assert!(dst.chunks(n).all(|got| got == &src[..]));
+    assert_eq!(a.peers[1].next_pull, 1);
+    let c = a.peers[1].conn.as_ref().unwrap().tx.costs();
+    assert!(c.pull > 0 && c.slot_in > 0 && c.slot_out > 0, "{c:?}");
+}
+
 proptest! {
     #![proptest_config(ProptestConfig::with_cases(24))]
 
     /// Costs that flip from one message to the next, some messages long
-    /// enough to be timed (and so to mix real costs in, and to probe):
-    /// whichever way each goes, every byte arrives, in order.
+    /// enough to be timed and so to probe: each message goes the way its
+    /// costs and the probes say, and every byte arrives.
     #[test]
-    fn messages_arrive_whole_whichever_way_each_one_takes(
+    fn messages_go_the_way_their_costs_say_and_arrive_whole(
         msgs in prop::collection::vec((1usize..200_000, any::<bool>()), 1..40),
     ) {
+        let slot = 65536;
         let (mut a, mut b) = probed_pair(ShmConfig {
             adaptive: true,
-            ..cfg_pull(&job("adaptmix"), 2, 65536, 1000)
+            ..cfg_pull(&job("adaptmix"), 2, slot, 1000)
         });
         let total: usize = msgs.iter().map(|m| m.0).sum();
         let mut src = pattern(total, 9);
         let mut dst = vec![0u8; total];
         let ms = reg(&mut a, &mut src);
         let md = reg(&mut b, &mut dst);
-        let (mut ra, mut rb) = (vec![], vec![]);
+        let mut mirror = PathChoice::default();
+        let mut want_pulls = 0;
         let mut off = 0;
         for (i, &(n, slots_cheaper)) in msgs.iter().enumerate() {
-            let (pull, out) = if slots_cheaper { (1000, 10) } else { (10, 1000) };
-            b.peers[0].conn.as_ref().unwrap().rx.set_costs(pull, out);
-            a.peers[1].conn.as_mut().unwrap().tx.set_in_cost(10);
+            let c = if slots_cheaper {
+                Costs { pull: 1000, slot_in: 10, slot_out: 10 }
+            } else {
+                Costs { pull: 10, slot_in: 10, slot_out: 1000 }
+            };
+            // Set before each message: what the last one measured is
+            // replaced, so the choice is this message's costs and probes.
+            b.peers[0].conn.as_ref().unwrap().rx.set_costs(c.pull, c.slot_out);
+            a.peers[1].conn.as_mut().unwrap().tx.set_in_cost(c.slot_in);
+            if n >= 1000 && mirror.pull(c, n.min(slot)) {
+                want_pulls += 1;
+            }
+            // One at a time, so that credits never decide.
             let t = tag(1, i as u32);
-            ra.push(a.isend(1, t, ms, off, n).unwrap());
-            rb.push(b.irecv(0, t, md, off, n).unwrap());
+            let ra = a.isend(1, t, ms, off, n).unwrap();
+            let rb = b.irecv(0, t, md, off, n).unwrap();
+            run(&mut a, &mut b, vec![ra], vec![rb]);
             off += n;
         }
-        run(&mut a, &mut b, ra, rb);
         prop_assert!(dst == src, "a message arrived wrong");
-        prop_assert!(a.peers[1].pulls_out.is_empty());
-        prop_assert!(a.peers[1].next_pull <= msgs.len() as u64);
+        prop_assert_eq!(a.peers[1].next_pull, want_pulls);
     }
 }
