@@ -20,7 +20,7 @@
 //! on two processors, may gain more from the slots than this says, never
 //! less.
 
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 /// Copies from this size on are timed: a clock read is then well under
 /// 1% of the copy.
@@ -29,6 +29,13 @@ pub(crate) const MEASURED_BYTES: usize = 64 << 10;
 /// One message in this many of those the size rules would pull and whose
 /// copy is timed crosses the way currently not chosen, to measure it again.
 pub(crate) const PROBE_EVERY: u64 = 32;
+
+/// A clock started for a copy of `bytes` if such a copy is timed: every
+/// site that times one starts it here, so that shorter copies, most of
+/// them, never read the clock.
+pub(crate) fn timer(bytes: usize) -> Option<Instant> {
+    (bytes >= MEASURED_BYTES).then(Instant::now)
+}
 
 /// Picoseconds per byte of a copy of `bytes` that took `elapsed`, at least 1
 /// (0 means "not measured" wherever these are kept).
@@ -97,42 +104,35 @@ mod tests {
         (0..n).map(|_| p.pull(c, MEASURED_BYTES)).collect()
     }
 
+    fn costs(pull: u32, slot_in: u32, slot_out: u32) -> Costs {
+        Costs {
+            pull,
+            slot_in,
+            slot_out,
+        }
+    }
+
     fn pulled(v: &[bool]) -> usize {
         v.iter().filter(|&&b| b).count()
     }
 
     #[test]
     fn unmeasured_costs_keep_pulls_and_probe_the_slots() {
-        let c = Costs {
-            pull: 0,
-            slot_in: 0,
-            slot_out: 0,
-        };
+        let c = costs(0, 0, 0);
         let v = choices(c, 64);
         assert_eq!(pulled(&v), 62);
         assert!(!v[31] && !v[63], "the 32nd and 64th go through the slots");
         // A pull measured but the slots not: the same.
         let v = choices(Costs { pull: 100, ..c }, 64);
         assert_eq!(pulled(&v), 62);
-        let v = choices(
-            Costs {
-                pull: 100,
-                slot_in: 10,
-                ..c
-            },
-            64,
-        );
+        let v = choices(costs(100, 10, 0), 64);
         assert_eq!(pulled(&v), 62, "one slot copy measured is not enough");
     }
 
     #[test]
     fn the_cheaper_way_wins_and_the_other_is_probed() {
         // Pull 100 ps/B against 40 + 50: the slots.
-        let c = Costs {
-            pull: 100,
-            slot_in: 40,
-            slot_out: 50,
-        };
+        let c = costs(100, 40, 50);
         let v = choices(c, 64);
         assert_eq!(pulled(&v), 2);
         assert!(v[31] && v[63]);
@@ -146,11 +146,7 @@ mod tests {
 
     #[test]
     fn messages_too_short_to_be_timed_are_never_probes() {
-        let c = Costs {
-            pull: 100,
-            slot_in: 40,
-            slot_out: 50,
-        };
+        let c = costs(100, 40, 50);
         let mut p = PathChoice::default();
         let short: Vec<bool> = (0..64).map(|_| p.pull(c, MEASURED_BYTES - 1)).collect();
         assert_eq!(pulled(&short), 0, "the cheaper way, every time");
@@ -158,11 +154,7 @@ mod tests {
         let long: Vec<bool> = (0..32).map(|_| p.pull(c, MEASURED_BYTES)).collect();
         assert_eq!(pulled(&long), 1);
         assert!(long[31]);
-        let unknown = Costs {
-            pull: 0,
-            slot_in: 0,
-            slot_out: 0,
-        };
+        let unknown = costs(0, 0, 0);
         assert!((0..64).all(|_| p.pull(unknown, 1000)));
     }
 

@@ -385,10 +385,10 @@ impl Peer {
 
     /// Whether a message of `len` bytes would go through slots of
     /// `slot_bytes` at once: nothing announced and waiting, and credits for
-    /// its frames and for every frame queued before it. Beyond its credits a message through
-    /// the slots is announced and waits for its receive (three trips
-    /// through the rings), which a pull never does, so the costs of the
-    /// copies alone (`costs.rs`) decide only where this holds.
+    /// its frames and for every frame queued before it. Beyond its credits
+    /// a message through the slots is announced and waits for its receive
+    /// (three trips through the rings), which a pull never does, so the
+    /// costs of the copies alone (`costs.rs`) decide only where this holds.
     fn slots_free_for(&self, len: usize, slot_bytes: usize) -> bool {
         let frames = |n: usize| n.div_ceil(slot_bytes).max(1);
         let queued: usize = self
@@ -1239,11 +1239,11 @@ fn rendezvous_at_head(p: &Peer) -> Result<(u64, u64)> {
 /// `dst` must be valid for writes of `len` bytes.
 unsafe fn pull_bytes(p: &Peer, h: &FrameHeader, addr: u64, dst: *mut u8, len: usize) -> Result<()> {
     let pid = p.info.pid;
-    let t = std::time::Instant::now();
+    let timed = costs::timer(len);
     // SAFETY: the caller's promise on dst.
     match unsafe { pull::pull(pid, addr, dst, len) } {
         Ok(()) => {
-            if let Some(conn) = p.conn.as_ref() {
+            if let (Some(t), Some(conn)) = (timed, p.conn.as_ref()) {
                 conn.rx.record_pull(t.elapsed(), len);
             }
             Ok(())

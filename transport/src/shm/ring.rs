@@ -50,7 +50,6 @@ use super::costs::{self, MEASURED_BYTES};
 use crate::wire::HEADER_LEN;
 use std::ptr::NonNull;
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering, fence};
-use std::time::Instant;
 
 /// Bytes of the control block in front of the slots.
 pub(crate) const CONTROL_LEN: usize = 832;
@@ -262,7 +261,7 @@ impl Producer {
             return Ok(false);
         }
         let slot = self.ring.slot(self.tail);
-        let timed = (payload.len() >= MEASURED_BYTES).then(Instant::now);
+        let timed = costs::timer(payload.len());
         // SAFETY: the slot at `tail` is free (head has moved past it, observed with
         // Acquire in `free`), so the consumer does not touch it until we publish;
         // header and payload fit the slot's stride; sources are valid slices that
@@ -416,7 +415,11 @@ impl Consumer {
         // A streamed copy (into a receive of 16 MiB or more) costs what
         // writes past the caches cost, not what the cached copy a choice
         // weighs costs: not timed.
-        let timed = (!streaming && dst.len() >= MEASURED_BYTES).then(Instant::now);
+        let timed = if streaming {
+            None
+        } else {
+            costs::timer(dst.len())
+        };
         // SAFETY: `payload_ptr` checked that the published slot holds
         // dst.len() bytes; dst is a distinct local buffer.
         unsafe {
