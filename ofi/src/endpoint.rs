@@ -175,6 +175,10 @@ pub struct Endpoint {
     // Per context slot: the caller's context while in flight.
     user: Vec<Option<u64>>,
     free: Vec<u32>,
+    /// Where `poll_cq` has the provider write its entries: kept, because a
+    /// fresh zeroed batch (2 KiB) on every poll was 7% of a spinning
+    /// engine's time over the shm provider.
+    cqes: Box<[GwCqe]>,
 }
 
 impl std::fmt::Debug for Endpoint {
@@ -268,6 +272,7 @@ impl Endpoint {
             wait_refused,
             user: vec![None; nslots],
             free: (0..nslots as u32).rev().collect(),
+            cqes: vec![GwCqe::default(); CQ_BATCH].into_boxed_slice(),
         })
     }
 
@@ -566,15 +571,15 @@ impl Endpoint {
         if out.is_empty() {
             return Ok(0);
         }
-        let mut raw = [GwCqe::default(); CQ_BATCH];
-        let n = out.len().min(CQ_BATCH);
+        let mut raw = std::mem::take(&mut self.cqes);
+        let n = out.len().min(raw.len());
         let ret = {
             let _g = self.core.domain.lock();
             // SAFETY: cq is live and the domain locked; raw holds n entries.
             unsafe { ffi::gw_ofi_cq_read(self.core.cq, raw.as_mut_ptr(), n) }
         };
         if ret > 0 {
-            let got = ret as usize;
+            let got = (ret as usize).min(n);
             for (o, r) in out.iter_mut().zip(&raw[..got]) {
                 *o = Completion {
                     ctx: self.finish(r.ctx),
@@ -583,8 +588,10 @@ impl Endpoint {
                     data: r.data,
                 };
             }
+            self.cqes = raw;
             return Ok(got);
         }
+        self.cqes = raw;
         if ret == 0 || ret == -(ffi::FI_EAGAIN as isize) {
             return Ok(0);
         }

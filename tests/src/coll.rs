@@ -9,6 +9,17 @@
 use gw_collectives::{Communicator, DType, OpKind, RawOp, RedOp};
 use half::{bf16, f16};
 
+/// Every input repeats with this period in the element index (it depends on
+/// `i % 7` and `(i / 7) % 4`; products on `i % 2`), and so does every
+/// reference result. A case's buffers are therefore filled and checked one
+/// tile of reference values at a time, by copy and compare: evaluating the
+/// reference per element was three quarters of the matrix's run time at
+/// 1 Mi elements, and the test's time is the CI's.
+pub const PERIOD: usize = 28;
+
+/// Elements in a tile: whole periods, a few KiB in every dtype.
+const TILE_ELEMS: usize = PERIOD * 32;
+
 /// The value rank `r` contributes at element `i` for operator `op`.
 pub fn input(r: u32, i: usize, op: RedOp) -> f64 {
     if op == RedOp::Prod {
@@ -77,6 +88,42 @@ pub fn expected(dtype: DType, op: RedOp, n: u32, i: usize, weights: Option<&[f64
     }
 }
 
+/// The reference values of elements `start..start + elems` (at most one
+/// tile), encoded as `dtype`; repeated, they give every later element too.
+pub fn tile(dtype: DType, start: usize, elems: usize, value: impl Fn(usize) -> f64) -> Vec<u8> {
+    let elems = elems.min(TILE_ELEMS);
+    let mut t = vec![0u8; elems * dtype.size()];
+    for k in 0..elems {
+        put(dtype, &mut t, k, value(start + k));
+    }
+    t
+}
+
+/// Writes `tile` over `buf` again and again.
+pub fn fill_tiled(buf: &mut [u8], tile: &[u8]) {
+    for chunk in buf.chunks_mut(tile.len().max(1)) {
+        chunk.copy_from_slice(&tile[..chunk.len()]);
+    }
+}
+
+/// How many `dtype` elements of `buf` differ in value from `tile` repeated.
+/// Equal bytes are equal values (the references are never NaN), so only a
+/// chunk that differs is decoded.
+pub fn wrong_tiled(dtype: DType, buf: &[u8], tile: &[u8]) -> usize {
+    let es = dtype.size();
+    buf.chunks(tile.len().max(1))
+        .map(|chunk| {
+            let want = &tile[..chunk.len()];
+            if chunk == want {
+                return 0;
+            }
+            (0..chunk.len() / es)
+                .filter(|&k| get(dtype, chunk, k) != get(dtype, want, k))
+                .count()
+        })
+        .sum()
+}
+
 /// An 8-byte-aligned byte buffer.
 pub struct Bytes {
     words: Vec<u64>,
@@ -134,11 +181,10 @@ pub fn run_case(comm: &Communicator, c: &Case) -> Result<usize, String> {
     let weights: Vec<f64> = (0..n)
         .map(|r| [0.5, 0.25, 1.0, 2.0][r as usize % 4])
         .collect();
+    let mine = tile(c.dtype, 0, send_elems, |i| input(me, i, c.op));
     let fill = |buf: &mut [u8], base: usize| {
-        for i in 0..send_elems {
-            // For reduce-scatter the input index is global; all-gather fills this rank's chunk.
-            put(c.dtype, buf, base + i, input(me, i, c.op));
-        }
+        // For reduce-scatter the input index is global; all-gather fills this rank's chunk.
+        fill_tiled(&mut buf[base * es..(base + send_elems) * es], &mine);
     };
     if c.in_place {
         let base = sbase;
@@ -173,41 +219,31 @@ pub fn run_case(comm: &Communicator, c: &Case) -> Result<usize, String> {
         .map_err(|e| format!("{c:?}: {e}"))?;
     let out = recvb.as_slice();
     let w = c.weighted.then_some(weights.as_slice());
-    let mut wrong = 0;
-    match c.kind {
-        OpKind::AllReduce => {
-            for i in 0..c.count {
-                wrong += (get(c.dtype, out, i) != expected(c.dtype, c.op, n, i, w)) as usize;
-            }
-        }
-        OpKind::Reduce if me == c.root => {
-            for i in 0..c.count {
-                wrong += (get(c.dtype, out, i) != expected(c.dtype, c.op, n, i, None)) as usize;
-            }
-        }
+    let (dt, op, count) = (c.dtype, c.op, c.count);
+    // The `count` elements from element `at` of the output, against the
+    // reference `value` of elements `start..`.
+    let check = |at: usize, start: usize, value: &dyn Fn(usize) -> f64| {
+        wrong_tiled(
+            dt,
+            &out[at * es..(at + count) * es],
+            &tile(dt, start, count, value),
+        )
+    };
+    let wrong = match c.kind {
+        OpKind::AllReduce => check(0, 0, &|i| expected(dt, op, n, i, w)),
+        OpKind::Reduce if me == c.root => check(0, 0, &|i| expected(dt, op, n, i, None)),
         OpKind::ReduceScatter => {
-            let off = if c.in_place { me as usize * c.count } else { 0 };
-            for i in 0..c.count {
-                let gi = me as usize * c.count + i;
-                wrong +=
-                    (get(c.dtype, out, off + i) != expected(c.dtype, c.op, n, gi, None)) as usize;
-            }
+            let off = if c.in_place { me as usize * count } else { 0 };
+            check(off, me as usize * count, &|gi| {
+                expected(dt, op, n, gi, None)
+            })
         }
-        OpKind::AllGather => {
-            for r in 0..n {
-                for i in 0..c.count {
-                    wrong +=
-                        (get(c.dtype, out, r as usize * c.count + i) != input(r, i, c.op)) as usize;
-                }
-            }
-        }
-        OpKind::Broadcast => {
-            for i in 0..c.count {
-                wrong += (get(c.dtype, out, i) != input(c.root, i, c.op)) as usize;
-            }
-        }
-        _ => {}
-    }
+        OpKind::AllGather => (0..n)
+            .map(|r| check(r as usize * count, 0, &|i| input(r, i, op)))
+            .sum(),
+        OpKind::Broadcast => check(0, 0, &|i| input(c.root, i, op)),
+        _ => 0,
+    };
     Ok(wrong)
 }
 
@@ -283,6 +319,53 @@ mod tests {
                     }
                 }
             }
+        }
+    }
+
+    #[test]
+    fn inputs_and_references_repeat_with_the_period() {
+        for op in RedOp::ALL {
+            for n in 1..=8 {
+                for i in 0..3 * PERIOD {
+                    for r in 0..n {
+                        assert_eq!(
+                            input(r, i + PERIOD, op),
+                            input(r, i, op),
+                            "{op:?} r={r} i={i}"
+                        );
+                    }
+                    let w = [0.5, 0.25, 1.0, 2.0, 0.5, 0.25, 1.0, 2.0];
+                    assert_eq!(
+                        expected(DType::F32, op, n, i + PERIOD, Some(&w)),
+                        expected(DType::F32, op, n, i, Some(&w)),
+                    );
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn a_tiled_check_counts_every_wrong_element_wherever_it_is() {
+        for dtype in DType::ALL {
+            let es = dtype.size();
+            // Not a whole number of tiles: the last chunk is partial.
+            let elems = 3 * TILE_ELEMS + 5;
+            let value = |i: usize| input(2, i, RedOp::Sum);
+            let t = tile(dtype, 11, elems, value);
+            let mut buf = vec![0u8; elems * es];
+            fill_tiled(&mut buf, &t);
+            for i in 0..elems {
+                assert_eq!(get(dtype, &buf, i), value(11 + i), "{dtype:?} element {i}");
+            }
+            assert_eq!(wrong_tiled(dtype, &buf, &t), 0);
+            // One wrong element in the first tile, two in the partial one.
+            for i in [7, elems - 4, elems - 1] {
+                put(dtype, &mut buf, i, value(11 + i) + 1.0);
+            }
+            assert_eq!(wrong_tiled(dtype, &buf, &t), 3, "{dtype:?}");
+            // A short buffer uses the start of the tile.
+            let short = &buf[..(TILE_ELEMS / 2) * es];
+            assert_eq!(wrong_tiled(dtype, short, &t), 1, "{dtype:?}");
         }
     }
 
