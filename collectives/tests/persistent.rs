@@ -16,6 +16,12 @@ const ROUNDS: usize = 50;
 /// Rounds of the 4 MiB message: enough to run both the `wait` and the
 /// `test` path several times on the same request.
 const BIG_ROUNDS: usize = 6;
+/// Rounds of each small request for 8 ranks over libfabric's shm provider,
+/// which offers no wait object: 16 spinning threads on CI's 2 cores take
+/// 50-160 ms a round there (its 50-round matrix alone was 60 s of the
+/// suite). Still two cycles of every round-dependent input, and both the
+/// `wait` and the `test` path five times.
+const SPINNING_ROUNDS: usize = 10;
 
 /// Runs `body` on every rank's communicator, each on a thread of its own,
 /// and panics naming `what` and the first rank's error.
@@ -286,11 +292,11 @@ fn ofi_1_2_3_ranks() {
 fn ofi_4_and_8_ranks() {
     for n in [4, 8] {
         for (p, name) in [("tcp;ofi_rxm", "tcp"), ("shm", "shm")] {
-            // libfabric's shm provider offers no wait object, so 8 ranks' 16
-            // spinning threads on CI's 2 cores take 50-160 ms a round (its
-            // 50-round matrix alone was 60 s of the suite): fewer rounds
-            // there, still enough to reuse every request many times.
-            let rounds = if name == "shm" && n == 8 { 10 } else { ROUNDS };
+            let rounds = if name == "shm" && n == 8 {
+                SPINNING_ROUNDS
+            } else {
+                ROUNDS
+            };
             let key = format!("pofi{name}{n}");
             matrix_rounds(TransportChoice::Ofi, n, &key, Link::Ofi(p), rounds);
         }

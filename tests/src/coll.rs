@@ -19,6 +19,7 @@ pub const PERIOD: usize = 28;
 
 /// Elements in a tile: whole periods, a few KiB in every dtype.
 const TILE_ELEMS: usize = PERIOD * 32;
+const _: () = assert!(TILE_ELEMS.is_multiple_of(PERIOD));
 
 /// The value rank `r` contributes at element `i` for operator `op`.
 pub fn input(r: u32, i: usize, op: RedOp) -> f64 {
@@ -90,23 +91,33 @@ pub fn expected(dtype: DType, op: RedOp, n: u32, i: usize, weights: Option<&[f64
 
 /// The reference values of elements `start..start + elems` (at most one
 /// tile), encoded as `dtype`; repeated, they give every later element too.
+/// Every value must survive the encoding exactly, or a check against the
+/// tile would compare with a rounded reference.
 pub fn tile(dtype: DType, start: usize, elems: usize, value: impl Fn(usize) -> f64) -> Vec<u8> {
     let elems = elems.min(TILE_ELEMS);
     let mut t = vec![0u8; elems * dtype.size()];
     for k in 0..elems {
-        put(dtype, &mut t, k, value(start + k));
+        let v = value(start + k);
+        put(dtype, &mut t, k, v);
+        assert_eq!(
+            get(dtype, &t, k),
+            v,
+            "{dtype:?} cannot hold reference {v} exactly"
+        );
     }
     t
 }
 
-/// Writes `tile` over `buf` again and again.
+/// Writes `tile` over `buf` again and again. The tile is [`tile`]'s for a
+/// buffer of this length: all of it, or whole periods.
 pub fn fill_tiled(buf: &mut [u8], tile: &[u8]) {
     for chunk in buf.chunks_mut(tile.len().max(1)) {
         chunk.copy_from_slice(&tile[..chunk.len()]);
     }
 }
 
-/// How many `dtype` elements of `buf` differ in value from `tile` repeated.
+/// How many `dtype` elements of `buf` differ in value from `tile` repeated
+/// (a tile as for [`fill_tiled`]).
 /// Equal bytes are equal values (the references are never NaN), so only a
 /// chunk that differs is decoded.
 pub fn wrong_tiled(dtype: DType, buf: &[u8], tile: &[u8]) -> usize {
