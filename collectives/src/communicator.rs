@@ -19,7 +19,7 @@ use crate::drive::Driver;
 use crate::element::Element;
 use crate::engine::{Completion, DirectOp, DirectShape, Msg, OpDesc, Plan, Ptr};
 use crate::mailbox;
-use crate::model::{CostModel, Shape};
+use crate::model::{CostModel, LinkKind, Shape};
 use crate::op::{DType, Fingerprint, OpKind, P2P_SEQ, RedOp};
 use crate::reduce::Kernel;
 use gw_rendezvous::launch_env::fnv1a;
@@ -798,6 +798,11 @@ impl Communicator {
             depth: self.depth,
             scaled: op.weight.is_some(),
             local_size: self.shape.local.map_or(0, |l| l as u32),
+            // From what every rank shares: the shape, the size, the setting.
+            fan_out: op.kind == OpKind::AllGather
+                && self.cfg.allgather_fan_out.value
+                && self.shape.link == LinkKind::Shm
+                && crate::config::all_gather_fans_out(self.shape.oversubscription, recv_bytes),
         };
         // The engine builds the schedule, or reuses the one of an earlier
         // identical call; bad arguments are refused here, at once.

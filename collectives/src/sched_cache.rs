@@ -76,7 +76,16 @@ impl ScheduleCache {
                 return Ok(sched);
             }
         }
-        algo::build(&key.0, key.1)
+        let sched = algo::build(&key.0, key.1)?;
+        let s = &key.0;
+        tracing::debug!(
+            "{} for {} of {} elements on {} ranks",
+            sched.name(),
+            s.op.name(),
+            s.count,
+            s.nranks
+        );
+        Ok(sched)
     }
 
     /// Keeps a finished schedule for the next call with the same `key`,
@@ -125,6 +134,7 @@ mod tests {
             depth: 8,
             scaled: false,
             local_size: 0,
+            fan_out: false,
         }
     }
 

@@ -214,8 +214,9 @@ fn ranks_bound_to_a_processor_each_count_their_hosts() {
 
 /// Four ranks bound to two processors share them, two to a core: shared
 /// memory then pulls the segments of broadcasts and all-gathers of 4 MiB
-/// and more in one copy (`config::STORED_PULL_BYTES_SHARED_CORES`), and
-/// their results are checked element by element. Bound here, so that the
+/// and more in one copy (`config::STORED_PULL_BYTES_SHARED_CORES`), such
+/// all-gathers fan out (`config::all_gather_fans_out`), and their results
+/// are checked element by element. Bound here, so that the
 /// path runs on hosts with more processors too; a host with one runs the
 /// four on it, four to a core, where the transport's own threshold holds.
 #[test]
@@ -228,7 +229,10 @@ fn large_stored_collectives_pulled_where_two_ranks_share_a_core() {
         "exec taskset -c {cpus} {} collectives --big-only float,uint8 1000 1048589",
         gwtest.display()
     );
-    let env = [("GW_TRANSPORT", "shm"), ("GW_DEBUG", "info")];
+    let env = [
+        ("GW_TRANSPORT", "shm"),
+        ("GW_DEBUG", "info,gw_collectives::sched_cache=debug"),
+    ];
     let run = gwrun(4, "sh", &["-c", &script], &env, DEADLINE);
     assert!(run.status.success(), "{}", run.all());
     for r in 0..4 {
@@ -241,6 +245,13 @@ fn large_stored_collectives_pulled_where_two_ranks_share_a_core() {
     }
     let want = format!("point-to-point and stored messages from {stored_from} bytes");
     assert!(run.all().contains(&want), "missing {want:?}: {}", run.all());
+    // Two ranks a core: the large all-gathers fan out, and so are pulled
+    // whether their owners run or not; four a core keep the ring.
+    let algo = if a != b { "fan-out" } else { "ring" };
+    for r in 0..4 {
+        let want = format!("rank {r}: {algo} all-gather for all_gather of 1048589 elements");
+        assert!(run.all().contains(&want), "missing {want:?}: {}", run.all());
+    }
 }
 
 #[test]

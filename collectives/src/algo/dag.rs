@@ -581,6 +581,10 @@ pub(super) struct DagSchedule {
 }
 
 impl Schedule for DagSchedule {
+    fn name(&self) -> &'static str {
+        self.name
+    }
+
     fn next_action(&mut self) -> Option<Action> {
         let i = self.ready.pop_front()? as usize;
         self.state[i] = State::InFlight;

@@ -194,6 +194,10 @@ pub trait Schedule: Send {
     }
     /// What the schedule is waiting for, for timeout errors (e.g. "step 3: recv from rank 2").
     fn waiting_for(&self) -> String;
+    /// The algorithm, as the debug log names it (e.g. "ring all-gather").
+    fn name(&self) -> &'static str {
+        "schedule"
+    }
     /// Whether its sends to `peer` go while `peer` sends to this rank in the
     /// same operation, a point-to-point exchange (see
     /// `SendHint::Exchanged`). Collectives answer no: their
@@ -280,6 +284,10 @@ pub struct OpSpec {
     /// `r / local_size`). 0 where the communicator's ranks are not laid out
     /// that way; only hier reads it.
     pub local_size: u32,
+    /// An all-gather of more than two ranks fans out (`fan_gather.rs`):
+    /// every rank sends its block to every other at once. The communicator
+    /// sets it the same way on every rank (`GW_ALLGATHER_FANOUT`).
+    pub fan_out: bool,
 }
 
 impl OpSpec {
@@ -324,12 +332,14 @@ impl OpSpec {
             depth: 1,
             scaled: false,
             local_size: 0,
+            fan_out: false,
         }
     }
 }
 
 pub(crate) mod coll;
 mod dag;
+mod fan_gather;
 pub use dag::MAX_DEPTH;
 mod hier;
 mod rd;
@@ -353,7 +363,7 @@ mod tree;
 /// |---|---|
 /// | all-reduce | ring (reduce-scatter + all-gather), double binary tree, recursive halving-doubling, recursive doubling, or hierarchical (per host, then across hosts) |
 /// | reduce-scatter | ring |
-/// | all-gather | recursive doubling on a power-of-two world (over 2 ranks) when a rank's block is one segment, else ring |
+/// | all-gather | fan-out where asked for ([`OpSpec::fan_out`]), else recursive doubling on a power-of-two world (over 2 ranks) when a rank's block is one segment, else ring |
 /// | broadcast, reduce | pipelined chain, or binary tree when the message has few segments |
 /// | barrier | dissemination (empty messages, ⌈log2 n⌉ rounds) |
 ///
@@ -380,6 +390,7 @@ pub fn build(spec: &OpSpec, algo: Algo) -> Result<Box<dyn Schedule>> {
         },
         OpKind::ReduceScatter if rh_scatter::eligible(spec) => rh_scatter::reduce_scatter(spec)?,
         OpKind::ReduceScatter => ring::reduce_scatter(spec)?,
+        OpKind::AllGather if fan_gather::eligible(spec) => fan_gather::all_gather(spec)?,
         OpKind::AllGather if rd_gather::eligible(spec) => rd_gather::all_gather(spec)?,
         OpKind::AllGather => ring::all_gather(spec)?,
         OpKind::Broadcast => coll::broadcast(spec)?,

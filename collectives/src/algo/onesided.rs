@@ -578,6 +578,7 @@ mod tests {
             depth: 1,
             scaled: false,
             local_size: 1,
+            fan_out: false,
         }
     }
 

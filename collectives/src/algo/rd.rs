@@ -191,6 +191,7 @@ mod tests {
             depth: 8,
             scaled,
             local_size: 0,
+            fan_out: false,
         }
     }
 

@@ -97,6 +97,8 @@ struct Case {
     /// Pipeline depth (`OpSpec::depth`) of the even and of the odd ranks:
     /// ranks on different hardware may pick different depths.
     depth: (usize, usize),
+    /// `OpSpec::fan_out`; only all-gather reads it.
+    fan_out: bool,
 }
 
 impl Case {
@@ -115,6 +117,7 @@ impl Case {
             },
             scaled: self.scaled,
             local_size: self.local as u32,
+            fan_out: self.fan_out,
         }
     }
 
@@ -851,6 +854,7 @@ const SMALL: Case = Case {
     seed: 7,
     local: 1,
     depth: (8, 8),
+    fan_out: false,
 };
 
 /// Pipeline depths of even and odd ranks the matrices rotate through: the
@@ -858,6 +862,11 @@ const SMALL: Case = Case {
 const DEPTHS: [(usize, usize); 4] = [(8, 8), (1, 1), (2, 5), (1, 8)];
 
 fn matrix(op: OpKind, algo: Algo, counts: &[usize]) {
+    matrix_with(op, algo, counts, false);
+}
+
+/// [`matrix`], with `OpSpec::fan_out` as given.
+fn matrix_with(op: OpKind, algo: Algo, counts: &[usize], fan_out: bool) {
     let mut runs = 0;
     for n in 1..=9usize {
         if algo == Algo::Rhd && op == OpKind::AllReduce && !n.is_power_of_two() {
@@ -920,6 +929,7 @@ fn matrix(op: OpKind, algo: Algo, counts: &[usize]) {
                         seed,
                         local: 1,
                         depth: DEPTHS[(si + v) % DEPTHS.len()],
+                        fan_out,
                     };
                     if let Err(e) = run_case(&case) {
                         panic!("{case:?}: {e}");
@@ -968,6 +978,13 @@ fn matrix_all_gather() {
     matrix(OpKind::AllGather, Algo::Ring, &COUNTS);
 }
 
+/// Fan-out, asked for (where ranks share a host's cores): every shape,
+/// two ranks and one-segment power-of-two blocks included.
+#[test]
+fn matrix_fan_out_all_gather() {
+    matrix_with(OpKind::AllGather, Algo::Ring, &COUNTS, true);
+}
+
 #[test]
 fn matrix_broadcast() {
     matrix(OpKind::Broadcast, Algo::Ring, &COUNTS);
@@ -1002,11 +1019,12 @@ proptest! {
         seed: u64,
         depth in 1usize..=9,
         odd in prop_oneof![Just(None), (1usize..=9).prop_map(Some)],
+        fan_out: bool,
     ) {
         let (op, algo) = OPS[which];
         let count = if op == OpKind::Barrier { 0 } else { count };
         let depth = (depth, odd.unwrap_or(depth));
-        let case = Case { op, algo, n, count, seg, root: root % n, in_place, scaled, eager, lazy, seed, local: 1, depth };
+        let case = Case { op, algo, n, count, seg, root: root % n, in_place, scaled, eager, lazy, seed, local: 1, depth, fan_out };
         if algo == Algo::Rhd && op == OpKind::AllReduce && !n.is_power_of_two() {
             prop_assert!(build(&case.spec(0), algo).is_err());
         } else {
@@ -1054,6 +1072,7 @@ fn matrix_hier_allreduce() {
                             ^ v as u64,
                         local,
                         depth: DEPTHS[(si + v) % DEPTHS.len()],
+                        fan_out: false,
                     };
                     if let Err(e) = run_case(&case) {
                         panic!("{case:?}: {e}");
@@ -1099,6 +1118,7 @@ proptest! {
             seed,
             local,
             depth: (depth, odd.unwrap_or(depth)),
+            fan_out: false,
         };
         let r = run_case(&case);
         prop_assert!(r.is_ok(), "{:?}: {}", case, r.unwrap_err());
@@ -1144,6 +1164,7 @@ fn hier_sends_a_local_share_across_hosts() {
                 depth: 8,
                 scaled: false,
                 local_size: local as u32,
+                fan_out: false,
             };
             let (within, across) = traffic(&spec, Algo::Hier, local);
             assert_eq!(
@@ -1178,6 +1199,7 @@ fn hier_needs_a_layout_that_divides_the_world() {
         depth: 8,
         scaled: false,
         local_size: 4,
+        fan_out: false,
     };
     for local_size in [0, 4, 7] {
         let e = build(&OpSpec { local_size, ..spec }, Algo::Hier)
@@ -1230,6 +1252,7 @@ fn barrier_receive_overtaking_an_earlier_round() {
                 seed,
                 local: 1,
                 depth: (1, 1),
+                fan_out: false,
             };
             let r = run_case(&case);
             assert!(r.is_ok(), "{case:?}: {}", r.unwrap_err());
@@ -1341,6 +1364,7 @@ fn pair_case() -> Case {
         seed: 7,
         local: 1,
         depth: (8, 8),
+        fan_out: false,
     }
 }
 
@@ -1648,6 +1672,7 @@ fn the_depth_bounds_messages_in_flight_and_scratch() {
             depth,
             scaled: false,
             local_size: 1,
+            fan_out: false,
         };
         let mut s = build(&spec, Algo::Ring).unwrap();
         assert_eq!(s.scratch_elems(), depth * seg, "depth {depth}");
@@ -1685,6 +1710,7 @@ fn schedule_properties() {
                     depth: 8,
                     scaled: true,
                     local_size: 1,
+                    fan_out: false,
                 };
                 let mut s = build(&spec, algo).unwrap();
                 assert!(!s.is_done(), "{spec:?}");
@@ -1710,6 +1736,7 @@ fn schedule_properties() {
         depth: 8,
         scaled: false,
         local_size: 1,
+        fan_out: false,
     };
     let mut s = build(&spec, Algo::Ring).unwrap();
     while let Some(a) = s.next_action() {
@@ -1738,6 +1765,7 @@ fn invalid_arguments() {
         depth: 8,
         scaled: false,
         local_size: 1,
+        fan_out: false,
     };
     let msg = |spec: OpSpec, algo| {
         build(&spec, algo)
