@@ -164,6 +164,7 @@ fn initing_key(rank: Rank) -> String {
 pub(crate) fn rendezvous(
     env: &LaunchEnv,
     key: &CommKey,
+    cfg: &Config,
     opened: &Opened,
     timeout: Duration,
     deadline: Instant,
@@ -214,6 +215,7 @@ pub(crate) fn rendezvous(
         },
         cores: std::thread::available_parallelism().map_or(0, |n| n.get() as u32),
         cpus: gw_rendezvous::peers::own_cpus(),
+        fan_out: Some(cfg.fan_out.value),
     };
     // Rank 0's cost model, published before its peer record, so it is
     // there once every record is: all ranks choose algorithms from it.
@@ -318,6 +320,8 @@ pub(crate) struct Routes {
     /// Processors this host gives the job's ranks on it (see [`host_cpus`];
     /// this rank's own count where no rank could tell).
     pub host_cpus: usize,
+    /// Every rank allows fan-out schedules (see [`agreed_fan_out`]).
+    pub fan_out: bool,
 }
 
 /// Step 3: routes every peer to a transport; index 0 is TCP when present, then shm.
@@ -454,7 +458,43 @@ pub(crate) fn route(
         shape,
         host_layout,
         host_cpus: cpus,
+        fan_out: agreed_fan_out(peers)?,
     })
+}
+
+/// Whether large all-gathers and broadcasts may fan out: every rank must
+/// run the same schedule, so `GW_FANOUT` must be alike on all of them. A
+/// peer from a build before the setting says nothing and never fans out,
+/// so then no rank does.
+fn agreed_fan_out(peers: &[PeerInfo]) -> Result<bool> {
+    let said = |v: bool| -> Vec<u32> {
+        peers
+            .iter()
+            .filter(|p| p.fan_out == Some(v))
+            .map(|p| p.rank)
+            .collect()
+    };
+    let (on, off) = (said(true), said(false));
+    if !on.is_empty() && !off.is_empty() {
+        return Err(Error::Config(format!(
+            "GW_FANOUT differs between ranks: 1 on ranks {}, 0 on ranks {}; \
+             set it alike on every rank",
+            rank_list(&on),
+            rank_list(&off)
+        )));
+    }
+    Ok(on.len() == peers.len())
+}
+
+/// Ranks for an error message: all of them where few, else the first ones
+/// and how many more.
+fn rank_list(ranks: &[u32]) -> String {
+    const SHOWN: usize = 8;
+    let shown: Vec<String> = ranks.iter().take(SHOWN).map(u32::to_string).collect();
+    match ranks.len().checked_sub(SHOWN) {
+        Some(more) if more > 0 => format!("{} and {more} more", shown.join(", ")),
+        _ => shown.join(", "),
+    }
 }
 
 /// The init line on GPUDirect RDMA: the RDMA transport's answer where it
@@ -721,8 +761,55 @@ pub(crate) fn all_connected(
 
 #[cfg(test)]
 mod layout_tests {
-    use super::{describe_hosts, host_cpus, host_grid, oversubscription};
+    use super::{agreed_fan_out, describe_hosts, host_cpus, host_grid, oversubscription};
     use gw_rendezvous::peers::PeerInfo;
+
+    /// Rank `rank` on host "h", with the processors `cpus`.
+    fn on_h(rank: u32, cpus: &[u32]) -> PeerInfo {
+        PeerInfo {
+            rank,
+            host_id: "h".into(),
+            hostname: "h".into(),
+            pid: rank,
+            tcp: Vec::new(),
+            tcp_eager: Default::default(),
+            ofi: String::new(),
+            cores: cpus.len() as u32,
+            cpus: cpus.to_vec(),
+            fan_out: None,
+        }
+    }
+
+    #[test]
+    fn fan_out_only_where_every_rank_allows_it_and_a_split_is_refused() {
+        let rank = |rank, fan_out| PeerInfo {
+            fan_out,
+            ..on_h(rank, &[0, 1])
+        };
+        let all = |v| (0..4).map(|r| rank(r, v)).collect::<Vec<_>>();
+        assert!(agreed_fan_out(&all(Some(true))).unwrap());
+        assert!(!agreed_fan_out(&all(Some(false))).unwrap());
+        // A peer built before the setting never fans out, so no rank does.
+        let mut old = all(Some(true));
+        old[2].fan_out = None;
+        assert!(!agreed_fan_out(&old).unwrap());
+        let mut split = all(Some(true));
+        split[1].fan_out = Some(false);
+        split[3].fan_out = Some(false);
+        let e = agreed_fan_out(&split).unwrap_err().to_string();
+        assert!(
+            e.contains("GW_FANOUT")
+                && e.contains("1 on ranks 0, 2")
+                && e.contains("0 on ranks 1, 3"),
+            "{e}"
+        );
+        let many: Vec<_> = (0..20).map(|r| rank(r, Some(r != 0))).collect();
+        let e = agreed_fan_out(&many).unwrap_err().to_string();
+        assert!(
+            e.contains("1 on ranks 1, 2, 3, 4, 5, 6, 7, 8 and 11 more"),
+            "{e}"
+        );
+    }
 
     #[test]
     fn the_most_crowded_host_sets_the_oversubscription() {
@@ -736,6 +823,7 @@ mod layout_tests {
             ofi: String::new(),
             cores,
             cpus: Vec::new(),
+            fan_out: None,
         };
         // Host a: 3 ranks on 2 processors, so one processor runs two of
         // them; host b: 2 ranks on 8.
@@ -769,17 +857,7 @@ mod layout_tests {
 
     #[test]
     fn ranks_bound_to_cores_of_their_own_are_not_oversubscribed() {
-        let rank = |rank, cpus: &[u32]| PeerInfo {
-            rank,
-            host_id: "h".into(),
-            hostname: "h".into(),
-            pid: rank,
-            tcp: Vec::new(),
-            tcp_eager: Default::default(),
-            ofi: String::new(),
-            cores: cpus.len() as u32,
-            cpus: cpus.to_vec(),
-        };
+        let rank = on_h;
         // Each rank bound to a core of its own: each sees one, the host
         // gives the job two.
         let bound = [rank(0, &[0]), rank(1, &[1])];

@@ -54,6 +54,10 @@ struct CompletionPool {
 /// which costs nothing next to the hand-offs it saves while messages are
 /// small, and is a second pass over the data once they are not.
 const DIRECT_BLOCKS_MAX: usize = 64 << 10;
+// A rank on the caller's direct path and one running the engine's schedule
+// exchange the same frames, so no call the direct path may run can fan out
+// (`OpSpec::fan_out` changes the schedule, not the direct path).
+const _: () = assert!(DIRECT_BLOCKS_MAX < crate::config::STORED_PULLED_OUTPUT_SHARED_CORES);
 
 /// A handle to a submitted operation.
 pub struct Handle {
@@ -199,6 +203,8 @@ pub struct Communicator {
     /// Rank 0's cost model and where the ranks are (links, host layout).
     model: CostModel,
     shape: Shape,
+    /// Every rank allows fan-out schedules (`GW_FANOUT`, agreed at init).
+    fan_out: bool,
     /// How the ranks sit on hosts, for errors when hier cannot run.
     host_layout: String,
     /// Messages in flight per stream ([`OpSpec::depth`]).
@@ -268,7 +274,7 @@ impl Communicator {
         let deadline = start + timeout;
 
         let opened = bringup::listen(&env, &cfg)?;
-        let mut met = bringup::rendezvous(&env, &key, &opened, timeout, deadline)?;
+        let mut met = bringup::rendezvous(&env, &key, &cfg, &opened, timeout, deadline)?;
         let mut routes = bringup::route(&env, &key, &cfg, opened, &met.peers, &met.shm_secret)?;
         if routes.names.contains(&"verbs") {
             bringup::all_connected(&mut met.store, &met.prefix, env.rank, env.world, deadline)?;
@@ -324,6 +330,7 @@ impl Communicator {
             model: met.model,
             last_auto: AtomicU64::new(0),
             shape: routes.shape,
+            fan_out: routes.fan_out,
             host_layout: routes.host_layout,
             depth: started.depth,
             span,
@@ -799,10 +806,14 @@ impl Communicator {
             scaled: op.weight.is_some(),
             local_size: self.shape.local.map_or(0, |l| l as u32),
             // From what every rank shares: the shape, the size, the setting.
-            fan_out: op.kind == OpKind::AllGather
-                && self.cfg.allgather_fan_out.value
+            fan_out: matches!(op.kind, OpKind::AllGather | OpKind::Broadcast)
+                && self.fan_out
                 && self.shape.link == LinkKind::Shm
-                && crate::config::all_gather_fans_out(self.shape.oversubscription, recv_bytes),
+                && crate::config::fans_out(
+                    self.size as usize,
+                    self.shape.oversubscription,
+                    recv_bytes,
+                ),
         };
         // The engine builds the schedule, or reuses the one of an earlier
         // identical call; bad arguments are refused here, at once.

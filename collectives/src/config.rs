@@ -145,10 +145,15 @@ pub fn all_gather_pulled(ranks: usize, out_bytes: usize) -> bool {
     ranks == 2 && (PULL_REGION_MAX_CORE_PER_RANK..ALL_GATHER_PULLED_BELOW).contains(&out_bytes)
 }
 
-/// Whether an all-gather over shared memory with `out_bytes` of output
-/// fans out (`algo/fan_gather.rs`; `GW_ALLGATHER_FANOUT`), where the busiest
-/// core runs `ranks_per_core` ranks: where ranks share cores but its
-/// messages are pulled (at most [`STORED_PULLS_RANKS_PER_CORE`] a core, from
+/// The most ranks a fan-out all-gather or broadcast runs on (see
+/// [`fans_out`]).
+pub const FAN_OUT_MAX_RANKS: usize = 8;
+
+/// Whether an all-gather or a broadcast over shared memory with
+/// `out_bytes` of output fans out (`algo/fan_gather.rs`, the star of
+/// `algo/coll.rs`; `GW_FANOUT`), where the busiest core runs
+/// `ranks_per_core` ranks: where ranks share cores but its messages are
+/// pulled (at most [`STORED_PULLS_RANKS_PER_CORE`] a core, from
 /// [`STORED_PULLED_OUTPUT_SHARED_CORES`] of output). A pulled message is read
 /// out of its owner whether the owner runs or not, so the fan-out's receives
 /// wait on no chain of ranks, where each of the ring's steps waits for the
@@ -156,9 +161,17 @@ pub fn all_gather_pulled(ranks: usize, out_bytes: usize) -> bool {
 /// `ab-builds.py` with one build, two runs: 4 MiB 1.60 [1.18-1.72] and 1.77
 /// [1.08-3.67], 16 MiB 1.35 [1.09-1.42] and 1.13 [1.06-1.76]. Below that
 /// size, and at 8 ranks (4 a core, through the slots), it measured within
-/// the spread either way (0.71-2.21), so the ring stays.
-pub fn all_gather_fans_out(ranks_per_core: f64, out_bytes: usize) -> bool {
-    ranks_per_core > 1.0
+/// the spread either way (0.71-2.21), so the ring stays. A broadcast whose
+/// root sends to every rank itself, against the chain, 4 ranks: 4 MiB 1.25
+/// [0.92-1.37] and 1.07 [0.75-1.31], 16 MiB 1.07 [0.93-1.31] and 1.13
+/// [0.87-1.45], 64 MiB 1.06 [0.98-1.08].
+/// At most [`FAN_OUT_MAX_RANKS`] ranks: each keeps up to two pipelines of
+/// messages in flight to every other, which the engine's and the
+/// transports' reserved room holds at that size, and only 3 and 4 were
+/// measured.
+pub fn fans_out(ranks: usize, ranks_per_core: f64, out_bytes: usize) -> bool {
+    (3..=FAN_OUT_MAX_RANKS).contains(&ranks)
+        && ranks_per_core > 1.0
         && ranks_per_core <= STORED_PULLS_RANKS_PER_CORE as f64
         && out_bytes >= STORED_PULLED_OUTPUT_SHARED_CORES
 }
@@ -334,12 +347,13 @@ pub struct Config {
     /// cost less (1, the default; only where every rank of the host has a
     /// core), or the rules alone decide (0).
     pub shm_adapt: Setting<bool>,
-    /// `GW_ALLGATHER_FANOUT`: where all ranks share one host's memory and
-    /// outnumber its cores, a large all-gather of more than two ranks sends
-    /// each block straight to every rank at once (1, the default, where
-    /// [`all_gather_fans_out`]) instead of around the ring (0), so that no
-    /// receive waits for a chain of ranks to be scheduled.
-    pub allgather_fan_out: Setting<bool>,
+    /// `GW_FANOUT`: where all ranks share one host's memory and outnumber
+    /// its cores, a large all-gather or broadcast of more than two ranks
+    /// sends each block straight from its owner to every rank at once (1,
+    /// the default, where [`fans_out`]) instead of along the ring or the
+    /// chain (0), so that no receive waits for a chain of ranks to be
+    /// scheduled.
+    pub fan_out: Setting<bool>,
     /// `GW_TRACE`: a Chrome-trace file every rank appends its timeline to
     /// when its communicator closes (see `trace.rs`); unset: no tracing.
     pub trace: Setting<Option<String>>,
@@ -378,7 +392,7 @@ impl Default for Config {
             shm_slots: Setting::default(8),
             shm_pull_bytes: Setting::default(gw_transport::shm::DEFAULT_PULL_BYTES),
             shm_adapt: Setting::default(true),
-            allgather_fan_out: Setting::default(true),
+            fan_out: Setting::default(true),
         }
     }
 }
@@ -599,13 +613,7 @@ impl Config {
             zero_or_one,
             "0 or 1",
         )?;
-        env_override(
-            &mut self.allgather_fan_out,
-            "GW_ALLGATHER_FANOUT",
-            env,
-            zero_or_one,
-            "0 or 1",
-        )?;
+        env_override(&mut self.fan_out, "GW_FANOUT", env, zero_or_one, "0 or 1")?;
         Ok(())
     }
 
@@ -735,14 +743,14 @@ impl Config {
                 ),
                 _ => line("GW_SHM_ADAPT", &self.shm_adapt),
             },
-            match self.allgather_fan_out.source {
+            match self.fan_out.source {
                 Source::Default => format!(
                     "{:<18} = 1 over shared memory where ranks share cores, at most \
                      {STORED_PULLS_RANKS_PER_CORE} a core, from {STORED_PULLED_OUTPUT_SHARED_CORES} \
                      bytes of output (default)",
-                    "GW_ALLGATHER_FANOUT"
+                    "GW_FANOUT"
                 ),
-                _ => line("GW_ALLGATHER_FANOUT", &self.allgather_fan_out),
+                _ => line("GW_FANOUT", &self.fan_out),
             },
             line("GW_TRACE", &self.trace),
         ]
@@ -862,32 +870,31 @@ mod tests {
     }
 
     #[test]
-    fn large_all_gathers_fan_out_where_two_ranks_share_a_core() {
+    fn large_all_gathers_and_broadcasts_fan_out_where_two_ranks_share_a_core() {
         let big = STORED_PULLED_OUTPUT_SHARED_CORES;
-        assert!(all_gather_fans_out(2.0, big) && all_gather_fans_out(2.0, 64 << 20));
-        assert!(!all_gather_fans_out(2.0, big - 1), "small: the ring");
-        assert!(!all_gather_fans_out(1.0, big), "a core per rank: the ring");
+        assert!(fans_out(4, 2.0, big) && fans_out(3, 2.0, 64 << 20));
+        assert!(fans_out(FAN_OUT_MAX_RANKS, 2.0, big));
         assert!(
-            !all_gather_fans_out(4.0, big),
-            "four a core, the slots: the ring"
+            !fans_out(FAN_OUT_MAX_RANKS + 1, 2.0, big),
+            "many ranks: the ring"
         );
+        assert!(!fans_out(2, 2.0, big), "two ranks: one exchange either way");
+        assert!(!fans_out(4, 2.0, big - 1), "small: the ring");
+        assert!(!fans_out(4, 1.0, big), "a core per rank: the ring");
+        assert!(!fans_out(8, 4.0, big), "four a core, the slots: the ring");
         let c = Config::default();
-        assert!(c.allgather_fan_out.value);
+        assert!(c.fan_out.value);
         assert!(
             c.describe()
                 .iter()
-                .any(|l| l.contains("GW_ALLGATHER_FANOUT") && l.contains("(default)")),
+                .any(|l| l.contains("GW_FANOUT") && l.contains("(default)")),
             "{:?}",
             c.describe()
         );
         let mut c = Config::default();
-        c.apply_env_from(&env(&[("GW_ALLGATHER_FANOUT", "0")]))
-            .unwrap();
-        assert!(!c.allgather_fan_out.value);
-        assert_eq!(
-            c.allgather_fan_out.source,
-            Source::Env("GW_ALLGATHER_FANOUT")
-        );
+        c.apply_env_from(&env(&[("GW_FANOUT", "0")])).unwrap();
+        assert!(!c.fan_out.value);
+        assert_eq!(c.fan_out.source, Source::Env("GW_FANOUT"));
     }
 
     #[test]
@@ -934,7 +941,7 @@ mod tests {
             ("GW_ALGO", "butterfly"),
             ("GW_SHM_SLOTS", "1"),
             ("GW_SHM_ADAPT", "yes"),
-            ("GW_ALLGATHER_FANOUT", "2"),
+            ("GW_FANOUT", "2"),
             ("GW_SOCKET_SEND_BUFFER_BYTES", "100"),
             ("GW_SOCKET_RECV_BUFFER_BYTES", "100"),
             ("GW_PIPELINE_DEPTH", "0"),

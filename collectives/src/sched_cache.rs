@@ -5,8 +5,8 @@
 //! must not (design principle 3); rewinding only rewrites vectors in place.
 //!
 //! The key is everything a schedule is built from: the [`OpSpec`] (operation,
-//! rank, world size, count, root, segment size, pipeline depth, weighting)
-//! and the algorithm.
+//! rank, world size, count, root, segment size, pipeline depth, weighting,
+//! host layout, fan-out) and the algorithm.
 //! Buffers, dtype and reduction operator are not part of it: schedules speak
 //! in elements of three abstract buffers, and the engine binds them per call.
 //!

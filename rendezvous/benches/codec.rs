@@ -408,6 +408,7 @@ fn cases() -> Vec<Case> {
                 ofi: String::new(),
                 cores: 0,
                 cpus: Vec::new(),
+                fan_out: None,
             }
             .encode()
             .into_bytes()

@@ -44,6 +44,12 @@ pub struct PeerInfo {
     /// many processors the host gives the job.
     #[serde(default)]
     pub cpus: Vec<u32>,
+    /// The rank's `GW_FANOUT` (none: a build from before it, which never
+    /// fans out). Large all-gathers and broadcasts fan out only where every
+    /// rank says so: ranks running different schedules would wait for
+    /// messages that never come, or pair up the wrong ones.
+    #[serde(default)]
+    pub fan_out: Option<bool>,
 }
 
 /// A receiver's eager buffers (see [`PeerInfo::tcp_eager`]).
@@ -194,6 +200,7 @@ mod tests {
             ofi: "0a0b".into(),
             cores: 8,
             cpus: vec![0, 1, 4],
+            fan_out: None,
         }
     }
 
@@ -331,6 +338,7 @@ mod tests {
                     ofi: String::new(),
                     cores: 0,
                     cpus: Vec::new(),
+                    fan_out: None,
                 },
             )
     }

@@ -215,7 +215,7 @@ fn ranks_bound_to_a_processor_each_count_their_hosts() {
 /// Four ranks bound to two processors share them, two to a core: shared
 /// memory then pulls the segments of broadcasts and all-gathers of 4 MiB
 /// and more in one copy (`config::STORED_PULL_BYTES_SHARED_CORES`), such
-/// all-gathers fan out (`config::all_gather_fans_out`), and their results
+/// all-gathers and broadcasts fan out (`config::fans_out`), and their results
 /// are checked element by element. Bound here, so that the
 /// path runs on hosts with more processors too; a host with one runs the
 /// four on it, four to a core, where the transport's own threshold holds.
@@ -245,13 +245,43 @@ fn large_stored_collectives_pulled_where_two_ranks_share_a_core() {
     }
     let want = format!("point-to-point and stored messages from {stored_from} bytes");
     assert!(run.all().contains(&want), "missing {want:?}: {}", run.all());
-    // Two ranks a core: the large all-gathers fan out, and so are pulled
-    // whether their owners run or not; four a core keep the ring.
-    let algo = if a != b { "fan-out" } else { "ring" };
+    // Two ranks a core: the large all-gathers and broadcasts fan out, and
+    // are pulled whether their owners run or not; four a core keep the ring
+    // and the chain.
+    let (gather, bcast) = if a != b {
+        ("fan-out", "fan-out")
+    } else {
+        ("ring", "chain")
+    };
     for r in 0..4 {
-        let want = format!("rank {r}: {algo} all-gather for all_gather of 1048589 elements");
-        assert!(run.all().contains(&want), "missing {want:?}: {}", run.all());
+        for want in [
+            format!("rank {r}: {gather} all-gather for all_gather of 1048589 elements"),
+            format!("rank {r}: {bcast} broadcast for broadcast of 1048589 elements"),
+        ] {
+            assert!(run.all().contains(&want), "missing {want:?}: {}", run.all());
+        }
     }
+}
+
+/// Ranks with different `GW_FANOUT` would run different all-gathers and
+/// broadcasts: init fails, naming who said what, before anything is sent.
+#[test]
+fn ranks_that_disagree_on_fan_out_fail_at_init_naming_them() {
+    let script = format!(
+        "GW_FANOUT=$((GW_RANK % 2)) exec {} collectives 7",
+        gw_tests::bin("gwtest").display()
+    );
+    let run = gwrun(
+        3,
+        "sh",
+        &["-c", &script],
+        &[("GW_TRANSPORT", "shm")],
+        DEADLINE,
+    );
+    assert!(!run.status.success(), "{}", run.all());
+    let want = "GW_FANOUT differs between ranks: 1 on ranks 1, 0 on ranks 0, 2";
+    // The first rank to fail ends the job, so not every rank gets to say it.
+    assert!(run.all().contains(want), "missing {want:?}: {}", run.all());
 }
 
 #[test]

@@ -56,6 +56,7 @@ fn infos(addrs: [SocketAddr; 2], eager: [gw_rendezvous::peers::Eager; 2]) -> Vec
             ofi: String::new(),
             cores: 0,
             cpus: Vec::new(),
+            fan_out: None,
         })
         .collect()
 }

@@ -185,6 +185,7 @@ fn tcp_pair() -> (TcpTransport, TcpTransport) {
             ofi: String::new(),
             cores: 0,
             cpus: Vec::new(),
+            fan_out: None,
         })
         .collect();
     for x in &mut t {
@@ -233,6 +234,7 @@ fn a_slow_receiver_holds_no_more_than_its_buffers_over_shared_memory() {
             ofi: String::new(),
             cores: 0,
             cpus: Vec::new(),
+            fan_out: None,
         })
         .collect();
     let mut a = ShmTransport::new(0, peers.clone(), cfg.clone()).expect("shm 0");

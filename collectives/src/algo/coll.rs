@@ -31,6 +31,23 @@ impl Shape {
             chain: tree.chain,
         }
     }
+
+    /// The root sends to every other rank itself (see `fan_gather.rs`:
+    /// pulled, no receive waits on a chain of ranks), starting after itself
+    /// so that no one rank is always served first.
+    fn star(spec: &OpSpec) -> Shape {
+        let (n, root) = (spec.nranks, spec.root);
+        let me = spec.rank;
+        Shape {
+            parent: (me != root).then_some(root),
+            children: if me == root {
+                (1..n).map(|t| (root + t) % n).collect()
+            } else {
+                Vec::new()
+            },
+            chain: false,
+        }
+    }
 }
 
 /// [`Shape`] without allocating, for the caller's direct path: at most two
@@ -98,11 +115,16 @@ pub(super) fn broadcast(spec: &OpSpec) -> Result<DagSchedule> {
     };
     let m = nsegs(count, seg);
     check_steps("broadcast", Some(m))?;
-    let shape = Shape::new(spec, m);
-    let name = if shape.chain {
-        "chain broadcast"
+    let (shape, name) = if spec.fan_out && spec.nranks > 2 {
+        (Shape::star(spec), "fan-out broadcast")
     } else {
-        "tree broadcast"
+        let shape = Shape::new(spec, m);
+        let name = if shape.chain {
+            "chain broadcast"
+        } else {
+            "tree broadcast"
+        };
+        (shape, name)
     };
     let mut b = Builder::new(name, identity(count), spec.depth);
     for k in 0..m {

@@ -70,6 +70,7 @@ pub(super) fn all_gather(spec: &OpSpec) -> Result<DagSchedule> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::algo::Algo;
 
     #[test]
     fn only_asked_for_all_gathers_over_two_ranks() {
@@ -86,5 +87,28 @@ mod tests {
             op: OpKind::Broadcast,
             ..s
         }));
+    }
+
+    #[test]
+    fn build_picks_it_where_asked_even_over_recursive_doubling() {
+        let name = |s: &OpSpec| crate::algo::build(s, Algo::Ring).map(|b| b.name());
+        // Four ranks, a block of one segment: recursive doubling's shape.
+        let s = OpSpec::for_test(OpKind::AllGather, 4, 10, 64);
+        assert_eq!(name(&s).unwrap(), "rd all-gather");
+        let fan = OpSpec { fan_out: true, ..s };
+        assert_eq!(name(&fan).unwrap(), "fan-out all-gather");
+        let b = OpSpec {
+            op: OpKind::Broadcast,
+            ..fan
+        };
+        assert_eq!(name(&b).unwrap(), "fan-out broadcast");
+        assert_eq!(
+            name(&OpSpec {
+                fan_out: false,
+                ..b
+            })
+            .unwrap(),
+            "chain broadcast"
+        );
     }
 }

@@ -284,9 +284,10 @@ pub struct OpSpec {
     /// `r / local_size`). 0 where the communicator's ranks are not laid out
     /// that way; only hier reads it.
     pub local_size: u32,
-    /// An all-gather of more than two ranks fans out (`fan_gather.rs`):
-    /// every rank sends its block to every other at once. The communicator
-    /// sets it the same way on every rank (`GW_ALLGATHER_FANOUT`).
+    /// An all-gather or broadcast of more than two ranks fans out: every
+    /// rank sends its block to every other at once (`fan_gather.rs`), the
+    /// root to every rank itself (`coll::broadcast`). The communicator sets
+    /// it the same way on every rank (`GW_FANOUT`).
     pub fan_out: bool,
 }
 
@@ -364,7 +365,8 @@ mod tree;
 /// | all-reduce | ring (reduce-scatter + all-gather), double binary tree, recursive halving-doubling, recursive doubling, or hierarchical (per host, then across hosts) |
 /// | reduce-scatter | ring |
 /// | all-gather | fan-out where asked for ([`OpSpec::fan_out`]), else recursive doubling on a power-of-two world (over 2 ranks) when a rank's block is one segment, else ring |
-/// | broadcast, reduce | pipelined chain, or binary tree when the message has few segments |
+/// | broadcast | root to every rank at once where asked for ([`OpSpec::fan_out`]) |
+/// | reduce, other broadcasts | pipelined chain, or binary tree when the message has few segments |
 /// | barrier | dissemination (empty messages, ⌈log2 n⌉ rounds) |
 ///
 /// With one rank every operation is a single local copy. Every schedule lays

@@ -985,6 +985,12 @@ fn matrix_fan_out_all_gather() {
     matrix_with(OpKind::AllGather, Algo::Ring, &COUNTS, true);
 }
 
+/// Fan-out broadcast, asked for: the root sends to every rank itself.
+#[test]
+fn matrix_fan_out_broadcast() {
+    matrix_with(OpKind::Broadcast, Algo::Ring, &COUNTS, true);
+}
+
 #[test]
 fn matrix_broadcast() {
     matrix(OpKind::Broadcast, Algo::Ring, &COUNTS);

@@ -29,6 +29,7 @@ pub(super) fn infos(n: u32) -> Vec<PeerInfo> {
             ofi: String::new(),
             cores: 0,
             cpus: Vec::new(),
+            fan_out: None,
         })
         .collect()
 }

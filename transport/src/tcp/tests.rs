@@ -48,6 +48,7 @@ fn pair_polled(cfg: TcpConfig, poll: Option<&mio::Poll>) -> (TcpTransport, TcpTr
             ofi: String::new(),
             cores: 0,
             cpus: Vec::new(),
+            fan_out: None,
         })
         .collect();
     for x in &mut t {
@@ -482,6 +483,7 @@ fn a_caller_that_does_not_poll_accepts_a_dial_that_comes_later() {
             ofi: String::new(),
             cores: 0,
             cpus: Vec::new(),
+            fan_out: None,
         })
         .collect();
     a.set_peers(infos.clone());
