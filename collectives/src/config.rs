@@ -745,9 +745,9 @@ impl Config {
             },
             match self.fan_out.source {
                 Source::Default => format!(
-                    "{:<18} = 1 over shared memory where ranks share cores, at most \
-                     {STORED_PULLS_RANKS_PER_CORE} a core, from {STORED_PULLED_OUTPUT_SHARED_CORES} \
-                     bytes of output (default)",
+                    "{:<18} = 1 over shared memory on 3 to {FAN_OUT_MAX_RANKS} ranks sharing \
+                     cores, at most {STORED_PULLS_RANKS_PER_CORE} a core, from \
+                     {STORED_PULLED_OUTPUT_SHARED_CORES} bytes of output (default)",
                     "GW_FANOUT"
                 ),
                 _ => line("GW_FANOUT", &self.fan_out),

@@ -48,17 +48,16 @@ pub(super) fn all_gather(spec: &OpSpec) -> Result<DagSchedule> {
         let step = k as u32;
         // Unscaled, the sends read Send itself and must come before the copy
         // that (in place) writes the same elements; scaled, they send the
-        // weighted copy.
-        if !spec.scaled {
-            for t in 1..n {
-                b.send(to(t), step, 0, own, desc);
-            }
-        }
-        b.copy(piece(r), own, false, desc);
+        // weighted copy, made first.
         if spec.scaled {
-            for t in 1..n {
-                b.send(to(t), step, 0, piece(r), desc);
-            }
+            b.copy(piece(r), own, false, desc);
+        }
+        let src = if spec.scaled { piece(r) } else { own };
+        for t in 1..n {
+            b.send(to(t), step, 0, src, desc);
+        }
+        if !spec.scaled {
+            b.copy(piece(r), own, false, desc);
         }
         for t in 1..n {
             b.recv(from(t) as u32, step, 0, piece(from(t)), desc);
