@@ -35,8 +35,9 @@ use std::sync::atomic::AtomicBool;
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
-/// Operations the engine's queue holds before it grows.
-const QUEUE_CAPACITY: usize = 64;
+/// Operations the engine's queue holds before it grows: the mailbox's
+/// room, and the engine's own queue of what it took out of it.
+pub(crate) const QUEUE_CAPACITY: usize = 64;
 
 /// The transports opened before rendezvous: their addresses go into this
 /// rank's record.
