@@ -799,9 +799,19 @@ impl Communicator {
             nranks: self.size,
             count,
             root: op.root,
-            segment_elems: (segment_bytes(op.kind, self.cfg.segment_bytes_for(self.shape.link))
-                / es)
-                .max(1),
+            // A block that goes whole is `count` elements (see
+            // `config::all_gather_whole_blocks`).
+            segment_elems: if op.kind == OpKind::AllGather
+                && crate::config::all_gather_whole_blocks(
+                    self.size as usize,
+                    self.shape.link,
+                    self.shape.oversubscription,
+                    recv_bytes,
+                ) {
+                count.max(1)
+            } else {
+                (segment_bytes(op.kind, self.cfg.segment_bytes_for(self.shape.link)) / es).max(1)
+            },
             depth: self.depth,
             scaled: op.weight.is_some(),
             local_size: self.shape.local.map_or(0, |l| l as u32),

@@ -145,6 +145,29 @@ pub fn all_gather_pulled(ranks: usize, out_bytes: usize) -> bool {
     ranks == 2 && (PULL_REGION_MAX_CORE_PER_RANK..ALL_GATHER_PULLED_BELOW).contains(&out_bytes)
 }
 
+/// Whether a 2-rank all-gather over shared memory, with `out_bytes` of
+/// output and `ranks_per_core` ranks on its busiest core, sends each rank's
+/// block as one message rather than in segments: where its exchanges are
+/// pulled ([`all_gather_pulled`], a core per rank). The receiver reads a
+/// pulled block in one copy, and nothing forwards or adds it, so segments
+/// pipeline nothing, while each costs a rendezvous, a pin of the owner's
+/// pages and a completion. 2026-12-06 VM (fourth session), `ab-builds.py` with one build
+/// against itself and `GW_SEGMENT_BYTES` 16 MiB (5 rounds), segmented/whole:
+/// 4 MiB 1.31 [0.98-1.65], 16 MiB 1.27 [1.07-1.38]. Where the slots carry
+/// them instead (`GW_SHM_PULL_BYTES` set high) a block is one message
+/// streamed through the slots, and measured the same (0.94, 1.04). Smaller
+/// outputs, pulled by the region rule, keep their segments (256 KiB 0.90,
+/// 1 MiB 1.06 whole), and so do outputs of [`ALL_GATHER_PULLED_BELOW`] and
+/// more, which go through the slots (64 MiB 0.82 whole).
+pub fn all_gather_whole_blocks(
+    ranks: usize,
+    link: LinkKind,
+    ranks_per_core: f64,
+    out_bytes: usize,
+) -> bool {
+    link == LinkKind::Shm && ranks_per_core <= 1.0 && all_gather_pulled(ranks, out_bytes)
+}
+
 /// The most ranks a fan-out all-gather or broadcast runs on (see
 /// [`fans_out`]).
 pub const FAN_OUT_MAX_RANKS: usize = 8;
@@ -785,6 +808,32 @@ mod tests {
         );
         assert!(!all_gather_pulled(3, 8 << 20));
         assert!(!all_gather_pulled(4, 8 << 20));
+    }
+
+    #[test]
+    fn only_a_pulled_two_rank_all_gather_over_shm_sends_whole_blocks() {
+        let (lo, hi) = (PULL_REGION_MAX_CORE_PER_RANK, ALL_GATHER_PULLED_BELOW);
+        let whole =
+            |ranks, link, per_core, out| all_gather_whole_blocks(ranks, link, per_core, out);
+        assert!(whole(2, LinkKind::Shm, 1.0, lo));
+        assert!(whole(2, LinkKind::Shm, 0.5, hi - 1));
+        assert!(
+            !whole(2, LinkKind::Shm, 1.0, lo - 1),
+            "segments pulled one by one there"
+        );
+        assert!(
+            !whole(2, LinkKind::Shm, 1.0, hi),
+            "the slots stream it there"
+        );
+        assert!(
+            !whole(2, LinkKind::Tcp, 1.0, lo),
+            "TCP frames its own segments"
+        );
+        assert!(
+            !whole(2, LinkKind::Shm, 2.0, lo),
+            "not pulled where ranks share a core"
+        );
+        assert!(!whole(3, LinkKind::Shm, 1.0, lo));
     }
 
     #[test]

@@ -79,11 +79,12 @@ impl ScheduleCache {
         let sched = algo::build(&key.0, key.1)?;
         let s = &key.0;
         tracing::debug!(
-            "{} for {} of {} elements on {} ranks",
+            "{} for {} of {} elements on {} ranks in segments of {}",
             sched.name(),
             s.op.name(),
             s.count,
-            s.nranks
+            s.nranks,
+            s.segment_elems
         );
         Ok(sched)
     }

@@ -263,6 +263,44 @@ fn large_stored_collectives_pulled_where_two_ranks_share_a_core() {
     }
 }
 
+/// Two ranks with a core each pull a 2-rank all-gather's blocks from 4 MiB
+/// of output, and send each block whole rather than in segments
+/// (`config::all_gather_whole_blocks`); a smaller all-gather keeps its
+/// segments, and so does every all-gather where the two share a core.
+/// Results are checked element by element.
+#[test]
+fn two_ranks_with_a_core_each_send_large_all_gather_blocks_whole() {
+    let [a, b] = first_two_cpus();
+    let gwtest = gw_tests::bin("gwtest");
+    let script = format!(
+        "case $GW_LOCAL_RANK in 0) c={a};; *) c={b};; esac; \
+         exec taskset -c $c {} collectives --big-only float,uint8 1048589",
+        gwtest.display()
+    );
+    let env = [
+        ("GW_TRANSPORT", "shm"),
+        ("GW_DEBUG", "gw_collectives::sched_cache=debug"),
+    ];
+    let run = gwrun(2, "sh", &["-c", &script], &env, DEADLINE);
+    assert!(run.status.success(), "{}", run.all());
+    // float: 8 MiB of output, one block of 1048589 elements a rank; uint8:
+    // 2 MiB, 128 KiB segments. Sharing a core: 128 KiB segments for both.
+    let float_segment = if a != b { 1048589 } else { 32768 };
+    for r in 0..2 {
+        for want in [
+            format!(
+                "[{r}] gradwire DEBUG: ring all-gather for all_gather of 1048589 elements on 2 ranks in segments of {float_segment}\n"
+            ),
+            format!(
+                "[{r}] gradwire DEBUG: ring all-gather for all_gather of 1048589 elements on 2 ranks in segments of 131072\n"
+            ),
+            format!("[{r}] rank {r}: collectives ok"),
+        ] {
+            assert!(run.all().contains(&want), "missing {want:?}: {}", run.all());
+        }
+    }
+}
+
 /// Ranks with different `GW_FANOUT` would run different all-gathers and
 /// broadcasts: init fails, naming who said what, before anything is sent.
 #[test]
