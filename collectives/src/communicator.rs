@@ -793,21 +793,27 @@ impl Communicator {
                 self.host_layout
             )));
         }
+        // Both from what every rank shares: the shape, the size, the setting.
+        let fan_out = matches!(op.kind, OpKind::AllGather | OpKind::Broadcast)
+            && self.fan_out
+            && self.shape.link == LinkKind::Shm
+            && crate::config::fans_out(self.size as usize, self.shape.oversubscription, recv_bytes);
+        let whole_blocks = op.kind == OpKind::AllGather
+            && crate::config::all_gather_whole_blocks(
+                self.size as usize,
+                self.shape.link,
+                self.shape.oversubscription,
+                recv_bytes,
+                fan_out,
+            );
         let spec = OpSpec {
             op: op.kind,
             rank: self.rank,
             nranks: self.size,
             count,
             root: op.root,
-            // A block that goes whole is `count` elements (see
-            // `config::all_gather_whole_blocks`).
-            segment_elems: if op.kind == OpKind::AllGather
-                && crate::config::all_gather_whole_blocks(
-                    self.size as usize,
-                    self.shape.link,
-                    self.shape.oversubscription,
-                    recv_bytes,
-                ) {
+            // A block that goes whole is `count` elements.
+            segment_elems: if whole_blocks {
                 count.max(1)
             } else {
                 (segment_bytes(op.kind, self.cfg.segment_bytes_for(self.shape.link)) / es).max(1)
@@ -815,15 +821,7 @@ impl Communicator {
             depth: self.depth,
             scaled: op.weight.is_some(),
             local_size: self.shape.local.map_or(0, |l| l as u32),
-            // From what every rank shares: the shape, the size, the setting.
-            fan_out: matches!(op.kind, OpKind::AllGather | OpKind::Broadcast)
-                && self.fan_out
-                && self.shape.link == LinkKind::Shm
-                && crate::config::fans_out(
-                    self.size as usize,
-                    self.shape.oversubscription,
-                    recv_bytes,
-                ),
+            fan_out,
         };
         // The engine builds the schedule, or reuses the one of an earlier
         // identical call; bad arguments are refused here, at once.

@@ -145,27 +145,38 @@ pub fn all_gather_pulled(ranks: usize, out_bytes: usize) -> bool {
     ranks == 2 && (PULL_REGION_MAX_CORE_PER_RANK..ALL_GATHER_PULLED_BELOW).contains(&out_bytes)
 }
 
-/// Whether a 2-rank all-gather over shared memory, with `out_bytes` of
-/// output and `ranks_per_core` ranks on its busiest core, sends each rank's
-/// block as one message rather than in segments: where its exchanges are
-/// pulled ([`all_gather_pulled`], a core per rank). The receiver reads a
-/// pulled block in one copy, and nothing forwards or adds it, so segments
-/// pipeline nothing, while each costs a rendezvous, a pin of the owner's
-/// pages and a completion. 2026-12-06 VM (fourth session), `ab-builds.py` with one build
-/// against itself and `GW_SEGMENT_BYTES` 16 MiB (5 rounds), segmented/whole:
-/// 4 MiB 1.31 [0.98-1.65], 16 MiB 1.27 [1.07-1.38]. Where the slots carry
-/// them instead (`GW_SHM_PULL_BYTES` set high) a block is one message
-/// streamed through the slots, and measured the same (0.94, 1.04). Smaller
-/// outputs, pulled by the region rule, keep their segments (256 KiB 0.90,
-/// 1 MiB 1.06 whole), and so do outputs of [`ALL_GATHER_PULLED_BELOW`] and
-/// more, which go through the slots (64 MiB 0.82 whole).
+/// Whether an all-gather sends each rank's block as one message rather than
+/// in segments: where its blocks are pulled and nothing forwards or adds
+/// them. The receiver reads a pulled block in one copy, and the whole block
+/// is in its owner's input from the start, so segments pipeline nothing,
+/// while each costs a rendezvous, a pin of the owner's pages and a
+/// completion. Two cases, both decided from what every rank shares:
+/// - a fan-out all-gather (`fan_out`, see [`fans_out`]): every block goes
+///   straight from its owner to every rank. 2026-12-06 VM (fourth session),
+///   `ab-builds.py` segmented/whole, 6 rounds: 4 ranks 1.48, 1.43, 1.33,
+///   1.23 and 1.20 at 4, 8, 16, 32 and 64 MiB of output (every round above
+///   1.13); 3 ranks 1.15, 1.22, 1.12 and 1.19 from 8 MiB. (A fan-out
+///   broadcast's star, sent whole the same way, read 0.90, 0.97 and 1.06
+///   at 4, 16 and 64 MiB, and keeps its segments.)
+/// - a 2-rank all-gather over shared memory with a core per rank whose
+///   blocks are pulled by the hint ([`all_gather_pulled`]). Same VM and
+///   tool, 10 rounds: 4 MiB 1.26 [1.07-1.66], 8 MiB 1.13, 16 MiB 1.12.
+///   Where the slots carry them instead (`GW_SHM_PULL_BYTES` set high) a
+///   block is one message streamed through the slots, and measured the
+///   same (0.94, 1.04 with `GW_SEGMENT_BYTES` as the proxy). Smaller
+///   outputs, pulled by the region rule, keep their segments (256 KiB
+///   0.90, 1 MiB 1.06 whole), and so do outputs of
+///   [`ALL_GATHER_PULLED_BELOW`] and more, which go through the slots (64
+///   MiB 0.82 whole).
 pub fn all_gather_whole_blocks(
     ranks: usize,
     link: LinkKind,
     ranks_per_core: f64,
     out_bytes: usize,
+    fan_out: bool,
 ) -> bool {
-    link == LinkKind::Shm && ranks_per_core <= 1.0 && all_gather_pulled(ranks, out_bytes)
+    fan_out
+        || (link == LinkKind::Shm && ranks_per_core <= 1.0 && all_gather_pulled(ranks, out_bytes))
 }
 
 /// The most ranks a fan-out all-gather or broadcast runs on (see
@@ -811,10 +822,10 @@ mod tests {
     }
 
     #[test]
-    fn only_a_pulled_two_rank_all_gather_over_shm_sends_whole_blocks() {
+    fn all_gathers_send_whole_blocks_where_pulled_and_not_forwarded() {
         let (lo, hi) = (PULL_REGION_MAX_CORE_PER_RANK, ALL_GATHER_PULLED_BELOW);
         let whole =
-            |ranks, link, per_core, out| all_gather_whole_blocks(ranks, link, per_core, out);
+            |ranks, link, per_core, out| all_gather_whole_blocks(ranks, link, per_core, out, false);
         assert!(whole(2, LinkKind::Shm, 1.0, lo));
         assert!(whole(2, LinkKind::Shm, 0.5, hi - 1));
         assert!(
@@ -834,6 +845,10 @@ mod tests {
             "not pulled where ranks share a core"
         );
         assert!(!whole(3, LinkKind::Shm, 1.0, lo));
+        assert!(
+            all_gather_whole_blocks(4, LinkKind::Shm, 2.0, 64 << 20, true),
+            "a fan-out all-gather's blocks go whole at any size"
+        );
     }
 
     #[test]

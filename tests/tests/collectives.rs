@@ -246,8 +246,9 @@ fn large_stored_collectives_pulled_where_two_ranks_share_a_core() {
     let want = format!("point-to-point and stored messages from {stored_from} bytes");
     assert!(run.all().contains(&want), "missing {want:?}: {}", run.all());
     // Two ranks a core: the large all-gathers and broadcasts fan out, and
-    // are pulled whether their owners run or not; four a core keep the ring
-    // and the chain.
+    // are pulled whether their owners run or not, each all-gather block as
+    // one message (`config::all_gather_whole_blocks`); four a core keep the
+    // ring and the chain.
     let (gather, bcast) = if a != b {
         ("fan-out", "fan-out")
     } else {
@@ -260,7 +261,37 @@ fn large_stored_collectives_pulled_where_two_ranks_share_a_core() {
         ] {
             assert!(run.all().contains(&want), "missing {want:?}: {}", run.all());
         }
+        if a != b {
+            let segs = logged_segments(
+                &run.all(),
+                r,
+                "fan-out all-gather for all_gather of 1048589 elements",
+            );
+            assert_eq!(segs, [1048589], "{}", run.all());
+        }
     }
+}
+
+/// The segments (in elements) that rank `r`'s schedule cache logged for
+/// schedules whose debug line contains `what`
+/// (`GW_DEBUG=gw_collectives::sched_cache=debug`), in the order logged, each
+/// once.
+fn logged_segments(all: &str, r: u32, what: &str) -> Vec<u64> {
+    let mut segs = Vec::new();
+    for line in all
+        .lines()
+        .filter(|l| l.starts_with(&format!("[{r}] ")) && l.contains(what))
+    {
+        let after = line.split("in segments of ").nth(1).unwrap_or("");
+        let digits: String = after.chars().take_while(|c| c.is_ascii_digit()).collect();
+        let seg = digits
+            .parse()
+            .unwrap_or_else(|_| panic!("no segment in {line:?}"));
+        if !segs.contains(&seg) {
+            segs.push(seg);
+        }
+    }
+    segs
 }
 
 /// Two ranks with a core each pull a 2-rank all-gather's blocks from 4 MiB
@@ -286,18 +317,16 @@ fn two_ranks_with_a_core_each_send_large_all_gather_blocks_whole() {
     // float: 8 MiB of output, one block of 1048589 elements a rank; uint8:
     // 2 MiB, 128 KiB segments. Sharing a core: 128 KiB segments for both.
     let float_segment = if a != b { 1048589 } else { 32768 };
+    let what = "ring all-gather for all_gather of 1048589 elements on 2 ranks";
     for r in 0..2 {
-        for want in [
-            format!(
-                "[{r}] gradwire DEBUG: ring all-gather for all_gather of 1048589 elements on 2 ranks in segments of {float_segment}\n"
-            ),
-            format!(
-                "[{r}] gradwire DEBUG: ring all-gather for all_gather of 1048589 elements on 2 ranks in segments of 131072\n"
-            ),
-            format!("[{r}] rank {r}: collectives ok"),
-        ] {
-            assert!(run.all().contains(&want), "missing {want:?}: {}", run.all());
-        }
+        let mut segs = logged_segments(&run.all(), r, what);
+        segs.sort_unstable();
+        let mut want = vec![float_segment, 131072];
+        want.sort_unstable();
+        want.dedup();
+        assert_eq!(segs, want, "rank {r}: {}", run.all());
+        let ok = format!("[{r}] rank {r}: collectives ok");
+        assert!(run.all().contains(&ok), "missing {ok:?}: {}", run.all());
     }
 }
 
