@@ -155,7 +155,9 @@ pub fn all_gather_pulled(ranks: usize, out_bytes: usize) -> bool {
 ///   straight from its owner to every rank. 2026-12-06 VM (fourth session),
 ///   `ab-builds.py` segmented/whole, 6 rounds: 4 ranks 1.48, 1.43, 1.33,
 ///   1.23 and 1.20 at 4, 8, 16, 32 and 64 MiB of output (every round above
-///   1.13); 3 ranks 1.15, 1.22, 1.12 and 1.19 from 8 MiB. (A fan-out
+///   1.13), and in two more runs 4 MiB 1.09 and 1.20, 16 MiB 0.95 and
+///   1.08, 64 MiB 1.17 and 1.08; 3 ranks 1.15, 1.22, 1.12 and 1.19 from 8
+///   MiB. (A fan-out
 ///   broadcast's star, sent whole the same way, read 0.90, 0.97 and 1.06
 ///   at 4, 16 and 64 MiB, and keeps its segments.)
 /// - a 2-rank all-gather over shared memory with a core per rank whose
