@@ -8,6 +8,7 @@
 
 use crate::algo::{Algo, MAX_DEPTH};
 use crate::model::LinkKind;
+use crate::op::OpKind;
 use gw_transport::{Error, Result};
 use std::fmt;
 use std::time::Duration;
@@ -154,8 +155,8 @@ pub fn all_gather_pulled(ranks: usize, out_bytes: usize) -> bool {
 /// - a fan-out all-gather (`fan_out`, see [`fans_out`]): every block goes
 ///   straight from its owner to every rank. 2026-12-06 VM (fourth session),
 ///   `ab-builds.py` segmented/whole, 6 rounds: 4 ranks 1.48, 1.43, 1.33,
-///   1.23 and 1.20 at 4, 8, 16, 32 and 64 MiB of output (every round above
-///   1.13), and in two more runs 4 MiB 1.09 and 1.20, 16 MiB 0.95 and
+///   1.23 and 1.20 at 4, 8, 16, 32 and 64 MiB of output (every round at
+///   least 1.13), and in two more runs 4 MiB 1.09 and 1.20, 16 MiB 0.95 and
 ///   1.08, 64 MiB 1.17 and 1.08; 3 ranks 1.15, 1.22, 1.12 and 1.19 from 8
 ///   MiB. (A fan-out
 ///   broadcast's star, sent whole the same way, read 0.90, 0.97 and 1.06
@@ -163,13 +164,14 @@ pub fn all_gather_pulled(ranks: usize, out_bytes: usize) -> bool {
 /// - a 2-rank all-gather over shared memory with a core per rank whose
 ///   blocks are pulled by the hint ([`all_gather_pulled`]). Same VM and
 ///   tool, 10 rounds: 4 MiB 1.26 [1.07-1.66], 8 MiB 1.13, 16 MiB 1.12.
-///   Where the slots carry them instead (`GW_SHM_PULL_BYTES` set high) a
-///   block is one message streamed through the slots, and measured the
-///   same (0.94, 1.04 with `GW_SEGMENT_BYTES` as the proxy). Smaller
-///   outputs, pulled by the region rule, keep their segments (256 KiB
-///   0.90, 1 MiB 1.06 whole), and so do outputs of
+///   Where the slots carry them instead (`GW_SHM_PULL_BYTES` set high, or
+///   the kernel refusing cross-memory attach) a block is one message
+///   streamed through the slots; one run of 3 rounds, with
+///   `GW_SEGMENT_BYTES` as the proxy, read 0.94 and 1.04 at 4 and 16 MiB,
+///   no difference seen. Smaller outputs, pulled by the region rule, keep
+///   their segments (256 KiB 0.90, 1 MiB 1.06 whole), and so do outputs of
 ///   [`ALL_GATHER_PULLED_BELOW`] and more, which go through the slots (64
-///   MiB 0.82 whole).
+///   MiB 0.82 with 16 MiB segments, half a block).
 pub fn all_gather_whole_blocks(
     ranks: usize,
     link: LinkKind,
@@ -179,6 +181,31 @@ pub fn all_gather_whole_blocks(
 ) -> bool {
     fan_out
         || (link == LinkKind::Shm && ranks_per_core <= 1.0 && all_gather_pulled(ranks, out_bytes))
+}
+
+/// Whether, where ranks share cores, the engine hints an operation's sends
+/// `SendHint::Stored`, for the transport to pull from a threshold of its
+/// own: a broadcast's or an all-gather's with at least
+/// [`STORED_PULLED_OUTPUT_SHARED_CORES`] of output, but not a fan-out
+/// broadcast's (`fan_out`). In that star every receiver pulls the same
+/// segment out of the root at once, each pinning the same pages of the
+/// root's buffer, where a chain's receivers each pull from a different rank
+/// and the fan-out all-gather's partners are arranged so that no two pull
+/// from one owner at once; its segments go through the slots instead.
+/// 2026-12-06 VM (fourth session), `ab-builds.py`, pulled/slots at 4, 16
+/// and 64 MiB: with `GW_SHM_PULL_BYTES` set high as the proxy, 4 ranks
+/// 1.19, 1.55, 1.41 (6 rounds) and 3 ranks 1.44, 1.34, 1.36 (5 rounds); the
+/// star through the slots against the chain pulled 1.34, 1.73, 1.47, and
+/// against the chain through the slots 1.01, 1.25, 1.23 (4 ranks, 5
+/// rounds); the build with this rule against the one before, 4 ranks 1.42,
+/// 1.43, 1.47 (6 rounds, every round at least 1.11) and 3 ranks 1.68, 1.12,
+/// 1.54 (5 rounds).
+pub fn stored_where_cores_shared(op: OpKind, out_bytes: usize, fan_out: bool) -> bool {
+    match op {
+        OpKind::Broadcast => !fan_out && out_bytes >= STORED_PULLED_OUTPUT_SHARED_CORES,
+        OpKind::AllGather => out_bytes >= STORED_PULLED_OUTPUT_SHARED_CORES,
+        _ => false,
+    }
 }
 
 /// The most ranks a fan-out all-gather or broadcast runs on (see
@@ -824,6 +851,33 @@ mod tests {
     }
 
     #[test]
+    fn where_cores_are_shared_large_broadcasts_and_all_gathers_are_stored_but_the_star() {
+        let big = STORED_PULLED_OUTPUT_SHARED_CORES;
+        assert!(stored_where_cores_shared(OpKind::AllGather, big, false));
+        assert!(stored_where_cores_shared(OpKind::AllGather, big, true));
+        assert!(
+            stored_where_cores_shared(OpKind::Broadcast, big, false),
+            "the chain"
+        );
+        assert!(
+            !stored_where_cores_shared(OpKind::Broadcast, big, true),
+            "the star's receivers would all pin the root's pages at once"
+        );
+        assert!(!stored_where_cores_shared(
+            OpKind::AllGather,
+            big - 1,
+            false
+        ));
+        assert!(!stored_where_cores_shared(
+            OpKind::Broadcast,
+            big - 1,
+            false
+        ));
+        assert!(!stored_where_cores_shared(OpKind::AllReduce, big, false));
+        assert!(!stored_where_cores_shared(OpKind::Reduce, big, false));
+    }
+
+    #[test]
     fn all_gathers_send_whole_blocks_where_pulled_and_not_forwarded() {
         let (lo, hi) = (PULL_REGION_MAX_CORE_PER_RANK, ALL_GATHER_PULLED_BELOW);
         let whole =
@@ -849,7 +903,7 @@ mod tests {
         assert!(!whole(3, LinkKind::Shm, 1.0, lo));
         assert!(
             all_gather_whole_blocks(4, LinkKind::Shm, 2.0, 64 << 20, true),
-            "a fan-out all-gather's blocks go whole at any size"
+            "a fan-out all-gather's blocks go whole"
         );
     }
 

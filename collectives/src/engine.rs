@@ -1242,12 +1242,17 @@ impl Engine {
                         // cores, so do a large broadcast's and all-gather's
                         // receivers, and the transport pulls those from a
                         // threshold of its own where that pays
-                        // (`config::STORED_PULLED_OUTPUT_SHARED_CORES`).
+                        // (`config::STORED_PULLED_OUTPUT_SHARED_CORES`), but
+                        // for a fan-out broadcast's, whose receivers would
+                        // all pin the root's pages at once
+                        // (`config::stored_where_cores_shared`).
                         let hint = if self.cfg.oversubscribed {
-                            (matches!(r.op.fp.op, OpKind::Broadcast | OpKind::AllGather)
-                                && r.op.recv_bytes
-                                    >= crate::config::STORED_PULLED_OUTPUT_SHARED_CORES)
-                                .then_some(SendHint::Stored)
+                            crate::config::stored_where_cores_shared(
+                                r.op.fp.op,
+                                r.op.recv_bytes,
+                                r.key.as_ref().is_some_and(|k| k.0.fan_out),
+                            )
+                            .then_some(SendHint::Stored)
                         } else if r.op.fp.op == OpKind::Reduce {
                             Some(SendHint::Pushed)
                         } else if r.sched.exchanges_with(peer)

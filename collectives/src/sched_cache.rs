@@ -79,7 +79,7 @@ impl ScheduleCache {
         let sched = algo::build(&key.0, key.1)?;
         let s = &key.0;
         tracing::debug!(
-            "{} for {} of {} elements on {} ranks in segments of {}",
+            "{} for {} of {} elements on {} ranks, segment_elems {}",
             sched.name(),
             s.op.name(),
             s.count,

@@ -268,6 +268,14 @@ fn large_stored_collectives_pulled_where_two_ranks_share_a_core() {
                 "fan-out all-gather for all_gather of 1048589 elements",
             );
             assert_eq!(segs, [1048589], "{}", run.all());
+            // The star broadcast keeps its 128 KiB segments (float's; uint8's,
+            // 1 MiB, runs the chain).
+            let segs = logged_segments(
+                &run.all(),
+                r,
+                "fan-out broadcast for broadcast of 1048589 elements",
+            );
+            assert_eq!(segs, [32768], "{}", run.all());
         }
     }
 }
@@ -282,7 +290,7 @@ fn logged_segments(all: &str, r: u32, what: &str) -> Vec<u64> {
         .lines()
         .filter(|l| l.starts_with(&format!("[{r}] ")) && l.contains(what))
     {
-        let after = line.split("in segments of ").nth(1).unwrap_or("");
+        let after = line.split("segment_elems ").nth(1).unwrap_or("");
         let digits: String = after.chars().take_while(|c| c.is_ascii_digit()).collect();
         let seg = digits
             .parse()
@@ -302,31 +310,40 @@ fn logged_segments(all: &str, r: u32, what: &str) -> Vec<u64> {
 #[test]
 fn two_ranks_with_a_core_each_send_large_all_gather_blocks_whole() {
     let [a, b] = first_two_cpus();
-    let gwtest = gw_tests::bin("gwtest");
-    let script = format!(
-        "case $GW_LOCAL_RANK in 0) c={a};; *) c={b};; esac; \
-         exec taskset -c $c {} collectives --big-only float,uint8 1048589",
-        gwtest.display()
-    );
-    let env = [
-        ("GW_TRANSPORT", "shm"),
-        ("GW_DEBUG", "gw_collectives::sched_cache=debug"),
-    ];
-    let run = gwrun(2, "sh", &["-c", &script], &env, DEADLINE);
-    assert!(run.status.success(), "{}", run.all());
     // float: 8 MiB of output, one block of 1048589 elements a rank; uint8:
     // 2 MiB, 128 KiB segments. Sharing a core: 128 KiB segments for both.
-    let float_segment = if a != b { 1048589 } else { 32768 };
-    let what = "ring all-gather for all_gather of 1048589 elements on 2 ranks";
-    for r in 0..2 {
-        let mut segs = logged_segments(&run.all(), r, what);
-        segs.sort_unstable();
-        let mut want = vec![float_segment, 131072];
+    let mut launches = vec![(b, vec![1048589, 131072])];
+    if a != b {
+        launches.push((a, vec![32768, 131072]));
+    }
+    for (second, mut want) in launches {
+        let gwtest = gw_tests::bin("gwtest");
+        let script = format!(
+            "case $GW_LOCAL_RANK in 0) c={a};; *) c={second};; esac; \
+             exec taskset -c $c {} collectives --big-only float,uint8 1048589",
+            gwtest.display()
+        );
+        let env = [
+            ("GW_TRANSPORT", "shm"),
+            ("GW_DEBUG", "gw_collectives::sched_cache=debug"),
+        ];
+        let run = gwrun(2, "sh", &["-c", &script], &env, DEADLINE);
+        assert!(run.status.success(), "{}", run.all());
         want.sort_unstable();
         want.dedup();
-        assert_eq!(segs, want, "rank {r}: {}", run.all());
-        let ok = format!("[{r}] rank {r}: collectives ok");
-        assert!(run.all().contains(&ok), "missing {ok:?}: {}", run.all());
+        let what = "ring all-gather for all_gather of 1048589 elements on 2 ranks";
+        for r in 0..2 {
+            let mut segs = logged_segments(&run.all(), r, what);
+            segs.sort_unstable();
+            assert_eq!(
+                segs,
+                want,
+                "rank {r}, cores {a} and {second}: {}",
+                run.all()
+            );
+            let ok = format!("[{r}] rank {r}: collectives ok");
+            assert!(run.all().contains(&ok), "missing {ok:?}: {}", run.all());
+        }
     }
 }
 
