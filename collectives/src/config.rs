@@ -216,7 +216,7 @@ pub const FAN_OUT_MAX_RANKS: usize = 8;
 /// `out_bytes` of output fans out (`algo/fan_gather.rs`, the star of
 /// `algo/coll.rs`; `GW_FANOUT`), where the busiest core runs
 /// `ranks_per_core` ranks: where ranks share cores but its messages are
-/// pulled (at most [`STORED_PULLS_RANKS_PER_CORE`] a core, from
+/// pulled (at most [`FAN_OUT_RANKS_PER_CORE_MAX`] a core, from
 /// [`STORED_PULLED_OUTPUT_SHARED_CORES`] of output). A pulled message is read
 /// out of its owner whether the owner runs or not, so the fan-out's receives
 /// wait on no chain of ranks, where each of the ring's steps waits for the
@@ -230,14 +230,27 @@ pub const FAN_OUT_MAX_RANKS: usize = 8;
 /// [0.87-1.45], 64 MiB 1.06 [0.98-1.08].
 /// At most [`FAN_OUT_MAX_RANKS`] ranks: each keeps up to two pipelines of
 /// messages in flight to every other, which the engine's and the
-/// transports' reserved room holds at that size, and only 3 and 4 were
-/// measured.
+/// transports' reserved room holds at that size. Since its blocks go whole
+/// ([`all_gather_whole_blocks`]), also where up to
+/// [`FAN_OUT_RANKS_PER_CORE_MAX`] ranks share a core: there a stored block
+/// of 256 KiB or more is pulled too (`GW_SHM_PULL_BYTES`'s default where
+/// ranks share cores), and a fan-out all-gather's blocks are at least 512
+/// KiB (4 MiB over at most 8 ranks).
 pub fn fans_out(ranks: usize, ranks_per_core: f64, out_bytes: usize) -> bool {
     (3..=FAN_OUT_MAX_RANKS).contains(&ranks)
         && ranks_per_core > 1.0
-        && ranks_per_core <= STORED_PULLS_RANKS_PER_CORE as f64
+        && ranks_per_core <= FAN_OUT_RANKS_PER_CORE_MAX as f64
         && out_bytes >= STORED_PULLED_OUTPUT_SHARED_CORES
 }
+
+/// The most ranks to a core for which [`fans_out`] holds. 2026-12-06 VM
+/// (fourth session), a build allowing 4 a core against one allowing 2,
+/// `ab-builds.py`, old/new at 4 / 16 / 64 MiB of output: 8 ranks (4 a core)
+/// all-gather 1.43 / 1.29 / 1.03 (4 rounds; 4 and 16 MiB every round at
+/// least 1.15), broadcast (the star, through the slots) 1.14 / 1.18 / 1.16;
+/// 6 ranks (3 a core) all-gather 1.17 / 1.10 / 1.12 (3 rounds). More ranks
+/// to a core were not measured and keep the ring and the chain.
+pub const FAN_OUT_RANKS_PER_CORE_MAX: usize = 4;
 
 /// Where a setting's value came from.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -809,7 +822,7 @@ impl Config {
             match self.fan_out.source {
                 Source::Default => format!(
                     "{:<18} = 1 over shared memory on 3 to {FAN_OUT_MAX_RANKS} ranks sharing \
-                     cores, at most {STORED_PULLS_RANKS_PER_CORE} a core, from \
+                     cores, at most {FAN_OUT_RANKS_PER_CORE_MAX} a core, from \
                      {STORED_PULLED_OUTPUT_SHARED_CORES} bytes of output (default)",
                     "GW_FANOUT"
                 ),
@@ -1001,7 +1014,12 @@ mod tests {
         assert!(!fans_out(2, 2.0, big), "two ranks: one exchange either way");
         assert!(!fans_out(4, 2.0, big - 1), "small: the ring");
         assert!(!fans_out(4, 1.0, big), "a core per rank: the ring");
-        assert!(!fans_out(8, 4.0, big), "four a core, the slots: the ring");
+        assert!(
+            fans_out(8, 4.0, big),
+            "four a core: blocks of 512 KiB, pulled"
+        );
+        assert!(fans_out(6, 3.0, big));
+        assert!(!fans_out(8, 5.0, big), "more than four a core: the ring");
         let c = Config::default();
         assert!(c.fan_out.value);
         assert!(

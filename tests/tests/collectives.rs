@@ -218,7 +218,8 @@ fn ranks_bound_to_a_processor_each_count_their_hosts() {
 /// all-gathers and broadcasts fan out (`config::fans_out`), and their results
 /// are checked element by element. Bound here, so that the
 /// path runs on hosts with more processors too; a host with one runs the
-/// four on it, four to a core, where the transport's own threshold holds.
+/// four on it, four to a core, where the transport's own threshold holds
+/// and they fan out all the same.
 #[test]
 fn large_stored_collectives_pulled_where_two_ranks_share_a_core() {
     let [a, b] = first_two_cpus();
@@ -245,38 +246,30 @@ fn large_stored_collectives_pulled_where_two_ranks_share_a_core() {
     }
     let want = format!("point-to-point and stored messages from {stored_from} bytes");
     assert!(run.all().contains(&want), "missing {want:?}: {}", run.all());
-    // Two ranks a core: the large all-gathers and broadcasts fan out, and
-    // are pulled whether their owners run or not, each all-gather block as
-    // one message (`config::all_gather_whole_blocks`); four a core keep the
-    // ring and the chain.
-    let (gather, bcast) = if a != b {
-        ("fan-out", "fan-out")
-    } else {
-        ("ring", "chain")
-    };
+    // Two ranks a core (or four on a one-processor host): the large
+    // all-gathers and broadcasts fan out, the all-gathers' blocks pulled
+    // whether their owners run or not, each as one message
+    // (`config::all_gather_whole_blocks`), the star broadcast's 128 KiB
+    // segments through the slots (float's; uint8's, 1 MiB, runs the chain).
     for r in 0..4 {
         for want in [
-            format!("rank {r}: {gather} all-gather for all_gather of 1048589 elements"),
-            format!("rank {r}: {bcast} broadcast for broadcast of 1048589 elements"),
+            format!("rank {r}: fan-out all-gather for all_gather of 1048589 elements"),
+            format!("rank {r}: fan-out broadcast for broadcast of 1048589 elements"),
         ] {
             assert!(run.all().contains(&want), "missing {want:?}: {}", run.all());
         }
-        if a != b {
-            let segs = logged_segments(
-                &run.all(),
-                r,
-                "fan-out all-gather for all_gather of 1048589 elements",
-            );
-            assert_eq!(segs, [1048589], "{}", run.all());
-            // The star broadcast keeps its 128 KiB segments (float's; uint8's,
-            // 1 MiB, runs the chain).
-            let segs = logged_segments(
-                &run.all(),
-                r,
-                "fan-out broadcast for broadcast of 1048589 elements",
-            );
-            assert_eq!(segs, [32768], "{}", run.all());
-        }
+        let segs = logged_segments(
+            &run.all(),
+            r,
+            "fan-out all-gather for all_gather of 1048589 elements",
+        );
+        assert_eq!(segs, [1048589], "{}", run.all());
+        let segs = logged_segments(
+            &run.all(),
+            r,
+            "fan-out broadcast for broadcast of 1048589 elements",
+        );
+        assert_eq!(segs, [32768], "{}", run.all());
     }
 }
 
