@@ -9,7 +9,7 @@
 use crate::algo::{Algo, MAX_DEPTH};
 use crate::model::LinkKind;
 use crate::op::OpKind;
-use gw_transport::{Error, Result};
+use gw_transport::{Error, Result, SendHint};
 use std::fmt;
 use std::time::Duration;
 
@@ -78,7 +78,8 @@ pub const P2P_PULL_BYTES_CORE_PER_RANK: usize = 16 << 10;
 /// in one copy from this size on, where other collectives' segments keep
 /// the transport's threshold ([`gw_transport::shm::DEFAULT_PULL_BYTES`],
 /// 256 KiB, above their 128 KiB segments). The engine marks those sends
-/// wherever ranks share cores; with more than two ranks to a core this
+/// wherever ranks share cores, but a fan-out broadcast's
+/// ([`hint_where_cores_shared`]); with more than two ranks to a core this
 /// threshold is the transport's, so the mark changes nothing there.
 pub const STORED_PULL_BYTES_SHARED_CORES: usize = 64 << 10;
 
@@ -183,15 +184,17 @@ pub fn all_gather_whole_blocks(
         || (link == LinkKind::Shm && ranks_per_core <= 1.0 && all_gather_pulled(ranks, out_bytes))
 }
 
-/// Whether, where ranks share cores, the engine hints an operation's sends
-/// `SendHint::Stored`, for the transport to pull from a threshold of its
-/// own: a broadcast's or an all-gather's with at least
-/// [`STORED_PULLED_OUTPUT_SHARED_CORES`] of output, but not a fan-out
-/// broadcast's (`fan_out`). In that star every receiver pulls the same
-/// segment out of the root at once, each pinning the same pages of the
-/// root's buffer, where a chain's receivers each pull from a different rank
-/// and the fan-out all-gather's partners are arranged so that no two pull
-/// from one owner at once; its segments go through the slots instead.
+/// How, where ranks share cores, the engine hints an operation's sends: a
+/// broadcast's or an all-gather's with at least
+/// [`STORED_PULLED_OUTPUT_SHARED_CORES`] of output `SendHint::Stored`, for
+/// the transport to pull from a threshold of its own, but a fan-out
+/// broadcast's (`fan_out`) `SendHint::Pushed`, never pulled, whatever
+/// `GW_SEGMENT_BYTES` makes of its segments. In that star every receiver
+/// pulls the same segment out of the root at once, each pinning the same
+/// pages of the root's buffer, where a chain's receivers each pull from a
+/// different rank and the fan-out all-gather's receivers start each with a
+/// different owner (that this is why the star alone lost is a hypothesis;
+/// the figures below measure only the outcome).
 /// 2026-12-06 VM (fourth session), `ab-builds.py`, pulled/slots at 4, 16
 /// and 64 MiB: with `GW_SHM_PULL_BYTES` set high as the proxy, 4 ranks
 /// 1.19, 1.55, 1.41 (6 rounds) and 3 ranks 1.44, 1.34, 1.36 (5 rounds); the
@@ -200,11 +203,12 @@ pub fn all_gather_whole_blocks(
 /// rounds); the build with this rule against the one before, 4 ranks 1.42,
 /// 1.43, 1.47 (6 rounds, every round at least 1.11) and 3 ranks 1.68, 1.12,
 /// 1.54 (5 rounds).
-pub fn stored_where_cores_shared(op: OpKind, out_bytes: usize, fan_out: bool) -> bool {
+pub fn hint_where_cores_shared(op: OpKind, out_bytes: usize, fan_out: bool) -> Option<SendHint> {
+    let large = out_bytes >= STORED_PULLED_OUTPUT_SHARED_CORES;
     match op {
-        OpKind::Broadcast => !fan_out && out_bytes >= STORED_PULLED_OUTPUT_SHARED_CORES,
-        OpKind::AllGather => out_bytes >= STORED_PULLED_OUTPUT_SHARED_CORES,
-        _ => false,
+        OpKind::Broadcast if fan_out => Some(SendHint::Pushed),
+        OpKind::Broadcast | OpKind::AllGather if large => Some(SendHint::Stored),
+        _ => None,
     }
 }
 
@@ -215,16 +219,20 @@ pub const FAN_OUT_MAX_RANKS: usize = 8;
 /// Whether an all-gather or a broadcast over shared memory with
 /// `out_bytes` of output fans out (`algo/fan_gather.rs`, the star of
 /// `algo/coll.rs`; `GW_FANOUT`), where the busiest core runs
-/// `ranks_per_core` ranks: where ranks share cores but its messages are
-/// pulled (at most [`FAN_OUT_RANKS_PER_CORE_MAX`] a core, from
-/// [`STORED_PULLED_OUTPUT_SHARED_CORES`] of output). A pulled message is read
-/// out of its owner whether the owner runs or not, so the fan-out's receives
-/// wait on no chain of ranks, where each of the ring's steps waits for the
-/// next rank to be scheduled. 4 ranks on 2 cores, fan-out against ring,
+/// `ranks_per_core` ranks: where ranks share cores (at most
+/// [`FAN_OUT_RANKS_PER_CORE_MAX`] a core, from
+/// [`STORED_PULLED_OUTPUT_SHARED_CORES`] of output), where its all-gather
+/// blocks are pulled. A pulled message is read out of its owner whether the
+/// owner runs or not, so the fan-out's receives wait on no chain of ranks,
+/// where each of the ring's steps waits for the next rank to be scheduled
+/// (the star broadcast's segments go through the slots:
+/// [`hint_where_cores_shared`]). 4 ranks on 2 cores, fan-out against ring,
 /// `ab-builds.py` with one build, two runs: 4 MiB 1.60 [1.18-1.72] and 1.77
 /// [1.08-3.67], 16 MiB 1.35 [1.09-1.42] and 1.13 [1.06-1.76]. Below that
-/// size, and at 8 ranks (4 a core, through the slots), it measured within
-/// the spread either way (0.71-2.21), so the ring stays. A broadcast whose
+/// size, and at 8 ranks (4 a core) while its 128 KiB segments went through
+/// the slots, it measured within the spread either way (0.71-2.21), so the
+/// ring stays below 4 MiB; at 4 a core with whole blocks see
+/// [`FAN_OUT_RANKS_PER_CORE_MAX`]. A broadcast whose
 /// root sends to every rank itself, against the chain, 4 ranks: 4 MiB 1.25
 /// [0.92-1.37] and 1.07 [0.75-1.31], 16 MiB 1.07 [0.93-1.31] and 1.13
 /// [0.87-1.45], 64 MiB 1.06 [0.98-1.08].
@@ -866,28 +874,23 @@ mod tests {
     #[test]
     fn where_cores_are_shared_large_broadcasts_and_all_gathers_are_stored_but_the_star() {
         let big = STORED_PULLED_OUTPUT_SHARED_CORES;
-        assert!(stored_where_cores_shared(OpKind::AllGather, big, false));
-        assert!(stored_where_cores_shared(OpKind::AllGather, big, true));
-        assert!(
-            stored_where_cores_shared(OpKind::Broadcast, big, false),
+        let hint = hint_where_cores_shared;
+        assert_eq!(hint(OpKind::AllGather, big, false), Some(SendHint::Stored));
+        assert_eq!(hint(OpKind::AllGather, big, true), Some(SendHint::Stored));
+        assert_eq!(
+            hint(OpKind::Broadcast, big, false),
+            Some(SendHint::Stored),
             "the chain"
         );
-        assert!(
-            !stored_where_cores_shared(OpKind::Broadcast, big, true),
+        assert_eq!(
+            hint(OpKind::Broadcast, big, true),
+            Some(SendHint::Pushed),
             "the star's receivers would all pin the root's pages at once"
         );
-        assert!(!stored_where_cores_shared(
-            OpKind::AllGather,
-            big - 1,
-            false
-        ));
-        assert!(!stored_where_cores_shared(
-            OpKind::Broadcast,
-            big - 1,
-            false
-        ));
-        assert!(!stored_where_cores_shared(OpKind::AllReduce, big, false));
-        assert!(!stored_where_cores_shared(OpKind::Reduce, big, false));
+        assert_eq!(hint(OpKind::AllGather, big - 1, false), None);
+        assert_eq!(hint(OpKind::Broadcast, big - 1, false), None);
+        assert_eq!(hint(OpKind::AllReduce, big, false), None);
+        assert_eq!(hint(OpKind::Reduce, big, false), None);
     }
 
     #[test]

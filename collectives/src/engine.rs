@@ -1245,14 +1245,13 @@ impl Engine {
                         // (`config::STORED_PULLED_OUTPUT_SHARED_CORES`), but
                         // for a fan-out broadcast's, whose receivers would
                         // all pin the root's pages at once
-                        // (`config::stored_where_cores_shared`).
+                        // (`config::hint_where_cores_shared`).
                         let hint = if self.cfg.oversubscribed {
-                            crate::config::stored_where_cores_shared(
+                            crate::config::hint_where_cores_shared(
                                 r.op.fp.op,
                                 r.op.recv_bytes,
                                 r.key.as_ref().is_some_and(|k| k.0.fan_out),
                             )
-                            .then_some(SendHint::Stored)
                         } else if r.op.fp.op == OpKind::Reduce {
                             Some(SendHint::Pushed)
                         } else if r.sched.exchanges_with(peer)
