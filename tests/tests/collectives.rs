@@ -229,23 +229,9 @@ fn large_stored_collectives_pulled_where_two_ranks_share_a_core() {
         launches.insert(0, (format!("{a},{b}"), 65536));
     }
     for (cpus, stored_from) in launches {
-        let gwtest = gw_tests::bin("gwtest");
-        let script = format!(
-            "exec taskset -c {cpus} {} collectives --big-only float,uint8 1000 1048589",
-            gwtest.display()
-        );
-        let env = [
-            ("GW_TRANSPORT", "shm"),
-            ("GW_DEBUG", "info,gw_collectives::sched_cache=debug"),
-        ];
-        let run = gwrun(4, "sh", &["-c", &script], &env, DEADLINE);
-        assert!(run.status.success(), "cores {cpus}: {}", run.all());
+        let all = shm_collectives_bound(4, "", &cpus, "1000 1048589", "info,");
         let want = format!("point-to-point and stored messages from {stored_from} bytes");
-        assert!(
-            run.all().contains(&want),
-            "cores {cpus}: missing {want:?}: {}",
-            run.all()
-        );
+        assert!(all.contains(&want), "cores {cpus}: missing {want:?}: {all}");
         for r in 0..4 {
             for want in [
                 format!("rank {r}: shm: rank {r},"),
@@ -253,22 +239,36 @@ fn large_stored_collectives_pulled_where_two_ranks_share_a_core() {
                 format!("rank {r}: fan-out all-gather for all_gather of 1048589 elements"),
                 format!("rank {r}: fan-out broadcast for broadcast of 1048589 elements"),
             ] {
-                assert!(
-                    run.all().contains(&want),
-                    "cores {cpus}: missing {want:?}: {}",
-                    run.all()
-                );
+                assert!(all.contains(&want), "cores {cpus}: missing {want:?}: {all}");
             }
             // Whole all-gather blocks; the star broadcast's 128 KiB segments
             // (float's; uint8's broadcast, 1 MiB, runs the chain).
             let gather = "fan-out all-gather for all_gather of 1048589 elements";
-            let segs = logged_segments(&run.all(), r, gather);
-            assert_eq!(segs, [1048589], "cores {cpus}: {}", run.all());
+            let segs = logged_segments(&all, r, gather);
+            assert_eq!(segs, [1048589], "cores {cpus}: {all}");
             let bcast = "fan-out broadcast for broadcast of 1048589 elements";
-            let segs = logged_segments(&run.all(), r, bcast);
-            assert_eq!(segs, [32768], "cores {cpus}: {}", run.all());
+            let segs = logged_segments(&all, r, bcast);
+            assert_eq!(segs, [32768], "cores {cpus}: {all}");
         }
     }
+}
+
+/// Runs `gwtest collectives COUNTS` over shared memory on `n` ranks, the
+/// large counts for float and uint8 only, each rank under `taskset -c
+/// CPUS` (`cpus` is a shell word, which `prelude` may set), with the
+/// schedule cache's debug lines on after `debug` (a `GW_DEBUG` prefix);
+/// asserts that it succeeded and returns everything it printed.
+fn shm_collectives_bound(n: u32, prelude: &str, cpus: &str, counts: &str, debug: &str) -> String {
+    let script = format!(
+        "{prelude}exec taskset -c {cpus} {} collectives --big-only float,uint8 {counts}",
+        gw_tests::bin("gwtest").display()
+    );
+    let debug = format!("{debug}gw_collectives::sched_cache=debug");
+    let env = [("GW_TRANSPORT", "shm"), ("GW_DEBUG", debug.as_str())];
+    let run = gwrun(n, "sh", &["-c", &script], &env, DEADLINE);
+    let all = run.all();
+    assert!(run.status.success(), "cores {cpus}: {all}");
+    all
 }
 
 /// The segments (in elements) that rank `r`'s schedule cache logged for
@@ -277,9 +277,10 @@ fn large_stored_collectives_pulled_where_two_ranks_share_a_core() {
 /// once.
 fn logged_segments(all: &str, r: u32, what: &str) -> Vec<u64> {
     let mut segs = Vec::new();
+    let tag = format!("[{r}] ");
     for line in all
         .lines()
-        .filter(|l| l.starts_with(&format!("[{r}] ")) && l.contains(what))
+        .filter(|l| l.starts_with(&tag) && l.contains(what))
     {
         let after = line.split("segment_elems ").nth(1).unwrap_or("");
         let digits: String = after.chars().take_while(|c| c.is_ascii_digit()).collect();
@@ -303,37 +304,20 @@ fn two_ranks_with_a_core_each_send_large_all_gather_blocks_whole() {
     let [a, b] = first_two_cpus();
     // float: 8 MiB of output, one block of 1048589 elements a rank; uint8:
     // 2 MiB, 128 KiB segments. Sharing a core: 128 KiB segments for both.
-    let mut launches = vec![(a, vec![32768, 131072])];
+    let mut launches = vec![(a, [32768, 131072])];
     if a != b {
-        launches.push((b, vec![1048589, 131072]));
+        launches.push((b, [131072, 1048589]));
     }
-    for (second, mut want) in launches {
-        let gwtest = gw_tests::bin("gwtest");
-        let script = format!(
-            "case $GW_LOCAL_RANK in 0) c={a};; *) c={second};; esac; \
-             exec taskset -c $c {} collectives --big-only float,uint8 1048589",
-            gwtest.display()
-        );
-        let env = [
-            ("GW_TRANSPORT", "shm"),
-            ("GW_DEBUG", "gw_collectives::sched_cache=debug"),
-        ];
-        let run = gwrun(2, "sh", &["-c", &script], &env, DEADLINE);
-        assert!(run.status.success(), "{}", run.all());
-        want.sort_unstable();
-        want.dedup();
+    for (second, want) in launches {
+        let prelude = format!("case $GW_LOCAL_RANK in 0) c={a};; *) c={second};; esac; ");
+        let all = shm_collectives_bound(2, &prelude, "$c", "1048589", "");
         let what = "ring all-gather for all_gather of 1048589 elements on 2 ranks";
         for r in 0..2 {
-            let mut segs = logged_segments(&run.all(), r, what);
+            let mut segs = logged_segments(&all, r, what);
             segs.sort_unstable();
-            assert_eq!(
-                segs,
-                want,
-                "rank {r}, cores {a} and {second}: {}",
-                run.all()
-            );
+            assert_eq!(segs, want, "rank {r}, cores {a} and {second}: {all}");
             let ok = format!("[{r}] rank {r}: collectives ok");
-            assert!(run.all().contains(&ok), "missing {ok:?}: {}", run.all());
+            assert!(all.contains(&ok), "missing {ok:?}: {all}");
         }
     }
 }
