@@ -797,7 +797,12 @@ impl Communicator {
         let fan_out = matches!(op.kind, OpKind::AllGather | OpKind::Broadcast)
             && self.fan_out
             && self.shape.link == LinkKind::Shm
-            && crate::config::fans_out(self.size as usize, self.shape.oversubscription, recv_bytes);
+            && crate::config::fans_out(
+                self.size as usize,
+                self.shape.oversubscription,
+                recv_bytes,
+                op.kind == OpKind::AllGather,
+            );
         let whole_blocks = op.kind == OpKind::AllGather
             && crate::config::all_gather_whole_blocks(
                 self.size as usize,

@@ -243,13 +243,54 @@ pub const FAN_OUT_MAX_RANKS: usize = 8;
 /// [`FAN_OUT_RANKS_PER_CORE_MAX`] ranks share a core: there a stored block
 /// of 256 KiB or more is pulled too (`GW_SHM_PULL_BYTES`'s default where
 /// ranks share cores), and a fan-out all-gather's blocks are at least 512
-/// KiB (4 MiB over at most 8 ranks).
-pub fn fans_out(ranks: usize, ranks_per_core: f64, out_bytes: usize) -> bool {
+/// KiB (4 MiB over at most 8 ranks), or 256 KiB (2 MiB over 8 ranks) where
+/// that threshold is the rule (below).
+/// Where more than [`STORED_PULLS_RANKS_PER_CORE`] ranks share a core, an
+/// all-gather fans out from a smaller output: see
+/// [`FAN_OUT_GATHER_CORE_BYTES`]. `all_gather` says which operation
+/// asks; every other argument is what every rank shares.
+pub fn fans_out(ranks: usize, ranks_per_core: f64, out_bytes: usize, all_gather: bool) -> bool {
+    let least = if all_gather && ranks_per_core > STORED_PULLS_RANKS_PER_CORE as f64 {
+        ((FAN_OUT_GATHER_CORE_BYTES as f64 / ranks_per_core) as usize)
+            .min(STORED_PULLED_OUTPUT_SHARED_CORES)
+    } else {
+        STORED_PULLED_OUTPUT_SHARED_CORES
+    };
     (3..=FAN_OUT_MAX_RANKS).contains(&ranks)
         && ranks_per_core > 1.0
         && ranks_per_core <= FAN_OUT_RANKS_PER_CORE_MAX as f64
-        && out_bytes >= STORED_PULLED_OUTPUT_SHARED_CORES
+        && out_bytes >= least
 }
+
+/// Where more than [`STORED_PULLS_RANKS_PER_CORE`] ranks share a core, an
+/// all-gather fans out once the output times the ranks on the busiest core
+/// reaches this: from 2 MiB with four a core, from 2.67 MiB with three (two
+/// a core would give the 4 MiB of [`STORED_PULLED_OUTPUT_SHARED_CORES`]).
+/// Its blocks are then at least the transport's default pull threshold
+/// there ([`gw_transport::shm::DEFAULT_PULL_BYTES`], checked below), so
+/// every fan-out block is pulled, read out of its owner whether the owner
+/// is scheduled or not; along the ring each of the n-1 steps waits for the
+/// next rank to run, and the more ranks a core runs the longer that wait.
+/// 2026-12-06 VM (fifth session), shm, `ab-builds.py`, fan-out against the
+/// ring, old/new, median [rounds]: 8 ranks (4 a core) at 2 MiB 1.56, 1.70
+/// [1.12-1.75], 1.67 [1.20-1.75], 1.57 [1.40-2.00] and 1.83 [1.36-2.32] in
+/// five runs; 6 ranks (3 a core) at 3 MiB 1.71, 1.23, 1.35 and 1.46
+/// [1.12-1.72], at 4 MiB less 64 bytes 1.61 [1.18-1.87], but at 2 MiB 1.64,
+/// 0.86 [0.63-1.81] and 1.09 [0.81-1.20]; 5 ranks (3 on the busiest core)
+/// at 2.5 MiB 1.19 and 1.28, at 2 MiB 0.99 [0.84-1.71]. Below 2 MiB it did
+/// not hold: blocks of 256 KiB at 5 and 6 ranks (1.25 and 1.5 MiB)
+/// 0.75-0.88 and 1.05-1.76; smaller blocks, through the slots, 0.97-1.02
+/// at 8 ranks and 1 MiB; pulled with `GW_SHM_PULL_BYTES` lowered, 1 MiB
+/// 1.24 but 256 and 512 KiB 0.53 and 0.77. Broadcasts keep 4 MiB: the star
+/// below it lost at 8 ranks (0.74-0.84 from 512 KiB to 2 MiB) and at 4
+/// (0.77 and 0.91 at 512 KiB and 1 MiB).
+pub const FAN_OUT_GATHER_CORE_BYTES: usize = 8 << 20;
+
+const _: () = assert!(
+    FAN_OUT_GATHER_CORE_BYTES / FAN_OUT_RANKS_PER_CORE_MAX / FAN_OUT_MAX_RANKS
+        >= gw_transport::shm::DEFAULT_PULL_BYTES,
+    "a crowded fan-out all-gather's blocks must be pulled"
+);
 
 /// The most ranks to a core for which [`fans_out`] holds. 2026-12-06 VM
 /// (fourth session), a build allowing 4 a core against one allowing 2,
@@ -831,7 +872,9 @@ impl Config {
                 Source::Default => format!(
                     "{:<18} = 1 over shared memory on 3 to {FAN_OUT_MAX_RANKS} ranks sharing \
                      cores, at most {FAN_OUT_RANKS_PER_CORE_MAX} a core, from \
-                     {STORED_PULLED_OUTPUT_SHARED_CORES} bytes of output (default)",
+                     {STORED_PULLED_OUTPUT_SHARED_CORES} bytes of output, an all-gather \
+                     with more than {STORED_PULLS_RANKS_PER_CORE} a core from \
+                     {FAN_OUT_GATHER_CORE_BYTES} over the ranks a core runs (default)",
                     "GW_FANOUT"
                 ),
                 _ => line("GW_FANOUT", &self.fan_out),
@@ -1008,34 +1051,60 @@ mod tests {
     #[test]
     fn large_all_gathers_and_broadcasts_fan_out_where_two_ranks_share_a_core() {
         let big = STORED_PULLED_OUTPUT_SHARED_CORES;
-        assert!(fans_out(4, 2.0, big) && fans_out(3, 2.0, 64 << 20));
-        assert!(fans_out(FAN_OUT_MAX_RANKS, 2.0, big));
+        // From 4 MiB the all-gather and the broadcast ask the same.
+        let both = |n: usize, k: f64, bytes: usize| {
+            let gathers = fans_out(n, k, bytes, true);
+            assert_eq!(
+                gathers,
+                fans_out(n, k, bytes, false),
+                "{n} ranks, {k} a core, {bytes} B"
+            );
+            gathers
+        };
+        assert!(both(4, 2.0, big) && both(3, 2.0, 64 << 20));
+        assert!(both(FAN_OUT_MAX_RANKS, 2.0, big));
         assert!(
-            !fans_out(FAN_OUT_MAX_RANKS + 1, 2.0, big),
+            !both(FAN_OUT_MAX_RANKS + 1, 2.0, big),
             "many ranks: the ring"
         );
-        assert!(!fans_out(2, 2.0, big), "two ranks: one exchange either way");
-        assert!(!fans_out(4, 2.0, big - 1), "small: the ring");
-        assert!(!fans_out(4, 1.0, big), "a core per rank: the ring");
+        assert!(!both(2, 2.0, big), "two ranks: one exchange either way");
+        assert!(!both(4, 2.0, big - 1), "small: the ring");
+        assert!(!both(4, 1.0, big), "a core per rank: the ring");
+        assert!(both(8, 4.0, big), "four a core: blocks of 512 KiB, pulled");
+        assert!(both(6, 3.0, big));
+        assert!(!both(8, 5.0, big), "more than four a core: the ring");
+    }
+
+    #[test]
+    fn crowded_all_gathers_fan_out_from_less_the_more_ranks_share_a_core() {
+        let two_mib = 2 << 20;
+        // 8 ranks, 4 a core: from 2 MiB of output; the broadcast from 4 MiB.
+        assert!(fans_out(8, 4.0, two_mib, true));
+        assert!(!fans_out(8, 4.0, two_mib - 1, true), "small: the ring");
         assert!(
-            fans_out(8, 4.0, big),
-            "four a core: blocks of 512 KiB, pulled"
+            !fans_out(8, 4.0, two_mib, false),
+            "the star waits for 4 MiB"
         );
-        assert!(fans_out(6, 3.0, big));
-        assert!(!fans_out(8, 5.0, big), "more than four a core: the ring");
-        let c = Config::default();
-        assert!(c.fan_out.value);
-        assert!(
-            c.describe()
-                .iter()
-                .any(|l| l.contains("GW_FANOUT") && l.contains("(default)")),
-            "{:?}",
-            c.describe()
-        );
-        let mut c = Config::default();
-        c.apply_env_from(&env(&[("GW_FANOUT", "0")])).unwrap();
-        assert!(!c.fan_out.value);
-        assert_eq!(c.fan_out.source, Source::Env("GW_FANOUT"));
+        assert!(fans_out(8, 4.0, STORED_PULLED_OUTPUT_SHARED_CORES, false));
+        // 7 ranks, 4 on the busiest core: blocks of 292 KiB, pulled.
+        assert!(fans_out(7, 4.0, two_mib, true));
+        // 6 and 5 ranks, 3 on the busiest core: from 8 MiB / 3.
+        let third = (8 << 20) / 3;
+        for n in [5, 6] {
+            assert!(fans_out(n, 3.0, third + 1, true), "{n} ranks");
+            assert!(!fans_out(n, 3.0, two_mib, true), "{n} ranks");
+            assert!(!fans_out(n, 3.0, third + 1, false), "{n} ranks");
+        }
+        // Two a core: 4 MiB for both.
+        assert!(!fans_out(
+            4,
+            2.0,
+            STORED_PULLED_OUTPUT_SHARED_CORES - 1,
+            true
+        ));
+        assert!(!fans_out(8, 2.0, two_mib, true));
+        // More than four a core: never.
+        assert!(!fans_out(8, 5.0, 64 << 20, true));
     }
 
     #[test]

@@ -218,18 +218,20 @@ fn ranks_bound_to_a_processor_each_count_their_hosts() {
 /// all-gathers and broadcasts fan out (`config::fans_out`), the all-gathers'
 /// blocks whole and pulled, the star broadcast's 128 KiB segments through
 /// the slots; and so they do four to a core, bound to one processor, where
-/// the transport's own threshold holds. Results are checked element by
-/// element. Bound here, so that the paths run on hosts with more processors
-/// too.
+/// the transport's own threshold holds, and where all-gathers fan out from
+/// 2 MiB of output (`config::FAN_OUT_GATHER_CORE_BYTES`: uint8's 2 MiB
+/// takes the ring two to a core and fans out four to a core). Results are
+/// checked element by element. Bound here, so that the paths run on hosts
+/// with more processors too.
 #[test]
 fn large_stored_collectives_pulled_where_two_ranks_share_a_core() {
     let [a, b] = first_two_cpus();
-    let mut launches = vec![(a.to_string(), 262144)];
+    let mut launches = vec![(a.to_string(), 262144, true)];
     if a != b {
-        launches.insert(0, (format!("{a},{b}"), 65536));
+        launches.insert(0, (format!("{a},{b}"), 65536, false));
     }
-    for (cpus, stored_from) in launches {
-        let all = shm_collectives_bound(4, "", &cpus, "1000 1048589", "info,");
+    for (cpus, stored_from, crowded) in launches {
+        let all = shm_collectives_bound(4, "", &cpus, "1000 524291 1048589", "info,");
         let want = format!("point-to-point and stored messages from {stored_from} bytes");
         assert!(all.contains(&want), "cores {cpus}: missing {want:?}: {all}");
         for r in 0..4 {
@@ -249,6 +251,20 @@ fn large_stored_collectives_pulled_where_two_ranks_share_a_core() {
             let bcast = "fan-out broadcast for broadcast of 1048589 elements";
             let segs = logged_segments(&all, r, bcast);
             assert_eq!(segs, [32768], "cores {cpus}: {all}");
+            // 524291 elements: float's 8 MiB of output fans out either way;
+            // uint8's 2 MiB only four to a core.
+            let tag = format!("[{r}] ");
+            let gathers: Vec<&str> = all
+                .lines()
+                .filter(|l| l.starts_with(&tag) && l.contains("all_gather of 524291 elements"))
+                .collect();
+            let fanned = |l: &&str| l.contains("fan-out all-gather for");
+            assert!(gathers.iter().any(fanned), "cores {cpus}: {all}");
+            assert_eq!(
+                gathers.iter().all(fanned),
+                crowded,
+                "cores {cpus}: {gathers:?}"
+            );
         }
     }
 }
