@@ -57,7 +57,10 @@ const DIRECT_BLOCKS_MAX: usize = 64 << 10;
 // A rank on the caller's direct path and one running the engine's schedule
 // exchange the same frames, so no call the direct path may run can fan out
 // (`OpSpec::fan_out` changes the schedule, not the direct path).
-const _: () = assert!(DIRECT_BLOCKS_MAX < crate::config::STORED_PULLED_OUTPUT_SHARED_CORES);
+const _: () = assert!(
+    DIRECT_BLOCKS_MAX
+        < crate::config::FAN_OUT_GATHER_CORE_BYTES / crate::config::FAN_OUT_RANKS_PER_CORE_MAX
+);
 
 /// A handle to a submitted operation.
 pub struct Handle {

@@ -186,7 +186,8 @@ pub fn all_gather_whole_blocks(
 
 /// How, where ranks share cores, the engine hints an operation's sends: a
 /// broadcast's or an all-gather's with at least
-/// [`STORED_PULLED_OUTPUT_SHARED_CORES`] of output `SendHint::Stored`, for
+/// [`STORED_PULLED_OUTPUT_SHARED_CORES`] of output, and a fan-out
+/// all-gather's whatever its size ([`fans_out`]), `SendHint::Stored`, for
 /// the transport to pull from a threshold of its own, but a fan-out
 /// broadcast's (`fan_out`) `SendHint::Pushed`, never pulled, whatever
 /// `GW_SEGMENT_BYTES` makes of its segments. In that star every receiver
@@ -207,6 +208,7 @@ pub fn hint_where_cores_shared(op: OpKind, out_bytes: usize, fan_out: bool) -> O
     let large = out_bytes >= STORED_PULLED_OUTPUT_SHARED_CORES;
     match op {
         OpKind::Broadcast if fan_out => Some(SendHint::Pushed),
+        OpKind::AllGather if fan_out => Some(SendHint::Stored),
         OpKind::Broadcast | OpKind::AllGather if large => Some(SendHint::Stored),
         _ => None,
     }
@@ -221,8 +223,9 @@ pub const FAN_OUT_MAX_RANKS: usize = 8;
 /// `algo/coll.rs`; `GW_FANOUT`), where the busiest core runs
 /// `ranks_per_core` ranks: where ranks share cores (at most
 /// [`FAN_OUT_RANKS_PER_CORE_MAX`] a core, from
-/// [`STORED_PULLED_OUTPUT_SHARED_CORES`] of output), where its all-gather
-/// blocks are pulled. A pulled message is read out of its owner whether the
+/// [`STORED_PULLED_OUTPUT_SHARED_CORES`] of output, an all-gather with more
+/// than two a core from less: [`FAN_OUT_GATHER_CORE_BYTES`]), where its
+/// all-gather blocks are pulled. A pulled message is read out of its owner whether the
 /// owner runs or not, so the fan-out's receives wait on no chain of ranks,
 /// where each of the ring's steps waits for the next rank to be scheduled
 /// (the star broadcast's segments go through the slots:
@@ -231,8 +234,8 @@ pub const FAN_OUT_MAX_RANKS: usize = 8;
 /// [1.08-3.67], 16 MiB 1.35 [1.09-1.42] and 1.13 [1.06-1.76]. Below that
 /// size, and at 8 ranks (4 a core) while its 128 KiB segments went through
 /// the slots, it measured within the spread either way (0.71-2.21), so the
-/// ring stays below 4 MiB; at 4 a core with whole blocks see
-/// [`FAN_OUT_RANKS_PER_CORE_MAX`]. A broadcast whose
+/// ring stays below 4 MiB with two a core; at 4 a core with whole blocks
+/// see [`FAN_OUT_RANKS_PER_CORE_MAX`] and [`FAN_OUT_GATHER_CORE_BYTES`]. A broadcast whose
 /// root sends to every rank itself, against the chain, 4 ranks: 4 MiB 1.25
 /// [0.92-1.37] and 1.07 [0.75-1.31], 16 MiB 1.07 [0.93-1.31] and 1.13
 /// [0.87-1.45], 64 MiB 1.06 [0.98-1.08].
@@ -240,19 +243,19 @@ pub const FAN_OUT_MAX_RANKS: usize = 8;
 /// messages in flight to every other, which the engine's and the
 /// transports' reserved room holds at that size. Since its blocks go whole
 /// ([`all_gather_whole_blocks`]), also where up to
-/// [`FAN_OUT_RANKS_PER_CORE_MAX`] ranks share a core: there a stored block
-/// of 256 KiB or more is pulled too (`GW_SHM_PULL_BYTES`'s default where
-/// ranks share cores), and a fan-out all-gather's blocks are at least 512
-/// KiB (4 MiB over at most 8 ranks), or 256 KiB (2 MiB over 8 ranks) where
-/// that threshold is the rule (below).
+/// [`FAN_OUT_RANKS_PER_CORE_MAX`] ranks share a core: there a block hinted
+/// stored ([`hint_where_cores_shared`]) of 256 KiB or more is pulled too
+/// (`GW_SHM_PULL_BYTES`'s default with more than two ranks a core), and a
+/// fan-out all-gather's blocks are at least 512 KiB (4 MiB over at most 8
+/// ranks), or 256 KiB (2 MiB over 8 ranks) with four a core.
 /// Where more than [`STORED_PULLS_RANKS_PER_CORE`] ranks share a core, an
 /// all-gather fans out from a smaller output: see
 /// [`FAN_OUT_GATHER_CORE_BYTES`]. `all_gather` says which operation
 /// asks; every other argument is what every rank shares.
 pub fn fans_out(ranks: usize, ranks_per_core: f64, out_bytes: usize, all_gather: bool) -> bool {
-    let least = if all_gather && ranks_per_core > STORED_PULLS_RANKS_PER_CORE as f64 {
-        ((FAN_OUT_GATHER_CORE_BYTES as f64 / ranks_per_core) as usize)
-            .min(STORED_PULLED_OUTPUT_SHARED_CORES)
+    // Two a core gives the all-gather the broadcast's 4 MiB.
+    let least = if all_gather {
+        fan_out_gather_least(ranks_per_core)
     } else {
         STORED_PULLED_OUTPUT_SHARED_CORES
     };
@@ -277,7 +280,9 @@ pub fn fans_out(ranks: usize, ranks_per_core: f64, out_bytes: usize, all_gather:
 /// five runs; 6 ranks (3 a core) at 3 MiB 1.71, 1.23, 1.35 and 1.46
 /// [1.12-1.72], at 4 MiB less 64 bytes 1.61 [1.18-1.87], but at 2 MiB 1.64,
 /// 0.86 [0.63-1.81] and 1.09 [0.81-1.20]; 5 ranks (3 on the busiest core)
-/// at 2.5 MiB 1.19 and 1.28, at 2 MiB 0.99 [0.84-1.71]. Below 2 MiB it did
+/// at 2.5 MiB 1.19 and 1.28, at 2 MiB 0.99 [0.84-1.71]. So at three a core
+/// the threshold, 2.67 MiB, lies between the coin toss at 2 MiB and the
+/// gains at 2.5 and 3 MiB, on the safe side. Below 2 MiB it did
 /// not hold: blocks of 256 KiB at 5 and 6 ranks (1.25 and 1.5 MiB)
 /// 0.75-0.88 and 1.05-1.76; smaller blocks, through the slots, 0.97-1.02
 /// at 8 ranks and 1 MiB; pulled with `GW_SHM_PULL_BYTES` lowered, 1 MiB
@@ -285,6 +290,13 @@ pub fn fans_out(ranks: usize, ranks_per_core: f64, out_bytes: usize, all_gather:
 /// below it lost at 8 ranks (0.74-0.84 from 512 KiB to 2 MiB) and at 4
 /// (0.77 and 0.91 at 512 KiB and 1 MiB).
 pub const FAN_OUT_GATHER_CORE_BYTES: usize = 8 << 20;
+
+/// The least output from which an all-gather fans out where the busiest
+/// core runs `ranks_per_core` ranks (see [`FAN_OUT_GATHER_CORE_BYTES`]).
+pub fn fan_out_gather_least(ranks_per_core: f64) -> usize {
+    ((FAN_OUT_GATHER_CORE_BYTES as f64 / ranks_per_core) as usize)
+        .min(STORED_PULLED_OUTPUT_SHARED_CORES)
+}
 
 const _: () = assert!(
     FAN_OUT_GATHER_CORE_BYTES / FAN_OUT_RANKS_PER_CORE_MAX / FAN_OUT_MAX_RANKS
@@ -931,6 +943,11 @@ mod tests {
             "the star's receivers would all pin the root's pages at once"
         );
         assert_eq!(hint(OpKind::AllGather, big - 1, false), None);
+        assert_eq!(
+            hint(OpKind::AllGather, fan_out_gather_least(4.0), true),
+            Some(SendHint::Stored),
+            "a crowded fan-out all-gather's blocks are stored from 2 MiB"
+        );
         assert_eq!(hint(OpKind::Broadcast, big - 1, false), None);
         assert_eq!(hint(OpKind::AllReduce, big, false), None);
         assert_eq!(hint(OpKind::Reduce, big, false), None);
@@ -1073,6 +1090,19 @@ mod tests {
         assert!(both(8, 4.0, big), "four a core: blocks of 512 KiB, pulled");
         assert!(both(6, 3.0, big));
         assert!(!both(8, 5.0, big), "more than four a core: the ring");
+        let c = Config::default();
+        assert!(c.fan_out.value);
+        assert!(
+            c.describe()
+                .iter()
+                .any(|l| l.contains("GW_FANOUT") && l.contains("(default)")),
+            "{:?}",
+            c.describe()
+        );
+        let mut c = Config::default();
+        c.apply_env_from(&env(&[("GW_FANOUT", "0")])).unwrap();
+        assert!(!c.fan_out.value);
+        assert_eq!(c.fan_out.source, Source::Env("GW_FANOUT"));
     }
 
     #[test]
@@ -1090,6 +1120,8 @@ mod tests {
         assert!(fans_out(7, 4.0, two_mib, true));
         // 6 and 5 ranks, 3 on the busiest core: from 8 MiB / 3.
         let third = (8 << 20) / 3;
+        assert_eq!(fan_out_gather_least(3.0), third);
+        assert_eq!(fan_out_gather_least(2.0), STORED_PULLED_OUTPUT_SHARED_CORES);
         for n in [5, 6] {
             assert!(fans_out(n, 3.0, third + 1, true), "{n} ranks");
             assert!(!fans_out(n, 3.0, two_mib, true), "{n} ranks");

@@ -265,6 +265,12 @@ fn large_stored_collectives_pulled_where_two_ranks_share_a_core() {
                 crowded,
                 "cores {cpus}: {gathers:?}"
             );
+            let fan = "fan-out all-gather for all_gather of 524291 elements";
+            assert_eq!(
+                logged_segments(&all, r, fan),
+                [524291],
+                "whole: {gathers:?}"
+            );
         }
     }
 }
