@@ -89,6 +89,7 @@ use gw_rendezvous::PeerInfo;
 use std::collections::VecDeque;
 use std::os::unix::net::SocketAddr;
 use std::sync::atomic::{Ordering, fence};
+use std::time::{Duration, Instant};
 
 /// Default payload bytes per ring slot.
 pub const DEFAULT_SLOT_BYTES: usize = 512 * 1024;
@@ -278,7 +279,7 @@ struct Conn {
     probed: bool,
     /// Owns the mapping the rings point into (unmapped, and unlinked if still
     /// named, when the connection drops).
-    _seg: Segment,
+    seg: Segment,
 }
 
 #[derive(Debug)]
@@ -1540,7 +1541,7 @@ impl Transport for ShmTransport {
             tx,
             rx,
             probed: false,
-            _seg: seg,
+            seg,
         });
         // The creator published its probe word already; the opener's comes later.
         probe_peer(p);
@@ -1985,12 +1986,68 @@ impl Transport for ShmTransport {
     }
 }
 
+/// The longest a leaving rank keeps the name of a segment that holds frames
+/// for a peer that has not opened it yet (see [`ShmTransport::linger`]).
+const LINGER_MAX: Duration = Duration::from_secs(10);
+
+impl ShmTransport {
+    /// Peers whose segment this rank made, which they have not opened yet,
+    /// and whose ring from this rank holds frames.
+    fn unopened_with_frames(&self) -> Vec<usize> {
+        let me = self.me as usize;
+        (me + 1..self.peers.len())
+            .filter(|&i| {
+                self.peers[i].conn.as_ref().is_some_and(|c| {
+                    !self.peers[i].closed && c.seg.is_named() && c.tx.unread().unwrap_or(false)
+                })
+            })
+            .collect()
+    }
+
+    /// Waits, at most [`LINGER_MAX`], until every peer in `waiting` has
+    /// opened its segment or its process is gone. A lower rank makes the
+    /// segment of a pair when it first sends, and the frames go into it at
+    /// once; the higher rank opens it only when it looks for them, which may
+    /// be after this rank is done (the last message of a barrier, sent just
+    /// before this rank leaves). Unlinked at this rank's exit, the name
+    /// would be gone with the frames, and the peer would wait for the
+    /// connection until its timeout. Once opened, the mapping is the peer's
+    /// too and outlives this rank.
+    fn linger(&self, mut waiting: Vec<usize>) {
+        let deadline = Instant::now() + LINGER_MAX;
+        loop {
+            waiting.retain(|&i| {
+                let p = &self.peers[i];
+                p.conn.as_ref().is_some_and(|c| c.seg.is_named()) && pid_alive(p.info.pid)
+            });
+            if waiting.is_empty() {
+                return;
+            }
+            if Instant::now() >= deadline {
+                for &i in &waiting {
+                    tracing::warn!(
+                        "shm: leaving with frames for {}, which never opened our segment in {:?}",
+                        self.peers[i].who(),
+                        LINGER_MAX
+                    );
+                }
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(1));
+        }
+    }
+}
+
 impl Drop for ShmTransport {
     /// Tells peers this rank is leaving cleanly (best effort), so that a later
-    /// exit of this process is not mistaken for a crash while they wait.
+    /// exit of this process is not mistaken for a crash while they wait, and
+    /// lingers until peers that have frames waiting in segments they have
+    /// not opened yet open them ([`ShmTransport::linger`]).
     fn drop(&mut self) {
         if !self.aborted {
+            let waiting = self.unopened_with_frames();
             self.push_control(FrameKind::Close, "");
+            self.linger(waiting);
         }
     }
 }

@@ -321,6 +321,12 @@ impl Producer {
         }
     }
 
+    /// Whether frames the consumer has not popped yet are in the ring.
+    pub(crate) fn unread(&self) -> Result<bool, Corrupt> {
+        let head = self.ring.head().load(Ordering::Acquire);
+        Ok(self.ring.used(head, self.tail)? > 0)
+    }
+
     /// Eager frames the consumer has consumed so far.
     pub(crate) fn consumed(&self) -> u64 {
         self.ring.u64_at(CONSUMED_OFF).load(Ordering::Acquire)

@@ -396,6 +396,53 @@ fn segment_files_are_removed() {
     assert!(!path.exists());
 }
 
+/// A lower rank that sent into a segment its peer has not opened yet, and
+/// then leaves (a barrier's last message, sent just before it returns),
+/// keeps the segment's name until the peer opens it: the peer still finds
+/// the frames. Unlinked at once, the peer waited for the connection until
+/// its timeout.
+#[test]
+fn frames_sent_before_the_peer_opened_survive_the_senders_exit() {
+    let j = job("linger");
+    let path = segment_path(&secret(&j), 0, 1);
+    let mut a = ShmTransport::new(0, infos(2), cfg(&j, 4, 64)).unwrap();
+    let mut b = ShmTransport::new(1, infos(2), cfg(&j, 4, 64)).unwrap();
+    let mut src = pattern(20, 1);
+    let ms = reg(&mut a, &mut src);
+    assert_eq!(a.connect(1).unwrap(), Readiness::Ready);
+    let mut s = Outstanding::new(a.isend(1, tag(1, 0), ms, 0, 20).unwrap());
+    let deadline = Instant::now() + Duration::from_secs(2);
+    while !s.poll(&mut a).unwrap() {
+        a.progress().unwrap();
+        assert!(Instant::now() < deadline, "the eager send did not finish");
+    }
+    let t0 = Instant::now();
+    let leaving = std::thread::spawn(move || drop(a));
+    std::thread::sleep(Duration::from_millis(100));
+    assert!(
+        path.exists(),
+        "the name is kept while frames wait for rank 1"
+    );
+    let mut dst = vec![0u8; 20];
+    let md = reg(&mut b, &mut dst);
+    let mut r = Outstanding::new(b.irecv(0, tag(1, 0), md, 0, 20).unwrap());
+    while !r.poll(&mut b).unwrap() {
+        b.progress().unwrap();
+        assert!(
+            Instant::now() < deadline + Duration::from_secs(1),
+            "rank 1 never got the frame"
+        );
+    }
+    leaving.join().unwrap();
+    assert!(
+        t0.elapsed() < LINGER_MAX,
+        "left only after {:?}",
+        t0.elapsed()
+    );
+    assert_eq!(dst, src);
+    assert!(!path.exists());
+}
+
 #[test]
 fn progress_connects_the_higher_rank() {
     let j = job("lazy");
