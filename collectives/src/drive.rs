@@ -252,6 +252,30 @@ impl Driver {
         res
     }
 
+    /// Moves what of a small blocking transfer the transports can move at
+    /// once, from the calling thread, if the engine is idle (see
+    /// `Engine::run_direct_message`); `None` if it is not, or if callers do
+    /// not drive (`GW_INLINE=0`).
+    pub(crate) fn run_direct_message(
+        &self,
+        m: &crate::engine::DirectMessage,
+    ) -> Option<crate::Result<crate::engine::Left>> {
+        if !self.inline {
+            return None;
+        }
+        let _in_comm = gw_logging::enter(&self.span);
+        self.driving.fetch_add(1, Ordering::AcqRel);
+        let mut e = self.lock();
+        e.finish_sleep();
+        let res = e.run_direct_message(m);
+        drop(e);
+        self.driving.fetch_sub(1, Ordering::AcqRel);
+        if !self.lock().is_idle() {
+            self.nudge();
+        }
+        res
+    }
+
     /// Queues `op` behind everything already submitted (see
     /// `deferred::take_over`).
     pub(crate) fn queue_after_submitted(&self, op: crate::engine::OpDesc) {

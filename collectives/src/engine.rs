@@ -34,7 +34,7 @@ mod user_regs;
 
 #[doc(hidden)]
 pub use direct::direct_calls;
-pub(crate) use direct::{DirectOp, DirectShape};
+pub(crate) use direct::{DirectMessage, DirectOp, DirectShape, Left, Part};
 #[doc(hidden)]
 pub use in_place::in_place_reads;
 

@@ -19,6 +19,12 @@
 //! exchanges (`algo::rh_scatter::direct_rounds`), its partial sums in
 //! scratch, and a small broadcast or reduce this rank's edges of the
 //! schedules' chain or tree (`algo::coll::direct_tree`), one message each.
+//! A small blocking send, receive or sendrecv moves what the transport can
+//! move at once (`Engine::run_direct_message`), its messages tagged as the
+//! P2p schedule tags them (`algo/p2p.rs`), and leaves the rest to the
+//! engine: a ping-pong of 8 bytes over shared memory cost about 1.2 µs a
+//! message through the engine's queue, its completion and its turn
+//! bookkeeping.
 //!
 //! The frames are exactly those of the schedules (same tags, same steps,
 //! same sizes), so a rank on this path and a rank running the schedule
@@ -107,6 +113,35 @@ pub(crate) enum DirectShape {
     /// `count` elements of every `send` summed into the root's `recv`, up
     /// the tree; this rank adds its children's partial sums to its own.
     Reduce(Tree),
+}
+
+/// One half of a [`DirectMessage`]: the peer, the pair's message number in
+/// that direction (the P2p schedule's step, so that its tag is the one a
+/// peer on the general path uses), and its length in bytes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct Part {
+    pub peer: Rank,
+    pub step: u32,
+    pub bytes: usize,
+}
+
+/// A small blocking point-to-point transfer for
+/// [`Engine::run_direct_message`]: a message out of `send`, one into
+/// `recv`, or both (`Communicator::send`, `recv`, `sendrecv`).
+pub(crate) struct DirectMessage {
+    pub fp: Fingerprint,
+    pub send: Ptr,
+    pub recv: Ptr,
+    pub to: Option<Part>,
+    pub from: Option<Part>,
+}
+
+/// The halves of a [`DirectMessage`] that the direct path left to the
+/// general one; nothing of them was sent or consumed.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct Left {
+    pub send: bool,
+    pub recv: bool,
 }
 
 /// A small collective for [`Engine::run_direct`].
@@ -203,12 +238,7 @@ impl Engine {
             return None;
         }
         op.fp.seq = seq.fetch_add(1, Ordering::Relaxed);
-        if let Some(e) = &self.failed {
-            return Some(Err(failed_earlier(e)));
-        }
-        if self.abort.load(Ordering::Acquire) {
-            let e = aborted();
-            self.fail(e.clone());
+        if let Err(e) = self.direct_may_run() {
             return Some(Err(e));
         }
         // As on the general path, scratch that cannot be had fails this
@@ -229,6 +259,109 @@ impl Engine {
             self.fail(e.clone());
             e
         }))
+    }
+
+    /// An error if this engine failed earlier or the application aborted.
+    fn direct_may_run(&mut self) -> Result<()> {
+        if let Some(e) = &self.failed {
+            return Err(failed_earlier(e));
+        }
+        if self.abort.load(Ordering::Acquire) {
+            let e = aborted();
+            self.fail(e.clone());
+            return Err(e);
+        }
+        Ok(())
+    }
+
+    /// Moves what of `m` the transports can move at once, if the engine is
+    /// idle (`None` if not: everything goes the general way, after what is
+    /// queued): the send if the transport takes it whole now
+    /// (`Transport::send_now`), then the receive if its message is the
+    /// next from its peer, or comes within `spin_us` (`recv_now`). Only
+    /// moves that finish are made; the rest, untouched, is left to the
+    /// general path (`Left`). So the caller never holds the engine waiting
+    /// for a peer longer than a spin, as the P2p schedule on the engine
+    /// would not: a receive may wait a long time for its send (pipeline
+    /// parallelism), and meanwhile other threads' operations must run.
+    /// Messages need no sequence number: their tags are told apart by
+    /// their steps, on either path.
+    pub fn run_direct_message(&mut self, m: &DirectMessage) -> Option<Result<Left>> {
+        if !self.is_idle() {
+            return None;
+        }
+        Some(self.direct_may_run().and_then(|()| {
+            self.direct_message(m).map_err(|e| {
+                let e = self.explain(e);
+                self.fail(e.clone());
+                e
+            })
+        }))
+    }
+
+    fn direct_message(&mut self, m: &DirectMessage) -> Result<Left> {
+        let mut left = Left {
+            send: m.to.is_some(),
+            recv: m.from.is_some(),
+        };
+        if let Some(p) = m.to {
+            let Some(t) = self.ready_transport(p.peer)? else {
+                return Ok(left);
+            };
+            // As the general path hints a message (engine.rs).
+            let hint = match m.from {
+                _ if self.cfg.oversubscribed => None,
+                Some(from) if from.peer == p.peer => Some(SendHint::Exchanged),
+                _ => Some(SendHint::Stored),
+            };
+            // SAFETY: the caller's input, `bytes` long, valid and unwritten
+            // until the blocking call returns.
+            let out = unsafe { std::slice::from_raw_parts(m.send.0.cast_const(), p.bytes) };
+            match self.transports[t].send_now(p.peer, m.fp.tag(p.step), out, hint)? {
+                Now::Done => left.send = false,
+                Now::Empty | Now::Later => return Ok(left),
+            }
+            DIRECT_CALLS.fetch_add(1, Ordering::Relaxed);
+        }
+        if let Some(p) = m.from {
+            let Some(t) = self.ready_transport(p.peer)? else {
+                return Ok(left);
+            };
+            // SAFETY: the caller's output, `bytes` long, which nothing else
+            // touches until the blocking call returns.
+            let into = unsafe { std::slice::from_raw_parts_mut(m.recv.0, p.bytes) };
+            let tag = m.fp.tag(p.step);
+            let mut since: Option<Instant> = None;
+            for turn in 0u32.. {
+                match self.transports[t].recv_now(p.peer, tag, into)? {
+                    Now::Done => {
+                        left.recv = false;
+                        DIRECT_CALLS.fetch_add(1, Ordering::Relaxed);
+                        break;
+                    }
+                    Now::Later => break,
+                    Now::Empty => {}
+                }
+                for tr in &mut self.transports {
+                    tr.poke();
+                    tr.progress()?;
+                }
+                // The clock is read only every CLOCK_EVERY turns: a read
+                // costs as much as a look at the ring.
+                if turn.is_multiple_of(CLOCK_EVERY) {
+                    let now = Instant::now();
+                    if now.duration_since(*since.get_or_insert(now)) >= self.cfg.spin {
+                        break;
+                    }
+                }
+                if self.cfg.oversubscribed {
+                    std::thread::yield_now();
+                } else {
+                    std::hint::spin_loop();
+                }
+            }
+        }
+        Ok(left)
     }
 
     fn direct(&mut self, op: &DirectOp, w: &mut Waiting) -> Result<()> {
