@@ -129,7 +129,6 @@ pub(crate) struct Planned {
     pub fp: Fingerprint,
 }
 
-/// What became of a validated collective.
 /// A point-to-point transfer with its halves numbered
 /// ([`Communicator::draw_message`]): one that will run, on one path or the
 /// other, since its numbers are taken.
@@ -178,6 +177,7 @@ impl Message {
     }
 }
 
+/// What became of a validated collective.
 enum Submitted {
     /// Run to the end by the caller (a small blocking all-reduce).
     Done(Result<()>),
@@ -962,20 +962,28 @@ impl Communicator {
             c.checked_mul(es)
                 .ok_or_else(|| Error::InvalidArgument(format!("count {c} overflows")))
         };
+        // Both halves are checked before either takes its number: a number
+        // taken by a transfer refused here would be one no message carries,
+        // and every later message with that peer would wait for it.
+        if let Some((peer, _, _)) = send {
+            self.check_peer(peer, "send to")?;
+        }
+        if let Some((peer, _, _)) = recv {
+            self.check_peer(peer, "receive from")?;
+        }
+        let send_bytes = send.map_or(Ok(0), |(_, _, c)| bytes(c))?;
+        let recv_bytes = recv.map_or(Ok(0), |(_, _, c)| bytes(c))?;
         let mut m = Message {
             dtype,
             to: None,
             from: None,
-            send: std::ptr::null(),
-            send_bytes: 0,
-            recv: std::ptr::null_mut(),
-            recv_bytes: 0,
+            send: send.map_or(std::ptr::null(), |(_, p, _)| p),
+            send_bytes,
+            recv: recv.map_or(std::ptr::null_mut(), |(_, p, _)| p),
+            recv_bytes,
         };
         let mut g = self.p2p_seq.lock().unwrap_or_else(|p| p.into_inner());
-        if let Some((peer, p, c)) = send {
-            self.check_peer(peer, "send to")?;
-            m.send_bytes = bytes(c)?;
-            m.send = p;
+        if let Some((peer, _, c)) = send {
             let s = &mut g.0[peer as usize];
             m.to = Some(Half {
                 peer,
@@ -984,10 +992,7 @@ impl Communicator {
             });
             *s += 1;
         }
-        if let Some((peer, p, c)) = recv {
-            self.check_peer(peer, "receive from")?;
-            m.recv_bytes = bytes(c)?;
-            m.recv = p;
+        if let Some((peer, _, c)) = recv {
             let s = &mut g.1[peer as usize];
             m.from = Some(Half {
                 peer,

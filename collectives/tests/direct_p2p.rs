@@ -157,6 +157,9 @@ fn a_late_receive_leaves_the_engine_to_other_threads() {
         on_each_rank(comms, &key, move |c| {
             let me = c.rank();
             let err = |e: Error| format!("{transport:?} rank {me}: {e}");
+            // Connected first, so that rank 1's receive spins on the ring
+            // rather than falling back at once for want of a connection.
+            c.barrier().map_err(err)?;
             let send = [me as f32 + 1.0; 4];
             let mut sum = [0.0f32; 4];
             if me == 0 {
@@ -201,18 +204,52 @@ fn a_blocking_receive_whose_send_never_comes_times_out() {
         cfg.timeout.set(timeout);
     })
     .expect("communicators");
-    let mut got = [0u8; 8];
-    let t0 = Instant::now();
-    let res = comms[1].recv(0, &mut got);
-    let waited = t0.elapsed();
-    match res {
-        Err(Error::Timeout { what, .. }) => {
-            assert!(waited >= timeout, "after {waited:?}: {what}");
-            assert!(
-                what.contains("recv of message 0 from rank 0"),
-                "the timeout does not name the message: {what}"
-            );
+    on_each_rank(comms, "p2pnever", move |c| {
+        // Connected first, so that the receive spins on the ring.
+        c.barrier().map_err(|e| e.to_string())?;
+        if c.rank() == 0 {
+            // Sends nothing; outlives rank 1's timeout.
+            std::thread::sleep(timeout * 3);
+            return Ok(());
         }
-        other => panic!("after {waited:?}: {other:?}"),
-    }
+        let mut got = [0u8; 8];
+        let t0 = Instant::now();
+        let res = c.recv(0, &mut got);
+        let waited = t0.elapsed();
+        match res {
+            Err(Error::Timeout { what, .. })
+                if waited >= timeout && what.contains("recv of message 0 from rank 0") =>
+            {
+                Ok(())
+            }
+            other => Err(format!("after {waited:?}: {other:?}")),
+        }
+    });
+}
+
+/// A transfer refused for a bad peer takes no message number: the next
+/// messages between the pair still meet (a send half numbered before its
+/// receive half was refused left a number no message carried).
+#[test]
+fn a_refused_transfer_takes_no_number() {
+    let (_store, comms) = local_world(2, "p2prefused", |_, cfg| {
+        cfg.transport.set(TransportChoice::Shm);
+        cfg.timeout.set(Duration::from_secs(3));
+    })
+    .expect("communicators");
+    on_each_rank(comms, "p2prefused", move |c| {
+        let me = c.rank();
+        let peer = 1 - me;
+        let out = message(me, peer, 0, 64);
+        let mut got = vec![0u8; 64];
+        if me == 0 {
+            match c.sendrecv(&out, peer, &mut got, 7) {
+                Err(Error::InvalidArgument(m)) if m.contains("rank 7") => {}
+                other => return Err(format!("a receive from rank 7: {other:?}")),
+            }
+        }
+        c.sendrecv(&out, peer, &mut got, peer)
+            .map_err(|e| format!("rank {me}: {e}"))?;
+        check(&got, peer, me, 0, "sendrecv")
+    });
 }

@@ -349,6 +349,10 @@ impl Engine {
                 // The clock is read only every CLOCK_EVERY turns: a read
                 // costs as much as a look at the ring.
                 if turn.is_multiple_of(CLOCK_EVERY) {
+                    // The application may abort from another thread.
+                    if self.abort.load(Ordering::Acquire) {
+                        return Err(aborted());
+                    }
                     let now = Instant::now();
                     if now.duration_since(*since.get_or_insert(now)) >= self.cfg.spin {
                         break;
