@@ -973,35 +973,24 @@ impl Communicator {
         }
         let send_bytes = send.map_or(Ok(0), |(_, _, c)| bytes(c))?;
         let recv_bytes = recv.map_or(Ok(0), |(_, _, c)| bytes(c))?;
-        let mut m = Message {
+        // The half numbered next with `peer` by `counters` (per peer, one
+        // direction).
+        let take = |counters: &mut [u64], peer: Rank, count: usize| {
+            let s = &mut counters[peer as usize];
+            let step = *s as u32;
+            *s += 1;
+            Half { peer, step, count }
+        };
+        let mut g = self.p2p_seq.lock().unwrap_or_else(|p| p.into_inner());
+        Ok(Message {
             dtype,
-            to: None,
-            from: None,
+            to: send.map(|(peer, _, c)| take(&mut g.0, peer, c)),
+            from: recv.map(|(peer, _, c)| take(&mut g.1, peer, c)),
             send: send.map_or(std::ptr::null(), |(_, p, _)| p),
             send_bytes,
             recv: recv.map_or(std::ptr::null_mut(), |(_, p, _)| p),
             recv_bytes,
-        };
-        let mut g = self.p2p_seq.lock().unwrap_or_else(|p| p.into_inner());
-        if let Some((peer, _, c)) = send {
-            let s = &mut g.0[peer as usize];
-            m.to = Some(Half {
-                peer,
-                step: *s as u32,
-                count: c,
-            });
-            *s += 1;
-        }
-        if let Some((peer, _, c)) = recv {
-            let s = &mut g.1[peer as usize];
-            m.from = Some(Half {
-                peer,
-                step: *s as u32,
-                count: c,
-            });
-            *s += 1;
-        }
-        Ok(m)
+        })
     }
 
     /// The fingerprint every message of this communicator carries.

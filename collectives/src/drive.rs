@@ -232,24 +232,7 @@ impl Driver {
     /// engine is idle (see `engine/direct.rs`); `None` if it is not, or if
     /// callers do not drive (`GW_INLINE=0`): then the caller submits it.
     pub fn run_direct(&self, op: &mut DirectOp, seq: &AtomicU64) -> Option<crate::Result<()>> {
-        if !self.inline {
-            return None;
-        }
-        let _in_comm = gw_logging::enter(&self.span);
-        self.driving.fetch_add(1, Ordering::AcqRel);
-        let mut e = self.lock();
-        // The engine thread may have armed the doorbells before it parked.
-        e.finish_sleep();
-        let res = e.run_direct(op, seq);
-        drop(e);
-        self.driving.fetch_sub(1, Ordering::AcqRel);
-        // Submissions that came in meanwhile are the engine thread's. Looked
-        // at after `driving` dropped: a kick before that may have found the
-        // engine thread about to park again.
-        if !self.lock().is_idle() {
-            self.nudge();
-        }
-        res
+        self.direct_with(|e| e.run_direct(op, seq))
     }
 
     /// Moves what of a small blocking transfer the transports can move at
@@ -260,16 +243,26 @@ impl Driver {
         &self,
         m: &crate::engine::DirectMessage,
     ) -> Option<crate::Result<crate::engine::Left>> {
+        self.direct_with(|e| e.run_direct_message(m))
+    }
+
+    /// Runs `f` on the engine from the calling thread, as a caller driving
+    /// it; `None` without running it where callers do not drive.
+    fn direct_with<R>(&self, f: impl FnOnce(&mut Engine) -> Option<R>) -> Option<R> {
         if !self.inline {
             return None;
         }
         let _in_comm = gw_logging::enter(&self.span);
         self.driving.fetch_add(1, Ordering::AcqRel);
         let mut e = self.lock();
+        // The engine thread may have armed the doorbells before it parked.
         e.finish_sleep();
-        let res = e.run_direct_message(m);
+        let res = f(&mut e);
         drop(e);
         self.driving.fetch_sub(1, Ordering::AcqRel);
+        // Submissions that came in meanwhile are the engine thread's. Looked
+        // at after `driving` dropped: a kick before that may have found the
+        // engine thread about to park again.
         if !self.lock().is_idle() {
             self.nudge();
         }
