@@ -374,14 +374,14 @@ impl Peer {
     }
 
     /// Eager frames we may still send the peer: its credits less those sent
-    /// and not yet consumed.
-    fn credits(&self) -> usize {
+    /// and not yet consumed. At least `need` whenever that many are left;
+    /// the consumer's count is read afresh only when the one seen last
+    /// leaves fewer (see `Producer::consumed`).
+    fn credits(&self, need: usize) -> usize {
         let Some(conn) = &self.conn else {
             return 0;
         };
-        let cap = conn.tx.credits();
-        let out = self.sent_eager.wrapping_sub(conn.tx.consumed());
-        (cap as u64).saturating_sub(out) as usize
+        eager_credits(&conn.tx, self.sent_eager, need)
     }
 
     /// Whether a message of `len` bytes would go through slots of
@@ -398,7 +398,7 @@ impl Peer {
             .filter(|op| !op.reserved && op.len < op.pull_from)
             .map(|op| frames(op.len))
             .sum();
-        self.announced.is_empty() && queued + frames(len) <= self.credits()
+        self.announced.is_empty() && queued + frames(len) <= self.credits(queued + frames(len))
     }
 
     /// Credits the eager frames consumed since last said, through the ring.
@@ -1049,6 +1049,19 @@ fn examine(p: &Peer, rx: &Consumer, raw: &[u8; HEADER_LEN]) -> Result<Head> {
     Ok(Head::Early(h))
 }
 
+/// Eager frames the ring's consumer will still take from us, with
+/// `sent` sent so far: at least `need` whenever that many are left.
+fn eager_credits(tx: &Producer, sent: u64, need: usize) -> usize {
+    let left = |consumed: u64| {
+        let out = sent.wrapping_sub(consumed);
+        (tx.credits() as u64).saturating_sub(out) as usize
+    };
+    match left(tx.consumed(false)) {
+        n if n >= need => n,
+        _ => left(tx.consumed(true)),
+    }
+}
+
 /// Copies as many queued segments to `p` as its ring has free slots; a
 /// message of at least its `pull_from` bytes goes as one rendezvous frame
 /// instead when the peer can pull from us. Control frames go first. A message goes
@@ -1060,7 +1073,7 @@ fn pump_sends(
     bell: &mut Doorbell,
     reqs: &mut ReqTable<bool>,
 ) -> Result<bool> {
-    let credits = p.credits();
+    let credits = p.credits(1);
     let Some(conn) = p.conn.as_mut() else {
         return Ok(false);
     };
@@ -1119,6 +1132,9 @@ fn pump_sends(
         }
         if !op.reserved && !op.cleared {
             let frames = (op.len.div_ceil(slot_bytes)).max(1);
+            if frames > credits {
+                credits = eager_credits(&conn.tx, p.sent_eager, frames);
+            }
             if frames <= credits {
                 // Spent now for the whole message: its frames may take
                 // several calls to fit the ring.
@@ -1652,7 +1668,7 @@ impl Transport for ShmTransport {
         if !p.sends.is_empty() || !p.ctl.is_empty() || bytes.len() > conn.tx.slot_bytes() {
             return Ok(Now::Later);
         }
-        if p.credits() == 0 {
+        if p.credits(1) == 0 {
             return Ok(Now::Later);
         }
         let Some(conn) = p.conn.as_mut() else {

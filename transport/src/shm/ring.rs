@@ -27,6 +27,11 @@
 //! `head + 1`. Each side keeps its own counter privately and only reads the
 //! other's, so a buggy peer can corrupt what we read but never what we own;
 //! counters that make no sense are reported as [`Corrupt`], never trusted.
+//! Each side reads the other's counter (and the producer the consumer's
+//! `consumed`) again only when the value it read last says the ring is full
+//! (empty, out of credits): every read of a line the other side writes per
+//! frame moves that line between cores, and an old value only understates
+//! what may be done.
 //!
 //! `pull_cost` and `out_cost` (0: not measured yet) let the producer
 //! choose between a pull and the slots for each large message (see
@@ -48,6 +53,7 @@
 
 use super::costs::{self, MEASURED_BYTES};
 use crate::wire::HEADER_LEN;
+use std::cell::Cell;
 use std::ptr::NonNull;
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering, fence};
 
@@ -217,6 +223,19 @@ impl RingRef {
 pub(crate) struct Producer {
     ring: RingRef,
     tail: u64,
+    /// The consumer's head as last read. The consumer writes its head
+    /// after every frame, so reading it on every push moved that cache line
+    /// between the cores each time (a sixth of an 8-byte broadcast root's
+    /// time); the old value understates the free slots, never overstates
+    /// them, and is read afresh only when it shows the ring full.
+    seen_head: Cell<u64>,
+    /// The same for the consumer's count of consumed eager frames, which
+    /// shares a line with what it writes per frame; refreshed only when
+    /// the credits it leaves are too few (see `Producer::consumed`).
+    seen_consumed: Cell<u64>,
+    /// The consumer's credits once it has said them (0: not yet); it says
+    /// them once.
+    seen_credits: Cell<usize>,
     /// What our copies of large payloads into the slots cost, ps per byte
     /// (0: none yet).
     in_cost: u32,
@@ -226,9 +245,14 @@ impl Producer {
     /// Takes the producer role; starts from the tail currently in the ring.
     pub(crate) fn new(ring: RingRef) -> Producer {
         let tail = ring.tail().load(Ordering::Relaxed);
+        let head = ring.head().load(Ordering::Acquire);
+        let consumed = ring.u64_at(CONSUMED_OFF).load(Ordering::Acquire);
         Producer {
             ring,
             tail,
+            seen_head: Cell::new(head),
+            seen_consumed: Cell::new(consumed),
+            seen_credits: Cell::new(0),
             in_cost: 0,
         }
     }
@@ -238,9 +262,15 @@ impl Producer {
         self.ring.slot_bytes
     }
 
-    /// Slots the producer may fill now.
+    /// Slots the producer may fill now: at least one whenever one is free,
+    /// though fewer than are free when the head read last is stale.
     pub(crate) fn free(&self) -> Result<usize, Corrupt> {
+        let free = self.ring.slots - self.ring.used(self.seen_head.get(), self.tail)?;
+        if free > 0 {
+            return Ok(free);
+        }
         let head = self.ring.head().load(Ordering::Acquire);
+        self.seen_head.set(head);
         Ok(self.ring.slots - self.ring.used(head, self.tail)?)
     }
 
@@ -315,9 +345,16 @@ impl Producer {
     /// has, a ring's worth, which it always keeps at least (see
     /// `ShmConfig::credits`).
     pub(crate) fn credits(&self) -> usize {
+        let seen = self.seen_credits.get();
+        if seen > 0 {
+            return seen;
+        }
         match self.ring.u32_at(CREDITS_OFF).load(Ordering::Acquire) {
             0 => self.ring.slots,
-            n => n as usize - 1,
+            n => {
+                self.seen_credits.set(n as usize - 1);
+                n as usize - 1
+            }
         }
     }
 
@@ -327,9 +364,15 @@ impl Producer {
         Ok(self.ring.used(head, self.tail)? > 0)
     }
 
-    /// Eager frames the consumer has consumed so far.
-    pub(crate) fn consumed(&self) -> u64 {
-        self.ring.u64_at(CONSUMED_OFF).load(Ordering::Acquire)
+    /// Eager frames the consumer has consumed so far: as last read, or
+    /// (`fresh`) read now. The count only grows, so an old one understates
+    /// the credits left; callers read afresh when it leaves too few.
+    pub(crate) fn consumed(&self, fresh: bool) -> u64 {
+        if fresh {
+            let n = self.ring.u64_at(CONSUMED_OFF).load(Ordering::Acquire);
+            self.seen_consumed.set(n);
+        }
+        self.seen_consumed.get()
     }
 
     /// Sets what our copies in cost (tests choose a winner).
@@ -358,13 +401,23 @@ impl Producer {
 pub(crate) struct Consumer {
     ring: RingRef,
     head: u64,
+    /// The producer's tail as last read: frames before it are published,
+    /// so while it is past `head` the next frame is known to be there
+    /// without reading the line the producer writes per frame (a stream of
+    /// small frames reads it once per batch, not per frame). Read afresh
+    /// when it shows the ring empty.
+    seen_tail: Cell<u64>,
 }
 
 impl Consumer {
     /// Takes the consumer role; starts from the head currently in the ring.
     pub(crate) fn new(ring: RingRef) -> Consumer {
         let head = ring.head().load(Ordering::Relaxed);
-        Consumer { ring, head }
+        Consumer {
+            ring,
+            head,
+            seen_tail: Cell::new(head),
+        }
     }
 
     /// Payload bytes per slot.
@@ -387,9 +440,17 @@ impl Consumer {
             .store(total, Ordering::Release);
     }
 
-    /// Frames waiting to be read.
+    /// Frames waiting to be read: at least one whenever one is, though
+    /// fewer than are when the tail read last is stale.
     pub(crate) fn available(&self) -> Result<usize, Corrupt> {
+        // Wrapping: a tail seen before a `pop` not preceded by a look can
+        // lie behind the head; that, like an empty ring, means read again.
+        let seen = self.seen_tail.get().wrapping_sub(self.head);
+        if seen > 0 && seen <= self.ring.slots as u64 {
+            return Ok(seen as usize);
+        }
         let tail = self.ring.tail().load(Ordering::Acquire);
+        self.seen_tail.set(tail);
         self.ring.used(self.head, tail)
     }
 
@@ -636,7 +697,13 @@ mod tests {
             next_out = next_out.wrapping_add(1);
         }
         assert_eq!(next_in, next_out);
-        assert_eq!(p.free().unwrap(), slots);
+        // Drained, the ring takes exactly `slots` frames again, whatever
+        // head the producer saw last.
+        let mut taken = 0;
+        while p.push(&header(0, 1, 1), &[0]).unwrap() {
+            taken += 1;
+        }
+        assert_eq!(taken, slots);
     }
 
     #[test]
@@ -699,7 +766,53 @@ mod tests {
         assert!(c.peek().unwrap_err().0.contains("2 slots"));
         p.ring.tail().store(0, Ordering::Relaxed);
         c.ring.head().store(7, Ordering::Relaxed);
-        assert!(p.free().is_err());
+        // The producer reads the head when the one it saw shows the ring
+        // full: then the scribble is found.
+        let mut p = p;
+        assert!(p.push(&header(0, 1, 1), &[1]).unwrap());
+        assert!(p.push(&header(0, 1, 1), &[2]).unwrap());
+        assert!(p.free().unwrap_err().0.contains("2 slots"));
+    }
+
+    #[test]
+    fn the_consumer_reads_the_tail_again_only_when_it_shows_nothing() {
+        let mut buf = region(4, 8);
+        let (mut p, mut c) = pair(&mut buf, 4, 8);
+        assert!(c.peek().unwrap().is_none());
+        assert!(p.push(&header(0, 1, 1), &[1]).unwrap());
+        assert!(p.push(&header(0, 1, 1), &[2]).unwrap());
+        assert!(c.peek().unwrap().is_some());
+        // The tail the consumer saw covers both frames: a scribble over it
+        // now goes unread until they are consumed, and is found then.
+        p.ring.tail().store(1000, Ordering::Relaxed);
+        for want in [1u8, 2] {
+            assert!(c.peek().unwrap().is_some());
+            let mut b = [0u8; 1];
+            c.read_payload(&mut b).unwrap();
+            assert_eq!(b, [want]);
+            c.pop();
+        }
+        assert!(c.peek().unwrap_err().0.contains("4 slots"));
+    }
+
+    #[test]
+    fn stale_consumer_counts_understate_and_are_refreshed_when_short() {
+        let mut buf = region(4, 8);
+        let (p, c) = pair(&mut buf, 4, 8);
+        c.publish_credits(3);
+        assert_eq!(p.credits(), 3);
+        // Three frames out, none consumed as far as the producer last saw.
+        assert_eq!(super::super::eager_credits(&p, 3, 0), 0);
+        c.set_consumed(2);
+        // The count seen last still says none left; asked for one, it is
+        // read afresh.
+        assert_eq!(p.consumed(false), 0);
+        assert_eq!(super::super::eager_credits(&p, 3, 0), 0);
+        assert_eq!(super::super::eager_credits(&p, 3, 1), 2);
+        assert_eq!(p.consumed(false), 2);
+        // More than are left: the answer is what is left, exactly.
+        c.set_consumed(3);
+        assert_eq!(super::super::eager_credits(&p, 3, 5), 3);
     }
 
     #[test]

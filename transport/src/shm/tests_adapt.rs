@@ -112,7 +112,7 @@ fn messages_beyond_the_credits_are_pulled_however_cheap_the_slots() {
     });
     b.peers[0].conn.as_ref().unwrap().rx.set_costs(300, 50);
     a.peers[1].conn.as_mut().unwrap().tx.set_in_cost(40);
-    let credits = a.peers[1].credits() as u64;
+    let credits = a.peers[1].credits(usize::MAX) as u64;
     let n = 8192;
     let mut src = pattern(n, 4);
     let mut dst = vec![0u8; n * MESSAGES];
