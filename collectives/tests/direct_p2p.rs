@@ -1,7 +1,8 @@
 //! Small blocking sends, receives and sendrecvs that the caller moves
 //! itself (`Engine::run_direct_message`): against ranks that run every
 //! message on their engine, under random sizes either side of the direct
-//! path's limit, interleaved with non-blocking messages still in flight;
+//! path's limit, interleaved with non-blocking messages still in flight,
+//! and between windows of non-blocking ones;
 //! a receive whose send comes late, while another thread of the same rank
 //! needs the engine; and a receive whose send never comes.
 
@@ -252,4 +253,85 @@ fn a_refused_transfer_takes_no_number() {
             .map_err(|e| format!("rank {me}: {e}"))?;
         check(&got, peer, me, 0, "sendrecv")
     });
+}
+
+/// Windows of non-blocking transfers, as a streaming benchmark posts
+/// them: each rank sends a window of random lengths (0 to 24 KiB) to the
+/// next rank and receives one from the previous, all posted before any is
+/// waited for, with a blocking sendrecv (which the caller may move itself)
+/// between windows, and one rank of each world running everything on its
+/// engine thread. Every byte is checked.
+#[test]
+fn windows_of_non_blocking_messages_between_blocking_ones() {
+    for transport in [TransportChoice::Shm, TransportChoice::Tcp] {
+        for n in [2u32, 3, 4] {
+            let key = format!("p2pwin{n}{transport:?}");
+            let (_store, comms) = local_world(n, &key, |r, cfg| {
+                cfg.transport.set(transport);
+                // One rank of each world runs every message on its engine.
+                cfg.inline.set(r != 1);
+            })
+            .expect("communicators");
+            on_each_rank(comms, &key, move |c| windows(&c, 12, u64::from(n) + 40));
+        }
+    }
+}
+
+fn windows(c: &Communicator, rounds: usize, seed: u64) -> Result<(), String> {
+    let (me, n) = (c.rank(), c.size());
+    let (next, prev) = ((me + 1) % n, (me + n - 1) % n);
+    let mut rng = StdRng::seed_from_u64(seed);
+    let err = |k: usize| move |e: Error| format!("rank {me} message {k}: {e}");
+    // Connected first, so that the first window does not wait for that.
+    c.barrier().map_err(err(0))?;
+    let mut k = 0;
+    for _ in 0..rounds {
+        let w = rng.random_range(1..40);
+        let lens: Vec<usize> = (0..w)
+            .map(|_| {
+                if rng.random_bool(0.8) {
+                    rng.random_range(0..16 << 10)
+                } else {
+                    rng.random_range(16 << 10..24 << 10)
+                }
+            })
+            .collect();
+        let outs: Vec<Vec<u8>> = (0..w).map(|i| message(me, next, k + i, lens[i])).collect();
+        let mut ins: Vec<Vec<u8>> = lens.iter().map(|&l| vec![0u8; l]).collect();
+        let mut handles = Vec::with_capacity(2 * w);
+        for (i, (out, inn)) in outs.iter().zip(ins.iter_mut()).enumerate() {
+            // Every third a sendrecv, the others a send and a receive.
+            let (s, r) = (
+                Some((next, out.as_ptr(), out.len())),
+                Some((prev, inn.as_mut_ptr(), inn.len())),
+            );
+            // SAFETY: every buffer outlives the waits below.
+            let h = unsafe {
+                if i % 3 == 0 {
+                    vec![c.sendrecv_raw(DType::U8, s, r)]
+                } else {
+                    vec![
+                        c.sendrecv_raw(DType::U8, s, None),
+                        c.sendrecv_raw(DType::U8, None, r),
+                    ]
+                }
+            };
+            for h in h {
+                handles.push(h.map_err(err(k + i))?);
+            }
+        }
+        for h in handles {
+            h.wait().map_err(err(k))?;
+        }
+        for (i, got) in ins.iter().enumerate() {
+            check(got, prev, me, k + i, "non-blocking recv")?;
+        }
+        k += w;
+        let out = message(me, next, k, 64);
+        let mut got = vec![0u8; 64];
+        c.sendrecv(&out, next, &mut got, prev).map_err(err(k))?;
+        check(&got, prev, me, k, "sendrecv")?;
+        k += 1;
+    }
+    c.barrier().map_err(err(k))
 }
