@@ -21,17 +21,22 @@
 //! ```
 //!
 //! `head` and `tail` are free-running message counters; slot `i` of the ring
-//! holds message `i % slots`. The producer fills the slot at `tail`, then
-//! publishes it with a Release store of `tail + 1`; the consumer Acquire-loads
-//! `tail`, reads the slot at `head`, then frees it with a Release store of
-//! `head + 1`. Each side keeps its own counter privately and only reads the
-//! other's, so a buggy peer can corrupt what we read but never what we own;
-//! counters that make no sense are reported as [`Corrupt`], never trusted.
-//! Each side reads the other's counter (and the producer the consumer's
+//! holds message `i % slots`. The producer fills the slot at `tail` (the
+//! header's first word, its magic, last, with a Release store: the slot's
+//! stamp), then stores `tail + 1`; the consumer Acquire-loads the stamp of
+//! the slot at `head`, reads the frame, clears the stamp and frees the slot
+//! with a Release store of `head + 1`. The consumer never reads `tail`
+//! (the producer's `unread` does): the stamp shares a cache line with the
+//! header it reads next, so a small frame moves one line between the cores
+//! where a published tail moved two. Each side keeps its own counter
+//! privately and only reads the other's, so a buggy peer can corrupt what
+//! we read but never what we own; counters that make no sense are reported
+//! as [`Corrupt`], never trusted, and a frame a peer stamped wrongly fails
+//! its header's decoding. The producer reads the consumer's `head` (and
 //! `consumed`) again only when the value it read last says the ring is full
-//! (empty, out of credits): every read of a line the other side writes per
-//! frame moves that line between cores, and an old value only understates
-//! what may be done.
+//! (out of credits): every read of a line the other side writes per frame
+//! moves that line between cores, and an old value only understates what
+//! may be done.
 //!
 //! `pull_cost` and `out_cost` (0: not measured yet) let the producer
 //! choose between a pull and the slots for each large message (see
@@ -154,6 +159,20 @@ impl RingRef {
         for k in 0..MAX_PULLS as usize {
             self.u64_at(DONE_OFF + 8 * k).store(0, Ordering::Relaxed);
         }
+        for n in 0..self.slots as u64 {
+            self.stamp(n).store(0, Ordering::Relaxed);
+        }
+    }
+
+    /// The first word of the slot holding message `n`: its header's magic
+    /// once the frame is published, 0 while the slot is free (see the
+    /// module comment).
+    fn stamp(&self, n: u64) -> &AtomicU32 {
+        // SAFETY: slots start cache-aligned inside the ring (see `slot`); the
+        // word is written atomically by both sides, and read non-atomically
+        // (as part of the header) only between the Acquire load that saw it
+        // set and the consumer's own clearing store.
+        unsafe { &*self.slot(n).cast::<AtomicU32>() }
     }
 
     fn u64_at(&self, off: usize) -> &AtomicU64 {
@@ -290,20 +309,26 @@ impl Producer {
         if self.free()? == 0 {
             return Ok(false);
         }
+        let stamp = u32::from_le_bytes([header[0], header[1], header[2], header[3]]);
+        if stamp == 0 {
+            return Err(Corrupt("a frame header without its magic".into()));
+        }
         let slot = self.ring.slot(self.tail);
         let timed = costs::timer(payload.len());
         // SAFETY: the slot at `tail` is free (head has moved past it, observed with
         // Acquire in `free`), so the consumer does not touch it until we publish;
         // header and payload fit the slot's stride; sources are valid slices that
-        // cannot overlap shared memory we own exclusively.
+        // cannot overlap shared memory we own exclusively. The header's first
+        // word is the stamp, stored last.
         unsafe {
-            std::ptr::copy_nonoverlapping(header.as_ptr(), slot, HEADER_LEN);
+            std::ptr::copy_nonoverlapping(header.as_ptr().add(4), slot.add(4), HEADER_LEN - 4);
             std::ptr::copy_nonoverlapping(payload.as_ptr(), slot.add(HEADER_LEN), payload.len());
         }
         if let Some(t) = timed {
             let sample = costs::ps_per_byte(t.elapsed(), payload.len());
             self.in_cost = costs::mix(self.in_cost, sample);
         }
+        self.ring.stamp(self.tail).store(stamp, Ordering::Release);
         self.tail = self.tail.wrapping_add(1);
         self.ring.tail().store(self.tail, Ordering::Release);
         Ok(true)
@@ -401,23 +426,13 @@ impl Producer {
 pub(crate) struct Consumer {
     ring: RingRef,
     head: u64,
-    /// The producer's tail as last read: frames before it are published,
-    /// so while it is past `head` the next frame is known to be there
-    /// without reading the line the producer writes per frame (a stream of
-    /// small frames reads it once per batch, not per frame). Read afresh
-    /// when it shows the ring empty.
-    seen_tail: Cell<u64>,
 }
 
 impl Consumer {
     /// Takes the consumer role; starts from the head currently in the ring.
     pub(crate) fn new(ring: RingRef) -> Consumer {
         let head = ring.head().load(Ordering::Relaxed);
-        Consumer {
-            ring,
-            head,
-            seen_tail: Cell::new(head),
-        }
+        Consumer { ring, head }
     }
 
     /// Payload bytes per slot.
@@ -440,28 +455,22 @@ impl Consumer {
             .store(total, Ordering::Release);
     }
 
-    /// Frames waiting to be read: at least one whenever one is, though
-    /// fewer than are when the tail read last is stale.
-    pub(crate) fn available(&self) -> Result<usize, Corrupt> {
-        // Wrapping: a tail seen before a `pop` not preceded by a look can
-        // lie behind the head; that, like an empty ring, means read again.
-        let seen = self.seen_tail.get().wrapping_sub(self.head);
-        if seen > 0 && seen <= self.ring.slots as u64 {
-            return Ok(seen as usize);
-        }
-        let tail = self.ring.tail().load(Ordering::Acquire);
-        self.seen_tail.set(tail);
-        self.ring.used(self.head, tail)
+    /// Whether the oldest unread frame is published: its slot's stamp is
+    /// set. The producer's tail is not read: the stamp shares its line with
+    /// the header the consumer reads next, so a frame costs one line moved
+    /// from the producer's core where the tail cost a second.
+    fn ready(&self) -> bool {
+        self.ring.stamp(self.head).load(Ordering::Acquire) != 0
     }
 
     /// A copy of the header of the oldest unread frame, if any.
     pub(crate) fn peek(&self) -> Result<Option<[u8; HEADER_LEN]>, Corrupt> {
-        if self.available()? == 0 {
+        if !self.ready() {
             return Ok(None);
         }
         let mut h = [0u8; HEADER_LEN];
-        // SAFETY: the slot at `head` was published (tail observed past it with
-        // Acquire in `available`) and the producer does not reuse it until we
+        // SAFETY: the slot at `head` was published (its stamp observed set with
+        // Acquire in `ready`) and the producer does not reuse it until we
         // advance head; it is valid for HEADER_LEN bytes.
         unsafe {
             std::ptr::copy_nonoverlapping(self.ring.slot(self.head), h.as_mut_ptr(), HEADER_LEN)
@@ -512,17 +521,20 @@ impl Consumer {
                 self.ring.slot_bytes
             )));
         }
-        if self.available()? == 0 {
+        if !self.ready() {
             return Err(Corrupt("payload read from an empty ring".into()));
         }
-        // SAFETY: the slot at `head` was published (tail observed past it
-        // with Acquire in `available`) and the producer does not reuse it
-        // until `pop`; its payload area holds slot_bytes >= len bytes.
+        // SAFETY: the slot at `head` was published (its stamp observed set
+        // with Acquire in `ready`) and the producer does not reuse it until
+        // `pop`; its payload area holds slot_bytes >= len bytes.
         Ok(unsafe { self.ring.slot(self.head).add(HEADER_LEN) })
     }
 
     /// Frees the oldest frame's slot for the producer.
     pub(crate) fn pop(&mut self) {
+        // Cleared before the head moves on: the producer reuses the slot
+        // only after it sees that head.
+        self.ring.stamp(self.head).store(0, Ordering::Relaxed);
         self.head = self.head.wrapping_add(1);
         self.ring.head().store(self.head, Ordering::Release);
     }
@@ -761,9 +773,10 @@ mod tests {
     fn corrupt_counters_are_reported() {
         let mut buf = region(2, 8);
         let (p, c) = pair(&mut buf, 2, 8);
-        // The "peer" scribbles over the tail, then over the head.
+        // The "peer" scribbles over the tail, which the consumer does not
+        // read (the slots' stamps say what is published), then over the head.
         p.ring.tail().store(1000, Ordering::Relaxed);
-        assert!(c.peek().unwrap_err().0.contains("2 slots"));
+        assert!(c.peek().unwrap().is_none());
         p.ring.tail().store(0, Ordering::Relaxed);
         c.ring.head().store(7, Ordering::Relaxed);
         // The producer reads the head when the one it saw shows the ring
@@ -775,24 +788,32 @@ mod tests {
     }
 
     #[test]
-    fn the_consumer_reads_the_tail_again_only_when_it_shows_nothing() {
-        let mut buf = region(4, 8);
-        let (mut p, mut c) = pair(&mut buf, 4, 8);
+    fn frames_are_published_by_their_stamps() {
+        let mut buf = region(2, 8);
+        let (mut p, mut c) = pair(&mut buf, 2, 8);
         assert!(c.peek().unwrap().is_none());
+        // A slot written but not stamped is not a frame yet.
+        assert_eq!(p.ring.stamp(0).load(Ordering::Relaxed), 0);
         assert!(p.push(&header(0, 1, 1), &[1]).unwrap());
+        assert_ne!(p.ring.stamp(0).load(Ordering::Relaxed), 0);
+        // The tail does not matter to the consumer: set back, the frame is
+        // still there.
+        p.ring.tail().store(0, Ordering::Relaxed);
+        let h = c.peek().unwrap().expect("the stamped frame");
+        assert_eq!(FrameHeader::decode(&h).unwrap().len, 1);
+        c.pop();
+        // Consumed, its slot is unstamped again before the producer may
+        // reuse it, and nothing else is there.
+        assert_eq!(c.ring.stamp(0).load(Ordering::Relaxed), 0);
+        assert!(c.peek().unwrap().is_none());
+        // A header without the magic that stamps it is refused.
+        let mut bad = header(0, 1, 1);
+        bad[..4].fill(0);
+        assert!(p.push(&bad, &[1]).unwrap_err().0.contains("magic"));
+        // A ring made afresh over used memory starts with no stamps.
         assert!(p.push(&header(0, 1, 1), &[2]).unwrap());
-        assert!(c.peek().unwrap().is_some());
-        // The tail the consumer saw covers both frames: a scribble over it
-        // now goes unread until they are consumed, and is found then.
-        p.ring.tail().store(1000, Ordering::Relaxed);
-        for want in [1u8, 2] {
-            assert!(c.peek().unwrap().is_some());
-            let mut b = [0u8; 1];
-            c.read_payload(&mut b).unwrap();
-            assert_eq!(b, [want]);
-            c.pop();
-        }
-        assert!(c.peek().unwrap_err().0.contains("4 slots"));
+        let (_, c) = pair(&mut buf, 2, 8);
+        assert!(c.peek().unwrap().is_none());
     }
 
     #[test]
