@@ -285,6 +285,9 @@ struct Conn {
 #[derive(Debug)]
 struct Peer {
     info: PeerInfo,
+    /// `info.host_id` is this rank's: checked on every transfer, so
+    /// compared once here rather than as strings each time.
+    same_host: bool,
     bell: SocketAddr,
     conn: Option<Conn>,
     /// `connect` was called: keep trying in `progress`, watch its pid.
@@ -472,6 +475,7 @@ impl ShmTransport {
                 peers.len()
             )));
         }
+        let my_host = peers[me as usize].host_id.clone();
         let mut ps = Vec::with_capacity(peers.len());
         for (i, info) in peers.into_iter().enumerate() {
             if info.rank as usize != i {
@@ -483,6 +487,7 @@ impl ShmTransport {
             let rank = info.rank;
             ps.push(Peer {
                 bell: doorbell_addr(&cfg.name_secret, info.rank)?,
+                same_host: info.host_id == my_host,
                 info,
                 conn: None,
                 wanted: false,
@@ -569,8 +574,8 @@ impl ShmTransport {
                 "rank {peer} cannot use shared memory with itself"
             )));
         }
-        let mine = &self.peers[self.me as usize].info;
-        if p.info.host_id != mine.host_id {
+        if !p.same_host {
+            let mine = &self.peers[self.me as usize].info;
             return Err(Error::InvalidArgument(format!(
                 "{} is on another host than this rank ({}): shared memory needs the same host",
                 p.who(),

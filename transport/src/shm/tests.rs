@@ -340,6 +340,23 @@ fn corrupt_header_is_a_protocol_error_naming_the_peer() {
 }
 
 #[test]
+fn a_peer_on_another_host_is_refused_by_name() {
+    let j = job("otherhost");
+    let mut ps = infos(3);
+    ps[2].host_id = "elsewhere".into();
+    ps[2].hostname = "node7".into();
+    let mut a = ShmTransport::new(0, ps, cfg(&j, 1, 8)).unwrap();
+    match a.connect(2) {
+        Err(Error::InvalidArgument(m)) => {
+            assert!(m.contains("another host") && m.contains("node7"), "{m}");
+        }
+        other => panic!("connect to a rank elsewhere: {other:?}"),
+    }
+    // The ranks on this host stay reachable.
+    assert!(a.connect(1).is_ok());
+}
+
+#[test]
 fn dead_peer_is_reported() {
     let mut child = std::process::Command::new("true").spawn().unwrap();
     let dead = child.id();
