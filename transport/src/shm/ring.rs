@@ -23,20 +23,22 @@
 //! `head` and `tail` are free-running message counters; slot `i` of the ring
 //! holds message `i % slots`. The producer fills the slot at `tail` (the
 //! header's first word, its magic, last, with a Release store: the slot's
-//! stamp), then stores `tail + 1`; the consumer Acquire-loads the stamp of
-//! the slot at `head`, reads the frame, clears the stamp and frees the slot
-//! with a Release store of `head + 1`. The consumer never reads `tail`
-//! (the producer's `unread` does): the stamp shares a cache line with the
-//! header it reads next, so a small frame moves one line between the cores
-//! where a published tail moved two. Each side keeps its own counter
-//! privately and only reads the other's, so a buggy peer can corrupt what
-//! we read but never what we own; counters that make no sense are reported
-//! as [`Corrupt`], never trusted, and a frame a peer stamped wrongly fails
-//! its header's decoding. The producer reads the consumer's `head` (and
-//! `consumed`) again only when the value it read last says the ring is full
-//! (out of credits): every read of a line the other side writes per frame
-//! moves that line between cores, and an old value only understates what
-//! may be done.
+//! stamp), then stores `tail + 1` (read only by a producer taking over the
+//! ring, `Producer::new`); the consumer Acquire-loads the stamp of the slot
+//! at `head`, reads the frame, clears the stamp and frees the slot with a
+//! Release store of `head + 1`. The consumer reads no counter of the
+//! producer's: the stamp shares a cache line with the header it reads next,
+//! so a frame moves one line fewer between the cores than a published tail
+//! did (the header's and the payload's still move, and the cleared stamp
+//! sends the header's line back before the producer refills the slot).
+//! Each side keeps its own counter privately, so a buggy peer can corrupt
+//! what we read but never what we own; a head that makes no sense is
+//! reported as [`Corrupt`], never trusted, and a frame a peer stamped
+//! wrongly fails its header's decoding. The producer reads the consumer's
+//! `head` (and `consumed`) again only when the value it read last says the
+//! ring is full (out of credits): every read of a line the other side
+//! writes per frame moves that line between cores, and an old value only
+//! understates what may be done.
 //!
 //! `pull_cost` and `out_cost` (0: not measured yet) let the producer
 //! choose between a pull and the slots for each large message (see
@@ -792,8 +794,15 @@ mod tests {
         let mut buf = region(2, 8);
         let (mut p, mut c) = pair(&mut buf, 2, 8);
         assert!(c.peek().unwrap().is_none());
-        // A slot written but not stamped is not a frame yet.
-        assert_eq!(p.ring.stamp(0).load(Ordering::Relaxed), 0);
+        // A slot written but not stamped is not a frame yet: everything of
+        // a header but its first word, as `push` writes it before the stamp.
+        let h = header(0, 1, 1);
+        // SAFETY: slot 0 of the test's ring, HEADER_LEN bytes, which nothing
+        // else touches meanwhile.
+        unsafe {
+            std::ptr::copy_nonoverlapping(h.as_ptr().add(4), p.ring.slot(0).add(4), HEADER_LEN - 4)
+        };
+        assert!(c.peek().unwrap().is_none());
         assert!(p.push(&header(0, 1, 1), &[1]).unwrap());
         assert_ne!(p.ring.stamp(0).load(Ordering::Relaxed), 0);
         // The tail does not matter to the consumer: set back, the frame is
@@ -810,9 +819,13 @@ mod tests {
         let mut bad = header(0, 1, 1);
         bad[..4].fill(0);
         assert!(p.push(&bad, &[1]).unwrap_err().0.contains("magic"));
-        // A ring made afresh over used memory starts with no stamps.
+        // A ring made afresh over used memory starts with no stamps: both
+        // slots stamped, then the ring made again over them.
         assert!(p.push(&header(0, 1, 1), &[2]).unwrap());
+        assert!(p.push(&header(0, 1, 1), &[3]).unwrap());
+        assert!((0..2).all(|n| p.ring.stamp(n).load(Ordering::Relaxed) != 0));
         let (_, c) = pair(&mut buf, 2, 8);
+        assert!((0..2).all(|n| c.ring.stamp(n).load(Ordering::Relaxed) == 0));
         assert!(c.peek().unwrap().is_none());
     }
 
