@@ -324,7 +324,7 @@ impl Producer {
         // word is the stamp, stored last.
         unsafe {
             std::ptr::copy_nonoverlapping(header.as_ptr().add(4), slot.add(4), HEADER_LEN - 4);
-            std::ptr::copy_nonoverlapping(payload.as_ptr(), slot.add(HEADER_LEN), payload.len());
+            super::near::copy(slot.add(HEADER_LEN), payload.as_ptr(), payload.len());
         }
         if let Some(t) = timed {
             let sample = costs::ps_per_byte(t.elapsed(), payload.len());
@@ -504,7 +504,7 @@ impl Consumer {
             if streaming {
                 super::stream::copy_streaming(dst.as_mut_ptr(), src, dst.len());
             } else {
-                std::ptr::copy_nonoverlapping(src, dst.as_mut_ptr(), dst.len());
+                super::near::copy(dst.as_mut_ptr(), src, dst.len());
             }
         }
         if let Some(t) = timed {
