@@ -53,29 +53,51 @@ pub(crate) fn bounce_offset(base: usize, remote: usize) -> usize {
 
 #[cfg(target_arch = "x86_64")]
 unsafe fn copy_sse2(dst: *mut u8, src: *const u8, len: usize) {
-    use std::arch::x86_64::{__m128i, _mm_loadu_si128, _mm_storeu_si128};
-    let body = len / 64 * 64;
-    let mut i = 0;
-    while i < body {
-        // SAFETY: i + 64 <= len, within both ranges; loads and stores are
-        // unaligned, which SSE2's loadu/storeu allow.
-        unsafe {
-            let s = src.add(i).cast::<__m128i>();
-            let d = dst.add(i).cast::<__m128i>();
-            let a = _mm_loadu_si128(s);
-            let b = _mm_loadu_si128(s.add(1));
-            let c = _mm_loadu_si128(s.add(2));
-            let e = _mm_loadu_si128(s.add(3));
-            _mm_storeu_si128(d, a);
-            _mm_storeu_si128(d.add(1), b);
-            _mm_storeu_si128(d.add(2), c);
-            _mm_storeu_si128(d.add(3), e);
-        }
-        i += 64;
-    }
+    // SAFETY: forwarded from the caller.
+    let i = unsafe { copy_blocks::<false>(dst, src, len) };
     // SAFETY: the tail lies within both ranges; under 64 bytes, which
     // memcpy does without `rep movsb`.
     unsafe { std::ptr::copy_nonoverlapping(src.add(i), dst.add(i), len - i) };
+}
+
+/// Copies the whole 64-byte blocks of `len` bytes with unaligned SSE2
+/// loads and, with `STREAM`, streaming stores (`stream.rs`; `dst` must then
+/// be 16-byte aligned), else unaligned stores. Returns the bytes copied.
+///
+/// # Safety
+/// As for [`copy`], and `dst` 16-byte aligned where `STREAM`.
+#[cfg(target_arch = "x86_64")]
+pub(super) unsafe fn copy_blocks<const STREAM: bool>(
+    dst: *mut u8,
+    src: *const u8,
+    len: usize,
+) -> usize {
+    use std::arch::x86_64::{__m128i, _mm_loadu_si128, _mm_storeu_si128, _mm_stream_si128};
+    let body = len / 64 * 64;
+    let mut i = 0;
+    while i < body {
+        // SAFETY: i + 64 <= len, within both ranges; loads are unaligned,
+        // stores unaligned or (STREAM) to the aligned destination.
+        unsafe {
+            let s = src.add(i).cast::<__m128i>();
+            let d = dst.add(i).cast::<__m128i>();
+            let v = [
+                _mm_loadu_si128(s),
+                _mm_loadu_si128(s.add(1)),
+                _mm_loadu_si128(s.add(2)),
+                _mm_loadu_si128(s.add(3)),
+            ];
+            for (k, v) in v.into_iter().enumerate() {
+                if STREAM {
+                    _mm_stream_si128(d.add(k), v);
+                } else {
+                    _mm_storeu_si128(d.add(k), v);
+                }
+            }
+        }
+        i += 64;
+    }
+    i
 }
 
 #[cfg(test)]

@@ -38,30 +38,15 @@ pub(crate) unsafe fn copy_streaming(dst: *mut u8, src: *const u8, len: usize) {
 
 #[cfg(target_arch = "x86_64")]
 unsafe fn copy_sse2(dst: *mut u8, src: *const u8, len: usize) {
-    use std::arch::x86_64::{__m128i, _mm_loadu_si128, _mm_sfence, _mm_stream_si128};
+    use std::arch::x86_64::_mm_sfence;
     // Plain copy up to the first 16-byte-aligned destination address.
     let head = dst.align_offset(16).min(len);
     // SAFETY: head <= len, within both ranges.
     unsafe { std::ptr::copy_nonoverlapping(src, dst, head) };
-    let body = (len - head) / 64 * 64;
-    let mut i = head;
-    while i < head + body {
-        // SAFETY: i + 64 <= len; the destination is 16-byte aligned from
-        // `head` on, as _mm_stream_si128 requires; loads are unaligned.
-        unsafe {
-            let s = src.add(i).cast::<__m128i>();
-            let d = dst.add(i).cast::<__m128i>();
-            let a = _mm_loadu_si128(s);
-            let b = _mm_loadu_si128(s.add(1));
-            let c = _mm_loadu_si128(s.add(2));
-            let e = _mm_loadu_si128(s.add(3));
-            _mm_stream_si128(d, a);
-            _mm_stream_si128(d.add(1), b);
-            _mm_stream_si128(d.add(2), c);
-            _mm_stream_si128(d.add(3), e);
-        }
-        i += 64;
-    }
+    // SAFETY: the rest of both ranges; the destination is 16-byte aligned
+    // from `head` on, as streaming stores require.
+    let i = head
+        + unsafe { super::near::copy_blocks::<true>(dst.add(head), src.add(head), len - head) };
     // SAFETY: the tail lies within both ranges.
     unsafe { std::ptr::copy_nonoverlapping(src.add(i), dst.add(i), len - i) };
     // SAFETY: SSE2 is part of x86_64.
