@@ -51,6 +51,44 @@ pub(crate) fn bounce_offset(base: usize, remote: usize) -> usize {
     remote.wrapping_sub(base) & 4095
 }
 
+/// Bytes a bounced transfer moves at a time: a few L2s' worth, so that the
+/// second copy finds them in cache.
+pub(crate) const BOUNCE_CHUNK: usize = 256 << 10;
+
+thread_local! {
+    /// This thread's bounce buffer (a page of slack in front, for the
+    /// landing offset), made at its first bounced transfer.
+    static BOUNCE: std::cell::RefCell<Vec<u8>> = const { std::cell::RefCell::new(Vec::new()) };
+}
+
+/// Runs a transfer of `len` bytes with process memory at `remote` chunk by
+/// chunk through this thread's bounce buffer: `step(remote_at, done,
+/// bounce, n)` moves `n` bytes between `remote_at` and `bounce`, which
+/// lies at `remote_at`'s offset in a page, so that the kernel's copy is at
+/// full speed, and between `bounce` and the caller's buffer at `done`
+/// with [`copy`].
+pub(crate) fn bounced<E>(
+    remote: u64,
+    len: usize,
+    mut step: impl FnMut(u64, usize, *mut u8, usize) -> Result<(), E>,
+) -> Result<(), E> {
+    BOUNCE.with(|b| {
+        let mut b = b.borrow_mut();
+        if b.len() < BOUNCE_CHUNK + 4096 {
+            b.resize(BOUNCE_CHUNK + 4096, 0);
+        }
+        let mut done = 0usize;
+        while done < len {
+            let n = (len - done).min(BOUNCE_CHUNK);
+            let at = remote.wrapping_add(done as u64);
+            let off = bounce_offset(b.as_ptr() as usize, at as usize);
+            step(at, done, b[off..off + n].as_mut_ptr(), n)?;
+            done += n;
+        }
+        Ok(())
+    })
+}
+
 #[cfg(target_arch = "x86_64")]
 unsafe fn copy_sse2(dst: *mut u8, src: *const u8, len: usize) {
     // SAFETY: forwarded from the caller.

@@ -17,6 +17,7 @@
 //! kernel refuses without ptrace rights over the peer, and the error then
 //! says so.
 
+use super::near;
 use crate::error::{Error, Result};
 use crate::seam::RemoteRegion;
 
@@ -89,6 +90,48 @@ pub(super) enum Dir {
 /// readable for a write and writable (and not otherwise borrowed) for a
 /// read.
 pub(super) unsafe fn copy(
+    dir: Dir,
+    local: *mut u8,
+    len: usize,
+    pid: u32,
+    addr: u64,
+    who: &dyn Fn() -> String,
+) -> Result<()> {
+    let (dst, src) = match dir {
+        Dir::Write => (addr as usize, local as usize),
+        Dir::Read => (local as usize, addr as usize),
+    };
+    if !near::near(dst, src, len) {
+        // SAFETY: forwarded from the caller.
+        return unsafe { copy_direct(dir, local, len, pid, addr, who) };
+    }
+    // The kernel's copy between the peer's memory and a bounce buffer at
+    // the same offset in a page, ours between the bounce and `local`
+    // (`near.rs`).
+    near::bounced(addr, len, |at, done, bounce, n| {
+        // SAFETY: `bounce` is n bytes of this thread's bounce buffer, and
+        // `local` holds len >= done + n bytes (the caller's promise).
+        unsafe {
+            match dir {
+                Dir::Write => {
+                    near::copy(bounce, local.add(done), n);
+                    copy_direct(dir, bounce, n, pid, at, who)
+                }
+                Dir::Read => {
+                    copy_direct(dir, bounce, n, pid, at, who)?;
+                    near::copy(local.add(done), bounce, n);
+                    Ok(())
+                }
+            }
+        }
+    })
+}
+
+/// [`copy`] with the kernel's copy straight between `local` and `addr`.
+///
+/// # Safety
+/// As for [`copy`].
+unsafe fn copy_direct(
     dir: Dir,
     local: *mut u8,
     len: usize,
@@ -199,6 +242,77 @@ mod tests {
             copy(Dir::Write, b.as_ptr().cast_mut(), 8, pid, 0x1000, &|| {
                 "rank 9".into()
             })
+        }
+        .unwrap_err()
+        .to_string();
+        assert!(
+            e.contains("process_vm_writev") && e.contains("rank 9"),
+            "{e}"
+        );
+    }
+
+    #[test]
+    fn writes_and_reads_just_past_their_source_go_through_the_bounce() {
+        // This process as the peer: several bounce chunks and a ragged
+        // end, the destination 16 bytes past the source modulo a page
+        // (`near.rs`) each way, then a pair that is not near.
+        let me = std::process::id();
+        let len = 2 * near::BOUNCE_CHUNK + 1000;
+        let src: Vec<u8> = (0..len).map(|i| (i * 11 + 1) as u8).collect();
+        for dist in [16usize, 200] {
+            let mut far = vec![0u8; len + 8192];
+            let s = src.as_ptr() as usize;
+            let off = (s + dist).wrapping_sub(far.as_ptr() as usize) & 4095;
+            let there = far.as_mut_ptr().wrapping_add(off) as u64;
+            assert_eq!(near::near(there as usize, s, len), dist == 16);
+            // SAFETY: src is readable for len bytes; `there` is len bytes
+            // of `far`, in this process.
+            unsafe {
+                copy(Dir::Write, src.as_ptr().cast_mut(), len, me, there, &|| {
+                    "me".into()
+                })
+            }
+            .unwrap();
+            assert!(far[off..off + len] == src[..], "write at distance {dist}");
+            assert!(far[..off].iter().chain(&far[off + len..]).all(|&b| b == 0));
+            // And back: a read whose destination is `dist` past its source.
+            let mut back = vec![0u8; len + 8192];
+            let b_off = (there as usize + dist).wrapping_sub(back.as_ptr() as usize) & 4095;
+            assert_eq!(
+                near::near(back.as_ptr() as usize + b_off, there as usize, len),
+                dist == 16
+            );
+            // SAFETY: `back` holds b_off + len writable bytes.
+            unsafe {
+                copy(
+                    Dir::Read,
+                    back.as_mut_ptr().add(b_off),
+                    len,
+                    me,
+                    there,
+                    &|| "me".into(),
+                )
+            }
+            .unwrap();
+            assert!(
+                back[b_off..b_off + len] == src[..],
+                "read at distance {dist}"
+            );
+        }
+        // A failure through the bounce still names the call and the peer.
+        let mut child = std::process::Command::new("true").spawn().unwrap();
+        let gone = child.id();
+        child.wait().unwrap();
+        // SAFETY: src is readable for 4096 bytes.
+        let e = unsafe {
+            copy(
+                Dir::Write,
+                src.as_ptr().cast_mut(),
+                4096,
+                gone,
+                src.as_ptr() as u64 + 16,
+                &|| "rank 9".into(),
+            )
         }
         .unwrap_err()
         .to_string();

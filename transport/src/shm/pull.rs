@@ -90,16 +90,6 @@ pub(crate) unsafe fn pull(pid: u32, remote: u64, dst: *mut u8, len: usize) -> io
     unsafe { pull_into(pid, remote, dst, len) }
 }
 
-/// Bytes a bounced pull moves at a time: a few L2s' worth, so that the
-/// second copy reads them from cache.
-const BOUNCE_CHUNK: usize = 256 << 10;
-
-thread_local! {
-    /// The bounce buffer of this thread's pulls (a page of slack in front,
-    /// for the landing offset), made at its first bounced pull.
-    static BOUNCE: std::cell::RefCell<Vec<u8>> = const { std::cell::RefCell::new(Vec::new()) };
-}
-
 /// A pull whose destination is just past its source (`near.rs`): chunk by
 /// chunk, the kernel copies into a bounce buffer at the source's offset in
 /// a page, and an SSE2 loop copies on into `dst`. Two copies at full speed
@@ -108,24 +98,12 @@ thread_local! {
 /// # Safety
 /// As for [`pull`].
 unsafe fn pull_bounced(pid: libc::pid_t, remote: u64, dst: *mut u8, len: usize) -> io::Result<()> {
-    BOUNCE.with(|b| {
-        let mut b = b.borrow_mut();
-        if b.len() < BOUNCE_CHUNK + 4096 {
-            b.resize(BOUNCE_CHUNK + 4096, 0);
-        }
-        let mut done = 0usize;
-        while done < len {
-            let n = (len - done).min(BOUNCE_CHUNK);
-            let from = remote.wrapping_add(done as u64);
-            let at = near::bounce_offset(b.as_ptr() as usize, from as usize);
-            let land = b[at..at + n].as_mut_ptr();
-            // SAFETY: `land` is n bytes of our own bounce buffer (at < 4096,
-            // n <= BOUNCE_CHUNK), borrowed for the call.
-            unsafe { pull_into(pid, from, land, n)? };
-            // SAFETY: the caller's dst holds len >= done + n bytes; the
-            // bounce buffer is ours and distinct from it.
-            unsafe { near::copy(dst.add(done), land, n) };
-            done += n;
+    near::bounced(remote, len, |at, done, bounce, n| {
+        // SAFETY: `bounce` is n bytes of this thread's bounce buffer; the
+        // caller's dst holds len >= done + n bytes, distinct from it.
+        unsafe {
+            pull_into(pid, at, bounce, n)?;
+            near::copy(dst.add(done), bounce, n);
         }
         Ok(())
     })
@@ -215,7 +193,7 @@ mod tests {
     fn a_destination_just_past_its_source_is_pulled_through_the_bounce() {
         // Several bounce chunks and a ragged end, the destination 16 bytes
         // past the source modulo a page (`near.rs`), and one that is not.
-        let len = 2 * BOUNCE_CHUNK + 4097;
+        let len = 2 * near::BOUNCE_CHUNK + 4097;
         let src: Vec<u8> = (0..len + 4096).map(|i| (i * 13 + 5) as u8).collect();
         for dist in [16usize, 100] {
             let mut dst = vec![0u8; len + 8192];
