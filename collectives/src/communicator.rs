@@ -1374,7 +1374,13 @@ impl Communicator {
             for t in tensors[i..j].iter() {
                 // SAFETY: off + t.len() <= elems, and the buffer holds elems T
                 // (8-byte aligned, at least T's alignment); no overlap with t.
-                unsafe { std::ptr::copy_nonoverlapping(t.as_ptr(), base.add(off), t.len()) };
+                unsafe {
+                    gw_transport::shm::copy_bytes(
+                        base.add(off).cast(),
+                        t.as_ptr().cast(),
+                        std::mem::size_of_val(*t),
+                    )
+                };
                 off += t.len();
             }
             self.run(RawOp {
@@ -1384,7 +1390,13 @@ impl Communicator {
             let mut off = 0;
             for t in tensors[i..j].iter_mut() {
                 // SAFETY: as above, in the other direction.
-                unsafe { std::ptr::copy_nonoverlapping(base.add(off), t.as_mut_ptr(), t.len()) };
+                unsafe {
+                    gw_transport::shm::copy_bytes(
+                        t.as_mut_ptr().cast(),
+                        base.add(off).cast(),
+                        std::mem::size_of_val(*t),
+                    )
+                };
                 off += t.len();
             }
             i = j;

@@ -321,9 +321,9 @@ impl<X, A> RecvCore<X, A> {
             // checked offset + len <= total, so the copy stays within the
             // caller's p.len bytes; the buffer holds n <= frame_cap bytes.
             unsafe {
-                std::ptr::copy_nonoverlapping(
-                    self.early.bytes(b).as_ptr(),
+                crate::shm::copy_bytes(
                     p.dst.0.add(h.offset as usize),
+                    self.early.bytes(b).as_ptr(),
                     n,
                 )
             };
@@ -466,9 +466,9 @@ impl<X, A> RecvCore<X, A> {
                 // decoding checked offset + len <= total); p.dst is valid
                 // for p.len bytes (post's contract).
                 unsafe {
-                    std::ptr::copy_nonoverlapping(
-                        self.early.bytes(b).as_ptr(),
+                    crate::shm::copy_bytes(
                         p.dst.0.add(h.offset as usize),
+                        self.early.bytes(b).as_ptr(),
                         n,
                     )
                 };

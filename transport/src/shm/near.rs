@@ -13,8 +13,9 @@
 //! allocations having moved the buffers apart.
 //!
 //! [`copy`] takes an SSE2 loop for such pairs (every x86_64 CPU has it),
-//! `memcpy` otherwise; [`bounce_offset`] tells a pull where in a bounce
-//! buffer to land so that the kernel's copy is not one of them.
+//! `memcpy` otherwise; [`bounced`] runs a pull or a one-sided transfer
+//! through a bounce buffer placed so that the kernel's copy is not one of
+//! them. (`GW_TRANSPORT=shm` is what `gwrun --transport shm` sets.)
 
 /// Whether a copy of `len` bytes from `src` to `dst` is one `rep movsb`
 /// runs slowly: at least glibc's threshold for it, and the destination
@@ -24,7 +25,8 @@ pub(crate) fn near(dst: usize, src: usize, len: usize) -> bool {
     len >= NEAR_FROM && (1..64).contains(&(dst.wrapping_sub(src) & 4095))
 }
 
-/// glibc's `rep movsb` threshold on this machine class (0x840).
+/// A little under glibc's `rep movsb` threshold on this machine class
+/// (0x840, 2112 bytes).
 const NEAR_FROM: usize = 2048;
 
 /// Copies `len` bytes from `src` to `dst` at full speed whatever their
@@ -66,27 +68,31 @@ thread_local! {
 /// bounce, n)` moves `n` bytes between `remote_at` and `bounce`, which
 /// lies at `remote_at`'s offset in a page, so that the kernel's copy is at
 /// full speed, and between `bounce` and the caller's buffer at `done`
-/// with [`copy`].
+/// with [`copy`]. `None`, having done nothing, where the thread's bounce
+/// buffer is gone (a transfer from a thread-local destructor): the caller
+/// then copies directly, slowly but correctly.
 pub(crate) fn bounced<E>(
     remote: u64,
     len: usize,
     mut step: impl FnMut(u64, usize, *mut u8, usize) -> Result<(), E>,
-) -> Result<(), E> {
-    BOUNCE.with(|b| {
-        let mut b = b.borrow_mut();
-        if b.len() < BOUNCE_CHUNK + 4096 {
-            b.resize(BOUNCE_CHUNK + 4096, 0);
-        }
-        let mut done = 0usize;
-        while done < len {
-            let n = (len - done).min(BOUNCE_CHUNK);
-            let at = remote.wrapping_add(done as u64);
-            let off = bounce_offset(b.as_ptr() as usize, at as usize);
-            step(at, done, b[off..off + n].as_mut_ptr(), n)?;
-            done += n;
-        }
-        Ok(())
-    })
+) -> Option<Result<(), E>> {
+    BOUNCE
+        .try_with(|b| {
+            let mut b = b.borrow_mut();
+            if b.len() < BOUNCE_CHUNK + 4096 {
+                b.resize(BOUNCE_CHUNK + 4096, 0);
+            }
+            let mut done = 0usize;
+            while done < len {
+                let n = (len - done).min(BOUNCE_CHUNK);
+                let at = remote.wrapping_add(done as u64);
+                let off = bounce_offset(b.as_ptr() as usize, at as usize);
+                step(at, done, b[off..off + n].as_mut_ptr(), n)?;
+                done += n;
+            }
+            Ok(())
+        })
+        .ok()
 }
 
 #[cfg(target_arch = "x86_64")]
@@ -163,6 +169,35 @@ mod tests {
             assert_eq!((base + at) & 4095, remote & 4095);
             assert!(!near(base + at, remote, 1 << 20));
         }
+    }
+
+    #[test]
+    fn a_bounced_transfer_lands_each_chunk_at_its_page_offset() {
+        let remote = (7u64 << 20) + 16;
+        let len = 2 * BOUNCE_CHUNK + 100;
+        let mut seen = Vec::new();
+        let r: Option<Result<(), ()>> = bounced(remote, len, |at, done, bounce, n| {
+            assert_eq!((bounce as usize).wrapping_sub(at as usize) & 4095, 0);
+            assert_eq!(at, remote + done as u64);
+            seen.push((done, n));
+            Ok(())
+        });
+        assert_eq!(r, Some(Ok(())));
+        assert_eq!(
+            seen,
+            [
+                (0, BOUNCE_CHUNK),
+                (BOUNCE_CHUNK, BOUNCE_CHUNK),
+                (2 * BOUNCE_CHUNK, 100)
+            ]
+        );
+        // A failing step stops the transfer with its error.
+        let mut calls = 0;
+        let r = bounced(remote, len, |_, _, _, _| {
+            calls += 1;
+            Err("no")
+        });
+        assert_eq!((r, calls), (Some(Err("no")), 1));
     }
 
     proptest! {

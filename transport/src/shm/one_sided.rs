@@ -108,7 +108,7 @@ pub(super) unsafe fn copy(
     // The kernel's copy between the peer's memory and a bounce buffer at
     // the same offset in a page, ours between the bounce and `local`
     // (`near.rs`).
-    near::bounced(addr, len, |at, done, bounce, n| {
+    let bounced = near::bounced(addr, len, |at, done, bounce, n| {
         // SAFETY: `bounce` is n bytes of this thread's bounce buffer, and
         // `local` holds len >= done + n bytes (the caller's promise).
         unsafe {
@@ -124,7 +124,12 @@ pub(super) unsafe fn copy(
                 }
             }
         }
-    })
+    });
+    match bounced {
+        Some(r) => r,
+        // SAFETY: forwarded from the caller.
+        None => unsafe { copy_direct(dir, local, len, pid, addr, who) },
+    }
 }
 
 /// [`copy`] with the kernel's copy straight between `local` and `addr`.
@@ -297,6 +302,12 @@ mod tests {
             assert!(
                 back[b_off..b_off + len] == src[..],
                 "read at distance {dist}"
+            );
+            assert!(
+                back[..b_off]
+                    .iter()
+                    .chain(&back[b_off + len..])
+                    .all(|&b| b == 0)
             );
         }
         // A failure through the bounce still names the call and the peer.

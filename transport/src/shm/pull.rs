@@ -84,7 +84,9 @@ pub(crate) unsafe fn pull(pid: u32, remote: u64, dst: *mut u8, len: usize) -> io
         .map_err(|_| io::Error::new(io::ErrorKind::InvalidInput, "pid out of range"))?;
     if near::near(dst as usize, remote as usize, len) {
         // SAFETY: forwarded from the caller.
-        return unsafe { pull_bounced(pid, remote, dst, len) };
+        if let Some(r) = unsafe { pull_bounced(pid, remote, dst, len) } {
+            return r;
+        }
     }
     // SAFETY: forwarded from the caller.
     unsafe { pull_into(pid, remote, dst, len) }
@@ -96,8 +98,13 @@ pub(crate) unsafe fn pull(pid: u32, remote: u64, dst: *mut u8, len: usize) -> io
 /// beat one at a fifth of it.
 ///
 /// # Safety
-/// As for [`pull`].
-unsafe fn pull_bounced(pid: libc::pid_t, remote: u64, dst: *mut u8, len: usize) -> io::Result<()> {
+/// As for [`pull`]; `None` as from [`near::bounced`].
+unsafe fn pull_bounced(
+    pid: libc::pid_t,
+    remote: u64,
+    dst: *mut u8,
+    len: usize,
+) -> Option<io::Result<()>> {
     near::bounced(remote, len, |at, done, bounce, n| {
         // SAFETY: `bounce` is n bytes of this thread's bounce buffer; the
         // caller's dst holds len >= done + n bytes, distinct from it.

@@ -33,7 +33,7 @@ pub(crate) unsafe fn copy_streaming(dst: *mut u8, src: *const u8, len: usize) {
         return;
     }
     // SAFETY: forwarded from the caller.
-    unsafe { std::ptr::copy_nonoverlapping(src, dst, len) };
+    unsafe { super::near::copy(dst, src, len) };
 }
 
 #[cfg(target_arch = "x86_64")]
