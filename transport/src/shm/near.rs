@@ -18,11 +18,15 @@
 //! them. (`GW_TRANSPORT=shm` is what `gwrun --transport shm` sets.)
 
 /// Whether a copy of `len` bytes from `src` to `dst` is one `rep movsb`
-/// runs slowly: at least glibc's threshold for it, and the destination
-/// 1 to 63 bytes past the source modulo a page (63, not 31: the distances
-/// just above ran at half speed, and the loop costs little).
+/// runs slowly: on x86_64 (elsewhere there is no `rep movsb`, and a bounce
+/// would be a copy for nothing), at least glibc's threshold for it, and
+/// the destination 1 to 63 bytes past the source modulo a page (63, not
+/// 31: the distances just above ran at half speed, and the loop costs
+/// little).
 pub(crate) fn near(dst: usize, src: usize, len: usize) -> bool {
-    len >= NEAR_FROM && (1..64).contains(&(dst.wrapping_sub(src) & 4095))
+    cfg!(target_arch = "x86_64")
+        && len >= NEAR_FROM
+        && (1..64).contains(&(dst.wrapping_sub(src) & 4095))
 }
 
 /// A little under glibc's `rep movsb` threshold on this machine class
@@ -49,7 +53,7 @@ pub(crate) unsafe fn copy(dst: *mut u8, src: *const u8, len: usize) {
 /// Where in a bounce buffer starting at `base` a pull of bytes at `remote`
 /// lands so that the kernel's copy runs at full speed: the same offset in
 /// a page as the source (distance 0), so `base` needs a page of slack.
-pub(crate) fn bounce_offset(base: usize, remote: usize) -> usize {
+fn bounce_offset(base: usize, remote: usize) -> usize {
     remote.wrapping_sub(base) & 4095
 }
 
