@@ -1375,7 +1375,7 @@ impl Communicator {
                 // SAFETY: off + t.len() <= elems, and the buffer holds elems T
                 // (8-byte aligned, at least T's alignment); no overlap with t.
                 unsafe {
-                    gw_transport::shm::copy_bytes(
+                    gw_transport::copy_bytes(
                         base.add(off).cast(),
                         t.as_ptr().cast(),
                         std::mem::size_of_val(*t),
@@ -1391,7 +1391,7 @@ impl Communicator {
             for t in tensors[i..j].iter_mut() {
                 // SAFETY: as above, in the other direction.
                 unsafe {
-                    gw_transport::shm::copy_bytes(
+                    gw_transport::copy_bytes(
                         t.as_mut_ptr().cast(),
                         base.add(off).cast(),
                         std::mem::size_of_val(*t),

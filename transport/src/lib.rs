@@ -20,6 +20,20 @@ pub use seam::{
 };
 pub use wire::{FrameHeader, FrameKind};
 
+/// Copies `len` bytes from `src` to `dst`, around `rep movsb` where the
+/// destination lies just past the source modulo a page, for which some CPUs
+/// run it at a fifth of its speed or less (see `shm/near.rs`, where the
+/// shared-memory backend's own copies and pulls handle such pairs): for the
+/// local copies of every layer, which meet the same pairs.
+///
+/// # Safety
+/// `src` must be readable and `dst` writable for `len` bytes, and the two
+/// ranges must not overlap.
+pub unsafe fn copy_bytes(dst: *mut u8, src: *const u8, len: usize) {
+    // SAFETY: forwarded from the caller.
+    unsafe { shm::near::copy(dst, src, len) }
+}
+
 pub mod nic;
 pub mod ofi;
 mod recv_core;

@@ -321,7 +321,7 @@ impl<X, A> RecvCore<X, A> {
             // checked offset + len <= total, so the copy stays within the
             // caller's p.len bytes; the buffer holds n <= frame_cap bytes.
             unsafe {
-                crate::shm::copy_bytes(
+                crate::copy_bytes(
                     p.dst.0.add(h.offset as usize),
                     self.early.bytes(b).as_ptr(),
                     n,
@@ -466,7 +466,7 @@ impl<X, A> RecvCore<X, A> {
                 // decoding checked offset + len <= total); p.dst is valid
                 // for p.len bytes (post's contract).
                 unsafe {
-                    crate::shm::copy_bytes(
+                    crate::copy_bytes(
                         p.dst.0.add(h.offset as usize),
                         self.early.bytes(b).as_ptr(),
                         n,

@@ -428,7 +428,7 @@ impl Engine {
             if j == 0 && copy_own {
                 // SAFETY: as above; disjoint, both `block` bytes; the
                 // send only reads the input.
-                unsafe { gw_transport::shm::copy_bytes(at(me).0, op.send.0.cast_const(), block) };
+                unsafe { gw_transport::copy_bytes(at(me).0, op.send.0.cast_const(), block) };
             }
             // The peer's blocks in recv are `len` bytes, disjoint from
             // ours, and no other part of this call touches them.
@@ -512,7 +512,7 @@ impl Engine {
         if tree.parent.is_none() && op.send.0 != op.recv.0 {
             // SAFETY: the caller's input and output, `len` bytes each,
             // disjoint (not in place); the sends only read the input.
-            unsafe { gw_transport::shm::copy_bytes(op.recv.0, op.send.0.cast_const(), len) };
+            unsafe { gw_transport::copy_bytes(op.recv.0, op.send.0.cast_const(), len) };
         }
         let mut res = Ok(());
         for (leg, started) in sends.into_iter().flatten() {

@@ -109,7 +109,7 @@ impl Engine {
             // SAFETY: buf_range checked the range against scratch; the
             // transport guarantees `len` bytes at `at` until release, in
             // memory the engine does not own, so the two do not overlap.
-            unsafe { gw_transport::shm::copy_bytes(base.0.add(off), at, len) }
+            unsafe { gw_transport::copy_bytes(base.0.add(off), at, len) }
         });
         let released = self.transports[t].release_in_place(held);
         copied.and(released)

@@ -422,7 +422,7 @@ impl Kernel {
             None => {
                 // SAFETY: `src` and `dst` are valid for `bytes` bytes and do
                 // not overlap (caller).
-                unsafe { gw_transport::shm::copy_bytes(dst, src, bytes) }
+                unsafe { gw_transport::copy_bytes(dst, src, bytes) }
             }
         }
     }

@@ -49,7 +49,7 @@
 mod costs;
 mod doorbell;
 mod names;
-mod near;
+pub(crate) mod near;
 mod one_sided;
 mod private;
 mod pull;
@@ -464,19 +464,6 @@ pub struct ShmTransport {
     /// The sleep flags in the rings are raised (`prepare_sleep`): clearing
     /// them is a store to a line the peer reads, so only done when needed.
     armed: bool,
-}
-
-/// Copies `len` bytes from `src` to `dst`, around `rep movsb` where the
-/// destination lies just past the source modulo a page, for which some CPUs
-/// run it at a fifth of its speed or less (see `shm/near.rs`): for the
-/// local copies of the layers above, which meet the same pairs.
-///
-/// # Safety
-/// `src` must be readable and `dst` writable for `len` bytes, and the two
-/// ranges must not overlap.
-pub unsafe fn copy_bytes(dst: *mut u8, src: *const u8, len: usize) {
-    // SAFETY: forwarded from the caller.
-    unsafe { near::copy(dst, src, len) }
 }
 
 impl ShmTransport {
