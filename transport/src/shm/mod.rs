@@ -46,6 +46,7 @@
 //! the flag sends one byte to the doorbell. Without [`Transport::attach`] the
 //! transport works by polling alone.
 
+mod cma;
 mod costs;
 mod doorbell;
 mod names;
@@ -71,8 +72,8 @@ mod tests_read;
 #[cfg(test)]
 mod tests_squat;
 
+use self::cma::Dir;
 use self::doorbell::{Doorbell, doorbell_addr};
-use self::one_sided::Dir;
 use self::pull::RENDEZVOUS_LEN;
 use self::ring::{CanPull, Consumer, Corrupt, MAX_PULLS, Producer, next_segment};
 pub(crate) use self::segment::pid_alive;

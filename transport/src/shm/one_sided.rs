@@ -17,7 +17,7 @@
 //! kernel refuses without ptrace rights over the peer, and the error then
 //! says so.
 
-use super::near;
+use super::cma::{self, Dir, Stop};
 use crate::error::{Error, Result};
 use crate::seam::RemoteRegion;
 
@@ -72,18 +72,9 @@ pub(super) fn target(
     })
 }
 
-/// Which way a one-sided copy goes.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(super) enum Dir {
-    /// From this process into the peer's region (`process_vm_writev`).
-    Write,
-    /// From the peer's region into this process (`process_vm_readv`).
-    Read,
-}
-
 /// Copies `len` bytes between `local` in this process and `addr` in
-/// process `pid`, the way `dir` says; `who` names the peer in errors
-/// (formatted only then).
+/// process `pid`, the way `dir` says (`cma.rs`); `who` names the peer in
+/// errors (formatted only then).
 ///
 /// # Safety
 /// `local..local + len` must be memory of this process for the call,
@@ -97,78 +88,13 @@ pub(super) unsafe fn copy(
     addr: u64,
     who: &dyn Fn() -> String,
 ) -> Result<()> {
-    let (dst, src) = match dir {
-        Dir::Write => (addr as usize, local as usize),
-        Dir::Read => (local as usize, addr as usize),
-    };
-    if !near::near(dst, src, len) {
-        // SAFETY: forwarded from the caller.
-        return unsafe { copy_direct(dir, local, len, pid, addr, who) };
-    }
-    // The kernel's copy between the peer's memory and a bounce buffer at
-    // the same offset in a page, ours between the bounce and `local`
-    // (`near.rs`).
-    let bounced = near::bounced(addr, len, |at, done, bounce, n| {
-        // SAFETY: `bounce` is n bytes of this thread's bounce buffer, and
-        // `local` holds len >= done + n bytes (the caller's promise).
-        unsafe {
-            match dir {
-                Dir::Write => {
-                    near::copy(bounce, local.add(done), n);
-                    copy_direct(dir, bounce, n, pid, at, who)
-                }
-                Dir::Read => {
-                    copy_direct(dir, bounce, n, pid, at, who)?;
-                    near::copy(local.add(done), bounce, n);
-                    Ok(())
-                }
-            }
-        }
-    });
-    match bounced {
-        Some(r) => r,
-        // SAFETY: forwarded from the caller.
-        None => unsafe { copy_direct(dir, local, len, pid, addr, who) },
-    }
-}
-
-/// [`copy`] with the kernel's copy straight between `local` and `addr`.
-///
-/// # Safety
-/// As for [`copy`].
-unsafe fn copy_direct(
-    dir: Dir,
-    local: *mut u8,
-    len: usize,
-    pid: u32,
-    addr: u64,
-    who: &dyn Fn() -> String,
-) -> Result<()> {
     let (syscall, what, into) = match dir {
         Dir::Write => ("process_vm_writev", "write", "into"),
         Dir::Read => ("process_vm_readv", "read", "from"),
     };
-    let mut done = 0usize;
-    while done < len {
-        let here = libc::iovec {
-            iov_base: local.wrapping_add(done).cast::<libc::c_void>(),
-            iov_len: len - done,
-        };
-        let there = libc::iovec {
-            iov_base: (addr as usize).wrapping_add(done) as *mut libc::c_void,
-            iov_len: len - done,
-        };
-        // SAFETY: the local range is valid (the caller's promise); the
-        // remote range is checked by the kernel, which fails rather than
-        // touching memory the peer has not mapped.
-        let n = unsafe {
-            match dir {
-                Dir::Write => libc::process_vm_writev(pid as libc::pid_t, &here, 1, &there, 1, 0),
-                Dir::Read => libc::process_vm_readv(pid as libc::pid_t, &here, 1, &there, 1, 0),
-            }
-        };
-        if n < 0 {
-            let source = std::io::Error::last_os_error();
+    // SAFETY: forwarded from the caller.
+    unsafe { cma::copy(dir, pid as libc::pid_t, local, addr, len) }.map_err(|s| match s.why {
+        Stop::Os(source) => {
             let hint = match source.raw_os_error() {
                 Some(libc::EPERM) => {
                     ": this process may not reach into the peer's memory (ptrace rights are needed: same user, Yama ptrace_scope <= 1, no seccomp filter)"
@@ -179,32 +105,29 @@ unsafe fn copy_direct(
                 }
                 _ => "",
             };
-            return Err(Error::Sys {
+            Error::Sys {
                 syscall,
                 context: format!(
                     "one-sided {what} of {} bytes at {:#x} {into} {}{hint}",
-                    len - done,
-                    addr + done as u64,
+                    s.left,
+                    s.at,
                     who()
                 ),
                 source,
-            });
+            }
         }
-        if n == 0 {
-            return Err(Error::Protocol(format!(
-                "{syscall} {into} {} moved nothing at {:#x}",
-                who(),
-                addr + done as u64
-            )));
-        }
-        done += n as usize;
-    }
-    Ok(())
+        Stop::Nothing => Error::Protocol(format!(
+            "{syscall} {into} {} moved nothing at {:#x}",
+            who(),
+            s.at
+        )),
+    })
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::shm::near;
 
     fn region(rank: u32, pid: u32, len: u64) -> RemoteRegion {
         RemoteRegion {

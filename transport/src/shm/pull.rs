@@ -21,7 +21,7 @@
 //! yes. Under Yama's `ptrace_scope` = 1 each process allows its peers to read
 //! it (`PR_SET_PTRACER`), as OpenMPI's shared-memory transport does.
 
-use super::near;
+use super::cma::{self, Dir, Stop};
 use std::io;
 use std::sync::Once;
 
@@ -74,7 +74,8 @@ pub(crate) fn allow_peers_to_pull() {
 }
 
 /// Copies `len` bytes at `remote` in process `pid` to `dst`, looping over
-/// short reads.
+/// short reads, around `rep movsb` where `dst` lies just past `remote`
+/// modulo a page (`cma.rs`).
 ///
 /// # Safety
 /// `dst` must be valid for writes of `len` bytes and not otherwise accessed
@@ -82,71 +83,14 @@ pub(crate) fn allow_peers_to_pull() {
 pub(crate) unsafe fn pull(pid: u32, remote: u64, dst: *mut u8, len: usize) -> io::Result<()> {
     let pid = libc::pid_t::try_from(pid)
         .map_err(|_| io::Error::new(io::ErrorKind::InvalidInput, "pid out of range"))?;
-    if near::near(dst as usize, remote as usize, len) {
-        // SAFETY: forwarded from the caller.
-        if let Some(r) = unsafe { pull_bounced(pid, remote, dst, len) } {
-            return r;
-        }
-    }
     // SAFETY: forwarded from the caller.
-    unsafe { pull_into(pid, remote, dst, len) }
-}
-
-/// A pull whose destination is just past its source (`near.rs`): chunk by
-/// chunk, the kernel copies into a bounce buffer at the source's offset in
-/// a page, and an SSE2 loop copies on into `dst`. Two copies at full speed
-/// beat one at a fifth of it.
-///
-/// # Safety
-/// As for [`pull`]; `None` as from [`near::bounced`].
-unsafe fn pull_bounced(
-    pid: libc::pid_t,
-    remote: u64,
-    dst: *mut u8,
-    len: usize,
-) -> Option<io::Result<()>> {
-    near::bounced(remote, len, |at, done, bounce, n| {
-        // SAFETY: `bounce` is n bytes of this thread's bounce buffer; the
-        // caller's dst holds len >= done + n bytes, distinct from it.
-        unsafe {
-            pull_into(pid, at, bounce, n)?;
-            near::copy(dst.add(done), bounce, n);
-        }
-        Ok(())
+    unsafe { cma::copy(Dir::Read, pid, dst, remote, len) }.map_err(|s| match s.why {
+        Stop::Os(e) => e,
+        Stop::Nothing => io::Error::new(
+            io::ErrorKind::UnexpectedEof,
+            format!("read 0 of {} remaining bytes", s.left),
+        ),
     })
-}
-
-/// [`pull`] in one go, with the kernel's copy straight into `dst`.
-///
-/// # Safety
-/// As for [`pull`].
-unsafe fn pull_into(pid: libc::pid_t, remote: u64, dst: *mut u8, len: usize) -> io::Result<()> {
-    let mut done = 0usize;
-    while done < len {
-        let local = libc::iovec {
-            iov_base: dst.wrapping_add(done).cast(),
-            iov_len: len - done,
-        };
-        let from = libc::iovec {
-            iov_base: (remote.wrapping_add(done as u64)) as usize as *mut libc::c_void,
-            iov_len: len - done,
-        };
-        // SAFETY: `local` lies within dst's `len` bytes (caller's promise); the
-        // remote iovec is only read, by the kernel, in the other process, which
-        // fails with EFAULT rather than touching anything of ours if it is bad.
-        let n = unsafe { libc::process_vm_readv(pid, &local, 1, &from, 1, 0) };
-        if n < 0 {
-            return Err(io::Error::last_os_error());
-        }
-        if n == 0 {
-            return Err(io::Error::new(
-                io::ErrorKind::UnexpectedEof,
-                format!("read 0 of {} remaining bytes", len - done),
-            ));
-        }
-        done += n as usize;
-    }
-    Ok(())
 }
 
 /// Whether this process can read process `pid`'s memory: reads the probe
@@ -164,6 +108,7 @@ pub(crate) fn probe(pid: u32, addr: u64) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::shm::near;
 
     #[test]
     fn payload_roundtrips() {
