@@ -106,7 +106,9 @@ MpiDefault=none
 SlurmdParameters=config_overrides
 ReturnToService=2
 KillWait=5
-MinJobAge=30
+# sbatch --wait polls the job at 2 s, then every 4x longer until past half
+# this age (capped at 32 s): at 30 that is 2, 10, 42 s, at 10 every 8 s.
+MinJobAge=10
 InactiveLimit=0
 NodeName=${nodes[0]} NodeAddr=$net.1 CPUs=$cpus RealMemory=1000 State=UNKNOWN
 NodeName=${nodes[1]} NodeAddr=$net.2 CPUs=$cpus RealMemory=1000 State=UNKNOWN

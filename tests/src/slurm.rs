@@ -32,11 +32,20 @@ impl Cluster {
     /// where `GW_TEST_NETNS` or [`REQUIRE_VAR`] is `required`) or has no
     /// Slurm (where [`REQUIRE_VAR`] is `required`, `up` installs it).
     pub fn up_or_skip(test: &str) -> Option<Cluster> {
+        Self::up_or_skip_as(test, "")
+    }
+
+    /// As [`Cluster::up_or_skip`], for a further cluster of the same test
+    /// process, told apart by `tag` (at most 2 characters: the namespaces'
+    /// prefix is limited), so that cases that wait on the clock can run
+    /// beside the others instead of holding their cluster's processors.
+    pub fn up_or_skip_as(test: &str, tag: &str) -> Option<Cluster> {
+        assert!(tag.len() <= 2, "cluster tag {tag:?} is over 2 characters");
         let id = std::process::id();
         let cluster = Cluster {
             script: repo().join("scripts/slurm-cluster.sh"),
-            dir: std::env::temp_dir().join(format!("gw-slurm-{id}")),
-            prefix: format!("gws{id}"),
+            dir: std::env::temp_dir().join(format!("gw-slurm-{id}{tag}")),
+            prefix: format!("gws{id}{tag}"),
         };
         let required = |var: &str| std::env::var(var).is_ok_and(|v| v == "required");
         // Skips unless one of `vars` says this machine can do what failed.

@@ -468,6 +468,38 @@ fn idle_cpu(comm: &Communicator) -> Result<String, String> {
     Ok(format!("idle cpu {:.3}% of a core", frac * 100.0))
 }
 
+/// A training loop's rhythm: a checked 256 KiB all-reduce, then 20 ms of
+/// "compute" (a sleep), until `limit` is up. For tests that need ranks alive
+/// and communicating for a long time without taking the processors (a
+/// scheduler's time limit ending them, say). Prints `paced ready` once every
+/// rank is past its first all-reduce.
+fn paced(comm: &Communicator, limit: Duration) -> Result<String, String> {
+    let n = comm.size() as f32;
+    let mut v = vec![0.0f32; 1 << 16];
+    let started = Instant::now();
+    let mut steps = 0u64;
+    loop {
+        v.fill(1.0);
+        comm.all_reduce_in_place(&mut v, RedOp::Sum)
+            .map_err(|e| format!("step {steps}: {e}"))?;
+        if let Some(i) = v.iter().position(|&x| x != n) {
+            return Err(format!("step {steps}: element {i} is {}, want {n}", v[i]));
+        }
+        if steps == 0 {
+            use std::io::Write;
+            println!("rank {}: paced ready", comm.rank());
+            let _ = std::io::stdout().flush();
+        }
+        steps += 1;
+        if started.elapsed() >= limit {
+            return Ok(format!(
+                "paced: {steps} steps, nothing stopped it in {limit:?}"
+            ));
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
 /// The cost model this rank chooses with and its choice per size, on one line,
 /// so a test can check that every rank uses rank 0's.
 fn model_choices(comm: &Communicator) -> String {
@@ -483,7 +515,7 @@ fn main() -> ExitCode {
     let args: Vec<String> = std::env::args().skip(1).collect();
     let Some(cmd) = args.first().cloned() else {
         eprintln!(
-            "usage: gwtest exchange [SIZES...] | collectives [SIZES...] | all-reduce [SIZES...] | kill-mid-transfer VICTIM | kill-mid-persistent VICTIM | p2p-overlap [ITERS] | mismatch | collective-mismatch | init"
+            "usage: gwtest exchange [SIZES...] | collectives [SIZES...] | all-reduce [SIZES...] | kill-mid-transfer VICTIM | kill-mid-persistent VICTIM | p2p-overlap [ITERS] | mismatch | collective-mismatch | paced [SECONDS] | init"
         );
         return ExitCode::from(2);
     };
@@ -520,6 +552,11 @@ fn main() -> ExitCode {
         "fusion" => fusion(&comm),
         "model" => Ok(model_choices(&comm)),
         "idle-cpu" => idle_cpu(&comm),
+        "paced" => match args.get(1).map(|v| v.parse::<u64>()) {
+            None => paced(&comm, Duration::from_secs(600)),
+            Some(Ok(s)) => paced(&comm, Duration::from_secs(s)),
+            Some(Err(_)) => Err(format!("paced: {:?} is not a number of seconds", args[1])),
+        },
         other => Err(format!("unknown scenario {other}")),
     };
     match res {
