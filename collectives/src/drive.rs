@@ -388,7 +388,14 @@ pub(crate) fn engine_thread(driver: Arc<Driver>, mut poll: Poll, started: SyncSe
             }
             Turn::Sleep { timeout, .. } => {
                 let ready = e.prepare_sleep();
+                let oversubscribed = e.oversubscribed();
                 drop(e);
+                // A transport that cannot wake us (libfabric's shm: no wait
+                // object) leaves this loop polling: where ranks outnumber
+                // cores, give the core to whoever must move the bytes.
+                if !ready && oversubscribed {
+                    std::thread::yield_now();
+                }
                 let res = poll.poll(
                     &mut events,
                     if ready { timeout } else { Some(Duration::ZERO) },
