@@ -123,6 +123,10 @@ environment set for each rank:
   GW_TRANSPORT, GW_TIMEOUT, GW_LANES
                    only when the matching option is given; otherwise whatever
                    gwrun inherited is passed on unchanged
+  OMP_NUM_THREADS  the rank's share of gwrun's processors, at least 1 (two
+                   ranks on 64 get 32 each), as torchrun sets it, so that the
+                   ranks' OpenMP threads (PyTorch, BLAS) do not outnumber the
+                   cores; only if not inherited
   RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE, MASTER_ADDR, MASTER_PORT
                    torchrun's, so that PyTorch's init_process_group works
                    under gwrun with any backend: the rank and sizes as above,
@@ -698,6 +702,7 @@ mod tests {
             "GW_TIMEOUT",
             "GW_LANES",
             "GW_STORE_BIND",
+            "OMP_NUM_THREADS",
             "exit status",
             "128+N",
             "auto|tcp|shm|ofi",

@@ -49,6 +49,9 @@ use gw_rendezvous::token::random_hex;
 use gw_rendezvous::{StoreConfig, StoreServer};
 
 use args::Options;
+
+/// OpenMP's thread count, set for every rank (see [`bind::threads_per_rank`]).
+const OMP_NUM_THREADS: &str = "OMP_NUM_THREADS";
 use job::RankProc;
 use output::Stream;
 use signals::Signals;
@@ -129,6 +132,14 @@ pub fn run(opts: Options) -> i32 {
     }
     if let Some(k) = opts.lanes {
         settings.push(("GW_LANES", k.to_string()));
+    }
+    // Each rank's OpenMP threads within its share of the processors, as
+    // torchrun does (see `bind::threads_per_rank`); an inherited value is
+    // the user's choice.
+    if std::env::var_os(OMP_NUM_THREADS).is_none()
+        && let Some(n) = bind::threads_per_rank(allowed.len(), opts.nprocs)
+    {
+        settings.push((OMP_NUM_THREADS, n.to_string()));
     }
     // torchrun's rendezvous variables, so that a PyTorch program (any
     // backend) initialises under gwrun as under torchrun; the per-rank ones

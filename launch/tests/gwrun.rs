@@ -71,6 +71,7 @@ fn gwrun_cmd(args: &[&str]) -> Command {
         "GW_BIND_TO",
         "MASTER_ADDR",
         "MASTER_PORT",
+        "OMP_NUM_THREADS",
     ] {
         c.env_remove(v);
     }
@@ -707,6 +708,34 @@ fn ranks_get_torchruns_variables_too() {
         String::from_utf8_lossy(&out.stdout).contains("10.9.8.7:4242"),
         "{out:?}"
     );
+}
+
+/// Each rank's OpenMP threads: its share of gwrun's processors, at least
+/// one; an inherited OMP_NUM_THREADS is left alone.
+#[test]
+fn ranks_get_their_share_of_openmp_threads() {
+    let cpus = gw_rendezvous::peers::own_cpus().len();
+    assert!(cpus > 0, "this process's processors are unknown");
+    for n in [1usize, 2, 3 * cpus] {
+        let out = gwrun(&["-n", &n.to_string(), "sh", "-c", "echo $OMP_NUM_THREADS"]);
+        assert_eq!(out.code(), Some(0), "{out:?}");
+        let want = (cpus / n).max(1).to_string();
+        let lines = out.sorted_lines();
+        assert_eq!(lines.len(), n, "{out:?}");
+        for line in &lines {
+            assert_eq!(
+                line.split(' ').nth(1),
+                Some(want.as_str()),
+                "n={n}: {out:?}"
+            );
+        }
+    }
+    let out = gwrun_cmd(&["-n", "2", "sh", "-c", "echo threads=$OMP_NUM_THREADS"])
+        .env("OMP_NUM_THREADS", "7")
+        .output()
+        .expect("gwrun");
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert_eq!(text.matches("threads=7").count(), 2, "{out:?}");
 }
 
 #[test]
