@@ -390,9 +390,10 @@ pub(crate) fn engine_thread(driver: Arc<Driver>, mut poll: Poll, started: SyncSe
                 let ready = e.prepare_sleep();
                 let oversubscribed = e.oversubscribed();
                 drop(e);
-                // A transport that cannot wake us (libfabric's shm: no wait
-                // object) leaves this loop polling: where ranks outnumber
-                // cores, give the core to whoever must move the bytes.
+                // A transport that will not let us sleep (libfabric's shm
+                // with work in flight: it has no wait object; or work
+                // already waiting) leaves this loop polling: where ranks
+                // outnumber cores, let whoever else is runnable go first.
                 if !ready && oversubscribed {
                     std::thread::yield_now();
                 }

@@ -118,15 +118,17 @@ environment set for each rank:
   GW_LOCAL_SIZE    ranks on this host (= N)
   GW_STORE         HOST:PORT of the rendezvous store
   GW_TOKEN         per-job secret the store requires (32 hex digits)
-  GW_JOB_ID        per-job id (16 hex digits); shared-memory files are named
-                   /dev/shm/gw-<GW_JOB_ID>-* and removed when the job ends
+  GW_JOB_ID        per-job id (16 hex digits); the ranks name their
+                   shared-memory segments by a secret they share instead,
+                   and unlink them once mapped; any /dev/shm/gw-<GW_JOB_ID>-*
+                   left is removed when the job ends
   GW_TRANSPORT, GW_TIMEOUT, GW_LANES
                    only when the matching option is given; otherwise whatever
                    gwrun inherited is passed on unchanged
   OMP_NUM_THREADS  the rank's share of gwrun's processors, at least 1 (two
-                   ranks on 64 get 32 each), as torchrun sets it, so that the
+                   ranks on 64 get 32 each; torchrun sets 1), so that the
                    ranks' OpenMP threads (PyTorch, BLAS) do not outnumber the
-                   cores; only if not inherited
+                   cores; only if not inherited (an empty one counts as unset)
   RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE, MASTER_ADDR, MASTER_PORT
                    torchrun's, so that PyTorch's init_process_group works
                    under gwrun with any backend: the rank and sizes as above,

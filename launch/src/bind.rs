@@ -73,7 +73,7 @@ pub fn shares(policy: BindTo, allowed: &[u32], ranks: usize) -> Option<Vec<Vec<u
 /// every rank, and threads that spin in its barriers then outnumber the
 /// cores: on a 2-core machine, 4 ranks of examples/torch/train_ddp.py took
 /// 9.9 s for 30 steps with 2 threads each and 0.25 s with 1. torchrun sets
-/// 1 for the same reason.
+/// 1 (where it starts more than one process) for the same reason.
 pub fn threads_per_rank(allowed: usize, ranks: usize) -> Option<usize> {
     (allowed > 0).then(|| (allowed / ranks.max(1)).max(1))
 }

@@ -49,9 +49,6 @@ use gw_rendezvous::token::random_hex;
 use gw_rendezvous::{StoreConfig, StoreServer};
 
 use args::Options;
-
-/// OpenMP's thread count, set for every rank (see [`bind::threads_per_rank`]).
-const OMP_NUM_THREADS: &str = "OMP_NUM_THREADS";
 use job::RankProc;
 use output::Stream;
 use signals::Signals;
@@ -63,6 +60,9 @@ pub const EXIT_USAGE: i32 = 2;
 pub const EXIT_INTERNAL: i32 = 1;
 /// How long to wait for rank output to drain after the last rank is gone.
 const DRAIN_GRACE: Duration = Duration::from_secs(2);
+
+/// OpenMP's thread count, set for every rank (see [`bind::threads_per_rank`]).
+const OMP_NUM_THREADS: &str = "OMP_NUM_THREADS";
 
 fn usage_error(msg: &str) -> i32 {
     say!("error: {msg}");
@@ -136,7 +136,7 @@ pub fn run(opts: Options) -> i32 {
     // Each rank's OpenMP threads within its share of the processors, as
     // torchrun does (see `bind::threads_per_rank`); an inherited value is
     // the user's choice.
-    if std::env::var_os(OMP_NUM_THREADS).is_none()
+    if std::env::var_os(OMP_NUM_THREADS).is_none_or(|v| v.is_empty())
         && let Some(n) = bind::threads_per_rank(allowed.len(), opts.nprocs)
     {
         settings.push((OMP_NUM_THREADS, n.to_string()));

@@ -716,7 +716,7 @@ fn ranks_get_torchruns_variables_too() {
 fn ranks_get_their_share_of_openmp_threads() {
     let cpus = gw_rendezvous::peers::own_cpus().len();
     assert!(cpus > 0, "this process's processors are unknown");
-    for n in [1usize, 2, 3 * cpus] {
+    for n in [1usize, 2, cpus + 1] {
         let out = gwrun(&["-n", &n.to_string(), "sh", "-c", "echo $OMP_NUM_THREADS"]);
         assert_eq!(out.code(), Some(0), "{out:?}");
         let want = (cpus / n).max(1).to_string();
@@ -736,6 +736,16 @@ fn ranks_get_their_share_of_openmp_threads() {
         .expect("gwrun");
     let text = String::from_utf8_lossy(&out.stdout);
     assert_eq!(text.matches("threads=7").count(), 2, "{out:?}");
+    // An empty one is unset to OpenMP, and so to gwrun.
+    let out = gwrun_cmd(&["-n", "1", "sh", "-c", "echo threads=$OMP_NUM_THREADS"])
+        .env("OMP_NUM_THREADS", "")
+        .output()
+        .expect("gwrun");
+    let want = format!("threads={cpus}");
+    assert!(
+        String::from_utf8_lossy(&out.stdout).contains(&want),
+        "{want}: {out:?}"
+    );
 }
 
 #[test]

@@ -462,7 +462,8 @@ fn time_limit_ends_ranks(c: &Cluster, env: &[(&str, &str)]) {
         env,
         "gwtime",
         &["--time=1"],
-        &[&gwtest, "paced", "300"],
+        // At least 15000 x 20 ms = 300 s: well past the limit.
+        &[&gwtest, "paced", "15000"],
         "paced ready",
     );
     let job = step.job.clone();

@@ -469,35 +469,29 @@ fn idle_cpu(comm: &Communicator) -> Result<String, String> {
 }
 
 /// A training loop's rhythm: a checked 256 KiB all-reduce, then 20 ms of
-/// "compute" (a sleep), until `limit` is up. For tests that need ranks alive
-/// and communicating for a long time without taking the processors (a
-/// scheduler's time limit ending them, say). Prints `paced ready` once every
-/// rank is past its first all-reduce.
-fn paced(comm: &Communicator, limit: Duration) -> Result<String, String> {
+/// "compute" (a sleep), `steps` times. For tests that need ranks alive and
+/// communicating for a long time without taking the processors (a
+/// scheduler's time limit ending them, say). A count, not a clock, ends it,
+/// so that every rank stops after the same all-reduce. Prints `paced ready`
+/// once this rank is past its first all-reduce (so every rank is past init).
+fn paced(comm: &Communicator, steps: u64) -> Result<String, String> {
     let n = comm.size() as f32;
     let mut v = vec![0.0f32; 1 << 16];
-    let started = Instant::now();
-    let mut steps = 0u64;
-    loop {
+    for step in 0..steps {
         v.fill(1.0);
         comm.all_reduce_in_place(&mut v, RedOp::Sum)
-            .map_err(|e| format!("step {steps}: {e}"))?;
+            .map_err(|e| format!("step {step}: {e}"))?;
         if let Some(i) = v.iter().position(|&x| x != n) {
-            return Err(format!("step {steps}: element {i} is {}, want {n}", v[i]));
+            return Err(format!("step {step}: element {i} is {}, want {n}", v[i]));
         }
-        if steps == 0 {
+        if step == 0 {
             use std::io::Write;
             println!("rank {}: paced ready", comm.rank());
             let _ = std::io::stdout().flush();
         }
-        steps += 1;
-        if started.elapsed() >= limit {
-            return Ok(format!(
-                "paced: {steps} steps, nothing stopped it in {limit:?}"
-            ));
-        }
         std::thread::sleep(Duration::from_millis(20));
     }
+    Ok(format!("paced: {steps} steps, nothing stopped it"))
 }
 
 /// The cost model this rank chooses with and its choice per size, on one line,
@@ -512,9 +506,10 @@ fn model_choices(comm: &Communicator) -> String {
 
 /// Keeps the buffers a scenario frees in the heap for its next case: the
 /// matrix allocates and frees vectors of up to 8 MiB hundreds of times, and
-/// with glibc's defaults each is a fresh mapping whose page faults and
-/// zeroing took a third of a 4-rank run (`perf`). Buffer addresses still
+/// with glibc's defaults each is a fresh mapping whose page faults, zeroing
+/// and unmapping took about a quarter of a 4-rank run (`perf`). Buffer addresses still
 /// vary case to case, which the copies' alignment paths want.
+#[cfg(target_env = "gnu")]
 fn keep_freed_memory() {
     // SAFETY: mallopt only sets glibc's thresholds; no other thread exists
     // yet. A refused value (0 returned) leaves the default, which is correct,
@@ -525,13 +520,17 @@ fn keep_freed_memory() {
     }
 }
 
+/// Other C libraries keep their own policy.
+#[cfg(not(target_env = "gnu"))]
+fn keep_freed_memory() {}
+
 fn main() -> ExitCode {
     keep_freed_memory();
     gw_logging::init();
     let args: Vec<String> = std::env::args().skip(1).collect();
     let Some(cmd) = args.first().cloned() else {
         eprintln!(
-            "usage: gwtest exchange [SIZES...] | collectives [SIZES...] | all-reduce [SIZES...] | kill-mid-transfer VICTIM | kill-mid-persistent VICTIM | p2p-overlap [ITERS] | mismatch | collective-mismatch | paced [SECONDS] | init"
+            "usage: gwtest exchange [SIZES...] | collectives [SIZES...] | all-reduce [SIZES...] | kill-mid-transfer VICTIM | kill-mid-persistent VICTIM | p2p-overlap [ITERS] | mismatch | collective-mismatch | paced [STEPS] | init"
         );
         return ExitCode::from(2);
     };
@@ -569,9 +568,9 @@ fn main() -> ExitCode {
         "model" => Ok(model_choices(&comm)),
         "idle-cpu" => idle_cpu(&comm),
         "paced" => match args.get(1).map(|v| v.parse::<u64>()) {
-            None => paced(&comm, Duration::from_secs(600)),
-            Some(Ok(s)) => paced(&comm, Duration::from_secs(s)),
-            Some(Err(_)) => Err(format!("paced: {:?} is not a number of seconds", args[1])),
+            None => paced(&comm, 1000),
+            Some(Ok(steps)) => paced(&comm, steps),
+            Some(Err(_)) => Err(format!("paced: {:?} is not a number of steps", args[1])),
         },
         other => Err(format!("unknown scenario {other}")),
     };
