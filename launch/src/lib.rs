@@ -133,9 +133,9 @@ pub fn run(opts: Options) -> i32 {
     if let Some(k) = opts.lanes {
         settings.push(("GW_LANES", k.to_string()));
     }
-    // Each rank's OpenMP threads within its share of the processors, as
-    // torchrun does (see `bind::threads_per_rank`); an inherited value is
-    // the user's choice.
+    // Each rank's OpenMP threads within its share of the processors (see
+    // `bind::threads_per_rank`; torchrun sets 1); an inherited value is the
+    // user's choice.
     if std::env::var_os(OMP_NUM_THREADS).is_none_or(|v| v.is_empty())
         && let Some(n) = bind::threads_per_rank(allowed.len(), opts.nprocs)
     {

@@ -507,8 +507,9 @@ fn model_choices(comm: &Communicator) -> String {
 /// Keeps the buffers a scenario frees in the heap for its next case: the
 /// matrix allocates and frees vectors of up to 8 MiB hundreds of times, and
 /// with glibc's defaults each is a fresh mapping whose page faults, zeroing
-/// and unmapping took about a quarter of a 4-rank run (`perf`). Buffer addresses still
-/// vary case to case, which the copies' alignment paths want.
+/// and unmapping took about a quarter of a 4-rank run (`perf`). Buffer
+/// addresses still vary case to case, which the copies' alignment paths
+/// want.
 #[cfg(target_env = "gnu")]
 fn keep_freed_memory() {
     // SAFETY: mallopt only sets glibc's thresholds; no other thread exists
