@@ -101,7 +101,11 @@ def main():
         size, name = key if isinstance(key, tuple) else (key, "")
         old = [r[key] for r in res["old"]]
         new = [r[key] for r in res["new"]]
-        # A rate's time ratio is new over old.
+        # A rate's time ratio is new over old. A figure that gwbench
+        # printed as 0 (a rate below its last digit) gives no ratio.
+        if 0 in old or 0 in new:
+            print(f"{size:>10} {name:>15} {'(printed as 0: too small to compare)':>32}")
+            continue
         ratios = [n / o if rate.get(name) else o / n for o, n in zip(old, new)]
         print(f"{size:>10} {name:>15} {statistics.median(old):>10.2f} {statistics.median(new):>10.2f}  "
               f"{statistics.median(ratios):.2f} [{' '.join(f'{x:.2f}' for x in ratios)}]")

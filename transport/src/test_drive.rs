@@ -84,6 +84,57 @@ pub(crate) fn offsets(sizes: &[usize]) -> Vec<(usize, usize)> {
         .collect()
 }
 
+/// Rank 0 (`a`) sends rank 1 (`b`) one message of each `(len, send at
+/// once, receive at once)`, every message `k` tagged `tag(k)`: sent with
+/// `send_now` where asked and possible, else posted; received with
+/// `recv_now` where asked (looking until it is no longer `Empty`), else
+/// posted. Returns what was sent and what arrived, one buffer each, for the
+/// caller to compare.
+pub(crate) fn mixed_paths<T: Transport>(
+    a: &mut T,
+    b: &mut T,
+    msgs: &[(usize, bool, bool)],
+    tag: impl Fn(u32) -> Tag,
+    limit: Duration,
+) -> (Vec<u8>, Vec<u8>) {
+    use crate::seam::Now;
+    let sizes: Vec<usize> = msgs.iter().map(|m| m.0).collect();
+    let parts = offsets(&sizes);
+    let total = sizes.iter().sum();
+    let mut src = pattern(total, 9);
+    let mut dst = vec![0u8; total];
+    let (ms, md) = (reg(a, &mut src), reg(b, &mut dst));
+    let mut sends = vec![];
+    for (k, (&(o, n), m)) in parts.iter().zip(msgs).enumerate() {
+        let t = tag(k as u32);
+        if m.1 && a.send_now(1, t, &src[o..o + n], None).unwrap() == Now::Done {
+            continue;
+        }
+        sends.push(a.isend(1, t, ms, o, n).unwrap());
+        a.progress().unwrap();
+    }
+    let mut recvs = vec![];
+    for (k, (&(o, n), m)) in parts.iter().zip(msgs).enumerate() {
+        let t = tag(k as u32);
+        let at_once = m.2 && {
+            let deadline = Instant::now() + limit;
+            loop {
+                a.progress().unwrap();
+                match b.recv_now(0, t, &mut dst[o..o + n]).unwrap() {
+                    Now::Done => break true,
+                    Now::Later => break false,
+                    Now::Empty => assert!(Instant::now() < deadline, "message {k} never came"),
+                }
+            }
+        };
+        if !at_once {
+            recvs.push(b.irecv(0, t, md, o, n).unwrap());
+        }
+    }
+    run_both(a, b, sends, recvs, limit);
+    (src, dst)
+}
+
 /// One rank of [`exchange_waiting_for_sends`].
 struct Exchanger<'t, T: Transport> {
     t: &'t mut T,

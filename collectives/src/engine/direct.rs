@@ -604,8 +604,9 @@ impl Engine {
 
     /// Sends `src` (if any) and receives the peer's `len` bytes where
     /// `land` says. Where the transport can move the messages
-    /// at once (`send_now`, `recv_now`: shm, with nothing else pending with
-    /// the peer) no request is posted and no memory registered; otherwise,
+    /// at once (`send_now`, `recv_now`: shm and TCP, small messages with
+    /// nothing else pending with the peer) no request is posted and no
+    /// memory registered; otherwise,
     /// or as soon as anything else stands in the way, they are posted.
     fn direct_move(
         &mut self,

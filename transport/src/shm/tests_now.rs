@@ -135,44 +135,13 @@ proptest! {
         msgs in prop::collection::vec((0usize..150, any::<bool>(), any::<bool>()), 1..12),
     ) {
         let (mut a, mut b) = pair("now-prop", slots, 64);
-        let total: usize = msgs.iter().map(|m| m.0).sum();
-        let mut src = pattern(total, 9);
-        let mut dst = vec![0u8; total];
-        let (ms, md) = (reg(&mut a, &mut src), reg(&mut b, &mut dst));
-        let mut offs = Vec::with_capacity(msgs.len());
-        let mut o = 0;
-        for m in &msgs {
-            offs.push(o);
-            o += m.0;
-        }
-        let mut sends = vec![];
-        for (i, m) in msgs.iter().enumerate() {
-            let (t, range) = (tag(1, i as u32), offs[i]..offs[i] + m.0);
-            if m.1 && a.send_now(1, t, &src[range], None).unwrap() == Now::Done {
-                continue;
-            }
-            sends.push(a.isend(1, t, ms, offs[i], m.0).unwrap());
-            a.progress().unwrap();
-        }
-        let mut recvs = vec![];
-        for (i, m) in msgs.iter().enumerate() {
-            let t = tag(1, i as u32);
-            let at_once = m.2 && {
-                let deadline = std::time::Instant::now() + std::time::Duration::from_secs(2);
-                loop {
-                    a.progress().unwrap();
-                    match b.recv_now(0, t, &mut dst[offs[i]..offs[i] + m.0]).unwrap() {
-                        Now::Done => break true,
-                        Now::Later => break false,
-                        Now::Empty => prop_assert!(std::time::Instant::now() < deadline),
-                    }
-                }
-            };
-            if !at_once {
-                recvs.push(b.irecv(0, t, md, offs[i], m.0).unwrap());
-            }
-        }
-        run(&mut a, &mut b, sends, recvs);
+        let (src, dst) = crate::test_drive::mixed_paths(
+            &mut a,
+            &mut b,
+            &msgs,
+            |k| tag(1, k),
+            std::time::Duration::from_secs(2),
+        );
         prop_assert_eq!(&dst, &src);
     }
 }

@@ -24,6 +24,10 @@ pub(crate) struct OutSeg {
     pub done: usize,
     /// The credits owed to the peer were written into the header.
     pub stamped: bool,
+    /// The payload itself, written instead of `len` bytes at `ptr`: the
+    /// rest of a message whose caller took its buffer back at once
+    /// (`Transport::send_now`, which the socket did not take whole).
+    pub keep: Option<Box<[u8]>>,
 }
 
 /// Where the receive side of a lane is in the frame stream.
@@ -122,6 +126,11 @@ impl Stage {
     /// Whether bytes wait here (the lane has input even if its socket has none).
     pub fn pending(&self) -> bool {
         self.start < self.end
+    }
+
+    /// How many bytes wait here.
+    pub fn staged(&self) -> usize {
+        self.end - self.start
     }
 
     /// Reads into `dst` (non-empty): staged bytes first, else from `sock`.

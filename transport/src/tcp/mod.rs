@@ -22,6 +22,12 @@
 //! Control frames (`Rts`, `Cts`, `Credit`) go on lane 0, ahead of data not
 //! yet started.
 //!
+//! A small message can also skip the request table: `send_now` writes it
+//! from the caller's thread when it has a credit and lane 0 nothing
+//! queued, and `recv_now` takes one that a read left whole in the lane's
+//! stage when nothing else is pending with the peer. Both keep the credit
+//! accounting of the posted path.
+//!
 //! One-sided transfers are emulated over the same streams: a write is a
 //! `Put` frame whose payload the receiver stores into its published region,
 //! and a read is a `Get` frame that the region's owner answers, from its
@@ -42,8 +48,8 @@ use crate::recv_core::{
 };
 use crate::reqmap::ReqTable;
 use crate::seam::{
-    Arrival, MemHandle, MemPtr, Properties, Rank, ReadFrom, Readiness, RemoteRegion, Request, Tag,
-    Tested, Transport, TransportId, WriteImm,
+    Arrival, MemHandle, MemPtr, Now, Properties, Rank, ReadFrom, Readiness, RemoteRegion, Request,
+    SendHint, Tag, Tested, Transport, TransportId, WriteImm,
 };
 use crate::wire::{FrameHeader, FrameKind, HEADER_LEN};
 use gw_rendezvous::PeerInfo;
@@ -150,6 +156,11 @@ enum ReqState {
 
 /// The request number of frames that belong to no request (control frames).
 const CONTROL: u64 = 0;
+
+/// The request number of a message's frame that no request waits for: the
+/// rest of a message the caller wrote at once (`send_now`). Request
+/// numbers count up from 1 and never reach it.
+const AT_ONCE: u64 = u64::MAX;
 
 /// A one-sided read of ours in flight: where its bytes go.
 struct PendingRead {
@@ -691,6 +702,7 @@ impl TcpTransport {
                     len: this,
                     done: 0,
                     stamped: false,
+                    keep: None,
                 });
             }
         }
@@ -716,6 +728,7 @@ impl TcpTransport {
                 len: 0,
                 done: 0,
                 stamped: false,
+                keep: None,
             },
         );
     }
@@ -723,6 +736,37 @@ impl TcpTransport {
     /// A control frame of `kind` from this rank.
     fn control(&self, kind: FrameKind) -> FrameHeader {
         FrameHeader::control(kind, self.me, 0)
+    }
+
+    /// Takes the credit a message of `len` bytes to `peer` needs to be
+    /// written at once, as `isend` would (a small credit for what fits the
+    /// peer's small buffers, a frame credit otherwise); `None`, and nothing
+    /// taken, if there is none or lane 0 cannot be written now (it has
+    /// frames queued, which the message must not overtake, or the socket
+    /// said it was full).
+    fn take_send_credit(&mut self, peer: Rank, len: usize) -> Option<()> {
+        let always = self.registry.is_none();
+        let seg = self.cfg.segment_bytes;
+        let conn = self.conns.get_mut(&peer)?;
+        let lane = conn.lanes[0].as_ref()?;
+        if !lane.sendq.is_empty() || !(lane.writable || always) {
+            return None;
+        }
+        let taken = if conn.peer_small_bytes > 0 && len <= conn.peer_small_bytes {
+            conn.small_credits.take(1)
+        } else {
+            seg <= conn.peer_frame_bytes && conn.credits.take(1)
+        };
+        taken.then_some(())
+    }
+
+    /// Reads what `peer` has sent on lane 0 (credits, clearances, frames),
+    /// as a progress pass would.
+    fn read_peer(&mut self, peer: Rank) -> Result<()> {
+        if let Some(lane) = self.conns.get_mut(&peer).and_then(|c| c.lanes[0].as_mut()) {
+            lane.mark_readable();
+        }
+        self.progress_recvs().map(drop)
     }
 
     fn complete_send_segment(reqs: &mut ReqTable<ReqState>, req: u64) {
@@ -825,11 +869,15 @@ impl TcpTransport {
                 }
                 let from = seg.done.saturating_sub(HEADER_LEN);
                 if seg.len > from {
-                    // SAFETY: the segment lies in registered memory that
-                    // outlives the send; from < len (a zero-length message,
-                    // which may carry a null pointer, has no payload slice).
-                    iov[k] = IoSlice::new(unsafe {
-                        std::slice::from_raw_parts(seg.ptr.0.add(from), seg.len - from)
+                    iov[k] = IoSlice::new(match &seg.keep {
+                        Some(keep) => &keep[from..],
+                        // SAFETY: the segment lies in registered memory that
+                        // outlives the send; from < len (a zero-length
+                        // message, which may carry a null pointer, has no
+                        // payload slice).
+                        None => unsafe {
+                            std::slice::from_raw_parts(seg.ptr.0.add(from), seg.len - from)
+                        },
                     });
                     k += 1;
                 }
@@ -1063,6 +1111,7 @@ impl TcpTransport {
                                                 len: hdr.tag.seq as usize,
                                                 done: 0,
                                                 stamped: false,
+                                                keep: None,
                                             });
                                             moved = true;
                                             continue;
@@ -1703,6 +1752,133 @@ impl Transport for TcpTransport {
         Ok(Request::new(self.id, req))
     }
 
+    /// A small message with a credit for it, to a peer whose lane 0 has
+    /// nothing queued, is written by the caller: the posted path costs the
+    /// sender a request, a registration and a progress pass that also reads
+    /// the lanes, which on a one-way stream of 8-byte broadcasts was an
+    /// empty `readv` per message, as dear as the `sendmsg` itself. What the
+    /// socket does not take at once is queued from a copy (a message of at
+    /// most `SMALL` bytes), so the message is sent either way.
+    fn send_now(
+        &mut self,
+        peer: Rank,
+        tag: Tag,
+        bytes: &[u8],
+        _hint: Option<SendHint>,
+    ) -> Result<Now> {
+        self.check_send(peer, "send to")?;
+        let len = bytes.len();
+        if len > SMALL || len > self.cfg.segment_bytes {
+            return Ok(Now::Later);
+        }
+        let mut credit = self.take_send_credit(peer, len);
+        if credit.is_none() {
+            // Credits come back in frames that only a read finds; this
+            // caller may not have read the peer's lanes for a while.
+            self.read_peer(peer)?;
+            credit = self.take_send_credit(peer, len);
+        }
+        let Some(()) = credit else {
+            return Ok(Now::Later);
+        };
+        let me = self.me;
+        let conn = self.conns.get_mut(&peer).ok_or_else(|| vanished(peer))?;
+        let Some(lane) = conn.lanes[0].as_mut() else {
+            return Err(vanished(peer));
+        };
+        let hdr = FrameHeader {
+            kind: FrameKind::Data,
+            cleared: false,
+            credits: conn.core.take_owed(1),
+            src_rank: me,
+            tag,
+            offset: 0,
+            len: len as u64,
+            total: len as u64,
+        }
+        .encode();
+        let mut done = 0;
+        loop {
+            match nosignal::send_vectored(&lane.sock, &[IoSlice::new(&hdr), IoSlice::new(bytes)]) {
+                Ok(0) => {
+                    let e = io::Error::new(io::ErrorKind::WriteZero, "the connection closed");
+                    return Err(peer_io_error(peer, &conn.addr, "sending", e));
+                }
+                Ok(n) => done = n,
+                Err(e) if would_block(&e) => lane.writable = false,
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+                Err(e) => return Err(peer_io_error(peer, &conn.addr, "sending", e)),
+            }
+            break;
+        }
+        if done < HEADER_LEN + len {
+            let keep: Box<[u8]> = bytes.into();
+            lane.sendq.push_back(OutSeg {
+                req: AT_ONCE,
+                hdr,
+                ptr: MemPtr(std::ptr::null_mut()),
+                len,
+                done,
+                stamped: true,
+                keep: Some(keep),
+            });
+        }
+        Ok(Now::Done)
+    }
+
+    /// The message is taken if lane 0's next frame is it, whole in the
+    /// lane's stage (where the read of a small frame's header pulls its
+    /// payload), with nothing else pending with the peer: the posted path
+    /// costs a request, a registration, and a read pass that parks the
+    /// frame for the receive to find.
+    fn recv_now(&mut self, peer: Rank, tag: Tag, dst: &mut [u8]) -> Result<Now> {
+        self.check_post(peer, "receive from")?;
+        if dst.len() > SMALL {
+            return Ok(Now::Later);
+        }
+        let next = |t: &TcpTransport| {
+            let c = t.conns.get(&peer)?;
+            let lane = c.lanes[0].as_ref()?;
+            c.core.is_idle().then_some(lane.rx.at_frame_start())
+        };
+        match next(self) {
+            None => return Ok(Now::Later),
+            Some(true) => self.read_peer(peer)?,
+            Some(false) => {}
+        }
+        let me = self.me;
+        let conn = self.conns.get_mut(&peer).ok_or_else(|| vanished(peer))?;
+        let Some(lane) = conn.lanes[0].as_mut() else {
+            return Err(vanished(peer));
+        };
+        if !conn.core.is_idle() {
+            return Ok(Now::Later);
+        }
+        let hdr = match lane.rx {
+            _ if lane.rx.at_frame_start() => return Ok(Now::Empty),
+            Rx::Parked { hdr } => hdr,
+            _ => return Ok(Now::Later),
+        };
+        let n = hdr.len as usize;
+        if hdr.kind != FrameKind::Data
+            || hdr.cleared
+            || hdr.len != hdr.total
+            || !tag.matches(me, &hdr, dst.len() as u64)?
+            || lane.stage.staged() < n
+        {
+            return Ok(Now::Later);
+        }
+        if n > 0 {
+            // Served from the stage, which holds all `n` bytes.
+            lane.stage
+                .read(&mut lane.sock, dst)
+                .map_err(|e| peer_io_error(peer, &conn.addr, "receiving", e))?;
+        }
+        lane.rx = Rx::new();
+        conn.core.consumed(&hdr);
+        Ok(Now::Done)
+    }
+
     fn test(&mut self, req: Request) -> Result<Tested> {
         let id = req.id_for(self.id, "tcp")?;
         match self.reqs.get(&id) {
@@ -1853,6 +2029,7 @@ impl Transport for TcpTransport {
             len: w.len,
             done: 0,
             stamped: false,
+            keep: None,
         });
         Ok(Request::new(self.id, req))
     }

@@ -451,6 +451,7 @@ mod batch;
 mod exchange;
 mod finished;
 mod gone;
+mod now;
 mod small;
 
 /// Rank 1 watches a poller but nobody polls it (a caller drives the
