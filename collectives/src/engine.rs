@@ -66,6 +66,10 @@ const PEER_CHECK_EVERY: Duration = Duration::from_millis(200);
 /// How long an operation may wait before the board is consulted.
 const STALL: Duration = Duration::from_secs(1);
 
+/// How long a closing engine keeps writing what callers sent at once and
+/// returned from (`Transport::unsent`) before it drops its connections.
+const CLOSE_FLUSH: Duration = Duration::from_secs(5);
+
 /// How many times any engine of this process checked on a stalled operation
 /// (see [`stall_checks`]).
 static STALL_CHECKS: AtomicU64 = AtomicU64::new(0);
@@ -503,10 +507,13 @@ impl Engine {
         if self.current.is_none() {
             self.start_next();
         }
-        if self.current.is_none() && self.queue.is_empty() && self.messages.is_empty() {
-            if self.shutting_down {
-                return Turn::Exit;
-            }
+        let no_ops = self.current.is_none() && self.queue.is_empty() && self.messages.is_empty();
+        // Closing flushes what callers sent at once (`close`); otherwise
+        // that is work, as a posted send would be.
+        if no_ops && self.shutting_down {
+            return Turn::Exit;
+        }
+        if no_ops && !self.unsent() {
             let now = Instant::now();
             // Idle: a training loop submits its next operation within
             // microseconds of the last one finishing, so spin a little
@@ -601,7 +608,17 @@ impl Engine {
 
     pub fn is_idle(&mut self) -> bool {
         self.drain_messages();
-        self.current.is_none() && self.queue.is_empty() && self.messages.is_empty()
+        self.current.is_none()
+            && self.queue.is_empty()
+            && self.messages.is_empty()
+            && !self.unsent()
+    }
+
+    /// Whether a transport still holds part of a message that a caller
+    /// sent at once and returned from (`Transport::unsent`): the engine
+    /// keeps progressing until it is out, as it would for a posted send.
+    fn unsent(&self) -> bool {
+        self.transports.iter().any(|t| t.unsent())
     }
 
     /// Arms every transport's wakeups before the driver sleeps in the
@@ -653,6 +670,26 @@ impl Engine {
 
     /// Leaves the peers cleanly (close notices) once the communicator is gone.
     pub fn close(&mut self) {
+        // What callers sent at once and returned from goes out first, for
+        // as long as the peers take it within `CLOSE_FLUSH`.
+        let deadline = Instant::now() + CLOSE_FLUSH;
+        while self.unsent() && self.failed.is_none() && Instant::now() < deadline {
+            let mut moved = false;
+            for t in &mut self.transports {
+                t.poke();
+                match t.progress() {
+                    Ok(m) => moved |= m,
+                    Err(e) => {
+                        tracing::warn!("a message sent at once did not all go out: {e}");
+                        self.transports.clear();
+                        return;
+                    }
+                }
+            }
+            if !moved {
+                std::thread::sleep(Duration::from_micros(50));
+            }
+        }
         self.transports.clear();
     }
 

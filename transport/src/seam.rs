@@ -378,7 +378,9 @@ pub trait Transport: Send {
     /// Sends `bytes` as the message `tag` to `peer` now, without posting a
     /// request, if the transport can do so at once (a message that fits its
     /// eager path, nothing queued before it); [`Now::Later`] otherwise, and
-    /// nothing was sent. For small operations whose own bookkeeping would
+    /// nothing was sent. After `Done` the caller's bytes are no longer
+    /// needed: a transport that could hand over only part of them keeps a
+    /// copy of the rest and says so ([`Transport::unsent`]). For small operations whose own bookkeeping would
     /// cost more than the transfer. `hint` is the one the caller would post
     /// the send with ([`Transport::isend_hinted`]): a message that the
     /// transport would then have its receiver pull is `Later` too, since
@@ -393,6 +395,16 @@ pub trait Transport: Send {
     ) -> Result<Now> {
         let _ = (peer, tag, bytes, hint);
         Ok(Now::Later)
+    }
+
+    /// Whether part of a message that [`Transport::send_now`] reported
+    /// sent still waits inside the transport for its connection to take
+    /// it (a socket that took only part of the frame). The caller of
+    /// `send_now` may be gone, so whoever owns the transport keeps calling
+    /// `progress` until this is `false` (the engine counts it as work). By
+    /// default `false`.
+    fn unsent(&self) -> bool {
+        false
     }
 
     /// Receives the message `tag` from `peer` into `dst` now if it is the

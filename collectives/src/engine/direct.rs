@@ -276,8 +276,10 @@ impl Engine {
 
     /// Moves what of `m` the transports can move at once, if the engine is
     /// idle (`None` if not: everything goes the general way, after what is
-    /// queued): the send if the transport takes it whole now
-    /// (`Transport::send_now`), then the receive if its message is the
+    /// queued): the send if the transport takes it now
+    /// (`Transport::send_now`; what a socket did not take of it the
+    /// transport writes later, and the engine is not idle until it has:
+    /// `Transport::unsent`), then the receive if its message is the
     /// next from its peer, or comes within `spin_us` (`recv_now`). Only
     /// moves that finish are made; the rest, untouched, is left to the
     /// general path (`Left`). So the caller never holds the engine waiting

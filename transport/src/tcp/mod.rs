@@ -26,7 +26,9 @@
 //! from the caller's thread when it has a credit and lane 0 nothing
 //! queued, and `recv_now` takes one that a read left whole in the lane's
 //! stage when nothing else is pending with the peer. Both keep the credit
-//! accounting of the posted path.
+//! accounting of the posted path; `recv_now` also returns credits in a
+//! `Credit` frame once half are owed, as a progress pass would, since its
+//! callers may run none.
 //!
 //! One-sided transfers are emulated over the same streams: a write is a
 //! `Put` frame whose payload the receiver stores into its published region,
@@ -274,6 +276,9 @@ pub struct TcpTransport {
     published: bool,
     /// Frames read into a buffer because their receive was not posted.
     early_frames: u64,
+    /// Rests of messages written at once (`send_now`) still queued, as of
+    /// the last look (see `Transport::unsent`).
+    at_once_queued: usize,
 }
 
 impl TcpTransport {
@@ -324,6 +329,7 @@ impl TcpTransport {
             pokes: 0,
             published: false,
             early_frames: 0,
+            at_once_queued: 0,
         })
     }
 
@@ -789,10 +795,7 @@ impl TcpTransport {
             if conn.gone {
                 continue;
             }
-            let half = (conn.core.credits() as u32).div_ceil(2).max(1);
-            let half_small = (conn.core.small_credits().0 as u32).div_ceil(2).max(1);
-            if (conn.core.owed() >= half || conn.core.owed_small() >= half_small)
-                && conn.lanes[0].as_ref().is_some_and(|l| l.sendq.is_empty())
+            if credits_due(&conn.core) && conn.lanes[0].as_ref().is_some_and(|l| l.sendq.is_empty())
             {
                 // Frame credits are stamped on as it starts, as on every
                 // frame; small ones ride only here, in its `offset`.
@@ -831,6 +834,14 @@ impl TcpTransport {
                     Err(e) => return Err(peer_io_error(peer, &conn.addr, "sending", e)),
                 }
             }
+        }
+        if self.at_once_queued > 0 {
+            self.at_once_queued = self
+                .conns
+                .values()
+                .flat_map(|c| c.lanes.iter().flatten())
+                .map(|l| l.sendq.iter().filter(|s| s.req == AT_ONCE).count())
+                .sum();
         }
         Ok(moved)
     }
@@ -1341,6 +1352,15 @@ impl TcpTransport {
 }
 
 /// A frame without an operation: abort reasons and clean-close notices.
+/// Whether half of the peer's frame credits or of its small credits are
+/// owed to it: then a `Credit` frame takes them back when nothing else is
+/// going its way.
+fn credits_due(core: &RecvCore<()>) -> bool {
+    let half = (core.credits() as u32).div_ceil(2).max(1);
+    let half_small = (core.small_credits().0 as u32).div_ceil(2).max(1);
+    core.owed() >= half || core.owed_small() >= half_small
+}
+
 fn control_header(kind: FrameKind, me: Rank, len: usize) -> [u8; HEADER_LEN] {
     FrameHeader::control(kind, me, len).encode()
 }
@@ -1752,13 +1772,15 @@ impl Transport for TcpTransport {
         Ok(Request::new(self.id, req))
     }
 
-    /// A small message with a credit for it, to a peer whose lane 0 has
-    /// nothing queued, is written by the caller: the posted path costs the
-    /// sender a request, a registration and a progress pass that also reads
-    /// the lanes, which on a one-way stream of 8-byte broadcasts was an
-    /// empty `readv` per message, as dear as the `sendmsg` itself. What the
-    /// socket does not take at once is queued from a copy (a message of at
-    /// most `SMALL` bytes), so the message is sent either way.
+    /// A small message (at most `SMALL` bytes) with a credit for it, to a
+    /// peer whose lane 0 has nothing queued, is written by the caller: the
+    /// posted path costs the sender a request, a registration and a
+    /// progress pass that also reads the lanes, which on a one-way stream
+    /// of 8-byte broadcasts was an empty `readv` per message, as dear as
+    /// the `sendmsg` itself. A write that takes nothing hands the message
+    /// to the posted path, its credits given back; of one that takes part,
+    /// the rest is queued from a copy, which `unsent` reports until a
+    /// progress pass has written it.
     fn send_now(
         &mut self,
         peer: Rank,
@@ -1786,10 +1808,12 @@ impl Transport for TcpTransport {
         let Some(lane) = conn.lanes[0].as_mut() else {
             return Err(vanished(peer));
         };
+        let small = conn.peer_small_bytes > 0 && len <= conn.peer_small_bytes;
+        let owed = conn.core.take_owed(1);
         let hdr = FrameHeader {
             kind: FrameKind::Data,
             cleared: false,
-            credits: conn.core.take_owed(1),
+            credits: owed,
             src_rank: me,
             tag,
             offset: 0,
@@ -1797,22 +1821,34 @@ impl Transport for TcpTransport {
             total: len as u64,
         }
         .encode();
-        let mut done = 0;
-        loop {
+        let done = loop {
             match nosignal::send_vectored(&lane.sock, &[IoSlice::new(&hdr), IoSlice::new(bytes)]) {
                 Ok(0) => {
                     let e = io::Error::new(io::ErrorKind::WriteZero, "the connection closed");
                     return Err(peer_io_error(peer, &conn.addr, "sending", e));
                 }
-                Ok(n) => done = n,
-                Err(e) if would_block(&e) => lane.writable = false,
-                Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+                Ok(n) => break n,
+                Err(e) if would_block(&e) => {
+                    // Nothing went: as if never asked. The credits go back
+                    // where they came from.
+                    lane.writable = false;
+                    conn.core.give_owed(owed);
+                    let credits = if small {
+                        &mut conn.small_credits
+                    } else {
+                        &mut conn.credits
+                    };
+                    credits.give_back(1, peer)?;
+                    return Ok(Now::Later);
+                }
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
                 Err(e) => return Err(peer_io_error(peer, &conn.addr, "sending", e)),
             }
-            break;
-        }
+        };
         if done < HEADER_LEN + len {
-            let keep: Box<[u8]> = bytes.into();
+            // Part of the frame is in the socket: the rest must follow,
+            // from a copy, since the caller takes its buffer back now. The
+            // engine keeps progressing until it has (`unsent`).
             lane.sendq.push_back(OutSeg {
                 req: AT_ONCE,
                 hdr,
@@ -1820,10 +1856,16 @@ impl Transport for TcpTransport {
                 len,
                 done,
                 stamped: true,
-                keep: Some(keep),
+                keep: Some(bytes.into()),
             });
+            self.at_once_queued += 1;
         }
         Ok(Now::Done)
+    }
+
+    fn unsent(&self) -> bool {
+        // Nothing is written after an abort.
+        !self.aborted && self.at_once_queued > 0
     }
 
     /// The message is taken if lane 0's next frame is it, whole in the
@@ -1836,10 +1878,12 @@ impl Transport for TcpTransport {
         if dst.len() > SMALL {
             return Ok(Now::Later);
         }
+        // A lane closed by the peer leaves the posted path to say so.
         let next = |t: &TcpTransport| {
             let c = t.conns.get(&peer)?;
             let lane = c.lanes[0].as_ref()?;
-            c.core.is_idle().then_some(lane.rx.at_frame_start())
+            let open = c.lanes.iter().flatten().all(|l| !l.closed);
+            (open && c.core.is_idle()).then_some(lane.rx.at_frame_start())
         };
         match next(self) {
             None => return Ok(Now::Later),
@@ -1876,6 +1920,12 @@ impl Transport for TcpTransport {
         }
         lane.rx = Rx::new();
         conn.core.consumed(&hdr);
+        if credits_due(&conn.core) {
+            // Small credits go back only in a `Credit` frame, which only a
+            // progress pass writes, and a caller taking every message at
+            // once may run none: the sender would run out, and announce.
+            self.progress_sends()?;
+        }
         Ok(Now::Done)
     }
 

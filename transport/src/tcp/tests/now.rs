@@ -32,7 +32,7 @@ fn take(a: &mut TcpTransport, b: &mut TcpTransport, t: Tag, dst: &mut [u8]) -> R
 #[test]
 fn a_small_message_goes_and_comes_without_requests() {
     let (mut a, mut b) = pair(2);
-    for (step, len) in [(0u32, 40usize), (1, 0), (2, SMALL)] {
+    for (step, len) in [(0u32, 40usize), (1, 0), (2, 4000)] {
         let msg = pattern(len, step as u8);
         assert_eq!(a.send_now(1, tag(step), &msg, None).unwrap(), Now::Done);
         let mut got = vec![0u8; len];
@@ -79,11 +79,10 @@ fn without_a_credit_or_behind_queued_frames_the_send_is_posted() {
         );
         assert_eq!(&got, m);
     }
-    // Taken at once, they are owed back as if received the posted way;
-    // rank 1's next progress returns them in a `Credit` frame, which rank
-    // 0's `send_now` reads for itself.
-    assert_eq!(b.conns[&0].core.owed_small(), 3);
-    b.progress().unwrap();
+    // Taken at once, they are owed back as if received the posted way, and
+    // rank 1 returns them itself (a `Credit` frame) once half are owed,
+    // with no progress call of its own; rank 0's `send_now` reads them.
+    assert!(b.conns[&0].core.owed_small() < 2, "credits not returned");
     let start = Instant::now();
     while a.send_now(1, tag(3), &msgs[3], None).unwrap() == Now::Later {
         assert!(start.elapsed() < LIMIT, "the credits never came back");
@@ -128,6 +127,11 @@ fn what_the_socket_does_not_take_is_sent_from_a_copy() {
             .is_some_and(|l| l.sendq.iter().any(|s| s.keep.is_some()));
     }
     assert!(copied, "the socket took all {at_once} messages at once");
+    // Whatever stopped the run (a full socket, the rest queued), the
+    // credits of messages not sent were not spent.
+    assert_eq!(a.conns[&1].small_credits.available(), 32 - at_once);
+    // The rest of a partly written frame is the transport's to send.
+    assert!(a.unsent());
     let mut dst = vec![vec![0u8; 4000]; at_once];
     let md: Vec<MemHandle> = dst.iter_mut().map(|d| reg(&mut b, d)).collect();
     let recvs: Vec<Request> = (0..at_once)
@@ -137,6 +141,7 @@ fn what_the_socket_does_not_take_is_sent_from_a_copy() {
     for (k, d) in dst.iter().enumerate() {
         assert_eq!(d, &msgs[k], "message {k}");
     }
+    assert!(!a.unsent(), "everything went out");
 }
 
 #[test]
@@ -157,8 +162,8 @@ fn a_receive_is_taken_at_once_only_when_nothing_else_is_pending() {
     let r = b.irecv(0, tag(1), md, 0, 8).unwrap();
     run(&mut a, &mut b, Vec::<Request>::new(), vec![r]);
     assert_eq!(dst, m1);
-    // Another message ahead of the one asked for: posted way; the one
-    // ahead is still taken at once after it.
+    // Asked for while another message is ahead of it: `Later`. The one
+    // ahead is then taken at once, and after it the one asked for.
     assert_eq!(a.send_now(1, tag(2), &m2, None).unwrap(), Now::Done);
     assert_eq!(a.send_now(1, tag(3), &m0, None).unwrap(), Now::Done);
     assert_eq!(take(&mut a, &mut b, tag(3), &mut got).unwrap(), Now::Later);
@@ -189,6 +194,18 @@ fn disagreements_and_aborts_are_reported_as_on_the_posted_path() {
         a.send_now(1, tag(0), &[1, 2], None),
         Err(Error::Aborted(_))
     ));
+    // A peer that shut down: not `Empty` for ever, but the posted path,
+    // which says what happened.
+    let (a, mut b) = pair(2);
+    drop(a);
+    let start = Instant::now();
+    while b.recv_now(0, tag(0), &mut [0u8; 8]).unwrap() == Now::Empty {
+        assert!(start.elapsed() < LIMIT, "the close was never seen");
+    }
+    let mut dst = [0u8; 8];
+    let md = reg(&mut b, &mut dst);
+    let e = b.irecv(0, tag(0), md, 0, 8).unwrap_err();
+    assert!(e.to_string().contains("shut its communicator down"), "{e}");
 }
 
 proptest! {
