@@ -332,3 +332,55 @@ fn windows(c: &Communicator, rounds: usize, seed: u64) -> Result<(), String> {
     }
     c.barrier().map_err(err(k))
 }
+
+/// Over TCP with the smallest socket buffers, rank 0 makes blocking sends
+/// of 4000 bytes that rank 1 starts reading only later, then does nothing
+/// for a while. A full socket takes only part of a frame (on the VM of
+/// 2026-12-07, 256 bytes of the last one, in every round); the send still
+/// returns, the transport keeps the rest, and the rest must go out while
+/// rank 0 idles: rank 1's receives finish before rank 0 calls again.
+/// Without the engine counting that rest as work, rank 1 waited for rank
+/// 0's next call.
+#[test]
+fn the_rest_of_a_partly_written_send_goes_out_while_the_sender_idles() {
+    use std::sync::Arc;
+    use std::sync::atomic::{AtomicBool, Ordering};
+    const SENDS: usize = 12;
+    const LEN: usize = 4000;
+    for round in 0..2 {
+        let key = format!("p2prest{round}");
+        let (_store, comms) = local_world(2, &key, |_, cfg| {
+            cfg.transport.set(TransportChoice::Tcp);
+            cfg.socket_send_buffer_bytes.set(4096);
+            cfg.socket_recv_buffer_bytes.set(4096);
+            cfg.timeout.set(Duration::from_secs(20));
+        })
+        .expect("communicators");
+        let idle_over = Arc::new(AtomicBool::new(false));
+        on_each_rank(comms, &key, move |c| {
+            let me = c.rank();
+            let err = |e: Error| format!("round {round} rank {me}: {e}");
+            c.barrier().map_err(err)?;
+            if me == 0 {
+                for k in 0..SENDS {
+                    c.send(1, &message(0, 1, k, LEN)).map_err(err)?;
+                }
+                std::thread::sleep(Duration::from_secs(2));
+                idle_over.store(true, Ordering::SeqCst);
+            } else {
+                std::thread::sleep(Duration::from_millis(300));
+                let mut got = vec![0u8; LEN];
+                for k in 0..SENDS {
+                    c.recv(0, &mut got).map_err(err)?;
+                    check(&got, 0, 1, k, "recv")?;
+                }
+                if idle_over.load(Ordering::SeqCst) {
+                    return Err(format!(
+                        "round {round}: the last message came only after rank 0's idle time"
+                    ));
+                }
+            }
+            c.barrier().map_err(err)
+        });
+    }
+}
