@@ -326,7 +326,8 @@ pub(crate) enum Turn {
     /// Nothing moved, but not for `spin_us` yet: poll again soon.
     Spin,
     /// Nothing moved for `spin_us`: sleep in the poller, at most `timeout`.
-    /// `idle`: no operation at all (a submission is what ends the sleep).
+    /// `idle`: no operation at all and nothing unsent (a submission is what
+    /// ends the sleep).
     Sleep {
         timeout: Option<Duration>,
         idle: bool,
@@ -564,10 +565,17 @@ impl Engine {
         if now.duration_since(since) < self.cfg.spin {
             return Turn::Spin;
         }
+        // With nothing but unsent bytes to wait for, a peer that never
+        // reads would leave no deadline: look again as a stalled
+        // operation's checks would, so that the thread still turns (and a
+        // persistent round left for its wait is taken over).
+        let only_unsent =
+            self.current.is_none() && self.queue.is_empty() && self.messages.is_empty();
         Turn::Sleep {
             timeout: self
                 .next_deadline()
-                .map(|d| d.saturating_duration_since(now).min(PEER_CHECK_EVERY)),
+                .map(|d| d.saturating_duration_since(now).min(PEER_CHECK_EVERY))
+                .or(only_unsent.then_some(PEER_CHECK_EVERY)),
             idle: false,
         }
     }
@@ -596,8 +604,6 @@ impl Engine {
         self.cfg.oversubscribed
     }
 
-    /// Whether nothing is running or queued (submissions still in the
-    /// channel count as queued).
     /// Queues an operation behind every one already submitted (a deferred
     /// persistent round the engine thread takes over).
     pub(crate) fn queue_after_submitted(&mut self, op: OpDesc) {
@@ -606,6 +612,8 @@ impl Engine {
         self.queue_changes += 1;
     }
 
+    /// Whether nothing is running, queued (submissions still in the
+    /// channel count as queued) or left unsent by a transport.
     pub fn is_idle(&mut self) -> bool {
         self.drain_messages();
         self.current.is_none()
@@ -675,7 +683,9 @@ impl Engine {
         let deadline = Instant::now() + CLOSE_FLUSH;
         while self.unsent() && self.failed.is_none() && Instant::now() < deadline {
             let mut moved = false;
-            for t in &mut self.transports {
+            // Only those holding bytes: a NIC provider may not take a
+            // progress call well at shutdown.
+            for t in self.transports.iter_mut().filter(|t| t.unsent()) {
                 t.poke();
                 match t.progress() {
                     Ok(m) => moved |= m,

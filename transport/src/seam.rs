@@ -380,8 +380,9 @@ pub trait Transport: Send {
     /// eager path, nothing queued before it); [`Now::Later`] otherwise, and
     /// nothing was sent. After `Done` the caller's bytes are no longer
     /// needed: a transport that could hand over only part of them keeps a
-    /// copy of the rest and says so ([`Transport::unsent`]). For small operations whose own bookkeeping would
-    /// cost more than the transfer. `hint` is the one the caller would post
+    /// copy of the rest and says so ([`Transport::unsent`]). For small
+    /// operations whose own bookkeeping would cost more than the transfer.
+    /// `hint` is the one the caller would post
     /// the send with ([`Transport::isend_hinted`]): a message that the
     /// transport would then have its receiver pull is `Later` too, since
     /// pushing it costs two copies where a pull costs one. By default

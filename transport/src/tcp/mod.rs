@@ -1351,7 +1351,6 @@ impl TcpTransport {
     }
 }
 
-/// A frame without an operation: abort reasons and clean-close notices.
 /// Whether half of the peer's frame credits or of its small credits are
 /// owed to it: then a `Credit` frame takes them back when nothing else is
 /// going its way.
@@ -1361,6 +1360,7 @@ fn credits_due(core: &RecvCore<()>) -> bool {
     core.owed() >= half || core.owed_small() >= half_small
 }
 
+/// A frame without an operation: abort reasons and clean-close notices.
 fn control_header(kind: FrameKind, me: Rank, len: usize) -> [u8; HEADER_LEN] {
     FrameHeader::control(kind, me, len).encode()
 }
