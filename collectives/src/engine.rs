@@ -508,7 +508,7 @@ impl Engine {
         if self.current.is_none() {
             self.start_next();
         }
-        let no_ops = self.current.is_none() && self.queue.is_empty() && self.messages.is_empty();
+        let no_ops = self.no_ops();
         // Closing flushes what callers sent at once (`close`); otherwise
         // that is work, as a posted send would be.
         if no_ops && self.shutting_down {
@@ -569,8 +569,7 @@ impl Engine {
         // reads would leave no deadline: look again as a stalled
         // operation's checks would, so that the thread still turns (and a
         // persistent round left for its wait is taken over).
-        let only_unsent =
-            self.current.is_none() && self.queue.is_empty() && self.messages.is_empty();
+        let only_unsent = self.no_ops();
         Turn::Sleep {
             timeout: self
                 .next_deadline()
@@ -616,10 +615,13 @@ impl Engine {
     /// channel count as queued) or left unsent by a transport.
     pub fn is_idle(&mut self) -> bool {
         self.drain_messages();
-        self.current.is_none()
-            && self.queue.is_empty()
-            && self.messages.is_empty()
-            && !self.unsent()
+        self.no_ops() && !self.unsent()
+    }
+
+    /// Whether no operation is running or queued (as of the last drain of
+    /// the channel).
+    fn no_ops(&self) -> bool {
+        self.current.is_none() && self.queue.is_empty() && self.messages.is_empty()
     }
 
     /// Whether a transport still holds part of a message that a caller

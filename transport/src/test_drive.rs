@@ -84,6 +84,26 @@ pub(crate) fn offsets(sizes: &[usize]) -> Vec<(usize, usize)> {
         .collect()
 }
 
+/// Rank 1 (`b`) asks for message `t` from rank 0 (`a`) with `recv_now`
+/// until the answer is no longer `Empty`, progressing `a` meanwhile; fails
+/// the test past `limit`.
+pub(crate) fn recv_now_within<T: Transport>(
+    a: &mut T,
+    b: &mut T,
+    t: Tag,
+    dst: &mut [u8],
+    limit: Duration,
+) -> crate::Result<crate::seam::Now> {
+    let deadline = Instant::now() + limit;
+    loop {
+        a.progress()?;
+        match b.recv_now(0, t, dst)? {
+            crate::seam::Now::Empty => assert!(Instant::now() < deadline, "nothing came for {t}"),
+            now => return Ok(now),
+        }
+    }
+}
+
 /// Rank 0 (`a`) sends rank 1 (`b`) one message of each `(len, send at
 /// once, receive at once)`, every message `k` tagged `tag(k)`: sent with
 /// `send_now` where asked and possible, else posted; received with
@@ -116,17 +136,8 @@ pub(crate) fn mixed_paths<T: Transport>(
     let mut recvs = vec![];
     for (k, (&(o, n), m)) in parts.iter().zip(msgs).enumerate() {
         let t = tag(k as u32);
-        let at_once = m.2 && {
-            let deadline = Instant::now() + limit;
-            loop {
-                a.progress().unwrap();
-                match b.recv_now(0, t, &mut dst[o..o + n]).unwrap() {
-                    Now::Done => break true,
-                    Now::Later => break false,
-                    Now::Empty => assert!(Instant::now() < deadline, "message {k} never came"),
-                }
-            }
-        };
+        let at_once =
+            m.2 && recv_now_within(a, b, t, &mut dst[o..o + n], limit).unwrap() == Now::Done;
         if !at_once {
             recvs.push(b.irecv(0, t, md, o, n).unwrap());
         }

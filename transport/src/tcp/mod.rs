@@ -213,6 +213,13 @@ struct Conn {
 }
 
 impl Conn {
+    /// Whether a message of `len` bytes goes on one of the peer's small
+    /// credits rather than a frame credit (the peer tells the class from
+    /// the size alone).
+    fn fits_small(&self, len: usize) -> bool {
+        self.peer_small_bytes > 0 && len <= self.peer_small_bytes
+    }
+
     fn ready(&self) -> bool {
         self.lanes.iter().all(Option::is_some)
     }
@@ -746,11 +753,11 @@ impl TcpTransport {
 
     /// Takes the credit a message of `len` bytes to `peer` needs to be
     /// written at once, as `isend` would (a small credit for what fits the
-    /// peer's small buffers, a frame credit otherwise); `None`, and nothing
-    /// taken, if there is none or lane 0 cannot be written now (it has
-    /// frames queued, which the message must not overtake, or the socket
-    /// said it was full).
-    fn take_send_credit(&mut self, peer: Rank, len: usize) -> Option<()> {
+    /// peer's small buffers, a frame credit otherwise), and says which
+    /// (`true`: small); `None`, and nothing taken, if there is none or lane
+    /// 0 cannot be written now (it has frames queued, which the message
+    /// must not overtake, or the socket said it was full).
+    fn take_send_credit(&mut self, peer: Rank, len: usize) -> Option<bool> {
         let always = self.registry.is_none();
         let seg = self.cfg.segment_bytes;
         let conn = self.conns.get_mut(&peer)?;
@@ -758,12 +765,13 @@ impl TcpTransport {
         if !lane.sendq.is_empty() || !(lane.writable || always) {
             return None;
         }
-        let taken = if conn.peer_small_bytes > 0 && len <= conn.peer_small_bytes {
+        let small = conn.fits_small(len);
+        let taken = if small {
             conn.small_credits.take(1)
         } else {
             seg <= conn.peer_frame_bytes && conn.credits.take(1)
         };
-        taken.then_some(())
+        taken.then_some(small)
     }
 
     /// Reads what `peer` has sent on lane 0 (credits, clearances, frames),
@@ -1700,7 +1708,7 @@ impl Transport for TcpTransport {
         // A message that fits the peer's small buffers goes on a small
         // credit or is announced; it never takes a frame credit, since the
         // peer tells the class from the size alone.
-        let eager = if conn.peer_small_bytes > 0 && len <= conn.peer_small_bytes {
+        let eager = if conn.fits_small(len) {
             conn.small_credits.take(1)
         } else {
             seg <= conn.peer_frame_bytes && conn.credits.take(nseg)
@@ -1800,7 +1808,7 @@ impl Transport for TcpTransport {
             self.read_peer(peer)?;
             credit = self.take_send_credit(peer, len);
         }
-        let Some(()) = credit else {
+        let Some(small) = credit else {
             return Ok(Now::Later);
         };
         let me = self.me;
@@ -1808,7 +1816,6 @@ impl Transport for TcpTransport {
         let Some(lane) = conn.lanes[0].as_mut() else {
             return Err(vanished(peer));
         };
-        let small = conn.peer_small_bytes > 0 && len <= conn.peer_small_bytes;
         let owed = conn.core.take_owed(1);
         let hdr = FrameHeader {
             kind: FrameKind::Data,

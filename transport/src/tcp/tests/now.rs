@@ -19,14 +19,7 @@ fn run(
 /// Rank 1 looks for message `t` until it comes (`Done` or `Later`),
 /// progressing rank 0 meanwhile.
 fn take(a: &mut TcpTransport, b: &mut TcpTransport, t: Tag, dst: &mut [u8]) -> Result<Now> {
-    let start = Instant::now();
-    loop {
-        a.progress()?;
-        match b.recv_now(0, t, dst)? {
-            Now::Empty => assert!(start.elapsed() < LIMIT, "nothing came for {t}"),
-            now => return Ok(now),
-        }
-    }
+    crate::test_drive::recv_now_within(a, b, t, dst, LIMIT)
 }
 
 #[test]
