@@ -329,6 +329,7 @@ impl Driver {
 pub(crate) fn engine_thread(driver: Arc<Driver>, mut poll: Poll, started: SyncSender<()>) {
     let mut events = Events::with_capacity(64);
     let mut st = TurnState::new();
+    driver.lock().prepare_thread();
     // Init is waiting on the other end; it cannot have gone.
     let _ = started.send(());
     drop(started);

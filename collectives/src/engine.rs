@@ -631,6 +631,14 @@ impl Engine {
         self.transports.iter().any(|t| t.unsent())
     }
 
+    /// Has every transport make its per-thread state on the calling
+    /// thread (the engine thread, at its start: `Transport::prepare_thread`).
+    pub fn prepare_thread(&self) {
+        for t in &self.transports {
+            t.prepare_thread();
+        }
+    }
+
     /// Arms every transport's wakeups before the driver sleeps in the
     /// poller; `false` if work is already waiting.
     pub fn prepare_sleep(&mut self) -> bool {

@@ -398,6 +398,12 @@ pub trait Transport: Send {
         Ok(Now::Later)
     }
 
+    /// Makes, on the calling thread, whatever this transport keeps per
+    /// thread and would otherwise make at that thread's first transfer, so
+    /// that a thread that moves bytes for a long time (the engine's) does
+    /// its allocating at its start. By default nothing.
+    fn prepare_thread(&self) {}
+
     /// Whether part of a message that [`Transport::send_now`] reported
     /// sent still waits inside the transport for its connection to take
     /// it (a socket that took only part of the frame). The caller of

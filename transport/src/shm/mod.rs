@@ -1841,6 +1841,15 @@ impl Transport for ShmTransport {
         Ok(())
     }
 
+    fn prepare_thread(&self) {
+        // Pulls and one-sided transfers between near buffers go through a
+        // per-thread bounce buffer (`near::bounced`), 260 KiB made at a
+        // thread's first such transfer: under load an engine thread's
+        // first one came in a persistent all-reduce's steady state
+        // (`persistent_no_alloc`, shm one-sided at 4 ranks).
+        near::make_bounce();
+    }
+
     fn prepare_sleep(&mut self) -> bool {
         if !self.bell.is_attached() {
             // Nobody can wake us: sleep only if there is nothing to do (the

@@ -67,6 +67,19 @@ thread_local! {
     static BOUNCE: std::cell::RefCell<Vec<u8>> = const { std::cell::RefCell::new(Vec::new()) };
 }
 
+/// Makes this thread's bounce buffer now if it has none (see
+/// [`bounced`]), so that its first bounced transfer allocates nothing.
+pub(crate) fn make_bounce() {
+    let _ = BOUNCE.try_with(|b| grow_bounce(&mut b.borrow_mut()));
+}
+
+/// The bounce buffer at its full size: a chunk and a page of slack.
+fn grow_bounce(b: &mut Vec<u8>) {
+    if b.len() < BOUNCE_CHUNK + 4096 {
+        b.resize(BOUNCE_CHUNK + 4096, 0);
+    }
+}
+
 /// Runs a transfer of `len` bytes with process memory at `remote` chunk by
 /// chunk through this thread's bounce buffer: `step(remote_at, done,
 /// bounce, n)` moves `n` bytes between `remote_at` and `bounce`, which
@@ -83,9 +96,7 @@ pub(crate) fn bounced<E>(
     BOUNCE
         .try_with(|b| {
             let mut b = b.borrow_mut();
-            if b.len() < BOUNCE_CHUNK + 4096 {
-                b.resize(BOUNCE_CHUNK + 4096, 0);
-            }
+            grow_bounce(&mut b);
             let mut done = 0usize;
             while done < len {
                 let n = (len - done).min(BOUNCE_CHUNK);
