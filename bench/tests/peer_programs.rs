@@ -68,27 +68,44 @@ fn build_named(name: &str) -> Option<PathBuf> {
 }
 
 /// `mpirun -n RANKS mpi_coll ARGS...` over shared memory; its stdout.
+///
+/// OpenMPI 4.1's launcher sometimes reports a rank that finished
+/// normally as "rank N with PID 0 ... exiting improperly" (a race in its
+/// own shutdown, open-mpi/ompi#9389 and #12607), seen once in CI after
+/// every result had printed. That exact report, and only it, is
+/// launched again, at most twice; any other failure fails at once.
 fn mpirun(exe: &Path, ranks: u32, args: &[&str]) -> String {
-    let out = Command::new("mpirun.openmpi")
-        .args([
-            "--allow-run-as-root",
-            "--oversubscribe",
-            "--bind-to",
-            "none",
-        ])
-        .args(["--mca", "pml", "ob1", "--mca", "btl", "self,vader"])
-        .args(["-n", &ranks.to_string()])
-        .arg(exe)
-        .args(args)
-        .output()
-        .expect("run mpirun.openmpi");
-    let text = String::from_utf8_lossy(&out.stdout).into_owned();
-    assert!(
-        out.status.success(),
-        "mpirun -n {ranks} mpi_coll {args:?} failed:\n{text}{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    text
+    let mut tries = 0;
+    loop {
+        tries += 1;
+        let out = Command::new("mpirun.openmpi")
+            .args([
+                "--allow-run-as-root",
+                "--oversubscribe",
+                "--bind-to",
+                "none",
+            ])
+            .args(["--mca", "pml", "ob1", "--mca", "btl", "self,vader"])
+            .args(["-n", &ranks.to_string()])
+            .arg(exe)
+            .args(args)
+            .output()
+            .expect("run mpirun.openmpi");
+        let text = String::from_utf8_lossy(&out.stdout).into_owned();
+        let err = String::from_utf8_lossy(&out.stderr);
+        if out.status.success() {
+            return text;
+        }
+        let shutdown_race =
+            |s: &str| s.contains("with PID 0 on") && s.contains("exiting improperly");
+        if tries < 3 && (shutdown_race(&text) || shutdown_race(&err)) {
+            eprintln!(
+                "mpirun -n {ranks} mpi_coll {args:?}: OpenMPI's PID 0 shutdown report; launching again"
+            );
+            continue;
+        }
+        panic!("mpirun -n {ranks} mpi_coll {args:?} failed:\n{text}{err}");
+    }
 }
 
 /// `python3 gloo_coll.py -n RANKS ARGS...`, or `None` (said) without
