@@ -26,6 +26,18 @@ const FLAG_PER_MESSAGE: u8 = 1;
 /// said its receive is posted (see [`FrameKind::Cts`]); it used no credit.
 const FLAG_CLEARED: u8 = 2;
 
+/// Flag bit never sent: in its own slots, the shared-memory ring folds a
+/// one-segment data message of at most [`INLINE_MAX`] bytes into the
+/// header's offset and total words ([`fold_inline`]), so that the frame
+/// moves between cores as one cache line instead of two, and restores the
+/// header before anyone decodes it ([`unfold_inline`]). [`FrameHeader::decode`]
+/// rejects it like any unknown flag.
+const FLAG_INLINE: u8 = 0x80;
+/// Most payload bytes a folded header carries (its offset and total words).
+pub(crate) const INLINE_MAX: usize = 16;
+/// Where a folded header's payload starts: the offset word.
+pub(crate) const INLINE_AT: usize = 48;
+
 /// What the layer above a transport says about one operation: opaque bytes
 /// that two ranks in the same operation slot must agree on. gradwire's
 /// collectives put the operation kind, element type, reduction, root and
@@ -379,6 +391,48 @@ impl FrameHeader {
 }
 
 /// The little-endian `u32` at `b[i..i + 4]`; the caller checked the length.
+/// Folds `payload` into the encoded header `h` if it is the whole of a data
+/// message of 1 to [`INLINE_MAX`] bytes (offset 0, total = length): the
+/// payload takes the offset and total words, zero-padded, and the header
+/// is marked. Returns whether it did; a header it declines is untouched.
+pub(crate) fn fold_inline(h: &mut [u8; HEADER_LEN], payload: &[u8]) -> bool {
+    let n = payload.len();
+    let whole = le_u32(h, 44) as usize == n && le_u64(h, 48) == 0 && le_u64(h, 56) == n as u64;
+    if !(1..=INLINE_MAX).contains(&n) || h[4] != FrameKind::Data as u8 || !whole {
+        return false;
+    }
+    h[5] |= FLAG_INLINE;
+    h[INLINE_AT..].fill(0);
+    h[INLINE_AT..INLINE_AT + n].copy_from_slice(payload);
+    true
+}
+
+/// Whether the encoded header `h` is folded (see [`fold_inline`]).
+pub(crate) fn is_folded(h: &[u8]) -> bool {
+    h[5] & FLAG_INLINE != 0
+}
+
+/// Undoes [`fold_inline`] on a copy of a header: offset 0 and total = length
+/// again, the mark cleared, so that [`FrameHeader::decode`] reads what was
+/// encoded. A header that is not folded is left as it is. A mark on
+/// anything [`fold_inline`] would not have folded is an error naming it.
+pub(crate) fn unfold_inline(h: &mut [u8; HEADER_LEN]) -> std::result::Result<(), String> {
+    if !is_folded(h) {
+        return Ok(());
+    }
+    let n = le_u32(h, 44) as usize;
+    if h[4] != FrameKind::Data as u8 || !(1..=INLINE_MAX).contains(&n) {
+        return Err(format!(
+            "a header of kind {} with a {n}-byte payload marked as folded (only data of 1 to {INLINE_MAX} bytes is)",
+            h[4]
+        ));
+    }
+    h[5] &= !FLAG_INLINE;
+    h[48..56].copy_from_slice(&0u64.to_le_bytes());
+    h[56..64].copy_from_slice(&(n as u64).to_le_bytes());
+    Ok(())
+}
+
 pub(crate) fn le_u32(b: &[u8], i: usize) -> u32 {
     u32::from_le_bytes([b[i], b[i + 1], b[i + 2], b[i + 3]])
 }
@@ -443,11 +497,48 @@ mod tests {
             )
     }
 
+    /// Headers a message of 0 to 20 bytes could have: any kind, its whole
+    /// or a segment of it.
+    fn arb_small_header() -> impl Strategy<Value = FrameHeader> {
+        (arb_header(), 0u64..=20, 0u64..2, 0u64..2).prop_map(|(mut h, len, off, more)| {
+            if h.kind == FrameKind::Data {
+                (h.len, h.offset, h.total) = (len, off, len + off + more);
+            }
+            h
+        })
+    }
+
     proptest! {
         #[test]
         fn roundtrip(h in arb_header()) {
             let enc = h.encode();
             prop_assert_eq!(FrameHeader::decode(&enc).unwrap(), h);
+        }
+
+        /// Folding takes exactly the whole data messages of 1 to 16 bytes,
+        /// and unfolding gives back the encoded header; a folded header
+        /// does not decode as it is (its mark is unknown to the wire).
+        #[test]
+        fn folding_is_undone_exactly(h in arb_small_header(), fill in any::<u8>()) {
+            let enc = h.encode();
+            // Only a data header's length is small; a payload of at most
+            // 20 bytes is all folding could ever take.
+            let payload = vec![fill; h.len.min(20) as usize];
+            let mut b = enc;
+            let folded = fold_inline(&mut b, &payload);
+            let want = h.kind == FrameKind::Data
+                && (1..=16).contains(&h.len)
+                && h.offset == 0
+                && h.total == h.len;
+            prop_assert_eq!(folded, want);
+            if folded {
+                prop_assert!(FrameHeader::decode(&b).is_err());
+                prop_assert_eq!(&b[INLINE_AT..INLINE_AT + payload.len()], &payload[..]);
+            } else {
+                prop_assert_eq!(b, enc);
+            }
+            unfold_inline(&mut b).unwrap();
+            prop_assert_eq!(b, enc);
         }
 
         #[test]

@@ -31,6 +31,11 @@
 //! so a frame moves one line fewer between the cores than a published tail
 //! did (the header's and the payload's still move, and the cleared stamp
 //! sends the header's line back before the producer refills the slot).
+//! A whole data message of at most 16 bytes travels in its header's line
+//! alone: the producer folds the payload into the header's offset and
+//! total words (`wire::fold_inline`), and the consumer's copy of the header
+//! is restored before anyone decodes it (`Consumer::peek`). An 8-byte
+//! message so costs the consumer one line from the producer's core, not two.
 //! Each side keeps its own counter privately, so a buggy peer can corrupt
 //! what we read but never what we own; a head that makes no sense is
 //! reported as [`Corrupt`], never trusted, and a frame a peer stamped
@@ -59,7 +64,7 @@
 //! sockets, and is tested on an ordinary heap buffer.
 
 use super::costs::{self, MEASURED_BYTES};
-use crate::wire::HEADER_LEN;
+use crate::wire::{self, HEADER_LEN};
 use std::cell::Cell;
 use std::ptr::NonNull;
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering, fence};
@@ -316,6 +321,9 @@ impl Producer {
             return Err(Corrupt("a frame header without its magic".into()));
         }
         let slot = self.ring.slot(self.tail);
+        // A message of a few bytes rides in its header's line.
+        let mut h = *header;
+        let folded = wire::fold_inline(&mut h, payload);
         let timed = costs::timer(payload.len());
         // SAFETY: the slot at `tail` is free (head has moved past it, observed with
         // Acquire in `free`), so the consumer does not touch it until we publish;
@@ -323,8 +331,10 @@ impl Producer {
         // cannot overlap shared memory we own exclusively. The header's first
         // word is the stamp, stored last.
         unsafe {
-            std::ptr::copy_nonoverlapping(header.as_ptr().add(4), slot.add(4), HEADER_LEN - 4);
-            super::near::copy(slot.add(HEADER_LEN), payload.as_ptr(), payload.len());
+            std::ptr::copy_nonoverlapping(h.as_ptr().add(4), slot.add(4), HEADER_LEN - 4);
+            if !folded {
+                super::near::copy(slot.add(HEADER_LEN), payload.as_ptr(), payload.len());
+            }
         }
         if let Some(t) = timed {
             let sample = costs::ps_per_byte(t.elapsed(), payload.len());
@@ -477,6 +487,7 @@ impl Consumer {
         unsafe {
             std::ptr::copy_nonoverlapping(self.ring.slot(self.head), h.as_mut_ptr(), HEADER_LEN)
         };
+        wire::unfold_inline(&mut h).map_err(Corrupt)?;
         Ok(Some(h))
     }
 
@@ -526,10 +537,22 @@ impl Consumer {
         if !self.ready() {
             return Err(Corrupt("payload read from an empty ring".into()));
         }
+        let slot = self.ring.slot(self.head);
         // SAFETY: the slot at `head` was published (its stamp observed set
         // with Acquire in `ready`) and the producer does not reuse it until
-        // `pop`; its payload area holds slot_bytes >= len bytes.
-        Ok(unsafe { self.ring.slot(self.head).add(HEADER_LEN) })
+        // `pop`; it holds a header, then slot_bytes >= len payload bytes.
+        let header = unsafe { std::slice::from_raw_parts(slot, HEADER_LEN) };
+        if wire::is_folded(header) {
+            if len > wire::INLINE_MAX {
+                return Err(Corrupt(format!(
+                    "{len} payload bytes asked of a frame folded into its header"
+                )));
+            }
+            // SAFETY: as above; a folded payload lies within the header.
+            return Ok(unsafe { slot.add(wire::INLINE_AT) });
+        }
+        // SAFETY: as above.
+        Ok(unsafe { slot.add(HEADER_LEN) })
     }
 
     /// Frees the oldest frame's slot for the producer.
@@ -620,6 +643,16 @@ mod tests {
         (Producer::new(r), Consumer::new(r))
     }
 
+    /// [`pair`], and the region's base, for tests that look at the slots'
+    /// bytes themselves (only between a push and its pop, or while free).
+    fn pair_at(buf: &mut [u64], slots: usize, slot_bytes: usize) -> (*mut u8, Producer, Consumer) {
+        let base = buf.as_mut_ptr().cast::<u8>();
+        // SAFETY: as in `pair`.
+        let r = unsafe { RingRef::new(base, slots, slot_bytes) };
+        r.init();
+        (base, Producer::new(r), Consumer::new(r))
+    }
+
     #[test]
     fn large_copies_are_timed_and_the_consumers_costs_reach_the_producer() {
         let slot = 2 * MEASURED_BYTES;
@@ -668,6 +701,56 @@ mod tests {
             total,
         }
         .encode()
+    }
+
+    /// Whole data messages of 1 to 16 bytes ride in the header's line and
+    /// leave the slot's payload area alone; the consumer sees the header
+    /// as encoded and the payload as sent. 17 bytes, a segment of a larger
+    /// message, and an empty message go the usual way.
+    #[test]
+    fn small_messages_ride_in_the_header_line() {
+        let (slots, sb) = (2, 64);
+        let mut buf = region(slots, sb);
+        let (base, mut p, mut c) = pair_at(&mut buf, slots, sb);
+        let cases = (0..=17u64).map(|n| (n, n)).chain([(8, 16), (16, 17)]);
+        for (k, (len, total)) in cases.enumerate() {
+            let slot = CONTROL_LEN + (k % slots) * slot_stride(sb);
+            // SAFETY: the slot is free (popped below) and inside `buf`.
+            unsafe { std::ptr::write_bytes(base.add(slot + HEADER_LEN), 0xAB, sb) };
+            let payload: Vec<u8> = (0..len as u8).map(|i| i.wrapping_mul(37) + 1).collect();
+            let h = header(0, len, total);
+            assert!(p.push(&h, &payload).unwrap());
+            let folded = (1..=16).contains(&len) && len == total;
+            // SAFETY: as above; the frame is published and not popped.
+            let area = unsafe { std::slice::from_raw_parts(base.add(slot + HEADER_LEN), sb) };
+            assert_eq!(
+                area.iter().all(|&b| b == 0xAB),
+                folded || len == 0,
+                "{len} of {total} bytes: folded {folded}"
+            );
+            assert_eq!(c.peek().unwrap(), Some(h), "{len} of {total} bytes");
+            let mut out = vec![0u8; len as usize];
+            c.read_payload(&mut out).unwrap();
+            assert_eq!(out, payload, "{len} of {total} bytes");
+            if folded {
+                let e = c.payload_ptr(17).unwrap_err();
+                assert!(e.0.contains("folded into its header"), "{}", e.0);
+            }
+            c.pop();
+        }
+    }
+
+    /// A peer's mark of folding on a frame that cannot be folded is
+    /// reported as corruption, not read.
+    #[test]
+    fn a_false_fold_mark_is_corruption() {
+        let mut buf = region(2, 64);
+        let (base, mut p, c) = pair_at(&mut buf, 2, 64);
+        assert!(p.push(&header(0, 32, 32), &[5; 32]).unwrap());
+        // SAFETY: the published slot 0 is inside `buf`; byte 5 is its flags.
+        unsafe { *base.add(CONTROL_LEN + 5) |= 0x80 };
+        let e = c.peek().unwrap_err();
+        assert!(e.0.contains("32-byte payload marked as folded"), "{}", e.0);
     }
 
     #[test]
