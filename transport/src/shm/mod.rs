@@ -1208,7 +1208,8 @@ fn pump_sends(
 /// Frees the oldest inbound frame's slot, waking the peer if it waits for
 /// room.
 fn free_head(conn: &mut Conn, bell: &mut Doorbell, peer_bell: &SocketAddr) {
-    if conn.rx.pop() && conn.rx.take_writer_sleeping() {
+    conn.rx.pop();
+    if conn.rx.take_writer_sleeping() {
         bell.ring(peer_bell);
     }
 }
@@ -1495,13 +1496,11 @@ fn pump_recvs(
         }
     }
     p.publish_consumed();
-    // The slots a pass freed are told at its end (a pop tells only every
-    // half ring, `Consumer::pop`).
-    if popped && let Some(conn) = &p.conn {
-        conn.rx.publish();
-        if conn.rx.take_writer_sleeping() {
-            bell.ring(&p.bell);
-        }
+    if popped
+        && let Some(conn) = &p.conn
+        && conn.rx.take_writer_sleeping()
+    {
+        bell.ring(&p.bell);
     }
     Ok(popped || held)
 }
@@ -1852,16 +1851,6 @@ impl Transport for ShmTransport {
     }
 
     fn prepare_sleep(&mut self) -> bool {
-        // Slots freed and not yet told (`Consumer::pop`) are told before
-        // we stop looking at the rings.
-        for p in &self.peers {
-            if let Some(conn) = &p.conn
-                && conn.rx.publish()
-                && conn.rx.take_writer_sleeping()
-            {
-                self.bell.ring(&p.bell);
-            }
-        }
         if !self.bell.is_attached() {
             // Nobody can wake us: sleep only if there is nothing to do (the
             // engine's timeout brings us back to poll).

@@ -25,14 +25,12 @@
 //! header's first word, its magic, last, with a Release store: the slot's
 //! stamp), then stores `tail + 1` (read only by a producer taking over the
 //! ring, `Producer::new`); the consumer Acquire-loads the stamp of the slot
-//! at `head`, reads the frame, clears the stamp and frees the slot; it
-//! tells the producer by a Release store of the new head, once per half
-//! ring (`Consumer::pop`). The consumer reads no counter of the
+//! at `head`, reads the frame, clears the stamp and frees the slot with a
+//! Release store of `head + 1`. The consumer reads no counter of the
 //! producer's: the stamp shares a cache line with the header it reads next,
 //! so a frame moves one line fewer between the cores than a published tail
-//! did (the header's line still moves, and the cleared stamp
-//! sends it back before the producer refills the slot; a stamp naming
-//! its message instead, never cleared, was tried and measured no faster).
+//! did (the header's and the payload's still move, and the cleared stamp
+//! sends the header's line back before the producer refills the slot).
 //! A whole data message of at most 16 bytes travels in its header's line
 //! alone: the producer folds the payload into the header's offset and
 //! total words (`wire::fold_inline`), and the consumer's copy of the header
@@ -440,20 +438,13 @@ impl Producer {
 pub(crate) struct Consumer {
     ring: RingRef,
     head: u64,
-    /// The head as last stored in the ring for the producer (see
-    /// [`Consumer::pop`]).
-    published: Cell<u64>,
 }
 
 impl Consumer {
     /// Takes the consumer role; starts from the head currently in the ring.
     pub(crate) fn new(ring: RingRef) -> Consumer {
         let head = ring.head().load(Ordering::Relaxed);
-        Consumer {
-            ring,
-            head,
-            published: Cell::new(head),
-        }
+        Consumer { ring, head }
     }
 
     /// Payload bytes per slot.
@@ -564,38 +555,13 @@ impl Consumer {
         Ok(unsafe { slot.add(HEADER_LEN) })
     }
 
-    /// Frees the oldest frame's slot for the producer. The head is stored
-    /// for the producer once half the ring is freed unstored, or when no
-    /// frame follows; returns whether it was (then, and only then, a
-    /// sleeping producer may have room: [`Consumer::take_writer_sleeping`]).
-    /// A receiver taking a stream of small frames stored the head, a line
-    /// the waiting producer reads, after every frame, moving that line
-    /// between the cores once a frame; now once per half ring. Whatever is
-    /// freed and not stored yet is stored before the consumer stops
-    /// looking: at an empty ring here, and before it sleeps
-    /// ([`Consumer::publish`]). So the producer sees at most half a ring
-    /// less room than there is, and only while frames it sent wait unread.
-    pub(crate) fn pop(&mut self) -> bool {
+    /// Frees the oldest frame's slot for the producer.
+    pub(crate) fn pop(&mut self) {
         // Cleared before the head moves on: the producer reuses the slot
         // only after it sees that head.
         self.ring.stamp(self.head).store(0, Ordering::Relaxed);
         self.head = self.head.wrapping_add(1);
-        let unstored = self.head.wrapping_sub(self.published.get());
-        if unstored >= (self.ring.slots as u64 / 2).max(1) || !self.ready() {
-            return self.publish();
-        }
-        false
-    }
-
-    /// Stores the head for the producer if it moved since it was last
-    /// stored; returns whether it did.
-    pub(crate) fn publish(&self) -> bool {
-        if self.published.get() == self.head {
-            return false;
-        }
         self.ring.head().store(self.head, Ordering::Release);
-        self.published.set(self.head);
-        true
     }
 
     /// After freeing slots: whether the producer asked to be woken (the flag is
@@ -785,41 +751,6 @@ mod tests {
         unsafe { *base.add(CONTROL_LEN + 5) |= 0x80 };
         let e = c.peek().unwrap_err();
         assert!(e.0.contains("32-byte payload marked as folded"), "{}", e.0);
-    }
-
-    /// While frames follow, the head reaches the producer once per half
-    /// ring; at once when the ring is left empty; and whenever asked
-    /// (`publish`, as before the consumer sleeps).
-    #[test]
-    fn the_head_is_told_per_half_ring_and_at_an_empty_ring() {
-        let (slots, sb) = (8, 8);
-        let mut buf = region(slots, sb);
-        let (mut p, mut c) = pair(&mut buf, slots, sb);
-        for i in 0..8 {
-            assert!(p.push(&header(0, 1, 1), &[i]).unwrap());
-        }
-        assert_eq!(p.free().unwrap(), 0);
-        let told = |c: &Consumer| c.ring.head().load(Ordering::Acquire);
-        let take = |c: &mut Consumer| {
-            assert!(c.peek().unwrap().is_some());
-            c.pop()
-        };
-        for _ in 0..3 {
-            assert!(!take(&mut c));
-        }
-        assert_eq!((told(&c), p.free().unwrap()), (0, 0));
-        assert!(take(&mut c), "half the ring");
-        assert_eq!((told(&c), p.free().unwrap()), (4, 4));
-        assert!(!take(&mut c));
-        assert_eq!(told(&c), 4);
-        assert!(c.publish());
-        assert!(!c.publish(), "nothing new to tell");
-        assert_eq!(told(&c), 5);
-        assert!(!take(&mut c));
-        assert!(!take(&mut c));
-        assert!(take(&mut c), "the ring is left empty");
-        assert_eq!(told(&c), 8);
-        assert!(c.peek().unwrap().is_none());
     }
 
     #[test]
