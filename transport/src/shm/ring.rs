@@ -541,8 +541,7 @@ impl Consumer {
         // SAFETY: the slot at `head` was published (its stamp observed set
         // with Acquire in `ready`) and the producer does not reuse it until
         // `pop`; it holds a header, then slot_bytes >= len payload bytes.
-        let header = unsafe { std::slice::from_raw_parts(slot, HEADER_LEN) };
-        if wire::is_folded(header) {
+        if wire::is_folded(unsafe { slot.add(wire::FLAGS_AT).read() }) {
             if len > wire::INLINE_MAX {
                 return Err(Corrupt(format!(
                     "{len} payload bytes asked of a frame folded into its header"
