@@ -1496,11 +1496,14 @@ fn pump_recvs(
         }
     }
     p.publish_consumed();
-    if popped
-        && let Some(conn) = &p.conn
-        && conn.rx.take_writer_sleeping()
-    {
-        bell.ring(&p.bell);
+    // The head a pass moved is told at its end (a pop tells it only every
+    // half ring, `Consumer::pop`; the producer finds freed slots by their
+    // stamps meanwhile).
+    if popped && let Some(conn) = &p.conn {
+        conn.rx.publish();
+        if conn.rx.take_writer_sleeping() {
+            bell.ring(&p.bell);
+        }
     }
     Ok(popped || held)
 }

@@ -25,12 +25,20 @@
 //! header's first word, its magic, last, with a Release store: the slot's
 //! stamp), then stores `tail + 1` (read only by a producer taking over the
 //! ring, `Producer::new`); the consumer Acquire-loads the stamp of the slot
-//! at `head`, reads the frame, clears the stamp and frees the slot with a
-//! Release store of `head + 1`. The consumer reads no counter of the
+//! at `head`, reads the frame, and frees the slot by clearing the stamp
+//! with a Release store. A slot whose stamp is cleared is free: the
+//! producer, when the head it last read says the ring is full, reads the
+//! consumer's head again and, if that too says full, the stamp of the slot
+//! it wants. The consumer stores its head for the producer once per half
+//! ring or when no frame follows (`Consumer::pop`), so that a stream of
+//! small frames does not move the head's line between the cores twice a
+//! frame (the transport also stores it after each pass of pops); room
+//! never waits for it. The consumer reads no counter of the
 //! producer's: the stamp shares a cache line with the header it reads next,
 //! so a frame moves one line fewer between the cores than a published tail
-//! did (the header's and the payload's still move, and the cleared stamp
-//! sends the header's line back before the producer refills the slot).
+//! did (the header's line and, past 16 bytes, the payload's still move, and
+//! the cleared stamp sends the header's line back before the producer
+//! refills the slot).
 //! A whole data message of at most 16 bytes travels in its header's line
 //! alone: the producer folds the payload into the header's offset and
 //! total words (`wire::fold_inline`), and the consumer's copy of the header
@@ -231,16 +239,22 @@ impl RingRef {
         }
     }
 
-    /// Messages between `head` and `tail`, checked against the ring size.
-    fn used(&self, head: u64, tail: u64) -> Result<usize, Corrupt> {
+    /// Slots free by a head the consumer told and our `tail`. A head read
+    /// now lags the consumer's own by at most half a ring (`Consumer::pop`
+    /// tells it at least that often, and a pop clears its stamp just
+    /// before), and the slots freed meanwhile may have been filled again
+    /// (their stamps said so): `tail` runs at most a ring past it. Beyond
+    /// that the head makes no sense. (A head read earlier may lag more:
+    /// `Producer::free` reads afresh instead of judging it.)
+    fn room(&self, head: u64, tail: u64) -> Result<usize, Corrupt> {
         let used = tail.wrapping_sub(head);
-        if used > self.slots as u64 {
+        if used > 2 * self.slots as u64 {
             return Err(Corrupt(format!(
                 "ring counters head={head} tail={tail} are {used} apart but the ring has {} slots",
                 self.slots
             )));
         }
-        Ok(used as usize)
+        Ok(self.slots.saturating_sub(used as usize))
     }
 }
 
@@ -249,11 +263,11 @@ impl RingRef {
 pub(crate) struct Producer {
     ring: RingRef,
     tail: u64,
-    /// The consumer's head as last read. The consumer writes its head
-    /// after every frame, so reading it on every push moved that cache line
-    /// between the cores each time (a sixth of an 8-byte broadcast root's
-    /// time); the old value understates the free slots, never overstates
-    /// them, and is read afresh only when it shows the ring full.
+    /// The consumer's head as last read. Reading it on every push moved
+    /// that cache line between the cores each time (a sixth of an 8-byte
+    /// broadcast root's time); the old value understates the free slots,
+    /// never overstates them, and is read afresh only when it shows the
+    /// ring full (and then the wanted slot's stamp, `Producer::free`).
     seen_head: Cell<u64>,
     /// The same for the consumer's count of consumed eager frames, which
     /// shares a line with what it writes per frame; refreshed only when
@@ -291,13 +305,23 @@ impl Producer {
     /// Slots the producer may fill now: at least one whenever one is free,
     /// though fewer than are free when the head read last is stale.
     pub(crate) fn free(&self) -> Result<usize, Corrupt> {
-        let free = self.ring.slots - self.ring.used(self.seen_head.get(), self.tail)?;
+        // The head read last may be older than `room` allows for; then it
+        // says nothing, and the head is read again.
+        let free = self.ring.room(self.seen_head.get(), self.tail).unwrap_or(0);
         if free > 0 {
             return Ok(free);
         }
         let head = self.ring.head().load(Ordering::Acquire);
         self.seen_head.set(head);
-        Ok(self.ring.slots - self.ring.used(head, self.tail)?)
+        let free = self.ring.room(head, self.tail)?;
+        if free > 0 {
+            return Ok(free);
+        }
+        // The consumer tells its head only now and then (`Consumer::pop`);
+        // the slot says whether it was freed: its stamp is cleared.
+        Ok(usize::from(
+            self.ring.stamp(self.tail).load(Ordering::Acquire) == 0,
+        ))
     }
 
     /// Writes one frame (header, then payload) into the next free slot and
@@ -325,8 +349,9 @@ impl Producer {
         let mut h = *header;
         let folded = wire::fold_inline(&mut h, payload);
         let timed = costs::timer(payload.len());
-        // SAFETY: the slot at `tail` is free (head has moved past it, observed with
-        // Acquire in `free`), so the consumer does not touch it until we publish;
+        // SAFETY: the slot at `tail` is free (head has moved past it, or its
+        // stamp was cleared, observed with Acquire in `free`), so the
+        // consumer does not touch it until we publish;
         // header and payload fit the slot's stride; sources are valid slices that
         // cannot overlap shared memory we own exclusively. The header's first
         // word is the stamp, stored last.
@@ -398,7 +423,7 @@ impl Producer {
     /// Whether frames the consumer has not popped yet are in the ring.
     pub(crate) fn unread(&self) -> Result<bool, Corrupt> {
         let head = self.ring.head().load(Ordering::Acquire);
-        Ok(self.ring.used(head, self.tail)? > 0)
+        Ok(self.ring.room(head, self.tail)? < self.ring.slots)
     }
 
     /// Eager frames the consumer has consumed so far: as last read, or
@@ -438,13 +463,20 @@ impl Producer {
 pub(crate) struct Consumer {
     ring: RingRef,
     head: u64,
+    /// The head as last stored in the ring for the producer (see
+    /// [`Consumer::pop`]).
+    published: Cell<u64>,
 }
 
 impl Consumer {
     /// Takes the consumer role; starts from the head currently in the ring.
     pub(crate) fn new(ring: RingRef) -> Consumer {
         let head = ring.head().load(Ordering::Relaxed);
-        Consumer { ring, head }
+        Consumer {
+            ring,
+            head,
+            published: Cell::new(head),
+        }
     }
 
     /// Payload bytes per slot.
@@ -482,8 +514,8 @@ impl Consumer {
         }
         let mut h = [0u8; HEADER_LEN];
         // SAFETY: the slot at `head` was published (its stamp observed set with
-        // Acquire in `ready`) and the producer does not reuse it until we
-        // advance head; it is valid for HEADER_LEN bytes.
+        // Acquire in `ready`) and the producer does not reuse it until `pop`
+        // clears that stamp; it is valid for HEADER_LEN bytes.
         unsafe {
             std::ptr::copy_nonoverlapping(self.ring.slot(self.head), h.as_mut_ptr(), HEADER_LEN)
         };
@@ -554,13 +586,39 @@ impl Consumer {
         Ok(unsafe { slot.add(HEADER_LEN) })
     }
 
-    /// Frees the oldest frame's slot for the producer.
-    pub(crate) fn pop(&mut self) {
-        // Cleared before the head moves on: the producer reuses the slot
-        // only after it sees that head.
-        self.ring.stamp(self.head).store(0, Ordering::Relaxed);
+    /// Frees the oldest frame's slot for the producer: its stamp is
+    /// cleared, which is what frees it (the producer takes a slot whose
+    /// stamp it sees cleared, `Producer::free`). The head, which tells the
+    /// producer of many freed slots in one read, is stored once half the
+    /// ring is freed untold, or when no frame follows; returns whether it
+    /// was. A receiver taking a stream of small frames stored the head
+    /// after every frame, while the producer, out of room, was reading it:
+    /// that line crossed between the cores twice a frame. (Room waited for
+    /// the head in 2742f83, which hung a producer whose consumer took
+    /// frames and then went idle; room now never waits for it.) The
+    /// callers look for a sleeping producer after every pop or pass of
+    /// pops, as before ([`Consumer::take_writer_sleeping`]).
+    pub(crate) fn pop(&mut self) -> bool {
+        // Release: the frame's reads come before the producer, which
+        // Acquire-loads the cleared stamp, writes the slot again.
+        self.ring.stamp(self.head).store(0, Ordering::Release);
         self.head = self.head.wrapping_add(1);
+        let unstored = self.head.wrapping_sub(self.published.get());
+        if unstored >= (self.ring.slots as u64 / 2).max(1) || !self.ready() {
+            return self.publish();
+        }
+        false
+    }
+
+    /// Stores the head for the producer if it moved since it was last
+    /// stored; returns whether it did.
+    pub(crate) fn publish(&self) -> bool {
+        if self.published.get() == self.head {
+            return false;
+        }
         self.ring.head().store(self.head, Ordering::Release);
+        self.published.set(self.head);
+        true
     }
 
     /// After freeing slots: whether the producer asked to be woken (the flag is
@@ -750,6 +808,83 @@ mod tests {
         unsafe { *base.add(CONTROL_LEN + 5) |= 0x80 };
         let e = c.peek().unwrap_err();
         assert!(e.0.contains("32-byte payload marked as folded"), "{}", e.0);
+    }
+
+    /// While frames follow, the head reaches the producer once per half
+    /// ring, at once when the ring is left empty, and whenever asked
+    /// (`publish`); meanwhile the producer finds each freed slot by its
+    /// cleared stamp, so room never waits for the head.
+    #[test]
+    fn freed_slots_are_found_by_their_stamps_and_the_head_told_per_half_ring() {
+        let (slots, sb) = (8, 8);
+        let mut buf = region(slots, sb);
+        let (mut p, mut c) = pair(&mut buf, slots, sb);
+        for i in 0..8 {
+            assert!(p.push(&header(0, 1, 1), &[i]).unwrap());
+        }
+        assert_eq!(p.free().unwrap(), 0);
+        let told = |c: &Consumer| c.ring.head().load(Ordering::Acquire);
+        let take = |c: &mut Consumer, want: u8| {
+            assert!(c.peek().unwrap().is_some());
+            let mut b = [0u8];
+            c.read_payload(&mut b).unwrap();
+            assert_eq!(b[0], want);
+            c.pop()
+        };
+        for i in 0..3 {
+            assert!(!take(&mut c, i));
+        }
+        assert_eq!(told(&c), 0);
+        // Three slots freed, none told: each is found by its stamp.
+        for i in 8..11 {
+            assert_eq!(p.free().unwrap(), 1, "{i}");
+            assert!(p.push(&header(0, 1, 1), &[i]).unwrap());
+        }
+        assert_eq!(p.free().unwrap(), 0);
+        assert!(!p.push(&header(0, 1, 1), &[99]).unwrap());
+        assert!(take(&mut c, 3), "half the ring");
+        assert_eq!((told(&c), p.free().unwrap()), (4, 1));
+        assert!(!take(&mut c, 4));
+        assert_eq!(told(&c), 4);
+        assert!(c.publish());
+        assert!(!c.publish(), "nothing new to tell");
+        assert_eq!(told(&c), 5);
+        for i in 5..8 {
+            assert!(!take(&mut c, i));
+        }
+        assert!(take(&mut c, 8), "half the ring again");
+        assert_eq!(told(&c), 9);
+        assert!(!take(&mut c, 9));
+        assert!(take(&mut c, 10), "the ring is left empty");
+        assert_eq!(told(&c), 11);
+        assert!(c.peek().unwrap().is_none());
+        // Drained and told: the whole ring takes frames again.
+        for i in 0..8 {
+            assert!(p.push(&header(0, 1, 1), &[i]).unwrap(), "{i}");
+        }
+        assert!(!p.push(&header(0, 1, 1), &[8]).unwrap());
+    }
+
+    /// A pop clears its slot's stamp before it stores the head, and the
+    /// producer may see the one without the other, and fill the slot: the
+    /// head it then holds is more than a ring behind its tail. That is no
+    /// corruption, on a ring of one slot or of eight.
+    #[test]
+    fn a_slot_refilled_before_the_head_was_told_is_no_corruption() {
+        for slots in [1usize, 8] {
+            let mut buf = region(slots, 8);
+            let (mut p, c) = pair(&mut buf, slots, 8);
+            for i in 0..slots {
+                assert!(p.push(&header(0, 1, 1), &[i as u8]).unwrap());
+            }
+            // Halfway through the consumer's pop of message 0: cleared,
+            // the head not stored.
+            c.ring.stamp(0).store(0, Ordering::Release);
+            assert_eq!(p.free().unwrap(), 1, "{slots} slots");
+            assert!(p.push(&header(0, 1, 1), &[99]).unwrap());
+            assert_eq!(p.free().unwrap(), 0, "{slots} slots");
+            assert!(!p.push(&header(0, 1, 1), &[100]).unwrap());
+        }
     }
 
     #[test]

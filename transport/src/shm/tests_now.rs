@@ -145,3 +145,36 @@ proptest! {
         prop_assert_eq!(&dst, &src);
     }
 }
+
+/// Frames the caller takes (`recv_now`) free their slots for the producer
+/// at once, with nothing else run on the consumer's side, as an idle
+/// engine runs nothing (it parks without a progress pass): a producer that
+/// filled the ring sends on. A consumer that told its head only every half
+/// ring left the producer without room here, and a collective that then
+/// waited on the producer hung (2742f83, reverted).
+#[test]
+fn frames_taken_by_the_caller_free_their_slots_at_once() {
+    let (mut a, mut b) = pair("now-freed", 8, 64);
+    let msgs: Vec<Vec<u8>> = (0..11).map(|i| pattern(8, i)).collect();
+    let step = |i: usize| tag(1, i as u32);
+    for (i, m) in msgs[..8].iter().enumerate() {
+        assert_eq!(a.send_now(1, step(i), m, None).unwrap(), Now::Done, "{i}");
+    }
+    assert_eq!(
+        a.send_now(1, step(8), &msgs[8], None).unwrap(),
+        Now::Later,
+        "the ring is full"
+    );
+    let mut got = vec![0u8; 8];
+    for (i, m) in msgs[..3].iter().enumerate() {
+        assert_eq!(b.recv_now(0, step(i), &mut got).unwrap(), Now::Done);
+        assert_eq!(&got, m);
+    }
+    for (i, m) in msgs.iter().enumerate().skip(8) {
+        assert_eq!(a.send_now(1, step(i), m, None).unwrap(), Now::Done, "{i}");
+    }
+    for (i, m) in msgs.iter().enumerate().skip(3) {
+        assert_eq!(b.recv_now(0, step(i), &mut got).unwrap(), Now::Done, "{i}");
+        assert_eq!(&got, m);
+    }
+}
