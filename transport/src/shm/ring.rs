@@ -621,6 +621,13 @@ impl Consumer {
         true
     }
 
+    /// Whether the producer is asleep waiting for room, without taking
+    /// the flag (for tests that must act only once it sleeps).
+    #[cfg(test)]
+    pub(crate) fn writer_asleep(&self) -> bool {
+        self.ring.writer_sleeping().load(Ordering::SeqCst) != 0
+    }
+
     /// After freeing slots: whether the producer asked to be woken (the flag is
     /// cleared so that one doorbell is rung per sleep).
     pub(crate) fn take_writer_sleeping(&self) -> bool {

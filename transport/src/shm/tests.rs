@@ -565,7 +565,7 @@ fn prepare_sleep_sees_waiting_data() {
 
 /// Runs rank `t` in its own thread, sleeping in a mio::Poll whenever it can,
 /// until `reqs` complete. Returns how many wakeups came with events.
-fn sleepy(
+pub(super) fn sleepy(
     mut t: ShmTransport,
     reqs: Vec<impl Into<Outstanding> + Send + 'static>,
 ) -> std::thread::JoinHandle<(ShmTransport, usize)> {

@@ -1,7 +1,7 @@
 //! Small messages moved at once (`send_now` / `recv_now`), and their hand-over
 //! to the posted path whenever anything else is pending with the peer.
 
-use super::tests::{pair, pattern, reg, run, tag};
+use super::tests::{pair, pattern, reg, run, sleepy, tag};
 use super::*;
 use crate::seam::Outstanding;
 use proptest::prelude::*;
@@ -176,5 +176,57 @@ fn frames_taken_by_the_caller_free_their_slots_at_once() {
     for (i, m) in msgs.iter().enumerate().skip(3) {
         assert_eq!(b.recv_now(0, step(i), &mut got).unwrap(), Now::Done, "{i}");
         assert_eq!(&got, m);
+    }
+}
+
+/// A producer asleep on a full ring is woken by a frame the caller takes
+/// (`recv_now`), although that pop frees the slot without telling the
+/// head (another frame follows): the wake-up follows every pop, and the
+/// producer finds the slot by its cleared stamp.
+#[test]
+fn a_producer_asleep_on_a_full_ring_wakes_when_the_caller_takes_a_frame() {
+    let (mut a, mut b) = pair("now-wake", 8, 64);
+    let msgs: Vec<Vec<u8>> = (0..9).map(|i| pattern(8, i)).collect();
+    let mut srcs: Vec<Vec<u8>> = msgs.clone();
+    let sends: Vec<Outstanding> = srcs
+        .iter_mut()
+        .enumerate()
+        .map(|(i, src)| {
+            let m = reg(&mut a, src);
+            Outstanding::new(a.isend(1, tag(1, i as u32), m, 0, 8).unwrap())
+        })
+        .collect();
+    let start = std::time::Instant::now();
+    let h = sleepy(a, sends);
+    // The producer fills the ring and falls asleep on the ninth frame: its
+    // flag still set 20 ms after it was seen (a producer that finds work
+    // after setting it clears it within microseconds).
+    let asleep = |b: &ShmTransport| b.peers[0].conn.as_ref().unwrap().rx.writer_asleep();
+    let ms = std::time::Duration::from_millis;
+    loop {
+        assert!(start.elapsed() < ms(2000), "never slept");
+        if asleep(&b) {
+            std::thread::sleep(ms(20));
+            if asleep(&b) {
+                break;
+            }
+        }
+        std::thread::sleep(ms(1));
+    }
+    let mut got = vec![0u8; 8];
+    assert_eq!(b.recv_now(0, tag(1, 0), &mut got).unwrap(), Now::Done);
+    assert_eq!(got, msgs[0]);
+    let (_a, woken) = h.join().unwrap();
+    assert!(woken >= 1, "the producer was not woken");
+    assert!(
+        start.elapsed() < ms(2000),
+        "the producer slept {:?}",
+        start.elapsed()
+    );
+    // Its sends are done, so every frame is in the ring, in order.
+    for (i, m) in msgs.iter().enumerate().skip(1) {
+        let took = b.recv_now(0, tag(1, i as u32), &mut got).unwrap();
+        assert_eq!(took, Now::Done, "{i}");
+        assert_eq!(&got, m, "{i}");
     }
 }
