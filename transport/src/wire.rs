@@ -37,6 +37,8 @@ const FLAG_INLINE: u8 = 0x80;
 pub(crate) const INLINE_MAX: usize = 16;
 /// Where a folded header's payload starts: the offset word.
 pub(crate) const INLINE_AT: usize = 48;
+/// Where an encoded header keeps its flags.
+pub(crate) const FLAGS_AT: usize = 5;
 
 /// What the layer above a transport says about one operation: opaque bytes
 /// that two ranks in the same operation slot must agree on. gradwire's
@@ -396,7 +398,9 @@ impl FrameHeader {
 /// is marked. Returns whether it did; a header it declines is untouched.
 pub(crate) fn fold_inline(h: &mut [u8; HEADER_LEN], payload: &[u8]) -> bool {
     let n = payload.len();
-    let whole = le_u32(h, 44) as usize == n && le_u64(h, 48) == 0 && le_u64(h, 56) == n as u64;
+    let whole = le_u32(h, 44) as usize == n
+        && le_u64(h, INLINE_AT) == 0
+        && le_u64(h, INLINE_AT + 8) == n as u64;
     if !(1..=INLINE_MAX).contains(&n) || h[4] != FrameKind::Data as u8 || !whole {
         return false;
     }
@@ -405,9 +409,6 @@ pub(crate) fn fold_inline(h: &mut [u8; HEADER_LEN], payload: &[u8]) -> bool {
     h[INLINE_AT..INLINE_AT + n].copy_from_slice(payload);
     true
 }
-
-/// Where an encoded header keeps its flags.
-pub(crate) const FLAGS_AT: usize = 5;
 
 /// Whether an encoded header whose flags byte is `flags` is folded (see
 /// [`fold_inline`]).
@@ -432,8 +433,8 @@ pub(crate) fn unfold_inline(h: &mut [u8; HEADER_LEN]) -> std::result::Result<(),
         ));
     }
     h[FLAGS_AT] &= !FLAG_INLINE;
-    h[48..56].copy_from_slice(&0u64.to_le_bytes());
-    h[56..64].copy_from_slice(&(n as u64).to_le_bytes());
+    h[INLINE_AT..INLINE_AT + 8].copy_from_slice(&0u64.to_le_bytes());
+    h[INLINE_AT + 8..].copy_from_slice(&(n as u64).to_le_bytes());
     Ok(())
 }
 

@@ -700,18 +700,16 @@ mod tests {
     }
 
     fn pair(buf: &mut [u64], slots: usize, slot_bytes: usize) -> (Producer, Consumer) {
-        // SAFETY: the buffer is 8-aligned, large enough (see `region`) and outlives
-        // the producer and consumer in every test.
-        let r = unsafe { RingRef::new(buf.as_mut_ptr().cast(), slots, slot_bytes) };
-        r.init();
-        (Producer::new(r), Consumer::new(r))
+        let (_, p, c) = pair_at(buf, slots, slot_bytes);
+        (p, c)
     }
 
     /// [`pair`], and the region's base, for tests that look at the slots'
     /// bytes themselves (only between a push and its pop, or while free).
     fn pair_at(buf: &mut [u64], slots: usize, slot_bytes: usize) -> (*mut u8, Producer, Consumer) {
         let base = buf.as_mut_ptr().cast::<u8>();
-        // SAFETY: as in `pair`.
+        // SAFETY: the buffer is 8-aligned, large enough (see `region`) and
+        // outlives the producer and consumer in every test.
         let r = unsafe { RingRef::new(base, slots, slot_bytes) };
         r.init();
         (base, Producer::new(r), Consumer::new(r))
@@ -811,8 +809,9 @@ mod tests {
         let mut buf = region(2, 64);
         let (base, mut p, c) = pair_at(&mut buf, 2, 64);
         assert!(p.push(&header(0, 32, 32), &[5; 32]).unwrap());
-        // SAFETY: the published slot 0 is inside `buf`; byte 5 is its flags.
-        unsafe { *base.add(CONTROL_LEN + 5) |= 0x80 };
+        // SAFETY: the published slot 0 is inside `buf`, its flags byte at
+        // FLAGS_AT; 0x80 is the fold's mark.
+        unsafe { *base.add(CONTROL_LEN + wire::FLAGS_AT) |= 0x80 };
         let e = c.peek().unwrap_err();
         assert!(e.0.contains("32-byte payload marked as folded"), "{}", e.0);
     }
