@@ -20,6 +20,7 @@ use crate::element::Element;
 use crate::engine::{
     Completion, DirectMessage, DirectOp, DirectShape, Left, Msg, OpDesc, Part, Plan, Ptr,
 };
+use crate::kept_plan::{Direct, KeptPlan, PlanKey};
 use crate::mailbox;
 use crate::model::{CostModel, LinkKind, Shape};
 use crate::op::{DType, Fingerprint, OpKind, P2P_SEQ, RedOp};
@@ -116,6 +117,7 @@ impl Handle {
 
 /// A collective validated and planned, not yet submitted
 /// ([`Communicator::plan_collective`]).
+#[derive(Clone, Copy, Debug)]
 pub(crate) struct Planned {
     pub kernel: Kernel,
     pub redop: RedOp,
@@ -274,6 +276,8 @@ pub struct Communicator {
     /// the first. A training loop asks about the same sizes over and over,
     /// and evaluating the model costs as much as a small exchange.
     last_auto: AtomicU64,
+    /// The last collective's plan, for the next identical call.
+    kept: KeptPlan,
     /// Entered by the engine thread and by callers driving the engine, so
     /// every log line names this communicator's rank and id.
     span: tracing::Span,
@@ -390,6 +394,7 @@ impl Communicator {
             engine_core: started.engine_core,
             model: met.model,
             last_auto: AtomicU64::new(0),
+            kept: KeptPlan::default(),
             shape: routes.shape,
             fan_out: routes.fan_out,
             host_layout: routes.host_layout,
@@ -706,6 +711,16 @@ impl Communicator {
         algo: Option<Algo>,
         kick: bool,
     ) -> Result<Submitted> {
+        let key = PlanKey::of(&op, algo);
+        let (planned, direct) = match self.kept.get(&key) {
+            Some(kept) => kept,
+            None => {
+                let planned = self.plan_collective(&op, algo)?;
+                let direct = Self::direct_shape(&op, &planned);
+                self.kept.keep(key, planned, direct);
+                (planned, direct)
+            }
+        };
         let Planned {
             kernel,
             redop,
@@ -716,26 +731,8 @@ impl Communicator {
             algo,
             spec,
             mut fp,
-        } = self.plan_collective(&op, algo)?;
-        let direct = match op.kind {
-            _ if kick => None,
-            OpKind::AllReduce if algo == Algo::Rd => {
-                algo::direct_rounds(&spec).map(|r| (DirectShape::AllReduce, r))
-            }
-            OpKind::AllGather if recv_bytes <= DIRECT_BLOCKS_MAX => {
-                algo::rd_gather::direct_rounds(&spec).map(|r| (DirectShape::AllGather, r))
-            }
-            OpKind::ReduceScatter if send_bytes <= DIRECT_BLOCKS_MAX => {
-                algo::rh_scatter::direct_rounds(&spec).map(|r| (DirectShape::ReduceScatter, r))
-            }
-            OpKind::Broadcast if bytes <= DIRECT_BLOCKS_MAX => {
-                algo::coll::direct_tree(&spec).map(|t| (DirectShape::Broadcast(t), 0))
-            }
-            OpKind::Reduce if bytes <= DIRECT_BLOCKS_MAX => {
-                algo::coll::direct_tree(&spec).map(|t| (DirectShape::Reduce(t), 0))
-            }
-            _ => None,
-        };
+        } = planned;
+        let direct = if kick { None } else { direct };
         if let Some((shape, rounds)) = direct {
             // A persistent round left for its wait goes first.
             self.flush_deferred()?;
@@ -780,6 +777,30 @@ impl Communicator {
             kick,
         )
         .map(Submitted::Queued)
+    }
+
+    /// What the direct path runs of a planned call made blocking (see
+    /// `engine/direct.rs`): small all-reduces by recursive doubling, small
+    /// all-gathers, reduce-scatters, broadcasts and reduces.
+    fn direct_shape(op: &RawOp, p: &Planned) -> Direct {
+        match op.kind {
+            OpKind::AllReduce if p.algo == Algo::Rd => {
+                algo::direct_rounds(&p.spec).map(|r| (DirectShape::AllReduce, r))
+            }
+            OpKind::AllGather if p.recv_bytes <= DIRECT_BLOCKS_MAX => {
+                algo::rd_gather::direct_rounds(&p.spec).map(|r| (DirectShape::AllGather, r))
+            }
+            OpKind::ReduceScatter if p.send_bytes <= DIRECT_BLOCKS_MAX => {
+                algo::rh_scatter::direct_rounds(&p.spec).map(|r| (DirectShape::ReduceScatter, r))
+            }
+            OpKind::Broadcast if p.bytes <= DIRECT_BLOCKS_MAX => {
+                algo::coll::direct_tree(&p.spec).map(|t| (DirectShape::Broadcast(t), 0))
+            }
+            OpKind::Reduce if p.bytes <= DIRECT_BLOCKS_MAX => {
+                algo::coll::direct_tree(&p.spec).map(|t| (DirectShape::Reduce(t), 0))
+            }
+            _ => None,
+        }
     }
 
     /// Validates a collective and plans it: kernel, sizes, algorithm (the
