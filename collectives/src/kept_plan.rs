@@ -14,6 +14,12 @@
 //! The buffers' addresses are not part of a plan, only whether each is null
 //! (a null buffer with bytes to move is refused): a loop that alternates
 //! buffers still finds its plan.
+//!
+//! One thing a kept plan skips besides work: the info line that the
+//! automatic algorithm choice prints when it changes (`auto_algo`). A call
+//! that takes a kept plan makes no choice, so after sizes A, B (a
+//! persistent init, which plans apart) and A again, the line for A's
+//! algorithm is not printed a second time.
 
 use crate::algo::Algo;
 use crate::communicator::{Planned, RawOp};
@@ -45,16 +51,28 @@ pub(crate) struct PlanKey {
 
 impl PlanKey {
     pub(crate) fn of(op: &RawOp, algo: Option<Algo>) -> PlanKey {
+        // Destructured whole, so that a field added to `RawOp` is a compile
+        // error here until someone decides whether plans depend on it.
+        let RawOp {
+            kind,
+            dtype,
+            redop,
+            count,
+            root,
+            send,
+            recv,
+            weight,
+        } = *op;
         PlanKey {
-            kind: op.kind,
-            dtype: op.dtype,
-            redop: op.redop,
-            count: op.count,
-            root: op.root,
-            weight: op.weight.map(f64::to_bits),
+            kind,
+            dtype,
+            redop,
+            count,
+            root,
+            weight: weight.map(f64::to_bits),
             algo,
-            send_null: op.send.is_null(),
-            recv_null: op.recv.is_null(),
+            send_null: send.is_null(),
+            recv_null: recv.is_null(),
         }
     }
 }

@@ -165,6 +165,38 @@ fn a_bad_call_is_refused_after_the_same_good_one() {
         if recv != [4.0; 4] {
             return Err(format!("all-reduce gave {recv:?}"));
         }
+        // The same call but for the operator, then the type: new plans
+        // (a kept sum's kernel would give 4, not the average 2).
+        let avg = RawOp {
+            redop: RedOp::Avg,
+            ..good
+        };
+        // SAFETY: as above.
+        unsafe { c.run_raw(avg, None) }.map_err(|e| e.to_string())?;
+        if recv != [2.0; 4] {
+            return Err(format!("average after sum gave {recv:?}"));
+        }
+        let send64 = [2.0f64; 2];
+        let mut recv64 = [0.0f64; 2];
+        let wide = RawOp {
+            dtype: DType::F64,
+            count: 2,
+            ..raw_all_reduce(send64.as_ptr().cast(), recv64.as_mut_ptr().cast())
+        };
+        let narrow = RawOp {
+            count: 2,
+            ..raw_all_reduce(send.as_ptr().cast(), recv.as_mut_ptr().cast())
+        };
+        for op in [narrow, wide] {
+            // SAFETY: both pairs of buffers hold at least 2 elements of
+            // their type and outlive the calls.
+            unsafe { c.run_raw(op, None) }.map_err(|e| e.to_string())?;
+        }
+        if recv64 != [4.0; 2] || recv[..2] != [4.0; 2] {
+            return Err(format!("f32 then f64: {recv:?} {recv64:?}"));
+        }
+        // SAFETY: as above.
+        unsafe { c.run_raw(good, None) }.map_err(|e| e.to_string())?;
         let null_send = raw_all_reduce(std::ptr::null(), recv.as_mut_ptr().cast());
         // SAFETY: refused before any buffer is touched.
         refused("a null send buffer", "null buffer", unsafe {
