@@ -716,7 +716,7 @@ impl Communicator {
             Some(kept) => kept,
             None => {
                 let planned = self.plan_collective(&op, algo)?;
-                let direct = Self::direct_shape(&op, &planned);
+                let direct = Self::direct_shape(&planned);
                 self.kept.keep(key, planned, direct);
                 (planned, direct)
             }
@@ -782,8 +782,8 @@ impl Communicator {
     /// What the direct path runs of a planned call made blocking (see
     /// `engine/direct.rs`): small all-reduces by recursive doubling, small
     /// all-gathers, reduce-scatters, broadcasts and reduces.
-    fn direct_shape(op: &RawOp, p: &Planned) -> Direct {
-        match op.kind {
+    fn direct_shape(p: &Planned) -> Direct {
+        match p.spec.op {
             OpKind::AllReduce if p.algo == Algo::Rd => {
                 algo::direct_rounds(&p.spec).map(|r| (DirectShape::AllReduce, r))
             }
