@@ -252,6 +252,8 @@ pub struct Communicator {
     abort: Arc<AtomicBool>,
     thread: Option<JoinHandle<()>>,
     routes: Vec<&'static str>,
+    /// The job's secret that names its shared-memory files.
+    shm_secret: String,
     /// Per rank: whether the transport reaching it has one-sided reads.
     pub(crate) reads: Vec<bool>,
     hostnames: Vec<String>,
@@ -386,6 +388,7 @@ impl Communicator {
             abort: started.abort,
             thread: Some(started.thread),
             routes: routes.names,
+            shm_secret: met.shm_secret,
             reads,
             hostnames: routes.hostnames,
             store: Mutex::new(met.store),
@@ -413,6 +416,21 @@ impl Communicator {
     /// callers that want their own lines to carry them.
     pub fn span(&self) -> &tracing::Span {
         &self.span
+    }
+
+    /// The job's secret that names its shared-memory files.
+    pub(crate) fn shm_secret(&self) -> &str {
+        &self.shm_secret
+    }
+
+    /// More ranks than cores on the busiest host.
+    pub(crate) fn crowded(&self) -> bool {
+        self.shape.oversubscription > 1.0
+    }
+
+    /// The flag [`Communicator::abort`] sets.
+    pub(crate) fn abort_flag(&self) -> Arc<AtomicBool> {
+        self.abort.clone()
     }
 
     pub fn rank(&self) -> Rank {

@@ -468,6 +468,10 @@ pub struct Config {
     /// writes: `auto` (where they are done in hardware), 1 (wherever a
     /// transport has them) or 0 (never).
     pub one_sided: Setting<OneSided>,
+    /// `GW_HOST_ROUND_BYTES`: persistent all-reduces of at most this many
+    /// bytes, among ranks that all share one host over shared memory, run
+    /// through one region every rank maps (`host_rounds.rs`); 0: never.
+    pub host_round_bytes: Setting<usize>,
     /// `GW_SHM_SLOT_BYTES`: payload per shared-memory ring slot.
     pub shm_slot_bytes: Setting<usize>,
     /// `GW_SHM_SLOTS`: slots per shared-memory ring.
@@ -525,6 +529,7 @@ impl Default for Config {
             spin_us: Setting::default(100),
             inline: Setting::default(true),
             one_sided: Setting::default(OneSided::Auto),
+            host_round_bytes: Setting::default(crate::host_rounds::DEFAULT_MAX_BYTES),
             shm_slot_bytes: Setting::default(512 * 1024),
             shm_slots: Setting::default(8),
             shm_pull_bytes: Setting::default(gw_transport::shm::DEFAULT_PULL_BYTES),
@@ -723,6 +728,13 @@ impl Config {
             "auto, 0 or 1",
         )?;
         env_override(
+            &mut self.host_round_bytes,
+            "GW_HOST_ROUND_BYTES",
+            env,
+            |v| v.parse::<usize>().ok().filter(|n| *n <= 1 << 30),
+            "0..=1073741824 bytes",
+        )?;
+        env_override(
             &mut self.shm_slot_bytes,
             "GW_SHM_SLOT_BYTES",
             env,
@@ -859,6 +871,7 @@ impl Config {
             line("GW_SPIN_US", &self.spin_us),
             line("GW_INLINE", &self.inline),
             line("GW_ONE_SIDED", &self.one_sided),
+            line("GW_HOST_ROUND_BYTES", &self.host_round_bytes),
             line("GW_SHM_SLOT_BYTES", &self.shm_slot_bytes),
             line("GW_SHM_SLOTS", &self.shm_slots),
             match self.shm_pull_bytes.source {

@@ -39,6 +39,7 @@ use crate::deferred::{self, Deferrable, Round, RoundSlot};
 use crate::drive::Driver;
 use crate::element::Element;
 use crate::engine::{Plan, Published};
+use crate::host_rounds::HostRounds;
 use crate::op::{Fingerprint, OpKind, RedOp};
 use crate::reduce::Kernel;
 use gw_transport::rma::MAX_WINDOWS;
@@ -94,6 +95,9 @@ pub struct RawPersistent {
     deferrable: Option<Arc<Deferrable>>,
     /// Rounds move by one-sided writes into published buffers (GDRAA).
     one_sided: bool,
+    /// Rounds run through a region every rank of the host maps
+    /// (`host_rounds.rs`), not on the engine.
+    host: Option<HostRounds>,
     freed: AtomicBool,
 }
 
@@ -119,6 +123,7 @@ impl Communicator {
     pub unsafe fn prepare_raw(&self, op: RawOp, algo: Option<Algo>) -> Result<RawPersistent> {
         // One-sided rounds are a ring; any other algorithm asked for by name
         // runs two-sided.
+        let asked = algo;
         let forced = algo.or(self.config().algo.value);
         if !matches!(
             op.kind,
@@ -142,6 +147,21 @@ impl Communicator {
             ..
         } = self.plan_collective(&op, algo)?;
         let op = RawOp { redop, ..op };
+        if asked.is_none()
+            && op.kind == OpKind::AllReduce
+            && self.size() > 1
+            && let Some(host) = self.host_rounds(&op, kernel, count, send_bytes)?
+        {
+            let parts = Parts {
+                id: next_id(),
+                fp,
+                kernel,
+                op,
+                send_bytes,
+                recv_bytes,
+            };
+            return Ok(RawPersistent::new(self.driver.clone(), parts, Some(host)));
+        }
         let mut sched = algo::build(&spec, algo)?;
         let id = next_id();
         // GDRAA: where the transports allow, data moves by one-sided writes
@@ -254,19 +274,7 @@ impl Communicator {
             false,
         )?
         .wait()?;
-        let p = RawPersistent {
-            id,
-            driver: self.driver.clone(),
-            fp,
-            kernel,
-            op,
-            send_bytes,
-            recv_bytes,
-            round: RoundSlot::default(),
-            deferrable: None,
-            one_sided: false,
-            freed: AtomicBool::new(false),
-        };
+        let p = RawPersistent::new(self.driver.clone(), parts, None);
         let published = std::mem::take(&mut *out.lock().unwrap_or_else(|p| p.into_inner()));
         let p = RawPersistent {
             one_sided: published.one_sided,
@@ -493,6 +501,32 @@ impl Schedule for Handshake {
 }
 
 impl RawPersistent {
+    /// A request of `parts` that has run no round yet.
+    fn new(driver: Arc<Driver>, parts: Parts, host: Option<HostRounds>) -> RawPersistent {
+        let Parts {
+            id,
+            fp,
+            kernel,
+            op,
+            send_bytes,
+            recv_bytes,
+        } = parts;
+        RawPersistent {
+            id,
+            driver,
+            fp,
+            kernel,
+            op,
+            send_bytes,
+            recv_bytes,
+            round: RoundSlot::default(),
+            deferrable: None,
+            one_sided: false,
+            host,
+            freed: AtomicBool::new(false),
+        }
+    }
+
     fn check(&self, comm: &Communicator, what: &str) -> Result<()> {
         if !Arc::ptr_eq(&self.driver, &comm.driver) {
             return Err(Error::InvalidUsage(format!(
@@ -513,6 +547,9 @@ impl RawPersistent {
 
     /// Whether a round was started and has not finished yet.
     pub fn is_running(&self) -> bool {
+        if let Some(h) = &self.host {
+            return h.is_running();
+        }
         self.round().running()
     }
 
@@ -520,6 +557,12 @@ impl RawPersistent {
     /// buffers (`GW_ONE_SIDED`), rather than by sends and receives.
     pub fn is_one_sided(&self) -> bool {
         self.one_sided
+    }
+
+    /// Whether rounds run through a region every rank of the host maps
+    /// (`GW_HOST_ROUND_BYTES`), rather than on the engine.
+    pub fn on_host(&self) -> bool {
+        self.host.is_some()
     }
 
     /// Begins one round: reads the send buffer now, writes the receive
@@ -533,6 +576,13 @@ impl RawPersistent {
     /// completes ([`RawPersistent::test`] or [`RawPersistent::wait`]).
     pub unsafe fn start(&self, comm: &Communicator) -> Result<()> {
         self.check(comm, "start")?;
+        if let Some(h) = &self.host {
+            // SAFETY: forwarded from the caller.
+            return match unsafe { h.start() }? {
+                true => Ok(()),
+                false => Err(self.still_running()),
+            };
+        }
         if let Some(d) = &self.deferrable {
             if self.is_running() {
                 return Err(self.still_running());
@@ -574,6 +624,9 @@ impl RawPersistent {
     /// blocking; a finished round's error is returned once.
     pub fn test(&self, comm: &Communicator) -> Result<bool> {
         self.check(comm, "test")?;
+        if let Some(h) = &self.host {
+            return h.test();
+        }
         if let Some(d) = &self.deferrable {
             comm.release_deferred(d);
         }
@@ -604,6 +657,9 @@ impl RawPersistent {
 
     fn wait_for(&self, comm: &Communicator, timeout: Option<Duration>) -> Result<bool> {
         self.check(comm, "wait")?;
+        if let Some(h) = &self.host {
+            return h.wait(timeout);
+        }
         if let Some(d) = &self.deferrable {
             let deadline = timeout.map(|t| Instant::now() + t);
             match timeout {
@@ -660,6 +716,10 @@ impl RawPersistent {
             return Err(Error::InvalidUsage(
                 "free: this persistent request was freed".into(),
             ));
+        }
+        if self.host.is_some() {
+            // Nothing of it is in the engine; the region goes with `self`.
+            return last;
         }
         let gone = comm
             .submit(
@@ -852,6 +912,11 @@ impl<T: Element> Persistent<'_, T> {
     /// See [`RawPersistent::is_one_sided`].
     pub fn is_one_sided(&self) -> bool {
         self.raw.is_one_sided()
+    }
+
+    /// See [`RawPersistent::on_host`].
+    pub fn on_host(&self) -> bool {
+        self.raw.on_host()
     }
 
     /// Whether a round was started and has not finished.

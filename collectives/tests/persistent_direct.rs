@@ -16,8 +16,14 @@ use std::time::Duration;
 
 const ROUNDS: usize = 40;
 
+/// Host rounds off (`GW_HOST_ROUND_BYTES=0`): over shared memory they would
+/// take these rounds off the direct path (`tests/host_rounds.rs` has theirs).
 fn world(n: u32, t: TransportChoice, key: &str) -> (gw_rendezvous::StoreServer, Vec<Communicator>) {
-    local_world(n, key, |_, cfg| cfg.transport.set(t)).expect("communicators")
+    local_world(n, key, |_, cfg| {
+        cfg.transport.set(t);
+        cfg.host_round_bytes.set(0);
+    })
+    .expect("communicators")
 }
 
 /// Rank `r`'s element `i` of round `k` for request `which` (each request

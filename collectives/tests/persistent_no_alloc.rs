@@ -76,7 +76,7 @@ struct Window {
     registrations: u64,
 }
 
-fn measure(comms: &[Communicator], count: usize) -> Result<Window, String> {
+fn measure(comms: &[Communicator], count: usize, host: bool) -> Result<Window, String> {
     let n = comms.len();
     let gate = Barrier::new(n);
     let before = AtomicU64::new(0);
@@ -101,6 +101,9 @@ fn measure(comms: &[Communicator], count: usize) -> Result<Window, String> {
                     let mut b = c
                         .all_reduce_init_in_place(&mut inplace, RedOp::Sum)
                         .map_err(|e| e.to_string())?;
+                    if a.on_host() != host || b.on_host() != host {
+                        return Err(format!("host rounds {}, want {host}", a.on_host()));
+                    }
                     let mut res = rounds(c, &mut a, &mut b, 0..WARMUP);
                     gate.wait();
                     if c.rank() == 0 {
@@ -155,14 +158,16 @@ fn measure(comms: &[Communicator], count: usize) -> Result<Window, String> {
 fn main() {
     let mut failures = Vec::new();
     let mut key = 0;
-    // Two-sided rounds (the default on shm and TCP) and one-sided ones
-    // (GW_ONE_SIDED=1 over shm, libfabric and TCP).
-    for (transport, mode) in [
-        (TransportChoice::Shm, OneSided::Auto),
-        (TransportChoice::Shm, OneSided::Always),
-        (TransportChoice::Ofi, OneSided::Always),
-        (TransportChoice::Tcp, OneSided::Auto),
-        (TransportChoice::Tcp, OneSided::Always),
+    // Host rounds (the default on shm), two-sided rounds (shm with
+    // GW_HOST_ROUND_BYTES=0, and TCP) and one-sided ones (GW_ONE_SIDED=1
+    // over shm, libfabric and TCP).
+    for (transport, mode, host) in [
+        (TransportChoice::Shm, OneSided::Auto, true),
+        (TransportChoice::Shm, OneSided::Auto, false),
+        (TransportChoice::Shm, OneSided::Always, false),
+        (TransportChoice::Ofi, OneSided::Always, false),
+        (TransportChoice::Tcp, OneSided::Auto, false),
+        (TransportChoice::Tcp, OneSided::Always, false),
     ] {
         for world in [2u32, 3, 4] {
             key += 1;
@@ -171,6 +176,8 @@ fn main() {
                     cfg.transport.set(transport);
                     cfg.ofi_provider.set(Some("tcp;ofi_rxm".into()));
                     cfg.one_sided.set(mode);
+                    // 4 ranks on 2 cores would keep host rounds to 2 KiB.
+                    cfg.host_round_bytes.set(if host { 1 << 20 } else { 0 });
                     cfg.segment_bytes.set(SEGMENT_BYTES);
                     cfg.shm_slot_bytes.set(SEGMENT_BYTES);
                     cfg.shm_slots.set(4);
@@ -182,11 +189,13 @@ fn main() {
                     transport.name(),
                     if mode == OneSided::Always {
                         "one-sided"
+                    } else if host {
+                        "host rounds"
                     } else {
                         "two-sided"
                     }
                 );
-                let mut res = measure(&comms, count);
+                let mut res = measure(&comms, count, host);
                 for _ in 0..STALL_RETRIES {
                     match &res {
                         Ok(w) if w.allocs > 0 && w.stalls > 0 => {
@@ -194,7 +203,7 @@ fn main() {
                                 "{what}: {} allocations with {} stall checks (overloaded?); measuring again",
                                 w.allocs, w.stalls
                             );
-                            res = measure(&comms, count);
+                            res = measure(&comms, count, host);
                         }
                         _ => break,
                     }

@@ -118,21 +118,22 @@ fn p2p_in_any_posting_order_ofi() {
 }
 
 fn survivors_name_the_dead_rank(transport: &str) {
-    survivors_name_the_dead_rank_in(transport, "kill-mid-transfer");
+    let _ = survivors_name_the_dead_rank_in(transport, &["kill-mid-transfer", "1"], "1");
 }
 
-fn survivors_name_the_dead_rank_in(transport: &str, scenario: &str) {
+/// `args`: gwtest's scenario and its arguments; `one_sided`: `GW_ONE_SIDED`.
+/// Returns rank 0's output.
+fn survivors_name_the_dead_rank_in(transport: &str, args: &[&str], one_sided: &str) -> String {
     let job = DirectJob::new();
     let runs = job.run(
         &[0, 1, 2],
         3,
-        &[scenario, "1"],
+        args,
         &[
             ("GW_TRANSPORT", transport),
             ("GW_TIMEOUT", "20"),
             ("GW_OFI_PROVIDER", "tcp;ofi_rxm"),
-            // Persistent rounds one-sided where the transport can.
-            ("GW_ONE_SIDED", "1"),
+            ("GW_ONE_SIDED", one_sided),
         ],
         Duration::from_secs(60),
     );
@@ -156,6 +157,7 @@ fn survivors_name_the_dead_rank_in(transport: &str, scenario: &str) {
             run.all()
         );
     }
+    runs[0].all()
 }
 
 #[test]
@@ -178,8 +180,17 @@ fn peer_killed_mid_transfer_ofi() {
 #[test]
 fn peer_killed_mid_persistent_round() {
     for transport in ["shm", "ofi", "tcp"] {
-        survivors_name_the_dead_rank_in(transport, "kill-mid-persistent");
+        let _ = survivors_name_the_dead_rank_in(transport, &["kill-mid-persistent", "1"], "1");
     }
+}
+
+/// The same for rounds through a host region (a small all-reduce over
+/// shared memory, `collectives/src/host_rounds.rs`): the survivors find the
+/// victim's pid gone.
+#[test]
+fn peer_killed_mid_host_round() {
+    let out = survivors_name_the_dead_rank_in("shm", &["kill-mid-persistent", "1", "256"], "auto");
+    assert!(out.contains("host rounds: true"), "{out}");
 }
 
 #[test]

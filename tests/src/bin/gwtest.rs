@@ -192,14 +192,19 @@ fn kill_mid_transfer(comm: &Communicator, victim: u32) -> Result<String, String>
     Ok("no error".into())
 }
 
-/// Rounds of a persistent all-reduce of 16 MiB while `victim` kills itself
-/// 30 ms in: every other rank must fail, naming it.
-fn kill_mid_persistent(comm: &Communicator, victim: u32) -> Result<String, String> {
-    let mut send = vec![1f32; 4 << 20];
-    let mut recv = vec![0f32; 4 << 20];
+/// Rounds of a persistent all-reduce of `count` floats (16 MiB unless
+/// given) while `victim` kills itself 30 ms in: every other rank must fail,
+/// naming it.
+fn kill_mid_persistent(comm: &Communicator, victim: u32, count: usize) -> Result<String, String> {
+    let mut send = vec![1f32; count];
+    let mut recv = vec![0f32; count];
     let mut req = comm
         .all_reduce_init(&mut send, &mut recv, RedOp::Sum)
         .map_err(|e| format!("init: {e}"))?;
+    println!(
+        "persistent all-reduce of {count} floats, host rounds: {}",
+        req.on_host()
+    );
     if comm.rank() == victim {
         std::thread::spawn(|| {
             std::thread::sleep(std::time::Duration::from_millis(30));
@@ -531,7 +536,7 @@ fn main() -> ExitCode {
     let args: Vec<String> = std::env::args().skip(1).collect();
     let Some(cmd) = args.first().cloned() else {
         eprintln!(
-            "usage: gwtest exchange [SIZES...] | collectives [SIZES...] | all-reduce [SIZES...] | kill-mid-transfer VICTIM | kill-mid-persistent VICTIM | p2p-overlap [ITERS] | mismatch | collective-mismatch | paced [STEPS] | init"
+            "usage: gwtest exchange [SIZES...] | collectives [SIZES...] | all-reduce [SIZES...] | kill-mid-transfer VICTIM | kill-mid-persistent VICTIM [COUNT] | p2p-overlap [ITERS] | mismatch | collective-mismatch | paced [STEPS] | init"
         );
         return ExitCode::from(2);
     };
@@ -548,9 +553,11 @@ fn main() -> ExitCode {
         "kill-mid-transfer" => {
             kill_mid_transfer(&comm, args.get(1).and_then(|v| v.parse().ok()).unwrap_or(1))
         }
-        "kill-mid-persistent" => {
-            kill_mid_persistent(&comm, args.get(1).and_then(|v| v.parse().ok()).unwrap_or(1))
-        }
+        "kill-mid-persistent" => kill_mid_persistent(
+            &comm,
+            args.get(1).and_then(|v| v.parse().ok()).unwrap_or(1),
+            args.get(2).and_then(|v| v.parse().ok()).unwrap_or(4 << 20),
+        ),
         "mismatch" => mismatch(&comm),
         "collective-mismatch" => collective_mismatch(&comm),
         "collectives" => collectives(&comm, &args[1..]),

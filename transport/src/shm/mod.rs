@@ -49,6 +49,7 @@
 mod cma;
 mod costs;
 mod doorbell;
+mod host_region;
 mod names;
 pub(crate) mod near;
 mod one_sided;
@@ -74,6 +75,7 @@ mod tests_squat;
 
 use self::cma::Dir;
 use self::doorbell::{Doorbell, doorbell_addr};
+pub use self::host_region::{HostRegion, process_alive};
 use self::pull::RENDEZVOUS_LEN;
 use self::ring::{CanPull, Consumer, Corrupt, MAX_PULLS, Producer, next_segment};
 pub(crate) use self::segment::pid_alive;

@@ -47,6 +47,12 @@ pub(crate) fn doorbell_name(secret: &str, rank: u32) -> String {
     name(secret, b"doorbell", &[rank])
 }
 
+/// The file name (in `/dev/shm`) of the host region keyed `key` (see
+/// `host_region.rs`).
+pub(crate) fn host_region_name(secret: &str, key: u64) -> String {
+    name(secret, b"host-region", &[key as u32, (key >> 32) as u32])
+}
+
 fn name(secret: &str, what: &[u8], ranks: &[u32]) -> String {
     let mut h = Sha256::new();
     // Fixed-width fields after a length-prefixed secret: no two inputs read

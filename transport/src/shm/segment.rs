@@ -163,9 +163,9 @@ pub(crate) fn pid_alive(pid: u32) -> bool {
 
 /// A shared mapping, unmapped on drop.
 #[derive(Debug)]
-struct Mapping {
-    ptr: NonNull<u8>,
-    len: usize,
+pub(super) struct Mapping {
+    pub(super) ptr: NonNull<u8>,
+    pub(super) len: usize,
 }
 
 // SAFETY: the mapping is plain memory owned by this value; all shared access
@@ -173,7 +173,7 @@ struct Mapping {
 unsafe impl Send for Mapping {}
 
 impl Mapping {
-    fn map(file: &File, len: usize, what: &Path) -> Result<Mapping> {
+    pub(super) fn map(file: &File, len: usize, what: &Path) -> Result<Mapping> {
         // SAFETY: a fresh shared mapping of a file we hold open; the kernel picks
         // the address, so no existing memory is affected.
         let p = unsafe {
@@ -418,7 +418,7 @@ impl Drop for Segment {
     }
 }
 
-fn create_file(path: &Path) -> io::Result<File> {
+pub(super) fn create_file(path: &Path) -> io::Result<File> {
     OpenOptions::new()
         .read(true)
         .write(true)
@@ -482,7 +482,7 @@ fn sweep_stale_segments() {
 }
 
 /// Gives the file `len` bytes of real backing store.
-fn reserve(file: &File, path: &Path, len: usize) -> Result<()> {
+pub(super) fn reserve(file: &File, path: &Path, len: usize) -> Result<()> {
     let len_off = libc::off_t::try_from(len).map_err(|_| {
         Error::InvalidArgument(format!("shared segment of {len} bytes is too large"))
     })?;

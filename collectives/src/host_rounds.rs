@@ -1,0 +1,587 @@
+//! Persistent all-reduce among ranks that all share one host: every rank
+//! writes its contribution once into a region every rank maps, and a round
+//! costs one flag per rank (MiMatrix's GDRAA, on shared memory).
+//!
+//! The ordinary call, and a persistent round on the engine, move a small
+//! all-reduce as messages: each exchange a frame through a pair's ring,
+//! matched, checked and copied out, about two thousand instructions a call
+//! at 8 bytes. A persistent request knows its buffers and its peers for its
+//! whole life, so here the ranks agree on one host region at init
+//! ([`Communicator::host_rounds`], through `gw_transport::shm::HostRegion`)
+//! and a round is:
+//!
+//! - `start`: copy the send buffer (times the weight, if any) into this
+//!   rank's mailbox of the round's parity, then publish the round number in
+//!   this rank's line (Release);
+//! - `test`/`wait`: once every rank's line shows the round (Acquire),
+//!   reduce the n mailboxes in rank order into the receive buffer. Every
+//!   rank adds in the same order, so all get the same bits (though not
+//!   necessarily those of the ordinary call, whose order differs).
+//!
+//! Why two parities are enough, with no "done reading" counter: a rank
+//! writes round r's mailbox only after it completed round r−1, which needs
+//! every rank's line at r−1 or more; a rank publishes r−1 only in its
+//! `start` of r−1, after it completed round r−2, the last round that read
+//! the same parity. So nobody can still be reading what is overwritten, and
+//! a line is never more than one round ahead of a rank that waits for it
+//! (anything else is a corrupt region, reported as such).
+//!
+//! Nothing goes through the engine, the transports or the collective
+//! sequence: a round needs no progress from anyone but the ranks' own
+//! `start`s, so a rank may start and wait whenever it likes. A rank that
+//! dies is found by its pid, a rank that never starts by `GW_TIMEOUT`, and
+//! an aborted communicator stops the wait; each is an error naming the
+//! rank and the round.
+//!
+//! ```text
+//!    0  magic "GWHOSTR1" u64, ranks u64, stride u64       (the creator's)
+//!   64  line of rank i (64 bytes each): round u64, pid u64 (rank i's)
+//!       mailboxes: parity 0 ranks 0..n, parity 1 ranks 0..n, `stride` each
+//! ```
+
+use crate::communicator::{Communicator, RawOp};
+use crate::config::{OneSided, Source};
+use crate::op::{OpKind, RedOp};
+use crate::reduce::Kernel;
+use gw_transport::shm::{HostRegion, process_alive};
+use gw_transport::{Error, Result};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::{Duration, Instant};
+
+/// `GW_HOST_ROUND_BYTES`' default where every rank has a core: the
+/// largest all-reduce that runs here. Every rank reads all n contributions
+/// and reduces the whole vector, where the ordinary call's reduce-scatter
+/// splits that work and, from 64 KiB at two ranks, copies each byte once
+/// out of the peer's process. 2 ranks on the 2-core VM
+/// (`scripts/persistent-vs-ordinary.sh -b 8 -e 4M -T 0.2`, medians of
+/// per-round ordinary/host-round time, above 1 the host round faster; a run
+/// of 3 rounds / one of 5): 2.67/3.33 at 8 B, 1.67/3.13 at 512 B, 1.12/1.05
+/// at 2 KiB, 1.06/0.92 at 8 KiB, 1.19/1.13 at 32 KiB, 0.89/1.00 at 128 KiB,
+/// 0.60/0.62 at 512 KiB.
+pub const DEFAULT_MAX_BYTES: usize = 32 << 10;
+
+/// The default where a host runs more ranks than it has cores: a waiting
+/// rank can only yield its core, and a round needs every rank scheduled,
+/// so from a few KiB the time swings with the scheduler. Same script, two
+/// runs of 3 rounds: 3 ranks on 2 cores 3.37/1.86 at 2 KiB, 3.41/1.25 at 8
+/// KiB, 1.77/0.56 at 32 KiB; 4 ranks 1.09/1.71, 0.65/1.46, 0.59/1.59.
+pub const CROWDED_MAX_BYTES: usize = 2 << 10;
+
+const MAGIC: u64 = u64::from_le_bytes(*b"GWHOSTR1");
+const HEADER: usize = 64;
+const LINE: usize = 64;
+/// How long a waiting rank polls flat out before it starts yielding its
+/// core (where every rank has one; elsewhere it yields from the start).
+const SPIN: Duration = Duration::from_micros(200);
+/// How often a waiting rank asks whether the ranks it waits for still run.
+const LIVENESS_EVERY: Duration = Duration::from_millis(100);
+
+/// Where things are in a region for `n` ranks of `bytes` each.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+struct Layout {
+    n: usize,
+    stride: usize,
+}
+
+impl Layout {
+    fn new(n: usize, bytes: usize) -> Layout {
+        Layout {
+            n,
+            stride: bytes.div_ceil(64).max(1) * 64,
+        }
+    }
+
+    fn total(&self) -> usize {
+        HEADER + self.n * LINE + 2 * self.n * self.stride
+    }
+
+    fn line(&self, rank: usize) -> usize {
+        HEADER + rank * LINE
+    }
+
+    fn mailbox(&self, round: u64, rank: usize) -> usize {
+        let parity = (round & 1) as usize;
+        HEADER + self.n * LINE + (parity * self.n + rank) * self.stride
+    }
+}
+
+/// The rounds of one persistent all-reduce on a host region.
+pub(crate) struct HostRounds {
+    region: HostRegion,
+    layout: Layout,
+    me: usize,
+    kernel: Kernel,
+    count: usize,
+    bytes: usize,
+    weight: Option<f64>,
+    send: *const u8,
+    recv: *mut u8,
+    /// `GW_TIMEOUT`: how long a wait may go without every rank starting.
+    timeout: Duration,
+    /// More ranks than cores here: a waiting rank yields at once.
+    crowded: bool,
+    abort: Arc<AtomicBool>,
+    state: Mutex<State>,
+}
+
+// SAFETY: the raw pointers are the user's buffers, which the caller of
+// `prepare_raw` promised stay valid and untouched while rounds run; all
+// shared state is behind `state`'s mutex or in the region's atomics.
+unsafe impl Send for HostRounds {}
+// SAFETY: as above.
+unsafe impl Sync for HostRounds {}
+
+#[derive(Debug)]
+struct State {
+    /// The round `start` begins next (rounds count from 1: lines start 0).
+    next: u64,
+    running: bool,
+}
+
+impl Communicator {
+    /// Sets up host rounds for the persistent all-reduce `op` if every rank
+    /// agrees it can (see the module comment): each rank votes on what it
+    /// knows (every peer over shared memory, `GW_HOST_ROUND_BYTES`, no
+    /// algorithm forced by `GW_ALGO`, and no `GW_ONE_SIDED=1`, which asks
+    /// for the transports' one-sided writes), rank 0 creates the region, the others
+    /// open it, and two one-word all-reduces carry the votes, so either
+    /// every rank runs rounds here or none does. Collective, like the init
+    /// it is part of; `None` means the engine runs the rounds.
+    pub(crate) fn host_rounds(
+        &self,
+        op: &RawOp,
+        kernel: Kernel,
+        count: usize,
+        bytes: usize,
+    ) -> Result<Option<HostRounds>> {
+        let n = self.size() as usize;
+        let me = self.rank() as usize;
+        let cfg = self.config();
+        let all_shm = self
+            .routes()
+            .iter()
+            .enumerate()
+            .all(|(r, t)| r == me || *t == "shm");
+        let max = match cfg.host_round_bytes.source {
+            Source::Default if self.crowded() => CROWDED_MAX_BYTES,
+            _ => cfg.host_round_bytes.value,
+        };
+        let local_ok = all_shm
+            && bytes > 0
+            && bytes <= max
+            && cfg.algo.value.is_none()
+            && cfg.one_sided.value != OneSided::Always
+            && op.kind == OpKind::AllReduce
+            && op.redop != RedOp::None;
+        let layout = Layout::new(n, bytes);
+        // The same on every rank: the communicator and its sequence number
+        // now (every rank has drawn the same numbers so far).
+        let key = self
+            .comm_id
+            .wrapping_mul(0x9e37_79b9_7f4a_7c15)
+            .wrapping_add(self.seq.load(Ordering::Relaxed));
+        let secret = self.shm_secret();
+        let mut region = None;
+        let mut ok = local_ok;
+        if me == 0 && ok {
+            match HostRegion::create(secret, key, layout.total()) {
+                Ok(r) => {
+                    header(&r).0.store(n as u64, Ordering::Relaxed);
+                    header(&r).1.store(layout.stride as u64, Ordering::Relaxed);
+                    header(&r).2.store(MAGIC, Ordering::Release);
+                    region = Some(r);
+                }
+                Err(e) => {
+                    tracing::info!("persistent all-reduce on the engine: {e}");
+                    ok = false;
+                }
+            }
+        }
+        if !self.everyone(ok)? {
+            return Ok(None);
+        }
+        if me != 0 {
+            match open_checked(secret, key, layout) {
+                Ok(r) => region = Some(r),
+                Err(e) => {
+                    tracing::info!("persistent all-reduce on the engine: {e}");
+                    ok = false;
+                }
+            }
+        }
+        if let Some(r) = &region {
+            line(r, layout, me)
+                .1
+                .store(u64::from(std::process::id()), Ordering::Release);
+        }
+        // Orders the openers' pids before anyone reads them, and the
+        // creator's unlink after every open.
+        let everyone = self.everyone(ok)?;
+        let Some(mut region) = region.filter(|_| everyone) else {
+            return Ok(None);
+        };
+        region.unlink();
+        tracing::debug!(
+            "persistent all-reduce of {bytes} B: host rounds on {}",
+            region.path().display()
+        );
+        Ok(Some(HostRounds {
+            region,
+            layout,
+            me,
+            kernel,
+            count,
+            bytes,
+            weight: op.weight,
+            send: op.send,
+            recv: op.recv,
+            timeout: cfg.timeout.value,
+            crowded: self.crowded(),
+            abort: self.abort_flag(),
+            state: Mutex::new(State {
+                next: 1,
+                running: false,
+            }),
+        }))
+    }
+
+    /// Whether `mine` holds on every rank (a one-word all-reduce).
+    fn everyone(&self, mine: bool) -> Result<bool> {
+        let mut v = [u8::from(mine)];
+        self.all_reduce_in_place(&mut v, RedOp::Min)?;
+        Ok(v[0] == 1)
+    }
+}
+
+/// The header's ranks, stride and magic words.
+fn header(r: &HostRegion) -> (&AtomicU64, &AtomicU64, &AtomicU64) {
+    (word(r, 8), word(r, 16), word(r, 0))
+}
+
+/// Rank `rank`'s round and pid words.
+fn line(r: &HostRegion, layout: Layout, rank: usize) -> (&AtomicU64, &AtomicU64) {
+    let at = layout.line(rank);
+    (word(r, at), word(r, at + 8))
+}
+
+fn word(r: &HostRegion, off: usize) -> &AtomicU64 {
+    assert!(off.is_multiple_of(8) && off + 8 <= r.len());
+    // SAFETY: in bounds and 8-aligned (the region is page aligned); the
+    // region's control words are only ever accessed atomically.
+    unsafe { &*r.as_ptr().add(off).cast::<AtomicU64>() }
+}
+
+/// Opens the region and checks that its creator laid it out as we would.
+fn open_checked(secret: &str, key: u64, layout: Layout) -> Result<HostRegion> {
+    let r = HostRegion::open(secret, key, layout.total())?;
+    let (n, stride, magic) = header(&r);
+    let seen = (
+        magic.load(Ordering::Acquire),
+        n.load(Ordering::Relaxed),
+        stride.load(Ordering::Relaxed),
+    );
+    if seen != (MAGIC, layout.n as u64, layout.stride as u64) {
+        return Err(Error::Protocol(format!(
+            "host region {}: magic {:#x}, {} ranks, stride {}; expected {} ranks, stride {}",
+            r.path().display(),
+            seen.0,
+            seen.1,
+            seen.2,
+            layout.n,
+            layout.stride
+        )));
+    }
+    Ok(r)
+}
+
+impl HostRounds {
+    fn state(&self) -> MutexGuard<'_, State> {
+        self.state.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Whether a round was started and not yet found complete.
+    pub(crate) fn is_running(&self) -> bool {
+        self.state().running
+    }
+
+    /// Begins the next round (see the module comment). A round still
+    /// running (its peers not all started) is `Ok(false)`, and nothing is
+    /// done; one complete but not yet looked at is finished first.
+    ///
+    /// # Safety
+    /// The buffers given at init must be valid, and untouched by the caller
+    /// until the round completes.
+    pub(crate) unsafe fn start(&self) -> Result<bool> {
+        let mut st = self.state();
+        if st.running && !self.finish(&mut st)? {
+            return Ok(false);
+        }
+        let r = st.next;
+        let dst = self.at(self.layout.mailbox(r, self.me));
+        // SAFETY: the mailbox holds `stride >= bytes` bytes inside the
+        // region, nobody reads it until the line below says so (see the
+        // module comment), and `send` is valid for `bytes` (init's promise).
+        unsafe {
+            match self.weight {
+                Some(w) => self.kernel.copy(dst, self.send, Some(w), self.count, false),
+                None => gw_transport::copy_bytes(dst, self.send, self.bytes),
+            }
+        }
+        line(&self.region, self.layout, self.me)
+            .0
+            .store(r, Ordering::Release);
+        st.running = true;
+        Ok(true)
+    }
+
+    /// Whether no round is running, finishing one whose ranks all started.
+    pub(crate) fn test(&self) -> Result<bool> {
+        let mut st = self.state();
+        if !st.running {
+            return Ok(true);
+        }
+        self.finish(&mut st)
+    }
+
+    /// Waits for the running round, at most `limit` if given (`Ok(false)`
+    /// then), and at most `GW_TIMEOUT` without every rank starting it (an
+    /// error naming them).
+    pub(crate) fn wait(&self, limit: Option<Duration>) -> Result<bool> {
+        let t0 = Instant::now();
+        let mut check_at = t0 + LIVENESS_EVERY;
+        let mut polls = 0u32;
+        loop {
+            if self.test()? {
+                return Ok(true);
+            }
+            polls = polls.wrapping_add(1);
+            if self.crowded {
+                std::thread::yield_now();
+            } else if !polls.is_multiple_of(64) {
+                std::hint::spin_loop();
+                continue;
+            }
+            let now = Instant::now();
+            let waited = now.duration_since(t0);
+            if self.abort.load(Ordering::Acquire) {
+                return Err(Error::Aborted(
+                    "persistent all-reduce: the communicator was aborted".into(),
+                ));
+            }
+            if limit.is_some_and(|l| waited >= l) {
+                return Ok(false);
+            }
+            if now >= check_at {
+                check_at = now + LIVENESS_EVERY;
+                self.check_peers(waited)?;
+            }
+            if waited >= SPIN && !self.crowded {
+                std::thread::yield_now();
+            }
+        }
+    }
+
+    /// Fails if a rank the running round waits for has exited, or if the
+    /// round has waited longer than `GW_TIMEOUT`.
+    fn check_peers(&self, waited: Duration) -> Result<()> {
+        let r = self.state().next;
+        let round_of = |j: usize| line(&self.region, self.layout, j).0.load(Ordering::Acquire);
+        for j in (0..self.layout.n).filter(|&j| round_of(j) < r) {
+            let pid = line(&self.region, self.layout, j).1.load(Ordering::Acquire);
+            if let Ok(pid) = u32::try_from(pid)
+                && pid != 0
+                && !process_alive(pid)
+            {
+                return Err(Error::Remote {
+                    rank: j as u32,
+                    addr: "this host".into(),
+                    what: format!(
+                        "exited (pid {pid}) before starting round {r} of a persistent all-reduce"
+                    ),
+                });
+            }
+        }
+        if waited >= self.timeout {
+            let missing: Vec<usize> = (0..self.layout.n).filter(|&j| round_of(j) < r).collect();
+            if !missing.is_empty() {
+                return Err(Error::Timeout {
+                    secs: waited.as_secs_f64(),
+                    what: format!(
+                        "round {r} of a persistent all-reduce: rank(s) {missing:?} had not \
+                         started it (GW_TIMEOUT)"
+                    ),
+                });
+            }
+        }
+        Ok(())
+    }
+
+    /// Completes the running round if every rank started it.
+    fn finish(&self, st: &mut State) -> Result<bool> {
+        let r = st.next;
+        for j in 0..self.layout.n {
+            let seen = line(&self.region, self.layout, j).0.load(Ordering::Acquire);
+            if seen == r || seen == r + 1 {
+                continue;
+            }
+            if seen + 1 == r {
+                return Ok(false);
+            }
+            return Err(Error::Protocol(format!(
+                "host region {}: rank {j} published round {seen} while rank {} waits for round {r}",
+                self.region.path().display(),
+                self.me
+            )));
+        }
+        let n = self.layout.n;
+        let m = |j: usize| self.at(self.layout.mailbox(r, j)).cast_const();
+        // SAFETY: every mailbox of round r is complete (each line's Release
+        // after its copy, our Acquire above) and stays put until we start
+        // round r + 1 (module comment); `recv` is valid for `count`
+        // elements, disjoint from the region, and `reduce` allows `dst`
+        // equal to `a`.
+        unsafe {
+            self.kernel
+                .reduce(self.recv, m(0), None, m(1), None, self.count, n == 2);
+            for j in 2..n {
+                self.kernel.reduce(
+                    self.recv,
+                    self.recv,
+                    None,
+                    m(j),
+                    None,
+                    self.count,
+                    j == n - 1,
+                );
+            }
+        }
+        st.running = false;
+        st.next = r + 1;
+        Ok(true)
+    }
+
+    fn at(&self, off: usize) -> *mut u8 {
+        debug_assert!(off + self.bytes <= self.region.len());
+        // SAFETY: callers pass offsets of the layout, inside the region.
+        unsafe { self.region.as_ptr().add(off) }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::op::DType;
+
+    const SECRET: &str = "00112233445566778899aabbccddeeff";
+
+    /// Rank 0 of a 2-rank request over a fresh region, with `peer_pid` in
+    /// rank 1's line, summing one f64 from `buf` into itself.
+    fn rank0(key: u64, peer_pid: u64, buf: &mut [f64; 1]) -> HostRounds {
+        let layout = Layout::new(2, 8);
+        let region = HostRegion::create(SECRET, key, layout.total()).expect("region");
+        line(&region, layout, 1)
+            .1
+            .store(peer_pid, Ordering::Relaxed);
+        let p = buf.as_mut_ptr().cast::<u8>();
+        HostRounds {
+            region,
+            layout,
+            me: 0,
+            kernel: Kernel::new(DType::F64, RedOp::Sum, 2).expect("kernel"),
+            count: 1,
+            bytes: 8,
+            weight: None,
+            send: p,
+            recv: p,
+            timeout: Duration::from_secs(60),
+            crowded: false,
+            abort: Arc::new(AtomicBool::new(false)),
+            state: Mutex::new(State {
+                next: 1,
+                running: false,
+            }),
+        }
+    }
+
+    fn key(k: u64) -> u64 {
+        u64::from(std::process::id()) << 16 | k
+    }
+
+    #[test]
+    fn a_peer_that_exited_is_named_with_its_pid() {
+        let mut child = std::process::Command::new("true")
+            .spawn()
+            .expect("spawn true");
+        let pid = child.id();
+        child.wait().expect("reap");
+        let mut buf = [1.0];
+        let h = rank0(key(1), u64::from(pid), &mut buf);
+        // SAFETY: `buf` outlives `h`.
+        assert!(unsafe { h.start() }.expect("start"));
+        let e = h.wait(None).expect_err("the peer is gone").to_string();
+        assert!(
+            e.contains("rank 1") && e.contains(&format!("pid {pid}")) && e.contains("round 1"),
+            "{e}"
+        );
+    }
+
+    #[test]
+    fn a_line_out_of_step_is_corrupt_and_an_abort_stops_the_wait() {
+        let mut buf = [1.0];
+        let h = rank0(key(2), 0, &mut buf);
+        // SAFETY: `buf` outlives `h`.
+        assert!(unsafe { h.start() }.expect("start"));
+        assert!(!h.test().expect("rank 1 has not started"));
+        h.abort.store(true, Ordering::Release);
+        let e = h.wait(None).expect_err("aborted").to_string();
+        assert!(e.contains("aborted"), "{e}");
+        h.abort.store(false, Ordering::Release);
+        line(&h.region, h.layout, 1).0.store(3, Ordering::Release);
+        let e = h
+            .test()
+            .expect_err("round 3 while 1 is waited for")
+            .to_string();
+        assert!(
+            e.contains("rank 1 published round 3") && e.contains("round 1"),
+            "{e}"
+        );
+        // The peer's round 1 lands (its mailbox holds 2.0): 1 + 2.
+        let at = h.layout.mailbox(1, 1);
+        // SAFETY: inside the region, 8-aligned; nobody else uses it here.
+        unsafe { h.region.as_ptr().add(at).cast::<f64>().write(2.0) };
+        line(&h.region, h.layout, 1).0.store(1, Ordering::Release);
+        assert!(h.wait(None).expect("complete"));
+        assert_eq!(buf, [3.0]);
+    }
+
+    #[test]
+    fn mailboxes_are_cache_line_aligned_and_disjoint() {
+        for (n, bytes) in [(2, 8), (3, 100), (4, 1 << 20), (8, 65)] {
+            let l = Layout::new(n, bytes);
+            assert!(l.stride >= bytes && l.stride.is_multiple_of(64));
+            let mut spans: Vec<(usize, usize)> = (0..n)
+                .map(|j| (l.line(j), l.line(j) + LINE))
+                .chain(
+                    (0..2u64)
+                        .flat_map(|p| (0..n).map(move |j| (p, j)))
+                        .map(|(p, j)| (l.mailbox(p, j), l.mailbox(p, j) + bytes)),
+                )
+                .collect();
+            spans.sort();
+            assert!(spans[0].0 >= HEADER);
+            assert!(spans.windows(2).all(|w| w[0].1 <= w[1].0), "{spans:?}");
+            assert!(
+                spans
+                    .iter()
+                    .all(|s| s.0.is_multiple_of(64) && s.1 <= l.total())
+            );
+            assert_eq!(
+                l.mailbox(1, 0),
+                l.mailbox(3, 0),
+                "rounds alternate parities"
+            );
+            assert_ne!(l.mailbox(1, 0), l.mailbox(2, 0));
+        }
+    }
+}
