@@ -20,6 +20,7 @@ use crate::element::Element;
 use crate::engine::{
     Completion, DirectMessage, DirectOp, DirectShape, Left, Msg, OpDesc, Part, Plan, Ptr,
 };
+use crate::host_coll::HostColl;
 use crate::kept_plan::{Direct, KeptPlan, PlanKey};
 use crate::mailbox;
 use crate::model::{CostModel, LinkKind, Shape};
@@ -77,12 +78,18 @@ const DIRECT_MESSAGE_BELOW: usize = crate::config::P2P_PULL_BYTES_CORE_PER_RANK;
 pub struct Handle {
     pub(crate) done: Arc<Completion>,
     pub(crate) driver: Arc<Driver>,
+    /// A round on the host region (`host_coll.rs`), which `done` does not
+    /// track: completed by this handle's `test` and `wait`.
+    pub(crate) host: Option<(Arc<HostColl>, u64)>,
 }
 
 impl Handle {
     /// Blocks until the operation finishes. The calling thread turns the
     /// engine itself while that makes progress (see `drive.rs`).
     pub fn wait(&self) -> Result<()> {
+        if let Some((h, r)) = &self.host {
+            return h.wait(*r, None).map(|_| ());
+        }
         self.done.mark_waited();
         if crate::trace::enabled() {
             let t0 = crate::trace::now_us();
@@ -101,6 +108,11 @@ impl Handle {
 
     /// Blocks at most `timeout`; `None` if the operation is still running.
     pub fn wait_timeout(&self, timeout: Duration) -> Option<Result<()>> {
+        if let Some((h, r)) = &self.host {
+            return h
+                .wait(*r, Some(timeout))
+                .map_or_else(|e| Some(Err(e)), |d| d.then_some(Ok(())));
+        }
         self.done.mark_waited();
         self.driver.kick();
         self.done.wait(Some(timeout))
@@ -108,6 +120,11 @@ impl Handle {
 
     /// The result if the operation finished, without blocking.
     pub fn test(&self) -> Option<Result<()>> {
+        if let Some((h, r)) = &self.host {
+            return h
+                .test(*r)
+                .map_or_else(|e| Some(Err(e)), |d| d.then_some(Ok(())));
+        }
         if !self.done.is_ready() {
             self.driver.nudge();
         }
@@ -254,6 +271,9 @@ pub struct Communicator {
     routes: Vec<&'static str>,
     /// The job's secret that names its shared-memory files.
     shm_secret: String,
+    /// Small blocking collectives' host region, where every rank has one
+    /// (`host_coll.rs`).
+    host_coll: Option<Arc<HostColl>>,
     /// Per rank: whether the transport reaching it has one-sided reads.
     pub(crate) reads: Vec<bool>,
     hostnames: Vec<String>,
@@ -364,7 +384,7 @@ impl Communicator {
         let started = bringup::start_engine(&env, &cfg, &mut routes, board, span.clone())?;
         tracing::info!("init done in {:.1} ms", start.elapsed().as_secs_f64() * 1e3);
         let world = env.world;
-        Ok(Communicator {
+        let mut comm = Communicator {
             rank: env.rank,
             size: world,
             local_rank: env.local_rank,
@@ -389,6 +409,7 @@ impl Communicator {
             thread: Some(started.thread),
             routes: routes.names,
             shm_secret: met.shm_secret,
+            host_coll: None,
             reads,
             hostnames: routes.hostnames,
             store: Mutex::new(met.store),
@@ -404,7 +425,10 @@ impl Communicator {
             depth: started.depth,
             span,
             _store_server: met.store_server,
-        })
+        };
+        // Collective, like the rest of init: every rank votes.
+        comm.host_coll = comm.host_coll()?.map(Arc::new);
+        Ok(comm)
     }
 
     /// The key ranks met under (see [`CommKey`]).
@@ -421,6 +445,14 @@ impl Communicator {
     /// The job's secret that names its shared-memory files.
     pub(crate) fn shm_secret(&self) -> &str {
         &self.shm_secret
+    }
+
+    /// Rounds run so far on the host region of small blocking collectives
+    /// (`host_coll.rs`), or `None` where the ranks agreed on no region (or
+    /// an error stopped it): for tests and diagnostics.
+    #[doc(hidden)]
+    pub fn host_coll_rounds(&self) -> Option<u64> {
+        self.host_coll.as_ref().and_then(|h| h.rounds())
     }
 
     /// More ranks than cores on the busiest host.
@@ -509,6 +541,14 @@ impl Communicator {
         self.model.choose(self.shape, bytes).0
     }
 
+    /// Forgets the last automatic choice, so that the next call logs its
+    /// own: the host regions' votes at init are all-reduces too, and the
+    /// first line a user's all-reduce logs must say what the user's call
+    /// runs.
+    pub(crate) fn forget_auto_choice(&self) {
+        self.last_auto.store(0, Ordering::Relaxed);
+    }
+
     /// The algorithm for an operation of `bytes` without one named: the
     /// last choice again for the same size, else [`Communicator::choose_algo`],
     /// logged when it changes.
@@ -593,6 +633,7 @@ impl Communicator {
         Handle {
             done,
             driver: self.driver.clone(),
+            host: None,
         }
     }
 
@@ -685,6 +726,7 @@ impl Communicator {
         Ok(Handle {
             done,
             driver: self.driver.clone(),
+            host: None,
         })
     }
 
@@ -729,6 +771,7 @@ impl Communicator {
         algo: Option<Algo>,
         kick: bool,
     ) -> Result<Submitted> {
+        let asked = algo;
         let key = PlanKey::of(&op, algo);
         let (planned, direct) = match self.kept.get(&key) {
             Some(kept) => kept,
@@ -750,6 +793,33 @@ impl Communicator {
             spec,
             mut fp,
         } = planned;
+        if asked.is_none()
+            && let Some(h) = &self.host_coll
+            && h.takes(op.kind, count, kernel.dtype.size())
+        {
+            let op = RawOp { redop, ..op };
+            if kick {
+                // SAFETY: forwarded from the caller.
+                let r = unsafe { h.submit(&op, kernel, count) }?;
+                let mut handle = self.finished(Ok(()));
+                handle.host = Some((h.clone(), r));
+                return Ok(Submitted::Queued(handle));
+            }
+            let t0 = if crate::trace::enabled() {
+                crate::trace::now_us()
+            } else {
+                0.0
+            };
+            // SAFETY: forwarded from the caller.
+            let r = unsafe { h.run(&op, kernel, count) };
+            if t0 > 0.0
+                && let Ok(round) = r
+            {
+                let (name, lane) = (op.kind.name(), crate::trace::Lane::Collective);
+                crate::trace::record(name, lane, t0, round, bytes as u64, None);
+            }
+            return Ok(Submitted::Done(r.map(|_| ())));
+        }
         let direct = if kick { None } else { direct };
         if let Some((shape, rounds)) = direct {
             // A persistent round left for its wait goes first.
@@ -1526,6 +1596,11 @@ impl Drop for Communicator {
         // A started round still runs before the engine shuts down, as
         // its peers expect (an error was the round's to report).
         let _ = self.flush_deferred();
+        // Non-blocking calls on the host region nobody waited for: read
+        // now, while their buffers still are (the caller's promise).
+        if let Some(h) = &self.host_coll {
+            let _ = h.finish_all();
+        }
         let _ = self.tx.send(Msg::Shutdown);
         self.driver.kick();
         if let Some(t) = self.thread.take() {

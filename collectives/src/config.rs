@@ -472,6 +472,11 @@ pub struct Config {
     /// bytes, among ranks that all share one host over shared memory, run
     /// through one region every rank maps (`host_rounds.rs`); 0: never.
     pub host_round_bytes: Setting<usize>,
+    /// `GW_HOST_COLL_BYTES`: blocking collectives whose slot payload is at
+    /// most this many bytes, among ranks that all share one host over
+    /// shared memory, run through one region every rank maps
+    /// (`host_coll.rs`); 0: never.
+    pub host_coll_bytes: Setting<usize>,
     /// `GW_SHM_SLOT_BYTES`: payload per shared-memory ring slot.
     pub shm_slot_bytes: Setting<usize>,
     /// `GW_SHM_SLOTS`: slots per shared-memory ring.
@@ -530,6 +535,7 @@ impl Default for Config {
             inline: Setting::default(true),
             one_sided: Setting::default(OneSided::Auto),
             host_round_bytes: Setting::default(crate::host_rounds::DEFAULT_MAX_BYTES),
+            host_coll_bytes: Setting::default(crate::host_coll::DEFAULT_MAX_BYTES),
             shm_slot_bytes: Setting::default(512 * 1024),
             shm_slots: Setting::default(8),
             shm_pull_bytes: Setting::default(gw_transport::shm::DEFAULT_PULL_BYTES),
@@ -735,6 +741,13 @@ impl Config {
             "0..=1073741824 bytes",
         )?;
         env_override(
+            &mut self.host_coll_bytes,
+            "GW_HOST_COLL_BYTES",
+            env,
+            |v| v.parse::<usize>().ok().filter(|n| *n <= 1 << 20),
+            "0..=1048576 bytes",
+        )?;
+        env_override(
             &mut self.shm_slot_bytes,
             "GW_SHM_SLOT_BYTES",
             env,
@@ -872,6 +885,7 @@ impl Config {
             line("GW_INLINE", &self.inline),
             line("GW_ONE_SIDED", &self.one_sided),
             line("GW_HOST_ROUND_BYTES", &self.host_round_bytes),
+            line("GW_HOST_COLL_BYTES", &self.host_coll_bytes),
             line("GW_SHM_SLOT_BYTES", &self.shm_slot_bytes),
             line("GW_SHM_SLOTS", &self.shm_slots),
             match self.shm_pull_bytes.source {

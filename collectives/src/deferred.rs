@@ -264,6 +264,7 @@ pub(crate) fn take_over(driver: &Arc<Driver>) {
         round.handle = Some(Handle {
             done,
             driver: driver.clone(),
+            host: None,
         });
     }
     // Dropped only now: a submission that saw the flag waited for the slot.

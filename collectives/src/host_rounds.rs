@@ -35,7 +35,7 @@
 //!
 //! ```text
 //!    0  magic "GWHOSTR1" u64, ranks u64, stride u64       (the creator's)
-//!   64  line of rank i (64 bytes each): round u64, pid u64 (rank i's)
+//!   64  line of rank i (64 bytes each): round u64 at 0, pid u64 at 16 (rank i's)
 //!       mailboxes: parity 0 ranks 0..n, parity 1 ranks 0..n, `stride` each
 //! ```
 
@@ -69,13 +69,16 @@ pub const DEFAULT_MAX_BYTES: usize = 32 << 10;
 pub const CROWDED_MAX_BYTES: usize = 2 << 10;
 
 const MAGIC: u64 = u64::from_le_bytes(*b"GWHOSTR1");
-const HEADER: usize = 64;
-const LINE: usize = 64;
+/// Bytes of a host region's header, and of each rank's line.
+pub(crate) const HEADER: usize = 64;
+pub(crate) const LINE: usize = 64;
+/// Where a rank's pid sits in its line.
+pub(crate) const PID_AT: usize = 16;
 /// How long a waiting rank polls flat out before it starts yielding its
 /// core (where every rank has one; elsewhere it yields from the start).
-const SPIN: Duration = Duration::from_micros(200);
+pub(crate) const SPIN: Duration = Duration::from_micros(200);
 /// How often a waiting rank asks whether the ranks it waits for still run.
-const LIVENESS_EVERY: Duration = Duration::from_millis(100);
+pub(crate) const LIVENESS_EVERY: Duration = Duration::from_millis(100);
 
 /// Where things are in a region for `n` ranks of `bytes` each.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -137,6 +140,14 @@ struct State {
     /// The round `start` begins next (rounds count from 1: lines start 0).
     next: u64,
     running: bool,
+    /// When the running round started, and when its ranks are next asked
+    /// whether they still run (`test`, however it is called, asks).
+    started: Instant,
+    check_at: Instant,
+    /// Polls since the clock was last read.
+    polls: u32,
+    /// A rank that exited or a corrupt region: every later call fails so.
+    failed: Option<Error>,
 }
 
 impl Communicator {
@@ -155,19 +166,16 @@ impl Communicator {
         count: usize,
         bytes: usize,
     ) -> Result<Option<HostRounds>> {
+        // A deferred round one rank has numbered and another not would give
+        // the ranks different keys (`region_key`): hand it over first.
+        self.flush_deferred()?;
         let n = self.size() as usize;
-        let me = self.rank() as usize;
         let cfg = self.config();
-        let all_shm = self
-            .routes()
-            .iter()
-            .enumerate()
-            .all(|(r, t)| r == me || *t == "shm");
         let max = match cfg.host_round_bytes.source {
             Source::Default if self.crowded() => CROWDED_MAX_BYTES,
             _ => cfg.host_round_bytes.value,
         };
-        let local_ok = all_shm
+        let ok = self.all_peers_over_shm()
             && bytes > 0
             && bytes <= max
             && cfg.algo.value.is_none()
@@ -175,53 +183,17 @@ impl Communicator {
             && op.kind == OpKind::AllReduce
             && op.redop != RedOp::None;
         let layout = Layout::new(n, bytes);
-        // The same on every rank: the communicator and its sequence number
-        // now (every rank has drawn the same numbers so far).
-        let key = self
-            .comm_id
-            .wrapping_mul(0x9e37_79b9_7f4a_7c15)
-            .wrapping_add(self.seq.load(Ordering::Relaxed));
-        let secret = self.shm_secret();
-        let mut region = None;
-        let mut ok = local_ok;
-        if me == 0 && ok {
-            match HostRegion::create(secret, key, layout.total()) {
-                Ok(r) => {
-                    header(&r).0.store(n as u64, Ordering::Relaxed);
-                    header(&r).1.store(layout.stride as u64, Ordering::Relaxed);
-                    header(&r).2.store(MAGIC, Ordering::Release);
-                    region = Some(r);
-                }
-                Err(e) => {
-                    tracing::info!("persistent all-reduce on the engine: {e}");
-                    ok = false;
-                }
-            }
-        }
-        if !self.everyone(ok)? {
-            return Ok(None);
-        }
-        if me != 0 {
-            match open_checked(secret, key, layout) {
-                Ok(r) => region = Some(r),
-                Err(e) => {
-                    tracing::info!("persistent all-reduce on the engine: {e}");
-                    ok = false;
-                }
-            }
-        }
-        if let Some(r) = &region {
-            line(r, layout, me)
-                .1
-                .store(u64::from(std::process::id()), Ordering::Release);
-        }
-        // Orders the openers' pids before anyone reads them, and the
-        // creator's unlink after every open.
-        let everyone = self.everyone(ok)?;
-        let Some(mut region) = region.filter(|_| everyone) else {
+        let vote = Vote {
+            ok,
+            key: self.region_key(1),
+            total: layout.total(),
+            magic: MAGIC,
+            words: [n as u64, layout.stride as u64],
+            lines: layout.line(0),
+        };
+        let Some(region) = self.agree_on_region(vote)? else {
             return Ok(None);
         };
-        region.unlink();
         tracing::debug!(
             "persistent all-reduce of {bytes} B: host rounds on {}",
             region.path().display()
@@ -229,7 +201,7 @@ impl Communicator {
         Ok(Some(HostRounds {
             region,
             layout,
-            me,
+            me: self.rank() as usize,
             kernel,
             count,
             bytes,
@@ -239,33 +211,113 @@ impl Communicator {
             timeout: cfg.timeout.value,
             crowded: self.crowded(),
             abort: self.abort_flag(),
-            state: Mutex::new(State {
-                next: 1,
-                running: false,
-            }),
+            state: Mutex::new(State::new()),
         }))
+    }
+
+    /// Whether every peer is reached over shared memory.
+    pub(crate) fn all_peers_over_shm(&self) -> bool {
+        let me = self.rank() as usize;
+        self.routes()
+            .iter()
+            .enumerate()
+            .all(|(r, t)| r == me || *t == "shm")
+    }
+
+    /// A region key the same on every rank: the communicator, its sequence
+    /// number now (every rank has drawn the same numbers so far) and what
+    /// the region is for (`tag`).
+    pub(crate) fn region_key(&self, tag: u8) -> u64 {
+        self.comm_id
+            .wrapping_mul(0x9e37_79b9_7f4a_7c15)
+            .wrapping_add(self.seq.load(Ordering::Relaxed))
+            .wrapping_add(u64::from(tag) << 56)
+    }
+
+    /// The vote of every host region: each rank says whether it can
+    /// (`v.ok`), rank 0 creates the region and writes its header, the
+    /// others open it and check the header, each writes its pid in its
+    /// line, and two one-byte all-reduces carry the votes, so either every
+    /// rank maps the region or none does. Collective.
+    pub(crate) fn agree_on_region(&self, v: Vote) -> Result<Option<HostRegion>> {
+        let me = self.rank() as usize;
+        let secret = self.shm_secret();
+        let mut region = None;
+        let mut ok = v.ok;
+        if me == 0 && ok {
+            match HostRegion::create(secret, v.key, v.total) {
+                Ok(r) => {
+                    word(&r, 8).store(v.words[0], Ordering::Relaxed);
+                    word(&r, 16).store(v.words[1], Ordering::Relaxed);
+                    word(&r, 0).store(v.magic, Ordering::Release);
+                    region = Some(r);
+                }
+                Err(e) => {
+                    tracing::info!("no host region: {e}");
+                    ok = false;
+                }
+            }
+        }
+        if !self.everyone(ok)? {
+            return Ok(None);
+        }
+        if me != 0 {
+            match open_checked(secret, &v) {
+                Ok(r) => region = Some(r),
+                Err(e) => {
+                    tracing::info!("no host region: {e}");
+                    ok = false;
+                }
+            }
+        }
+        if let Some(r) = &region {
+            word(r, v.lines + me * LINE + PID_AT)
+                .store(u64::from(std::process::id()), Ordering::Release);
+        }
+        // Orders the openers' pids before anyone reads them, and the
+        // creator's unlink after every open.
+        let everyone = self.everyone(ok)?;
+        let Some(mut region) = region.filter(|_| everyone) else {
+            return Ok(None);
+        };
+        region.unlink();
+        Ok(Some(region))
     }
 
     /// Whether `mine` holds on every rank (a one-word all-reduce).
     fn everyone(&self, mine: bool) -> Result<bool> {
         let mut v = [u8::from(mine)];
         self.all_reduce_in_place(&mut v, RedOp::Min)?;
+        self.forget_auto_choice();
         Ok(v[0] == 1)
     }
 }
 
-/// The header's ranks, stride and magic words.
-fn header(r: &HostRegion) -> (&AtomicU64, &AtomicU64, &AtomicU64) {
-    (word(r, 8), word(r, 16), word(r, 0))
+/// What a rank knows when the ranks vote on a host region
+/// ([`Communicator::agree_on_region`]).
+pub(crate) struct Vote {
+    /// This rank can use it.
+    pub ok: bool,
+    /// [`Communicator::region_key`].
+    pub key: u64,
+    /// The region's bytes.
+    pub total: usize,
+    /// The header: magic, then two words every rank must agree on.
+    pub magic: u64,
+    pub words: [u64; 2],
+    /// Where line 0 starts (each rank's line is [`LINE`] bytes, its pid at
+    /// [`PID_AT`]).
+    pub lines: usize,
 }
 
 /// Rank `rank`'s round and pid words.
 fn line(r: &HostRegion, layout: Layout, rank: usize) -> (&AtomicU64, &AtomicU64) {
     let at = layout.line(rank);
-    (word(r, at), word(r, at + 8))
+    (word(r, at), word(r, at + PID_AT))
 }
 
-fn word(r: &HostRegion, off: usize) -> &AtomicU64 {
+/// The 8-byte word at `off` of a host region, shared by every rank.
+pub(crate) fn word(r: &HostRegion, off: usize) -> &AtomicU64 {
     assert!(off.is_multiple_of(8) && off + 8 <= r.len());
     // SAFETY: in bounds and 8-aligned (the region is page aligned); the
     // region's control words are only ever accessed atomically.
@@ -273,26 +325,40 @@ fn word(r: &HostRegion, off: usize) -> &AtomicU64 {
 }
 
 /// Opens the region and checks that its creator laid it out as we would.
-fn open_checked(secret: &str, key: u64, layout: Layout) -> Result<HostRegion> {
-    let r = HostRegion::open(secret, key, layout.total())?;
-    let (n, stride, magic) = header(&r);
+fn open_checked(secret: &str, v: &Vote) -> Result<HostRegion> {
+    let r = HostRegion::open(secret, v.key, v.total)?;
     let seen = (
-        magic.load(Ordering::Acquire),
-        n.load(Ordering::Relaxed),
-        stride.load(Ordering::Relaxed),
+        word(&r, 0).load(Ordering::Acquire),
+        word(&r, 8).load(Ordering::Relaxed),
+        word(&r, 16).load(Ordering::Relaxed),
     );
-    if seen != (MAGIC, layout.n as u64, layout.stride as u64) {
+    if seen != (v.magic, v.words[0], v.words[1]) {
         return Err(Error::Protocol(format!(
-            "host region {}: magic {:#x}, {} ranks, stride {}; expected {} ranks, stride {}",
+            "host region {}: header {:#x} {} {}, expected {:#x} {} {}",
             r.path().display(),
             seen.0,
             seen.1,
             seen.2,
-            layout.n,
-            layout.stride
+            v.magic,
+            v.words[0],
+            v.words[1]
         )));
     }
     Ok(r)
+}
+
+impl State {
+    fn new() -> State {
+        let now = Instant::now();
+        State {
+            next: 1,
+            running: false,
+            started: now,
+            check_at: now,
+            polls: 0,
+            failed: None,
+        }
+    }
 }
 
 impl HostRounds {
@@ -314,6 +380,7 @@ impl HostRounds {
     /// until the round completes.
     pub(crate) unsafe fn start(&self) -> Result<bool> {
         let mut st = self.state();
+        self.usable(&st)?;
         if st.running && !self.finish(&mut st)? {
             return Ok(false);
         }
@@ -332,24 +399,51 @@ impl HostRounds {
             .0
             .store(r, Ordering::Release);
         st.running = true;
+        st.started = Instant::now();
+        st.check_at = st.started + LIVENESS_EVERY;
         Ok(true)
     }
 
+    /// Fails if the communicator was aborted, or an earlier call found a
+    /// rank gone or the region corrupt.
+    fn usable(&self, st: &State) -> Result<()> {
+        if self.abort.load(Ordering::Acquire) {
+            return Err(Error::Aborted(
+                "persistent all-reduce: the communicator was aborted".into(),
+            ));
+        }
+        st.failed.clone().map_or(Ok(()), Err)
+    }
+
     /// Whether no round is running, finishing one whose ranks all started.
+    /// While they have not, every [`LIVENESS_EVERY`] a call asks whether
+    /// the missing ranks still run, and past `GW_TIMEOUT` fails naming them.
     pub(crate) fn test(&self) -> Result<bool> {
         let mut st = self.state();
+        self.usable(&st)?;
         if !st.running {
             return Ok(true);
         }
-        self.finish(&mut st)
+        let done = self
+            .finish(&mut st)
+            .inspect_err(|e| st.failed = Some(e.clone()))?;
+        if !done {
+            st.polls = st.polls.wrapping_add(1);
+            if st.polls.is_multiple_of(64) {
+                let now = Instant::now();
+                if now >= st.check_at {
+                    st.check_at = now + LIVENESS_EVERY;
+                    self.check_peers(&mut st, now)?;
+                }
+            }
+        }
+        Ok(done)
     }
 
     /// Waits for the running round, at most `limit` if given (`Ok(false)`
-    /// then), and at most `GW_TIMEOUT` without every rank starting it (an
-    /// error naming them).
+    /// then); fails as [`HostRounds::test`] does.
     pub(crate) fn wait(&self, limit: Option<Duration>) -> Result<bool> {
         let t0 = Instant::now();
-        let mut check_at = t0 + LIVENESS_EVERY;
         let mut polls = 0u32;
         loop {
             if self.test()? {
@@ -362,19 +456,9 @@ impl HostRounds {
                 std::hint::spin_loop();
                 continue;
             }
-            let now = Instant::now();
-            let waited = now.duration_since(t0);
-            if self.abort.load(Ordering::Acquire) {
-                return Err(Error::Aborted(
-                    "persistent all-reduce: the communicator was aborted".into(),
-                ));
-            }
+            let waited = t0.elapsed();
             if limit.is_some_and(|l| waited >= l) {
                 return Ok(false);
-            }
-            if now >= check_at {
-                check_at = now + LIVENESS_EVERY;
-                self.check_peers(waited)?;
             }
             if waited >= SPIN && !self.crowded {
                 std::thread::yield_now();
@@ -382,10 +466,11 @@ impl HostRounds {
         }
     }
 
-    /// Fails if a rank the running round waits for has exited, or if the
-    /// round has waited longer than `GW_TIMEOUT`.
-    fn check_peers(&self, waited: Duration) -> Result<()> {
-        let r = self.state().next;
+    /// Fails if a rank the running round waits for has exited (for good:
+    /// `failed`), or if the round has run longer than `GW_TIMEOUT` (a
+    /// later call may still see it complete).
+    fn check_peers(&self, st: &mut State, now: Instant) -> Result<()> {
+        let r = st.next;
         let round_of = |j: usize| line(&self.region, self.layout, j).0.load(Ordering::Acquire);
         for j in (0..self.layout.n).filter(|&j| round_of(j) < r) {
             let pid = line(&self.region, self.layout, j).1.load(Ordering::Acquire);
@@ -393,15 +478,18 @@ impl HostRounds {
                 && pid != 0
                 && !process_alive(pid)
             {
-                return Err(Error::Remote {
+                let e = Error::Remote {
                     rank: j as u32,
                     addr: "this host".into(),
                     what: format!(
                         "exited (pid {pid}) before starting round {r} of a persistent all-reduce"
                     ),
-                });
+                };
+                st.failed = Some(e.clone());
+                return Err(e);
             }
         }
+        let waited = now.duration_since(st.started);
         if waited >= self.timeout {
             let missing: Vec<usize> = (0..self.layout.n).filter(|&j| round_of(j) < r).collect();
             if !missing.is_empty() {
@@ -425,7 +513,7 @@ impl HostRounds {
             if seen == r || seen == r + 1 {
                 continue;
             }
-            if seen + 1 == r {
+            if seen.checked_add(1) == Some(r) {
                 return Ok(false);
             }
             return Err(Error::Protocol(format!(
@@ -497,10 +585,7 @@ mod tests {
             timeout: Duration::from_secs(60),
             crowded: false,
             abort: Arc::new(AtomicBool::new(false)),
-            state: Mutex::new(State {
-                next: 1,
-                running: false,
-            }),
+            state: Mutex::new(State::new()),
         }
     }
 
@@ -527,7 +612,7 @@ mod tests {
     }
 
     #[test]
-    fn a_line_out_of_step_is_corrupt_and_an_abort_stops_the_wait() {
+    fn an_abort_stops_the_wait_and_a_line_out_of_step_is_corrupt_for_good() {
         let mut buf = [1.0];
         let h = rank0(key(2), 0, &mut buf);
         // SAFETY: `buf` outlives `h`.
@@ -537,15 +622,6 @@ mod tests {
         let e = h.wait(None).expect_err("aborted").to_string();
         assert!(e.contains("aborted"), "{e}");
         h.abort.store(false, Ordering::Release);
-        line(&h.region, h.layout, 1).0.store(3, Ordering::Release);
-        let e = h
-            .test()
-            .expect_err("round 3 while 1 is waited for")
-            .to_string();
-        assert!(
-            e.contains("rank 1 published round 3") && e.contains("round 1"),
-            "{e}"
-        );
         // The peer's round 1 lands (its mailbox holds 2.0): 1 + 2.
         let at = h.layout.mailbox(1, 1);
         // SAFETY: inside the region, 8-aligned; nobody else uses it here.
@@ -553,35 +629,18 @@ mod tests {
         line(&h.region, h.layout, 1).0.store(1, Ordering::Release);
         assert!(h.wait(None).expect("complete"));
         assert_eq!(buf, [3.0]);
-    }
-
-    #[test]
-    fn mailboxes_are_cache_line_aligned_and_disjoint() {
-        for (n, bytes) in [(2, 8), (3, 100), (4, 1 << 20), (8, 65)] {
-            let l = Layout::new(n, bytes);
-            assert!(l.stride >= bytes && l.stride.is_multiple_of(64));
-            let mut spans: Vec<(usize, usize)> = (0..n)
-                .map(|j| (l.line(j), l.line(j) + LINE))
-                .chain(
-                    (0..2u64)
-                        .flat_map(|p| (0..n).map(move |j| (p, j)))
-                        .map(|(p, j)| (l.mailbox(p, j), l.mailbox(p, j) + bytes)),
-                )
-                .collect();
-            spans.sort();
-            assert!(spans[0].0 >= HEADER);
-            assert!(spans.windows(2).all(|w| w[0].1 <= w[1].0), "{spans:?}");
+        // SAFETY: as above.
+        assert!(unsafe { h.start() }.expect("round 2"));
+        line(&h.region, h.layout, 1)
+            .0
+            .store(u64::MAX, Ordering::Release);
+        for _ in 0..2 {
+            let e = h.test().expect_err("a round from nowhere").to_string();
             assert!(
-                spans
-                    .iter()
-                    .all(|s| s.0.is_multiple_of(64) && s.1 <= l.total())
+                e.contains("rank 1 published round 18446744073709551615"),
+                "{e}"
             );
-            assert_eq!(
-                l.mailbox(1, 0),
-                l.mailbox(3, 0),
-                "rounds alternate parities"
-            );
-            assert_ne!(l.mailbox(1, 0), l.mailbox(2, 0));
+            assert!(e.contains("round 2"), "{e}");
         }
     }
 }

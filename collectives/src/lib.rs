@@ -18,6 +18,7 @@ mod deferred;
 mod drive;
 pub mod element;
 mod engine;
+mod host_coll;
 mod host_rounds;
 mod kept_plan;
 pub mod local;

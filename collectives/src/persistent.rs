@@ -97,7 +97,7 @@ pub struct RawPersistent {
     one_sided: bool,
     /// Rounds run through a region every rank of the host maps
     /// (`host_rounds.rs`), not on the engine.
-    host: Option<HostRounds>,
+    host: Option<Box<HostRounds>>,
     freed: AtomicBool,
 }
 
@@ -160,7 +160,11 @@ impl Communicator {
                 send_bytes,
                 recv_bytes,
             };
-            return Ok(RawPersistent::new(self.driver.clone(), parts, Some(host)));
+            return Ok(RawPersistent::new(
+                self.driver.clone(),
+                parts,
+                Some(Box::new(host)),
+            ));
         }
         let mut sched = algo::build(&spec, algo)?;
         let id = next_id();
@@ -502,7 +506,7 @@ impl Schedule for Handshake {
 
 impl RawPersistent {
     /// A request of `parts` that has run no round yet.
-    fn new(driver: Arc<Driver>, parts: Parts, host: Option<HostRounds>) -> RawPersistent {
+    fn new(driver: Arc<Driver>, parts: Parts, host: Option<Box<HostRounds>>) -> RawPersistent {
         let Parts {
             id,
             fp,
@@ -686,6 +690,7 @@ impl RawPersistent {
             Some(h) => Handle {
                 done: h.done.clone(),
                 driver: h.driver.clone(),
+                host: None,
             },
         };
         let res = match timeout {

@@ -523,6 +523,8 @@ fn a_peer_that_never_calls_is_named_when_the_direct_call_times_out() {
 fn a_peer_that_never_calls_is_named_when_a_direct_all_gather_times_out() {
     let (_store, comms) = local_world(4, "direct-gather-timeout", |_, cfg| {
         cfg.transport.set(TransportChoice::Shm);
+        // The direct path's timeout, not the host region's (host_coll.rs).
+        cfg.host_coll_bytes.set(0);
         cfg.timeout.set(Duration::from_millis(1500));
     })
     .expect("communicators");

@@ -7,8 +7,7 @@
 #[allow(dead_code)] // only `on_each_rank` is used here
 mod common;
 
-use common::on_each_rank;
-use gw_collectives::local::local_world;
+use common::{agrees, fold, get, on_each_rank, put, shm_world, small};
 use gw_collectives::{Communicator, Config, DType, Error, OpKind, RawOp, RedOp, TransportChoice};
 use rand::{Rng, SeedableRng};
 use std::time::Duration;
@@ -18,32 +17,12 @@ fn world(
     key: &str,
     tweak: impl Fn(u32, &mut Config),
 ) -> (gw_rendezvous::StoreServer, Vec<Communicator>) {
-    local_world(n, key, |r, cfg| {
-        cfg.transport.set(TransportChoice::Shm);
+    shm_world(n, key, |r, cfg| {
         // On whatever cores the test machine has: the crowded default
         // would keep 4 ranks on 2 cores to 2 KiB.
         cfg.host_round_bytes.set(64 << 10);
         tweak(r, cfg);
     })
-    .expect("communicators")
-}
-
-/// Rank `r`'s element `i` of round `k`: small integers (exact in every
-/// type and every summation order), never zero (products stay nonzero).
-fn value(r: u32, k: usize, i: usize) -> i64 {
-    ((r as usize * 5 + k + i * 7) % 3 + 1) as i64
-}
-
-fn reduce(op: RedOp, n: u32, k: usize, i: usize) -> f64 {
-    let xs = (0..n).map(|r| value(r, k, i) as f64);
-    match op {
-        RedOp::Sum => xs.sum(),
-        RedOp::Prod => xs.product(),
-        RedOp::Min => xs.fold(f64::INFINITY, f64::min),
-        RedOp::Max => xs.fold(f64::NEG_INFINITY, f64::max),
-        RedOp::Avg => xs.sum::<f64>() / f64::from(n),
-        RedOp::None => unreachable!(),
-    }
 }
 
 /// One persistent all-reduce of `count` elements of `dtype` under `op`
@@ -58,30 +37,11 @@ struct Case {
     in_place: bool,
 }
 
-fn write(dtype: DType, buf: &mut [u8], i: usize, v: f64) {
-    match dtype {
-        DType::F32 => buf[i * 4..i * 4 + 4].copy_from_slice(&(v as f32).to_ne_bytes()),
-        DType::F64 => buf[i * 8..i * 8 + 8].copy_from_slice(&v.to_ne_bytes()),
-        DType::I32 => buf[i * 4..i * 4 + 4].copy_from_slice(&(v as i32).to_ne_bytes()),
-        _ => unreachable!(),
-    }
-}
-
-fn read(dtype: DType, buf: &[u8], i: usize) -> f64 {
-    let b = |w: usize| &buf[i * w..i * w + w];
-    match dtype {
-        DType::F32 => f64::from(f32::from_ne_bytes(b(4).try_into().unwrap_or([0; 4]))),
-        DType::F64 => f64::from_ne_bytes(b(8).try_into().unwrap_or([0; 8])),
-        DType::I32 => f64::from(i32::from_ne_bytes(b(4).try_into().unwrap_or([0; 4]))),
-        _ => unreachable!(),
-    }
-}
-
 fn want(case: &Case, n: u32, k: usize, i: usize) -> f64 {
     match case.weight {
         // Every rank weighs its own contribution: Σ w·x.
-        Some(w) => (0..n).map(|r| w * value(r, k, i) as f64).sum(),
-        None => reduce(case.op, n, k, i),
+        Some(w) => (0..n).map(|r| w * small(r, k, i)).sum(),
+        None => fold(case.op, (0..n).map(|r| small(r, k, i)), n),
     }
 }
 
@@ -125,7 +85,7 @@ fn run_cases(c: &Communicator, cases: &[Case], rounds: usize, seed: u64) -> Resu
         for k in 0..rounds {
             for (cs, (s, _)) in pair.iter().zip(bufs.iter_mut()) {
                 for i in 0..cs.count {
-                    write(cs.dtype, s, i, value(r, k, i) as f64);
+                    put(cs.dtype, s, i, small(r, k, i));
                 }
             }
             let style = rng.random_range(0..6u32);
@@ -194,13 +154,8 @@ fn run_cases(c: &Communicator, cases: &[Case], rounds: usize, seed: u64) -> Resu
             for (cs, (s, rv)) in pair.iter().zip(bufs.iter()) {
                 let out = if cs.in_place { s } else { rv };
                 for i in 0..cs.count {
-                    let (got, w) = (read(cs.dtype, out, i), want(cs, n, k, i));
-                    let tol = if cs.op == RedOp::Avg || cs.weight.is_some() {
-                        1e-5 * w.abs().max(1.0)
-                    } else {
-                        0.0
-                    };
-                    if (got - w).abs() > tol {
+                    let (got, w) = (get(cs.dtype, out, i), want(cs, n, k, i));
+                    if !agrees(got, w, cs.op == RedOp::Avg || cs.weight.is_some()) {
                         return Err(format!(
                             "rank {r} {cs:?} round {k} element {i}: {got}, want {w}"
                         ));
@@ -244,11 +199,7 @@ fn random_cases(seed: u64, k: usize) -> Vec<Case> {
 
 #[test]
 fn random_rounds_are_right_at_2_3_and_4_ranks() {
-    let seed = std::env::var("GW_TEST_SEED")
-        .ok()
-        .and_then(|s| s.parse().ok())
-        .unwrap_or(0x5eed_u64);
-    println!("seed {seed} (GW_TEST_SEED)");
+    let seed = common::seed(0x5eed_u64);
     for n in [2u32, 3, 4] {
         let key = format!("hr-rand{n}");
         let (_store, comms) = world(n, &key, |_, _| {});

@@ -193,6 +193,14 @@ fn peer_killed_mid_host_round() {
     assert!(out.contains("host rounds: true"), "{out}");
 }
 
+/// The same for 8-byte all-reduces through the host region of small
+/// collectives (`collectives/src/host_coll.rs`).
+#[test]
+fn peer_killed_mid_small_collectives() {
+    let out = survivors_name_the_dead_rank_in("shm", &["kill-mid-small", "1"], "auto");
+    assert!(out.contains("host region: true"), "{out}");
+}
+
 #[test]
 fn wrong_token_is_refused() {
     let job = DirectJob::new();

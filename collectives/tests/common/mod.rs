@@ -1,7 +1,7 @@
 //! Inputs and checks shared by the all-reduce integration tests.
 
 use gw_collectives::local::local_world;
-use gw_collectives::{Communicator, RedOp, TransportChoice};
+use gw_collectives::{Communicator, DType, RedOp, TransportChoice};
 
 /// Rank `r`'s element `i` in call `k`: small integers, so float sums are exact.
 pub fn input(r: u32, k: usize, i: usize) -> f32 {
@@ -53,4 +53,88 @@ where
     let (_store, comms) =
         local_world(2, key, |_, cfg| cfg.transport.set(t)).expect("communicators");
     on_each_rank(comms, key, body);
+}
+
+/// Writes `v` as element `i` of `buf`, whose elements are `dtype` (f32,
+/// f64 or i32).
+#[allow(dead_code)] // Not every test file that shares this module uses it.
+pub fn put(dtype: DType, buf: &mut [u8], i: usize, v: f64) {
+    match dtype {
+        DType::F32 => buf[i * 4..i * 4 + 4].copy_from_slice(&(v as f32).to_ne_bytes()),
+        DType::F64 => buf[i * 8..i * 8 + 8].copy_from_slice(&v.to_ne_bytes()),
+        DType::I32 => buf[i * 4..i * 4 + 4].copy_from_slice(&(v as i32).to_ne_bytes()),
+        other => panic!("put: {other:?} is not a test type"),
+    }
+}
+
+/// Element `i` of `buf` (as [`put`] wrote it).
+#[allow(dead_code)] // Not every test file that shares this module uses it.
+pub fn get(dtype: DType, buf: &[u8], i: usize) -> f64 {
+    let b = |w: usize| &buf[i * w..i * w + w];
+    match dtype {
+        DType::F32 => f64::from(f32::from_ne_bytes(b(4).try_into().unwrap_or([0; 4]))),
+        DType::F64 => f64::from_ne_bytes(b(8).try_into().unwrap_or([0; 8])),
+        DType::I32 => f64::from(i32::from_ne_bytes(b(4).try_into().unwrap_or([0; 4]))),
+        other => panic!("get: {other:?} is not a test type"),
+    }
+}
+
+/// `op` over the ranks' values `xs` (`n` of them), in f64.
+#[allow(dead_code)] // Not every test file that shares this module uses it.
+pub fn fold(op: RedOp, xs: impl Iterator<Item = f64>, n: u32) -> f64 {
+    let xs: Vec<f64> = xs.collect();
+    match op {
+        RedOp::Sum => xs.iter().sum(),
+        RedOp::Prod => xs.iter().product(),
+        RedOp::Min => xs.iter().copied().fold(f64::INFINITY, f64::min),
+        RedOp::Max => xs.iter().copied().fold(f64::NEG_INFINITY, f64::max),
+        RedOp::Avg => xs.iter().sum::<f64>() / f64::from(n),
+        RedOp::None => panic!("fold: no operator"),
+    }
+}
+
+/// Rank `r`'s element `i` of call `k`: 1, 2 or 3, so sums, products and
+/// averages are exact in every type and every order of summation.
+#[allow(dead_code)] // Not every test file that shares this module uses it.
+pub fn small(r: u32, k: usize, i: usize) -> f64 {
+    ((r as usize * 5 + k + i * 7) % 3 + 1) as f64
+}
+
+/// A local world over shared memory, each rank's config then changed by
+/// `configure`.
+#[allow(dead_code)] // Not every test file that shares this module uses it.
+pub fn shm_world(
+    n: u32,
+    key: &str,
+    configure: impl Fn(u32, &mut gw_collectives::Config),
+) -> (gw_rendezvous::StoreServer, Vec<Communicator>) {
+    local_world(n, key, |r, cfg| {
+        cfg.transport.set(TransportChoice::Shm);
+        configure(r, cfg);
+    })
+    .expect("communicators")
+}
+
+/// `GW_TEST_SEED`, else `default`; printed, so a failing run can be
+/// repeated.
+#[allow(dead_code)] // Not every test file that shares this module uses it.
+pub fn seed(default: u64) -> u64 {
+    let seed = std::env::var("GW_TEST_SEED")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(default);
+    println!("seed {seed} (GW_TEST_SEED)");
+    seed
+}
+
+/// Whether `got` is `want`: exactly, or within float rounding where the
+/// result is `inexact` (an average, a weighted sum).
+#[allow(dead_code)] // Not every test file that shares this module uses it.
+pub fn agrees(got: f64, want: f64, inexact: bool) -> bool {
+    let tol = if inexact {
+        1e-5 * want.abs().max(1.0)
+    } else {
+        0.0
+    };
+    (got - want).abs() <= tol
 }

@@ -221,6 +221,27 @@ fn kill_mid_persistent(comm: &Communicator, victim: u32, count: usize) -> Result
     Ok("no error".into())
 }
 
+/// 8-byte all-reduces (the host region's, where every rank is on this host
+/// over shared memory) while `victim` kills itself 30 ms in: every other
+/// rank must fail, naming it.
+fn kill_mid_small(comm: &Communicator, victim: u32) -> Result<String, String> {
+    println!("host region: {}", comm.host_coll_rounds().is_some());
+    if comm.rank() == victim {
+        std::thread::spawn(|| {
+            std::thread::sleep(std::time::Duration::from_millis(30));
+            // SAFETY: raising a signal on our own process.
+            unsafe { libc::kill(libc::getpid(), libc::SIGKILL) };
+        });
+    }
+    let started = Instant::now();
+    let mut x = [1.0f64];
+    for _ in 0..100_000_000u64 {
+        comm.all_reduce_in_place(&mut x, RedOp::Max)
+            .map_err(|e| format!("error after {:.2}s: {e}", started.elapsed().as_secs_f64()))?;
+    }
+    Ok("no error".into())
+}
+
 /// Rank 0 sends f32, rank 1 expects i32: the receiver must name both.
 fn mismatch(comm: &Communicator) -> Result<String, String> {
     match comm.rank() {
@@ -536,7 +557,7 @@ fn main() -> ExitCode {
     let args: Vec<String> = std::env::args().skip(1).collect();
     let Some(cmd) = args.first().cloned() else {
         eprintln!(
-            "usage: gwtest exchange [SIZES...] | collectives [SIZES...] | all-reduce [SIZES...] | kill-mid-transfer VICTIM | kill-mid-persistent VICTIM [COUNT] | p2p-overlap [ITERS] | mismatch | collective-mismatch | paced [STEPS] | init"
+            "usage: gwtest exchange [SIZES...] | collectives [SIZES...] | all-reduce [SIZES...] | kill-mid-transfer VICTIM | kill-mid-persistent VICTIM [COUNT] | kill-mid-small VICTIM | p2p-overlap [ITERS] | mismatch | collective-mismatch | paced [STEPS] | init"
         );
         return ExitCode::from(2);
     };
@@ -558,6 +579,9 @@ fn main() -> ExitCode {
             args.get(1).and_then(|v| v.parse().ok()).unwrap_or(1),
             args.get(2).and_then(|v| v.parse().ok()).unwrap_or(4 << 20),
         ),
+        "kill-mid-small" => {
+            kill_mid_small(&comm, args.get(1).and_then(|v| v.parse().ok()).unwrap_or(1))
+        }
         "mismatch" => mismatch(&comm),
         "collective-mismatch" => collective_mismatch(&comm),
         "collectives" => collectives(&comm, &args[1..]),

@@ -20,7 +20,7 @@
 //! the next job's first segment (it bears the `gw-` prefix).
 
 use super::names::host_region_name;
-use super::private::open_private;
+use super::private::{Whose, open_private};
 use super::segment::{Mapping, SHM_DIR, create_file, reserve};
 use crate::error::{Error, Result};
 use std::path::{Path, PathBuf};
@@ -70,7 +70,7 @@ impl HostRegion {
     /// another size is an error naming the path.
     pub fn open(secret: &str, key: u64, len: usize) -> Result<HostRegion> {
         let path = Self::path_of(secret, key)?;
-        let Some(file) = open_private(&path, (0, 0))? else {
+        let Some(file) = open_private(&path, Whose::HostRegion)? else {
             return Err(Error::Protocol(format!(
                 "host region {} does not exist (its creator is on another host, \
                  or removed it)",
@@ -200,5 +200,25 @@ mod tests {
         let path = a.path().to_owned();
         drop(a);
         assert!(!path.exists(), "a named region is removed when dropped");
+    }
+
+    #[test]
+    fn a_file_others_may_open_is_refused_as_a_host_region() {
+        use std::os::unix::fs::OpenOptionsExt;
+        let k = key() + 7;
+        let path = HostRegion::path_of(S, k).expect("path");
+        let f = std::fs::OpenOptions::new()
+            .write(true)
+            .create_new(true)
+            .mode(0o644)
+            .open(&path)
+            .expect("a file at the name");
+        f.set_len(4096).expect("size");
+        let e = HostRegion::open(S, k, 4096).unwrap_err().to_string();
+        let _ = std::fs::remove_file(&path);
+        assert!(
+            e.contains("as a host region") && e.contains("mode 0644"),
+            "{e}"
+        );
     }
 }

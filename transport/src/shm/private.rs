@@ -16,7 +16,8 @@ use std::path::Path;
 /// Opens `path`, the segment of ranks `pair`, read-write without following
 /// a symbolic link, and checks that the file is private to this user.
 /// `Ok(None)`: nothing is there.
-pub(crate) fn open_private(path: &Path, pair: (u32, u32)) -> Result<Option<File>> {
+pub(crate) fn open_private(path: &Path, pair: impl Into<Whose>) -> Result<Option<File>> {
+    let pair = pair.into();
     let file = match OpenOptions::new()
         .read(true)
         .write(true)
@@ -41,7 +42,8 @@ pub(crate) fn open_private(path: &Path, pair: (u32, u32)) -> Result<Option<File>
 /// Checks what already sits at `path`, the segment of ranks `pair` (found
 /// by a create that failed with `EEXIST`), before it is taken for a
 /// leftover of ours and removed.
-pub(crate) fn check_existing(path: &Path, pair: (u32, u32)) -> Result<()> {
+pub(crate) fn check_existing(path: &Path, pair: impl Into<Whose>) -> Result<()> {
+    let pair = pair.into();
     match std::fs::symlink_metadata(path) {
         Ok(meta) => check_private(path, pair, &meta),
         // Gone meanwhile: the create is simply tried again.
@@ -50,7 +52,7 @@ pub(crate) fn check_existing(path: &Path, pair: (u32, u32)) -> Result<()> {
     }
 }
 
-fn check_private(path: &Path, pair: (u32, u32), meta: &Metadata) -> Result<()> {
+fn check_private(path: &Path, pair: Whose, meta: &Metadata) -> Result<()> {
     let ft = meta.file_type();
     let kind = if ft.is_symlink() {
         Some("a symbolic link")
@@ -79,9 +81,26 @@ fn check_private(path: &Path, pair: (u32, u32), meta: &Metadata) -> Result<()> {
     Ok(())
 }
 
-fn refusal(path: &Path, (lo, hi): (u32, u32), what: String) -> Error {
+/// Whose file a path is meant to be: a pair's segment, or a host region.
+#[derive(Clone, Copy, Debug)]
+pub(crate) enum Whose {
+    Pair(u32, u32),
+    HostRegion,
+}
+
+impl From<(u32, u32)> for Whose {
+    fn from((lo, hi): (u32, u32)) -> Whose {
+        Whose::Pair(lo, hi)
+    }
+}
+
+fn refusal(path: &Path, whose: Whose, what: String) -> Error {
+    let as_what = match whose {
+        Whose::Pair(lo, hi) => format!("the shared segment of ranks {lo} and {hi}"),
+        Whose::HostRegion => "a host region".to_owned(),
+    };
     Error::Config(format!(
-        "refusing {} as the shared segment of ranks {lo} and {hi}: it is {what}, but gradwire \
+        "refusing {} as {as_what}: it is {what}, but gradwire \
          maps only regular files of this user (uid {}) that no one else may open (mode 0600); \
          another local user may have created it: remove it, or set GW_TRANSPORT=tcp",
         path.display(),

@@ -1,0 +1,685 @@
+//! Small blocking collectives among the ranks of one host, through one
+//! region every rank maps: a slot and a counter per rank per call, no
+//! frames (MPICH's intra-node "release/gather" collectives, Open MPI's
+//! coll/sm).
+//!
+//! Over shared memory an 8-byte broadcast or reduce through the pair
+//! rings costs each rank about two thousand instructions of framing,
+//! matching and checks (`docs/performance.md`), two to three times MPI's
+//! time. Here each rank owns a ring of [`SLOTS`] slots in a region agreed
+//! at init (the same vote as `host_rounds.rs`), and every eligible call is
+//! one round, numbered alike on every rank because collectives are called
+//! in the same order everywhere:
+//!
+//! - each rank fills its slot of the round (a header naming the call, and
+//!   its contribution where it has one) and publishes the round in the
+//!   slot's round word (Release), which shares a cache line with the
+//!   header and the first 32 bytes, so a small call moves one line per
+//!   writer;
+//! - it then reads what it needs once the writers' slots show the round
+//!   (Acquire): everyone's slots for an all-reduce, all-gather and
+//!   reduce-scatter, the root's for a broadcast's receivers, everyone's at
+//!   a reduce's root; a broadcast's root and a reduce's other ranks read
+//!   nothing and return at once, which is how a stream of broadcasts
+//!   pipelines;
+//! - it then publishes the round in its `done` word.
+//!
+//! A rank fills slot `r mod SLOTS` only once every rank's `done` shows
+//! round `r − SLOTS`, so no slot is overwritten while anyone may still read
+//! it; that wait is the only flow control, and the `done` words are read
+//! again only once the last reading no longer covers the round. Every reader checks the slot's
+//! header: a rank in another collective, or the same with another count,
+//! type, operator or root, is a mismatch naming both calls.
+//!
+//! Which calls: all-reduce, reduce-scatter, all-gather, broadcast and
+//! reduce whose slot payload is at most `GW_HOST_COLL_BYTES`, with no
+//! algorithm asked for, where every rank shares one host over shared
+//! memory. A blocking call posts and reads at once. A non-blocking one
+//! posts at once (reading, while it waits for a slot, this rank's own
+//! earlier rounds) and is read when its handle is tested or waited for;
+//! rounds are read in order, so a wait also completes every earlier round,
+//! and a handle dropped unwaited is completed by the next call that needs
+//! its turn, or when the communicator goes. So blocking and non-blocking
+//! calls still match each other, as they do on the engine. A call on the
+//! engine and one here never wait for each other, as neither medium
+//! orders the other. After an error the rounds' numbering can no longer
+//! be trusted, so later calls here fail at once with the first error.
+//!
+//! ```text
+//!    0  magic "GWHOSTC1" u64, ranks u64, payload u64   (the creator's)
+//!   64  line of rank i (64 bytes each): done u64 at 0, pid u64 at 16
+//!       slots of rank 0 (SLOTS of them), of rank 1, ...: each a 32-byte
+//!       header (round u64: the slot's `posted`, call u64, count u64) and
+//!       `payload` bytes, padded to a cache line
+//! ```
+
+use crate::communicator::{Communicator, RawOp};
+use crate::host_rounds::{self, Vote};
+use crate::op::{DType, OpKind, RedOp};
+use crate::reduce::Kernel;
+use gw_transport::shm::{HostRegion, process_alive};
+use gw_transport::{Error, Result};
+use std::collections::VecDeque;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+/// `GW_HOST_COLL_BYTES`' default: the largest slot payload, which is what
+/// a rank contributes (an all-reduce's or a broadcast's whole buffer, a
+/// reduce-scatter's whole input).
+pub const DEFAULT_MAX_BYTES: usize = 2 << 10;
+
+/// Slots per rank: how many rounds a broadcast's root may run ahead.
+pub(crate) const SLOTS: u64 = 16;
+
+const MAGIC: u64 = u64::from_le_bytes(*b"GWHOSTC1");
+/// A slot's header: round, call and count words. A payload of up to 32
+/// bytes shares its cache line, so a reader of a small call takes one line
+/// per writer.
+const SLOT_HEADER: usize = 32;
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+struct Layout {
+    n: usize,
+    payload: usize,
+}
+
+impl Layout {
+    fn new(n: usize, max_bytes: usize) -> Layout {
+        Layout {
+            n,
+            payload: max_bytes.max(1),
+        }
+    }
+
+    fn lines(&self) -> usize {
+        host_rounds::HEADER
+    }
+
+    fn line(&self, rank: usize) -> usize {
+        self.lines() + rank * host_rounds::LINE
+    }
+
+    fn slot(&self, rank: usize, round: u64) -> usize {
+        let i = rank as u64 * SLOTS + round % SLOTS;
+        self.line(self.n) + i as usize * self.stride()
+    }
+
+    fn stride(&self) -> usize {
+        (SLOT_HEADER + self.payload).div_ceil(64) * 64
+    }
+
+    fn total(&self) -> usize {
+        self.slot(self.n, 0)
+    }
+}
+
+/// One rank's view of the host region of its communicator's collectives.
+pub(crate) struct HostColl {
+    region: HostRegion,
+    layout: Layout,
+    me: usize,
+    /// `GW_TIMEOUT`: how long a rank waits for the others to reach a call.
+    timeout: Duration,
+    /// More ranks than cores here: a waiting rank yields at once.
+    crowded: bool,
+    abort: Arc<AtomicBool>,
+    state: Mutex<State>,
+}
+
+/// Where this rank's rounds stand.
+struct State {
+    /// The round the next call posts.
+    next: u64,
+    /// Every rank's `done` was at least this when last read: slots of
+    /// rounds up to this plus [`SLOTS`] are free without reading again.
+    done_min: u64,
+    /// Rounds posted and not yet read, oldest first: a non-blocking call's
+    /// until its handle is tested or waited for, or a later call needs
+    /// its slot. They complete in order, so `done` is always a prefix.
+    pending: VecDeque<Posted>,
+    /// The error that stopped the rounds.
+    failed: Option<Error>,
+}
+
+/// A round this rank posted and has still to read.
+struct Posted {
+    round: u64,
+    op: RawOp,
+    kernel: Kernel,
+    count: usize,
+    call: u64,
+}
+
+// SAFETY: the region is shared memory reached through atomics and through
+// slots whose ownership the round protocol hands over (module comment).
+unsafe impl Send for HostColl {}
+// SAFETY: as above; the rounds' state is behind a mutex.
+unsafe impl Sync for HostColl {}
+
+/// A call as its slot header names it.
+fn call_word(kind: OpKind, dtype: DType, redop: RedOp, root: u32) -> u64 {
+    kind as u64 | (dtype as u64) << 8 | (redop as u64) << 16 | u64::from(root) << 32
+}
+
+fn describe(call: u64, count: u64) -> String {
+    let kind = OpKind::from_code(call as u8).map_or("?", |k| k.name());
+    let dtype = DType::from_code((call >> 8) as u8).map_or("?", |d| d.name());
+    let redop = RedOp::from_code((call >> 16) as u8).map_or("?", |o| o.name());
+    let root = call >> 32;
+    format!("{kind} of {count} {dtype} ({redop}, root {root}) on the host region")
+}
+
+impl Communicator {
+    /// Sets up the host region of this communicator's small collectives if
+    /// every rank agrees it can (see the module comment and
+    /// [`Communicator::host_rounds`]). Collective: called once, at init.
+    pub(crate) fn host_coll(&self) -> Result<Option<HostColl>> {
+        let n = self.size() as usize;
+        if n < 2 {
+            return Ok(None);
+        }
+        let cfg = self.config();
+        let max = cfg.host_coll_bytes.value;
+        let layout = Layout::new(n, max);
+        let ok = self.all_peers_over_shm() && max > 0 && cfg.algo.value.is_none();
+        let vote = Vote {
+            ok,
+            key: self.region_key(2),
+            total: layout.total(),
+            magic: MAGIC,
+            words: [n as u64, layout.payload as u64],
+            lines: layout.line(0),
+        };
+        let Some(region) = self.agree_on_region(vote)? else {
+            return Ok(None);
+        };
+        tracing::debug!(
+            "collectives of up to {max} B on the host region {}",
+            region.path().display()
+        );
+        Ok(Some(HostColl {
+            region,
+            layout,
+            me: self.rank() as usize,
+            timeout: cfg.timeout.value,
+            crowded: self.crowded(),
+            abort: self.abort_flag(),
+            state: Mutex::new(State {
+                next: 1,
+                done_min: 0,
+                pending: VecDeque::new(),
+                failed: None,
+            }),
+        }))
+    }
+}
+
+impl HostColl {
+    /// The bytes rank `me` puts in its slot for `kind` of `count` elements
+    /// of `es` bytes on `n` ranks (broadcast: the root's).
+    fn payload(kind: OpKind, count: usize, es: usize, n: usize) -> Option<usize> {
+        let elems = match kind {
+            OpKind::ReduceScatter => count.checked_mul(n)?,
+            OpKind::AllReduce | OpKind::AllGather | OpKind::Broadcast | OpKind::Reduce => count,
+            _ => return None,
+        };
+        elems.checked_mul(es)
+    }
+
+    /// Whether `kind` of `count` elements of `es` bytes runs here (the same
+    /// answer on every rank for the same call).
+    pub(crate) fn takes(&self, kind: OpKind, count: usize, es: usize) -> bool {
+        count > 0
+            && Self::payload(kind, count, es, self.layout.n)
+                .is_some_and(|b| b <= self.layout.payload)
+    }
+
+    /// Rounds posted so far; `None` once an error stopped them.
+    pub(crate) fn rounds(&self) -> Option<u64> {
+        let st = self.state();
+        st.failed.is_none().then(|| st.next - 1)
+    }
+
+    fn state(&self) -> std::sync::MutexGuard<'_, State> {
+        self.state.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    fn word(&self, off: usize) -> &AtomicU64 {
+        host_rounds::word(&self.region, off)
+    }
+
+    fn done(&self, rank: usize) -> &AtomicU64 {
+        self.word(self.layout.line(rank))
+    }
+
+    /// The round word of rank `rank`'s slot of round `r`: its `posted`.
+    fn posted(&self, rank: usize, r: u64) -> &AtomicU64 {
+        self.word(self.layout.slot(rank, r))
+    }
+
+    fn at(&self, off: usize) -> *mut u8 {
+        // SAFETY: callers pass offsets of the layout, inside the region.
+        unsafe { self.region.as_ptr().add(off) }
+    }
+
+    /// Fails if the communicator was aborted or an error stopped the rounds.
+    fn usable(&self, st: &State) -> Result<()> {
+        if self.abort.load(Ordering::Acquire) {
+            return Err(Error::Aborted(
+                "a collective on the host region: the communicator was aborted".into(),
+            ));
+        }
+        match &st.failed {
+            None => Ok(()),
+            Some(e) => Err(Error::InvalidUsage(format!(
+                "collectives on the host region stopped after an earlier error: {e}"
+            ))),
+        }
+    }
+
+    /// Records `e` as what stopped the rounds, and returns it.
+    fn fail(st: &mut State, e: Error) -> Error {
+        st.failed.get_or_insert_with(|| e.clone());
+        e
+    }
+
+    /// Runs an eligible blocking call (see [`HostColl::takes`]) to its end;
+    /// returns its round.
+    ///
+    /// # Safety
+    /// As for [`Communicator::run_raw`]: the buffers of `op` are valid for
+    /// the layout of its kind and count until this returns.
+    pub(crate) unsafe fn run(&self, op: &RawOp, kernel: Kernel, count: usize) -> Result<u64> {
+        let mut st = self.state();
+        // SAFETY: forwarded from the caller.
+        let r = unsafe { self.post(&mut st, op, kernel, count) }?;
+        self.advance(&mut st, r, Some(None))?;
+        Ok(r)
+    }
+
+    /// Posts an eligible non-blocking call and returns its round, which
+    /// [`HostColl::test`] and [`HostColl::wait`] then complete.
+    ///
+    /// # Safety
+    /// As for [`Communicator::submit_raw`]: the buffers of `op` stay valid
+    /// until the round completes.
+    pub(crate) unsafe fn submit(&self, op: &RawOp, kernel: Kernel, count: usize) -> Result<u64> {
+        let mut st = self.state();
+        // SAFETY: forwarded from the caller.
+        unsafe { self.post(&mut st, op, kernel, count) }
+    }
+
+    /// Whether round `r` is complete, reading what has arrived, without
+    /// waiting.
+    pub(crate) fn test(&self, r: u64) -> Result<bool> {
+        let mut st = self.state();
+        self.advance(&mut st, r, None)
+    }
+
+    /// Waits until round `r` is complete, at most `limit` if given
+    /// (`Ok(false)` then).
+    pub(crate) fn wait(&self, r: u64, limit: Option<Duration>) -> Result<bool> {
+        let mut st = self.state();
+        self.advance(&mut st, r, Some(limit))
+    }
+
+    /// Completes every round posted so far (a communicator going away).
+    pub(crate) fn finish_all(&self) -> Result<()> {
+        let mut st = self.state();
+        let last = st.next - 1;
+        self.advance(&mut st, last, Some(None)).map(|_| ())
+    }
+
+    /// Fills this rank's slot for a new round and publishes it.
+    ///
+    /// # Safety
+    /// `op`'s send buffer is valid for its kind's layout.
+    unsafe fn post(&self, st: &mut State, op: &RawOp, kernel: Kernel, count: usize) -> Result<u64> {
+        self.usable(st)?;
+        let (n, me, r) = (self.layout.n, self.me, st.next);
+        let es = kernel.dtype.size();
+        // Our slot of round r last held round r − SLOTS: free once every
+        // rank is done with that (this one too: its own pending rounds are
+        // read meanwhile). Read the `done` words only when what we saw
+        // last does not say so: each read moves their lines here.
+        if r > st.done_min + SLOTS {
+            let free = |j: usize| self.done(j).load(Ordering::Acquire).saturating_add(SLOTS) >= r;
+            let mut check = Watch::new(self, r, "finish the round its slot last held");
+            loop {
+                if let Some(oldest) = st.pending.front().map(|p| p.round) {
+                    self.advance(st, oldest, None)?;
+                }
+                if (0..n).all(free) {
+                    break;
+                }
+                if let Err(e) = check.pause(|j| !free(j)) {
+                    return Err(Self::fail(st, e));
+                }
+            }
+            st.done_min = (0..n)
+                .map(|j| self.done(j).load(Ordering::Acquire))
+                .min()
+                .unwrap_or(0);
+        }
+        let call = call_word(op.kind, kernel.dtype, op.redop, op.root);
+        let mine = self.layout.slot(me, r);
+        self.word(mine + 8).store(call, Ordering::Relaxed);
+        self.word(mine + 16).store(count as u64, Ordering::Relaxed);
+        if op.kind != OpKind::Broadcast || me == op.root as usize {
+            let bytes = Self::payload(op.kind, count, es, n).unwrap_or(0);
+            let dst = self.at(mine + SLOT_HEADER);
+            // SAFETY: the slot holds `payload >= bytes` (`takes`), nobody
+            // reads it before its round word says so, and `send` is valid
+            // for `bytes` (the layout table).
+            unsafe {
+                match op.weight {
+                    Some(w) => kernel.copy(dst, op.send, Some(w), bytes / es, false),
+                    None => gw_transport::copy_bytes(dst, op.send, bytes),
+                }
+            }
+        }
+        self.posted(me, r).store(r, Ordering::Release);
+        st.next = r + 1;
+        st.pending.push_back(Posted {
+            round: r,
+            op: *op,
+            kernel,
+            count,
+            call,
+        });
+        Ok(r)
+    }
+
+    /// Reads the pending rounds in order up to `r`. `block`: `None` reads
+    /// only what has arrived; `Some(limit)` waits, at most `limit` if
+    /// given. Returns whether round `r` is complete.
+    fn advance(&self, st: &mut State, r: u64, block: Option<Option<Duration>>) -> Result<bool> {
+        self.usable(st)?;
+        let mut watch: Option<Watch> = None;
+        while let Some(p) = st.pending.front() {
+            if p.round > r {
+                break;
+            }
+            let writes = self.writers(p);
+            match self.arrived(p, &writes) {
+                Ok(true) => {}
+                Ok(false) => {
+                    let Some(limit) = block else {
+                        return Ok(false);
+                    };
+                    let round = p.round;
+                    let w = watch.get_or_insert_with(|| Watch::new(self, round, "reach"));
+                    if limit.is_some_and(|l| w.t0.elapsed() >= l) {
+                        return Ok(false);
+                    }
+                    let posted = |j: usize| self.posted(j, round).load(Ordering::Acquire);
+                    if let Err(e) = w.pause(|j| writes(j) && posted(j) < round) {
+                        return Err(Self::fail(st, e));
+                    }
+                    continue;
+                }
+                Err(e) => return Err(Self::fail(st, e)),
+            }
+            // SAFETY: the round's writers posted it (`arrived`), its slots
+            // stay until our `done` says we read them, and its buffers are
+            // valid until it completes (`run`'s and `submit`'s callers).
+            if let Err(e) = unsafe { self.read(p) } {
+                return Err(Self::fail(st, e));
+            }
+            let round = p.round;
+            self.done(self.me).store(round, Ordering::Release);
+            st.pending.pop_front();
+            watch = None;
+        }
+        Ok(st.pending.front().is_none_or(|p| p.round > r))
+    }
+
+    /// Which ranks' slots round `p` reads.
+    fn writers(&self, p: &Posted) -> impl Fn(usize) -> bool + use<> {
+        let (me, root) = (self.me, p.op.root as usize);
+        let kind = p.op.kind;
+        move |j: usize| match kind {
+            OpKind::Broadcast => me != root && j == root,
+            OpKind::Reduce => me == root,
+            _ => true,
+        }
+    }
+
+    /// Whether every slot round `p` reads holds it; a slot holding a later
+    /// round, which the flow control forbids, is a corrupt region.
+    fn arrived(&self, p: &Posted, writes: &impl Fn(usize) -> bool) -> Result<bool> {
+        let mut all = true;
+        for j in (0..self.layout.n).filter(|&j| writes(j)) {
+            let seen = self.posted(j, p.round).load(Ordering::Acquire);
+            if seen > p.round {
+                return Err(Error::Protocol(format!(
+                    "host region {}: rank {j}'s slot holds round {seen} while rank {} reads \
+                     round {}",
+                    self.region.path().display(),
+                    self.me,
+                    p.round
+                )));
+            }
+            all &= seen == p.round;
+        }
+        Ok(all)
+    }
+
+    /// Checks the slots of round `p` name the same call, then reads them.
+    ///
+    /// # Safety
+    /// As in [`HostColl::advance`].
+    unsafe fn read(&self, p: &Posted) -> Result<()> {
+        let (n, me, r) = (self.layout.n, self.me, p.round);
+        let writes = self.writers(p);
+        for j in (0..n).filter(|&j| writes(j)) {
+            let slot = self.layout.slot(j, r);
+            let seen = (
+                self.word(slot + 8).load(Ordering::Relaxed),
+                self.word(slot + 16).load(Ordering::Relaxed),
+            );
+            if seen != (p.call, p.count as u64) {
+                return Err(Error::Mismatch {
+                    me: me as u32,
+                    peer: j as u32,
+                    local: describe(p.call, p.count as u64),
+                    remote: describe(seen.0, seen.1),
+                });
+            }
+        }
+        let (op, kernel, count) = (&p.op, p.kernel, p.count);
+        let es = kernel.dtype.size();
+        let root = op.root as usize;
+        let payload = |j: usize| self.at(self.layout.slot(j, r) + SLOT_HEADER).cast_const();
+        // SAFETY (every arm): the slots read are complete (their round
+        // words' Release, our Acquire in `arrived`) and stay until our
+        // `done`; `recv` is valid for the kind's layout and outside the
+        // region; `reduce` allows `dst` equal to `a`.
+        match op.kind {
+            OpKind::Broadcast if me == root => {
+                if op.recv.cast_const() != op.send {
+                    unsafe { gw_transport::copy_bytes(op.recv, op.send, count * es) };
+                }
+            }
+            OpKind::Broadcast => unsafe {
+                gw_transport::copy_bytes(op.recv, payload(root), count * es)
+            },
+            OpKind::Reduce if me != root => {}
+            OpKind::AllReduce | OpKind::Reduce => unsafe {
+                reduce_into(kernel, op.recv, n, count, payload)
+            },
+            OpKind::ReduceScatter => {
+                let block = count * es;
+                unsafe { reduce_into(kernel, op.recv, n, count, |j| payload(j).add(me * block)) };
+            }
+            OpKind::AllGather => {
+                for j in 0..n {
+                    unsafe {
+                        gw_transport::copy_bytes(
+                            op.recv.add(j * count * es),
+                            payload(j),
+                            count * es,
+                        )
+                    };
+                }
+            }
+            other => {
+                return Err(Error::Internal(format!(
+                    "{} reached the host region",
+                    other.name()
+                )));
+            }
+        }
+        Ok(())
+    }
+}
+
+/// A wait for other ranks: spins, then yields; every
+/// [`host_rounds::LIVENESS_EVERY`] asks whether the ranks waited for still
+/// run, and past `GW_TIMEOUT` fails naming them.
+struct Watch<'a> {
+    host: &'a HostColl,
+    round: u64,
+    what: &'static str,
+    t0: Instant,
+    check_at: Instant,
+    polls: u32,
+}
+
+impl<'a> Watch<'a> {
+    fn new(host: &'a HostColl, round: u64, what: &'static str) -> Watch<'a> {
+        let t0 = Instant::now();
+        Watch {
+            host,
+            round,
+            what,
+            t0,
+            check_at: t0 + host_rounds::LIVENESS_EVERY,
+            polls: 0,
+        }
+    }
+
+    /// One pause of the wait; `missing(j)`: rank `j` is waited for.
+    fn pause(&mut self, missing: impl Fn(usize) -> bool) -> Result<()> {
+        let h = self.host;
+        self.polls = self.polls.wrapping_add(1);
+        if h.crowded {
+            std::thread::yield_now();
+        } else {
+            std::hint::spin_loop();
+        }
+        if !self.polls.is_multiple_of(64) {
+            return Ok(());
+        }
+        if h.abort.load(Ordering::Acquire) {
+            return Err(Error::Aborted(
+                "a collective on the host region: the communicator was aborted".into(),
+            ));
+        }
+        let now = Instant::now();
+        let waited = now.duration_since(self.t0);
+        if now >= self.check_at {
+            self.check_at = now + host_rounds::LIVENESS_EVERY;
+            let (r, what) = (self.round, self.what);
+            for j in (0..h.layout.n).filter(|&j| missing(j)) {
+                let pid = h
+                    .word(h.layout.line(j) + host_rounds::PID_AT)
+                    .load(Ordering::Acquire);
+                if let Ok(pid) = u32::try_from(pid)
+                    && pid != 0
+                    && !process_alive(pid)
+                {
+                    return Err(Error::Remote {
+                        rank: j as u32,
+                        addr: "this host".into(),
+                        what: format!(
+                            "exited (pid {pid}) before it could {what} round {r} of the host \
+                             region's collectives"
+                        ),
+                    });
+                }
+            }
+            if waited >= h.timeout {
+                let missing: Vec<usize> = (0..h.layout.n).filter(|&j| missing(j)).collect();
+                return Err(Error::Timeout {
+                    secs: waited.as_secs_f64(),
+                    what: format!(
+                        "in round {r} of the host region's collectives: rank(s) {missing:?} \
+                         did not {what} it (GW_TIMEOUT); a rank may be in another collective, \
+                         or in one larger than GW_HOST_COLL_BYTES"
+                    ),
+                });
+            }
+        }
+        if waited >= host_rounds::SPIN && !h.crowded {
+            std::thread::yield_now();
+        }
+        Ok(())
+    }
+}
+
+/// `recv = part(0) ⊕ … ⊕ part(n−1)` in rank order, with the operator's
+/// final step (every rank adds in the same order, so all get the same bits).
+///
+/// # Safety
+/// Each `part(j)` is readable and `recv` writable for `count` elements;
+/// `recv` overlaps none of them.
+unsafe fn reduce_into(
+    kernel: Kernel,
+    recv: *mut u8,
+    n: usize,
+    count: usize,
+    part: impl Fn(usize) -> *const u8,
+) {
+    // SAFETY: forwarded; `reduce` allows `dst` equal to `a`.
+    unsafe {
+        kernel.reduce(recv, part(0), None, part(1), None, count, n == 2);
+        for j in 2..n {
+            kernel.reduce(recv, recv, None, part(j), None, count, j == n - 1);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn slots_are_disjoint_and_cache_line_aligned() {
+        for (n, max) in [(2, 8), (3, 2048), (8, 100)] {
+            let l = Layout::new(n, max);
+            let mut spans: Vec<(usize, usize)> = (0..n)
+                .map(|j| (l.line(j), l.line(j) + host_rounds::LINE))
+                .chain((0..n).flat_map(|j| {
+                    (0..SLOTS).map(move |r| (l.slot(j, r), l.slot(j, r) + SLOT_HEADER + max))
+                }))
+                .collect();
+            spans.sort();
+            assert!(spans[0].0 >= host_rounds::HEADER);
+            assert!(spans.windows(2).all(|w| w[0].1 <= w[1].0), "{spans:?}");
+            assert!(
+                spans
+                    .iter()
+                    .all(|s| s.0.is_multiple_of(64) && s.1 <= l.total())
+            );
+            assert_eq!(l.slot(1, 3), l.slot(1, 3 + SLOTS), "rounds wrap");
+        }
+    }
+
+    #[test]
+    fn payloads_follow_the_layout_table() {
+        use OpKind::*;
+        assert_eq!(HostColl::payload(ReduceScatter, 3, 4, 5), Some(60));
+        for k in [AllReduce, AllGather, Broadcast, Reduce] {
+            assert_eq!(HostColl::payload(k, 3, 4, 5), Some(12));
+        }
+        assert_eq!(HostColl::payload(SendRecv, 3, 4, 5), None);
+        assert_eq!(HostColl::payload(ReduceScatter, usize::MAX, 4, 5), None);
+        let d = describe(call_word(Broadcast, DType::F32, RedOp::None, 3), 7);
+        assert!(
+            d.contains("broadcast") && d.contains("7 float") && d.contains("root 3"),
+            "{d}"
+        );
+    }
+}

@@ -1,0 +1,413 @@
+//! Small blocking collectives through the host region (`host_coll.rs`):
+//! long random sequences of every collective, sizes on both sides of the
+//! limit (so calls on the region and on the engine interleave), with
+//! non-blocking calls and point-to-point messages between them, every
+//! element checked, at 2, 3 and 4 ranks; a broadcast root that runs far
+//! ahead; mismatched calls, a rank that never comes, an abort; and the
+//! vote that keeps every rank off the region when one cannot use it.
+
+#[allow(dead_code)] // only `on_each_rank` is used here
+mod common;
+
+use common::{agrees, fold, get, on_each_rank, put, shm_world, small};
+use gw_collectives::{Communicator, Config, DType, Error, OpKind, RawOp, RedOp, TransportChoice};
+use rand::{Rng, SeedableRng};
+use std::time::Duration;
+
+/// What `GW_HOST_COLL_BYTES` is in these worlds.
+const LIMIT: usize = 2048;
+
+fn world(
+    n: u32,
+    key: &str,
+    tweak: impl Fn(u32, &mut Config),
+) -> (gw_rendezvous::StoreServer, Vec<Communicator>) {
+    shm_world(n, key, |r, cfg| {
+        cfg.host_coll_bytes.set(LIMIT);
+        tweak(r, cfg);
+    })
+}
+
+/// One random call, the same on every rank.
+#[derive(Clone, Copy, Debug)]
+struct Call {
+    kind: OpKind,
+    dtype: DType,
+    op: RedOp,
+    count: usize,
+    root: u32,
+    weighted: bool,
+    /// Submitted without blocking, waited for (or, now and then, tested
+    /// until done) right away.
+    nonblocking: bool,
+}
+
+fn random_call(rng: &mut rand::rngs::StdRng, n: u32) -> Call {
+    let kind = [
+        OpKind::AllReduce,
+        OpKind::AllReduce,
+        OpKind::Broadcast,
+        OpKind::Reduce,
+        OpKind::AllGather,
+        OpKind::ReduceScatter,
+    ][rng.random_range(0..6)];
+    let dtype = [DType::F32, DType::F64, DType::I32][rng.random_range(0..3)];
+    let reduces = matches!(
+        kind,
+        OpKind::AllReduce | OpKind::Reduce | OpKind::ReduceScatter
+    );
+    let op = if !reduces {
+        RedOp::None
+    } else if dtype == DType::I32 {
+        [RedOp::Sum, RedOp::Prod, RedOp::Min, RedOp::Max][rng.random_range(0..4)]
+    } else {
+        RedOp::ALL[rng.random_range(0..5)]
+    };
+    // Mostly under the limit, now and then over it (the engine's).
+    let per_rank = if kind == OpKind::ReduceScatter {
+        n as usize
+    } else {
+        1
+    };
+    let max_elems = (LIMIT / dtype.size() / per_rank).max(1);
+    let count = if rng.random_bool(0.8) {
+        rng.random_range(1..=max_elems)
+    } else {
+        rng.random_range(max_elems + 1..=max_elems * 3)
+    };
+    Call {
+        kind,
+        dtype,
+        op,
+        count,
+        root: rng.random_range(0..n),
+        weighted: kind == OpKind::AllReduce
+            && op == RedOp::Sum
+            && dtype != DType::I32
+            && rng.random_bool(0.2),
+        nonblocking: rng.random_bool(0.1),
+    }
+}
+
+/// Runs call `k` on `c` and checks every element it must have written.
+fn run_call(c: &Communicator, call: &Call, k: usize) -> Result<(), String> {
+    let (r, n) = (c.rank(), c.size());
+    let es = call.dtype.size();
+    let nn = n as usize;
+    let (send_elems, recv_elems) = match call.kind {
+        OpKind::ReduceScatter => (call.count * nn, call.count),
+        OpKind::AllGather => (call.count, call.count * nn),
+        _ => (call.count, call.count),
+    };
+    let mut send = vec![0u8; send_elems * es];
+    let mut recv = vec![0u8; recv_elems * es];
+    for i in 0..send_elems {
+        put(call.dtype, &mut send, i, small(r, k, i));
+    }
+    let weight = |q: u32| 0.5 * f64::from(q + 1);
+    let op = RawOp {
+        kind: call.kind,
+        dtype: call.dtype,
+        redop: call.op,
+        count: call.count,
+        root: call.root,
+        send: send.as_ptr(),
+        recv: recv.as_mut_ptr(),
+        weight: call.weighted.then(|| weight(r)),
+    };
+    let what = |e: Error| format!("rank {r} call {k} {call:?}: {e}");
+    // SAFETY: both buffers are sized by the layout table and outlive the
+    // call (the non-blocking one is waited for before they go).
+    unsafe {
+        if call.nonblocking {
+            c.submit_raw(op, None)
+                .and_then(|h| h.wait())
+                .map_err(what)?;
+        } else {
+            c.run_raw(op, None).map_err(what)?;
+        }
+    }
+    let want = |i: usize| -> Option<f64> {
+        let all = |i: usize| (0..n).map(move |q| small(q, k, i));
+        match call.kind {
+            OpKind::AllReduce if call.weighted => {
+                Some((0..n).map(|q| weight(q) * small(q, k, i)).sum())
+            }
+            OpKind::AllReduce => Some(fold(call.op, all(i), n)),
+            OpKind::Reduce => (r == call.root).then(|| fold(call.op, all(i), n)),
+            OpKind::Broadcast => Some(small(call.root, k, i)),
+            OpKind::AllGather => Some(small((i / call.count) as u32, k, i % call.count)),
+            OpKind::ReduceScatter => {
+                let at = r as usize * call.count + i;
+                Some(fold(call.op, (0..n).map(|q| small(q, k, at)), n))
+            }
+            _ => None,
+        }
+    };
+    for i in 0..recv_elems {
+        let Some(w) = want(i) else { continue };
+        let got = get(call.dtype, &recv, i);
+        if !agrees(got, w, call.op == RedOp::Avg || call.weighted) {
+            return Err(format!(
+                "rank {r} call {k} {call:?} element {i}: {got}, want {w}"
+            ));
+        }
+    }
+    Ok(())
+}
+
+/// `calls` random calls (from `seed`, the same on every rank), with a
+/// point-to-point exchange around the ring now and then.
+fn random_sequence(c: &Communicator, seed: u64, calls: usize) -> Result<u64, String> {
+    let (r, n) = (c.rank(), c.size());
+    let mut rng = rand::rngs::StdRng::seed_from_u64(seed);
+    let before = c.host_coll_rounds().ok_or("no host region")?;
+    let mut eligible = 0u64;
+    for k in 0..calls {
+        let call = random_call(&mut rng, n);
+        run_call(c, &call, k)?;
+        let per_rank = if call.kind == OpKind::ReduceScatter {
+            n as usize
+        } else {
+            1
+        };
+        if call.count * per_rank * call.dtype.size() <= LIMIT {
+            eligible += 1;
+        }
+        if rng.random_bool(0.1) {
+            let out = [r as u8; 5];
+            let mut back = [0u8; 5];
+            c.sendrecv(&out, (r + 1) % n, &mut back, (r + n - 1) % n)
+                .map_err(|e| format!("rank {r} sendrecv after call {k}: {e}"))?;
+            if back != [((r + n - 1) % n) as u8; 5] {
+                return Err(format!("rank {r}: sendrecv got {back:?}"));
+            }
+        }
+    }
+    let ran = c.host_coll_rounds().ok_or("no host region")? - before;
+    if ran != eligible {
+        return Err(format!(
+            "rank {r}: {ran} calls on the host region, {eligible} eligible"
+        ));
+    }
+    Ok(ran)
+}
+
+#[test]
+fn random_sequences_of_every_collective_are_right() {
+    let seed = common::seed(0xc011_u64);
+    for n in [2u32, 3, 4] {
+        let key = format!("hc-rand{n}");
+        let (_store, comms) = world(n, &key, |_, _| {});
+        let calls = if n == 4 { 300 } else { 500 };
+        on_each_rank(comms, &key, move |c| {
+            random_sequence(&c, seed + u64::from(n), calls).map(|_| ())
+        });
+    }
+}
+
+/// A root broadcasting far more calls than there are slots while its
+/// receivers dawdle: it runs ahead by the slots, then waits, and every
+/// receiver gets every call's data.
+#[test]
+fn a_broadcast_root_runs_ahead_and_waits_for_slots() {
+    let (_store, comms) = world(3, "hc-ahead", |_, _| {});
+    on_each_rank(comms, "hc-ahead", |c| {
+        let r = c.rank();
+        for k in 0..200u32 {
+            let mut buf = [if r == 0 { k } else { u32::MAX }; 3];
+            let mut b = buf.map(|x| x as i32);
+            if r != 0 && k % 40 == 0 {
+                std::thread::sleep(Duration::from_millis(5));
+            }
+            c.broadcast(&mut b, 0)
+                .map_err(|e| format!("rank {r} call {k}: {e}"))?;
+            buf = b.map(|x| x as u32);
+            if buf != [k; 3] {
+                return Err(format!("rank {r} call {k}: got {buf:?}"));
+            }
+        }
+        Ok(())
+    });
+}
+
+/// Ranks in different collectives, or in the same one with another count,
+/// each get a mismatch naming both calls; the region then refuses later
+/// calls with the first error, on the engine's calls unharmed.
+#[test]
+fn mismatched_calls_are_named_and_stop_the_region() {
+    let (_store, comms) = world(2, "hc-mismatch", |_, _| {});
+    on_each_rank(comms, "hc-mismatch", |c| {
+        let r = c.rank();
+        let mut buf = [1.0f32; 4];
+        let res = if r == 0 {
+            c.all_reduce_in_place(&mut buf, RedOp::Sum)
+        } else {
+            c.broadcast(&mut buf, 0)
+        };
+        match res {
+            Err(Error::Mismatch { local, remote, .. })
+                if local.contains(if r == 0 { "all_reduce" } else { "broadcast" })
+                    && remote.contains(if r == 0 { "broadcast" } else { "all_reduce" }) => {}
+            other => return Err(format!("rank {r}: {other:?}")),
+        }
+        match c.all_reduce_in_place(&mut buf, RedOp::Sum) {
+            Err(Error::InvalidUsage(m)) if m.contains("earlier error") => {}
+            other => return Err(format!("rank {r} after the mismatch: {other:?}")),
+        }
+        // Larger than the region's slots: the engine, still fine.
+        let mut big = vec![1.0f32; LIMIT];
+        c.all_reduce_in_place(&mut big, RedOp::Sum)
+            .map_err(|e| format!("rank {r}: the engine's all-reduce: {e}"))?;
+        match big.iter().all(|&x| x == 2.0) {
+            true => Ok(()),
+            false => Err(format!(
+                "rank {r}: the engine's all-reduce gave {:?}",
+                &big[..3]
+            )),
+        }
+    });
+    let (_store, comms) = world(2, "hc-count", |_, _| {});
+    on_each_rank(comms, "hc-count", |c| {
+        let r = c.rank();
+        let mut buf = vec![1.0f64; 2 + r as usize];
+        match c.all_reduce_in_place(&mut buf, RedOp::Max) {
+            Err(Error::Mismatch { local, remote, .. })
+                if local.contains(&format!("{} double", 2 + r))
+                    && remote.contains(&format!("{} double", 3 - r)) =>
+            {
+                Ok(())
+            }
+            other => Err(format!("rank {r}: {other:?}")),
+        }
+    });
+}
+
+/// A rank that never reaches the call: the others fail after GW_TIMEOUT
+/// naming it. An aborted communicator fails the next call at once.
+#[test]
+fn a_missing_rank_is_named_and_an_abort_stops_calls() {
+    let (_store, comms) = world(3, "hc-missing", |_, cfg| {
+        cfg.timeout.set(Duration::from_secs(2));
+    });
+    let gate = std::sync::Arc::new(std::sync::Barrier::new(3));
+    on_each_rank(comms, "hc-missing", move |c| {
+        let r = c.rank();
+        if r != 2 {
+            let mut buf = [1.0f32; 2];
+            match c.all_reduce_in_place(&mut buf, RedOp::Sum) {
+                Err(Error::Timeout { what, .. }) if what.contains("[2]") => {}
+                other => return Err(format!("rank {r}: {other:?}")),
+            }
+        }
+        gate.wait();
+        c.abort();
+        let mut one = [0u8; 1];
+        match c.broadcast(&mut one, 0) {
+            Err(Error::Aborted(_)) => Ok(()),
+            other => Err(format!("rank {r} after abort: {other:?}")),
+        }
+    });
+}
+
+/// One rank with `GW_HOST_COLL_BYTES=0`: no rank uses the region, and the
+/// calls are right on the engine; with every rank willing, every rank does.
+#[test]
+fn every_rank_agrees_on_the_region() {
+    for (key, off) in [("hc-vote-off", true), ("hc-vote-on", false)] {
+        let (_store, comms) = world(3, key, move |r, cfg| {
+            if off && r == 2 {
+                cfg.host_coll_bytes.set(0);
+            }
+        });
+        on_each_rank(comms, key, move |c| {
+            let r = c.rank();
+            if c.host_coll_rounds().is_some() == off {
+                return Err(format!("rank {r}: region {:?}", c.host_coll_rounds()));
+            }
+            let mut x = [f64::from(r); 4];
+            c.all_reduce_in_place(&mut x, RedOp::Sum)
+                .map_err(|e| e.to_string())?;
+            match x == [3.0; 4] {
+                true => Ok(()),
+                false => Err(format!("rank {r}: {x:?}")),
+            }
+        });
+    }
+    // Over TCP there is no region.
+    let (_store, comms) = world(2, "hc-tcp", |_, cfg| {
+        cfg.transport.set(TransportChoice::Tcp)
+    });
+    on_each_rank(comms, "hc-tcp", |c| match c.host_coll_rounds() {
+        None => Ok(()),
+        Some(n) => Err(format!("a host region over tcp ({n} rounds)")),
+    });
+}
+
+/// Non-blocking calls on the region: more outstanding than there are slots
+/// (posting reads this rank's own earlier rounds to free its slot), waited
+/// for in reverse order; one rank blocking where another does not; a
+/// handle dropped unwaited, completed by the calls after it.
+#[test]
+fn nonblocking_calls_complete_in_any_order() {
+    let (_store, comms) = world(3, "hc-async", |_, _| {});
+    on_each_rank(comms, "hc-async", |c| {
+        let (r, n) = (c.rank(), c.size());
+        let err = |e: Error| format!("rank {r}: {e}");
+        // More than the 16 slots a rank has.
+        let k = 40;
+        let send: Vec<[f64; 3]> = (0..k).map(|i| [(i as f64) + f64::from(r); 3]).collect();
+        let mut recv = vec![[0f64; 3]; k];
+        let mut handles = Vec::new();
+        for (s, o) in send.iter().zip(recv.iter_mut()) {
+            let op = RawOp {
+                kind: OpKind::AllReduce,
+                dtype: DType::F64,
+                redop: RedOp::Sum,
+                count: 3,
+                root: 0,
+                send: s.as_ptr().cast(),
+                recv: o.as_mut_ptr().cast(),
+                weight: None,
+            };
+            // SAFETY: `send` and `recv` outlive every handle (all waited
+            // for below).
+            handles.push(unsafe { c.submit_raw(op, None) }.map_err(err)?);
+        }
+        for h in handles.iter().rev() {
+            h.wait().map_err(err)?;
+        }
+        let tri = f64::from(n * (n - 1) / 2);
+        for (i, o) in recv.iter().enumerate() {
+            if *o != [(i as f64) * f64::from(n) + tri; 3] {
+                return Err(format!("rank {r} call {i}: {o:?}"));
+            }
+        }
+        // Rank 0 blocks, the others do not; then a handle dropped unwaited
+        // (its buffers kept), completed by the broadcast after it.
+        let mut x = [f64::from(r); 2];
+        if r == 0 {
+            c.all_reduce_in_place(&mut x, RedOp::Max).map_err(err)?;
+        } else {
+            let op = RawOp {
+                kind: OpKind::AllReduce,
+                dtype: DType::F64,
+                redop: RedOp::Max,
+                count: 2,
+                root: 0,
+                send: x.as_ptr().cast(),
+                recv: x.as_mut_ptr().cast(),
+                weight: None,
+            };
+            // SAFETY: `x` lives to the end; the broadcast below completes
+            // this round first.
+            drop(unsafe { c.submit_raw(op, None) }.map_err(err)?);
+        }
+        let mut b = [if r == 1 { 7u8 } else { 0 }; 4];
+        c.broadcast(&mut b, 1).map_err(err)?;
+        match (x, b) {
+            (x, [7, 7, 7, 7]) if x == [f64::from(n - 1); 2] => Ok(()),
+            other => Err(format!("rank {r}: {other:?}")),
+        }
+    });
+}
