@@ -20,7 +20,7 @@ use crate::element::Element;
 use crate::engine::{
     Completion, DirectMessage, DirectOp, DirectShape, Left, Msg, OpDesc, Part, Plan, Ptr,
 };
-use crate::host_coll::HostColl;
+use crate::host_coll::{HostColl, Leaving};
 use crate::kept_plan::{Direct, KeptPlan, PlanKey};
 use crate::mailbox;
 use crate::model::{CostModel, LinkKind, Shape};
@@ -521,6 +521,9 @@ impl Communicator {
     /// Fails every operation in flight and every later one, from any thread.
     pub fn abort(&self) {
         self.abort.store(true, Ordering::Release);
+        if let Some(h) = &self.host_coll {
+            h.leave(Leaving::Aborted);
+        }
         self.driver.kick();
     }
 
@@ -1600,6 +1603,7 @@ impl Drop for Communicator {
         // now, while their buffers still are (the caller's promise).
         if let Some(h) = &self.host_coll {
             let _ = h.finish_all();
+            h.leave(Leaving::Closed);
         }
         let _ = self.tx.send(Msg::Shutdown);
         self.driver.kick();

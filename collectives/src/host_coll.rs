@@ -27,9 +27,12 @@
 //! A rank fills slot `r mod SLOTS` only once every rank's `done` shows
 //! round `r − SLOTS`, so no slot is overwritten while anyone may still read
 //! it; that wait is the only flow control, and the `done` words are read
-//! again only once the last reading no longer covers the round. Every reader checks the slot's
-//! header: a rank in another collective, or the same with another count,
-//! type, operator or root, is a mismatch naming both calls.
+//! again only once the last reading no longer covers the round. Every
+//! reader checks the slot's header: a rank in another collective, or the
+//! same with another count, type, operator or root, is a mismatch naming
+//! both calls. A rank that aborts or closes its communicator says so in
+//! its line (`left`), and those waiting for it stop, naming it; one that
+//! dies is found by its pid.
 //!
 //! Which calls: all-reduce, reduce-scatter, all-gather, broadcast and
 //! reduce whose slot payload is at most `GW_HOST_COLL_BYTES`, with no
@@ -47,7 +50,8 @@
 //!
 //! ```text
 //!    0  magic "GWHOSTC1" u64, ranks u64, payload u64   (the creator's)
-//!   64  line of rank i (64 bytes each): done u64 at 0, pid u64 at 16
+//!   64  line of rank i (64 bytes each): done u64 at 0, pid u64 at 16,
+//!       left u64 at 24 (1: aborted, 2: closed its communicator)
 //!       slots of rank 0 (SLOTS of them), of rank 1, ...: each a 32-byte
 //!       header (round u64: the slot's `posted`, call u64, count u64) and
 //!       `payload` bytes, padded to a cache line
@@ -156,6 +160,16 @@ struct Posted {
 unsafe impl Send for HostColl {}
 // SAFETY: as above; the rounds' state is behind a mutex.
 unsafe impl Sync for HostColl {}
+
+/// Where a rank's `left` word sits in its line.
+const LEFT_AT: usize = 24;
+
+/// Why a rank left the region: its peers waiting for it stop at once.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Leaving {
+    Aborted = 1,
+    Closed = 2,
+}
 
 /// A call as its slot header names it.
 fn call_word(kind: OpKind, dtype: DType, redop: RedOp, root: u32) -> u64 {
@@ -329,6 +343,14 @@ impl HostColl {
         let mut st = self.state();
         let last = st.next - 1;
         self.advance(&mut st, last, Some(None)).map(|_| ())
+    }
+
+    /// Tells the other ranks this one will post no more rounds (the first
+    /// reason stays: an aborted communicator is also closed later).
+    pub(crate) fn leave(&self, why: Leaving) {
+        let _ = self
+            .word(self.layout.line(self.me) + LEFT_AT)
+            .compare_exchange(0, why as u64, Ordering::AcqRel, Ordering::Acquire);
     }
 
     /// Fills this rank's slot for a new round and publishes it.
@@ -583,6 +605,22 @@ impl<'a> Watch<'a> {
             self.check_at = now + host_rounds::LIVENESS_EVERY;
             let (r, what) = (self.round, self.what);
             for j in (0..h.layout.n).filter(|&j| missing(j)) {
+                let left = h.word(h.layout.line(j) + LEFT_AT).load(Ordering::Acquire);
+                if left != 0 {
+                    return Err(Error::Remote {
+                        rank: j as u32,
+                        addr: "this host".into(),
+                        what: format!(
+                            "{} before it could {what} round {r} of the host region's \
+                             collectives",
+                            if left == Leaving::Aborted as u64 {
+                                "aborted its communicator"
+                            } else {
+                                "closed its communicator"
+                            }
+                        ),
+                    });
+                }
                 let pid = h
                     .word(h.layout.line(j) + host_rounds::PID_AT)
                     .load(Ordering::Acquire);

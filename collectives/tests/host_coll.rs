@@ -411,3 +411,34 @@ fn nonblocking_calls_complete_in_any_order() {
         }
     });
 }
+
+/// A rank that aborts, or closes its communicator, while the others wait
+/// for it in a call: they stop within a liveness check, naming it, long
+/// before `GW_TIMEOUT`.
+#[test]
+fn the_others_stop_when_a_rank_aborts_or_closes() {
+    for (key, abort) in [("hc-left-abort", true), ("hc-left-close", false)] {
+        let (_store, comms) = world(3, key, |_, cfg| cfg.timeout.set(Duration::from_secs(30)));
+        on_each_rank(comms, key, move |c| {
+            let r = c.rank();
+            if r == 2 {
+                std::thread::sleep(Duration::from_millis(200));
+                if abort {
+                    c.abort();
+                }
+                return Ok(());
+            }
+            let t0 = std::time::Instant::now();
+            let mut x = [1.0f32; 2];
+            let want = if abort { "aborted" } else { "closed" };
+            match c.all_reduce_in_place(&mut x, RedOp::Sum) {
+                Err(Error::Remote { rank: 2, what, .. })
+                    if what.contains(want) && t0.elapsed() < Duration::from_secs(10) =>
+                {
+                    Ok(())
+                }
+                other => Err(format!("rank {r} after {:?}: {other:?}", t0.elapsed())),
+            }
+        });
+    }
+}
