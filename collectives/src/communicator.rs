@@ -800,7 +800,13 @@ impl Communicator {
             && let Some(h) = &self.host_coll
             && h.takes(op.kind, count, kernel.dtype.size())
         {
-            let op = RawOp { redop, ..op };
+            // The root names nothing but in a broadcast and a reduce (the
+            // engine's fingerprint leaves it out elsewhere too).
+            let root = match op.kind {
+                OpKind::Broadcast | OpKind::Reduce => op.root,
+                _ => 0,
+            };
+            let op = RawOp { redop, root, ..op };
             if kick {
                 // SAFETY: forwarded from the caller.
                 let r = unsafe { h.submit(&op, kernel, count) }?;

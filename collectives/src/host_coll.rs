@@ -30,9 +30,13 @@
 //! again only once the last reading no longer covers the round. Every
 //! reader checks the slot's header: a rank in another collective, or the
 //! same with another count, type, operator or root, is a mismatch naming
-//! both calls. A rank that aborts or closes its communicator says so in
-//! its line (`left`), and those waiting for it stop, naming it; one that
-//! dies is found by its pid.
+//! both calls. A rank that reads nothing checks every other rank's header
+//! of the round once it is there, without waiting for it (by that call or
+//! a later one), and its `done` moves past the round only then. A rank
+//! that aborts, closes its communicator or fails a call says so in its
+//! line (`left`), and those waiting for it stop, naming it; one that dies
+//! is found by its pid; both are looked for every 100 ms by whoever waits,
+//! `test` loops included, and `GW_TIMEOUT` runs from the round's post.
 //!
 //! Which calls: all-reduce, reduce-scatter, all-gather, broadcast and
 //! reduce whose slot payload is at most `GW_HOST_COLL_BYTES`, with no
@@ -51,7 +55,7 @@
 //! ```text
 //!    0  magic "GWHOSTC1" u64, ranks u64, payload u64   (the creator's)
 //!   64  line of rank i (64 bytes each): done u64 at 0, pid u64 at 16,
-//!       left u64 at 24 (1: aborted, 2: closed its communicator)
+//!       left u64 at 24 (1: aborted, 2: closed its communicator, 3: failed)
 //!       slots of rank 0 (SLOTS of them), of rank 1, ...: each a 32-byte
 //!       header (round u64: the slot's `posted`, call u64, count u64) and
 //!       `payload` bytes, padded to a cache line
@@ -144,15 +148,27 @@ struct State {
     pending: VecDeque<Posted>,
     /// The error that stopped the rounds.
     failed: Option<Error>,
+    /// When a wait for the oldest unfinished round next asks whether the
+    /// ranks it waits for still run, and polls since the clock was read:
+    /// kept here, so that `test` loops and short timed waits ask too.
+    check_at: Instant,
+    polls: u32,
 }
 
-/// A round this rank posted and has still to read.
+/// A round this rank posted and has still to finish: to read, if it
+/// reads anything, and to check the other ranks' headers against.
 struct Posted {
     round: u64,
     op: RawOp,
     kernel: Kernel,
     count: usize,
     call: u64,
+    /// It reads slots (else its call returned at once: a broadcast's root,
+    /// a reduce's other ranks), and has done so.
+    reads: bool,
+    finished: bool,
+    /// For `GW_TIMEOUT`, which runs from here however the round is waited.
+    posted_at: Instant,
 }
 
 // SAFETY: the region is shared memory reached through atomics and through
@@ -169,6 +185,8 @@ const LEFT_AT: usize = 24;
 pub(crate) enum Leaving {
     Aborted = 1,
     Closed = 2,
+    /// A call of this rank on the region failed (a mismatch, a timeout).
+    Failed = 3,
 }
 
 /// A call as its slot header names it.
@@ -224,6 +242,8 @@ impl Communicator {
                 done_min: 0,
                 pending: VecDeque::new(),
                 failed: None,
+                check_at: Instant::now(),
+                polls: 0,
             }),
         }))
     }
@@ -277,13 +297,18 @@ impl HostColl {
         unsafe { self.region.as_ptr().add(off) }
     }
 
-    /// Fails if the communicator was aborted or an error stopped the rounds.
-    fn usable(&self, st: &State) -> Result<()> {
+    fn not_aborted(&self) -> Result<()> {
         if self.abort.load(Ordering::Acquire) {
             return Err(Error::Aborted(
                 "a collective on the host region: the communicator was aborted".into(),
             ));
         }
+        Ok(())
+    }
+
+    /// Fails if the communicator was aborted or an error stopped the rounds.
+    fn usable(&self, st: &State) -> Result<()> {
+        self.not_aborted()?;
         match &st.failed {
             None => Ok(()),
             Some(e) => Err(Error::InvalidUsage(format!(
@@ -292,9 +317,11 @@ impl HostColl {
         }
     }
 
-    /// Records `e` as what stopped the rounds, and returns it.
-    fn fail(st: &mut State, e: Error) -> Error {
+    /// Records `e` as what stopped the rounds, tells the other ranks (who
+    /// may be waiting for this one), and returns it.
+    fn fail(&self, st: &mut State, e: Error) -> Error {
         st.failed.get_or_insert_with(|| e.clone());
+        self.leave(Leaving::Failed);
         e
     }
 
@@ -326,8 +353,14 @@ impl HostColl {
 
     /// Whether round `r` is complete, reading what has arrived, without
     /// waiting.
+    /// While another thread holds the rounds (waiting in a call), "not
+    /// yet": a test never blocks.
     pub(crate) fn test(&self, r: u64) -> Result<bool> {
-        let mut st = self.state();
+        let mut st = match self.state.try_lock() {
+            Ok(st) => st,
+            Err(std::sync::TryLockError::Poisoned(p)) => p.into_inner(),
+            Err(std::sync::TryLockError::WouldBlock) => return Ok(false),
+        };
         self.advance(&mut st, r, None)
     }
 
@@ -376,7 +409,7 @@ impl HostColl {
                     break;
                 }
                 if let Err(e) = check.pause(|j| !free(j)) {
-                    return Err(Self::fail(st, e));
+                    return Err(self.fail(st, e));
                 }
             }
             st.done_min = (0..n)
@@ -401,69 +434,187 @@ impl HostColl {
                 }
             }
         }
+        if op.kind == OpKind::Broadcast && me == op.root as usize && op.recv.cast_const() != op.send
+        {
+            // SAFETY: the root's send and recv hold `count` elements, and
+            // differ; its call returns without reading anything.
+            unsafe { gw_transport::copy_bytes(op.recv, op.send, count * es) };
+        }
         self.posted(me, r).store(r, Ordering::Release);
         st.next = r + 1;
+        let reads = match op.kind {
+            OpKind::Broadcast => me != op.root as usize,
+            OpKind::Reduce => me == op.root as usize,
+            _ => true,
+        };
         st.pending.push_back(Posted {
             round: r,
             op: *op,
             kernel,
             count,
             call,
+            reads,
+            finished: false,
+            posted_at: Instant::now(),
         });
         Ok(r)
     }
 
-    /// Reads the pending rounds in order up to `r`. `block`: `None` reads
-    /// only what has arrived; `Some(limit)` waits, at most `limit` if
-    /// given. Returns whether round `r` is complete.
+    /// Finishes the pending rounds that can be: reads what rounds up to
+    /// `r` read, and checks every round's headers. A round that reads
+    /// nothing is checked once the others' headers are there, never waited
+    /// for; `done` moves over the finished prefix. `block`: `None` only
+    /// takes what has arrived; `Some(limit)` waits, at most `limit` if
+    /// given. Returns whether round `r` is complete for its caller.
     fn advance(&self, st: &mut State, r: u64, block: Option<Option<Duration>>) -> Result<bool> {
+        let complete = |st: &State| {
+            r < st.next
+                && st
+                    .pending
+                    .iter()
+                    .all(|p| p.round > r || p.finished || !p.reads)
+        };
+        // A round already complete stays so, whatever failed since.
+        if complete(st) && st.pending.front().is_none_or(|p| p.round > r) {
+            return Ok(true);
+        }
         self.usable(st)?;
-        let mut watch: Option<Watch> = None;
-        while let Some(p) = st.pending.front() {
-            if p.round > r {
-                break;
-            }
-            let writes = self.writers(p);
-            match self.arrived(p, &writes) {
-                Ok(true) => {}
-                Ok(false) => {
-                    let Some(limit) = block else {
-                        return Ok(false);
-                    };
-                    let round = p.round;
-                    let w = watch.get_or_insert_with(|| Watch::new(self, round, "reach"));
-                    if limit.is_some_and(|l| w.t0.elapsed() >= l) {
-                        return Ok(false);
-                    }
-                    let posted = |j: usize| self.posted(j, round).load(Ordering::Acquire);
-                    if let Err(e) = w.pause(|j| writes(j) && posted(j) < round) {
-                        return Err(Self::fail(st, e));
-                    }
+        let t0 = Instant::now();
+        loop {
+            for p in st.pending.iter_mut() {
+                if p.finished {
                     continue;
                 }
-                Err(e) => return Err(Self::fail(st, e)),
+                let checks = self.checks(p);
+                match self.arrived(p, &checks) {
+                    Ok(true) => {}
+                    Ok(false) if p.reads && p.round <= r => break,
+                    Ok(false) => continue,
+                    Err(e) => return Err(self.fail(st, e)),
+                }
+                // SAFETY: the slots checked are posted (`arrived`) and stay
+                // until our `done` says we are through with them; the
+                // round's buffers are valid until it completes (`run`'s and
+                // `submit`'s callers).
+                if let Err(e) = unsafe { self.finish(p, &checks) } {
+                    return Err(self.fail(st, e));
+                }
+                p.finished = true;
             }
-            // SAFETY: the round's writers posted it (`arrived`), its slots
-            // stay until our `done` says we read them, and its buffers are
-            // valid until it completes (`run`'s and `submit`'s callers).
-            if let Err(e) = unsafe { self.read(p) } {
-                return Err(Self::fail(st, e));
+            let mut through = None;
+            while st.pending.front().is_some_and(|p| p.finished) {
+                through = st.pending.pop_front().map(|p| p.round);
             }
-            let round = p.round;
-            self.done(self.me).store(round, Ordering::Release);
-            st.pending.pop_front();
-            watch = None;
+            if let Some(round) = through {
+                self.done(self.me).store(round, Ordering::Release);
+            }
+            if complete(st) {
+                return Ok(true);
+            }
+            if let Err(e) = self.watch(st) {
+                return Err(self.fail(st, e));
+            }
+            let Some(limit) = block else {
+                return Ok(false);
+            };
+            if limit.is_some_and(|l| t0.elapsed() >= l) {
+                return Ok(false);
+            }
+            if self.crowded || t0.elapsed() >= host_rounds::SPIN {
+                std::thread::yield_now();
+            } else {
+                std::hint::spin_loop();
+            }
         }
-        Ok(st.pending.front().is_none_or(|p| p.round > r))
     }
 
-    /// Which ranks' slots round `p` reads.
-    fn writers(&self, p: &Posted) -> impl Fn(usize) -> bool + use<> {
-        let (me, root) = (self.me, p.op.root as usize);
-        let kind = p.op.kind;
+    /// While the oldest unfinished round waits: now and then, whether the
+    /// ranks it waits for left or exited, and whether it has waited past
+    /// `GW_TIMEOUT` since it was posted.
+    fn watch(&self, st: &mut State) -> Result<()> {
+        st.polls = st.polls.wrapping_add(1);
+        if !st.polls.is_multiple_of(64) {
+            return Ok(());
+        }
+        self.not_aborted()?;
+        let now = Instant::now();
+        if now < st.check_at {
+            return Ok(());
+        }
+        st.check_at = now + host_rounds::LIVENESS_EVERY;
+        let Some(p) = st.pending.iter().find(|p| !p.finished) else {
+            return Ok(());
+        };
+        let (round, checks) = (p.round, self.checks(p));
+        let missing = |j: usize| checks(j) && self.posted(j, round).load(Ordering::Acquire) < round;
+        self.gone(&missing, round, "reach")?;
+        let waited = now.duration_since(p.posted_at);
+        if waited >= self.timeout {
+            return Err(self.late(&missing, round, "reach", waited));
+        }
+        Ok(())
+    }
+
+    /// A rank `missing` that left or exited, as an error.
+    fn gone(&self, missing: &dyn Fn(usize) -> bool, r: u64, what: &str) -> Result<()> {
+        for j in (0..self.layout.n).filter(|&j| missing(j)) {
+            let left = self
+                .word(self.layout.line(j) + LEFT_AT)
+                .load(Ordering::Acquire);
+            if left != 0 {
+                let why = match left {
+                    1 => "aborted its communicator",
+                    2 => "closed its communicator",
+                    _ => "stopped on an error of its own",
+                };
+                return Err(Error::Remote {
+                    rank: j as u32,
+                    addr: "this host".into(),
+                    what: format!(
+                        "{why} before it could {what} round {r} of the host region's collectives"
+                    ),
+                });
+            }
+            let pid = self
+                .word(self.layout.line(j) + host_rounds::PID_AT)
+                .load(Ordering::Acquire);
+            if let Ok(pid) = u32::try_from(pid)
+                && pid != 0
+                && !process_alive(pid)
+            {
+                return Err(Error::Remote {
+                    rank: j as u32,
+                    addr: "this host".into(),
+                    what: format!(
+                        "exited (pid {pid}) before it could {what} round {r} of the host \
+                         region's collectives"
+                    ),
+                });
+            }
+        }
+        Ok(())
+    }
+
+    /// The timeout of a wait for the ranks `missing`.
+    fn late(&self, missing: &dyn Fn(usize) -> bool, r: u64, what: &str, waited: Duration) -> Error {
+        let missing: Vec<usize> = (0..self.layout.n).filter(|&j| missing(j)).collect();
+        Error::Timeout {
+            secs: waited.as_secs_f64(),
+            what: format!(
+                "in round {r} of the host region's collectives: rank(s) {missing:?} did not \
+                 {what} it (GW_TIMEOUT); a rank may be in another collective, or in one larger \
+                 than GW_HOST_COLL_BYTES"
+            ),
+        }
+    }
+
+    /// The ranks whose slots round `p` checks: those it reads, or, where
+    /// it reads none, every other rank (each posts a header every round).
+    fn checks(&self, p: &Posted) -> impl Fn(usize) -> bool + use<> {
+        let (me, root, kind, reads) = (self.me, p.op.root as usize, p.op.kind, p.reads);
         move |j: usize| match kind {
-            OpKind::Broadcast => me != root && j == root,
-            OpKind::Reduce => me == root,
+            _ if !reads => j != me,
+            OpKind::Broadcast => j == root,
             _ => true,
         }
     }
@@ -488,14 +639,14 @@ impl HostColl {
         Ok(all)
     }
 
-    /// Checks the slots of round `p` name the same call, then reads them.
+    /// Checks that the slots of round `p` name the same call, then reads
+    /// what it reads.
     ///
     /// # Safety
     /// As in [`HostColl::advance`].
-    unsafe fn read(&self, p: &Posted) -> Result<()> {
+    unsafe fn finish(&self, p: &Posted, checks: &impl Fn(usize) -> bool) -> Result<()> {
         let (n, me, r) = (self.layout.n, self.me, p.round);
-        let writes = self.writers(p);
-        for j in (0..n).filter(|&j| writes(j)) {
+        for j in (0..n).filter(|&j| checks(j)) {
             let slot = self.layout.slot(j, r);
             let seen = (
                 self.word(slot + 8).load(Ordering::Relaxed),
@@ -519,11 +670,8 @@ impl HostColl {
         // `done`; `recv` is valid for the kind's layout and outside the
         // region; `reduce` allows `dst` equal to `a`.
         match op.kind {
-            OpKind::Broadcast if me == root => {
-                if op.recv.cast_const() != op.send {
-                    unsafe { gw_transport::copy_bytes(op.recv, op.send, count * es) };
-                }
-            }
+            // Its own copy was made when it posted.
+            OpKind::Broadcast if me == root => {}
             OpKind::Broadcast => unsafe {
                 gw_transport::copy_bytes(op.recv, payload(root), count * es)
             },
@@ -594,60 +742,14 @@ impl<'a> Watch<'a> {
         if !self.polls.is_multiple_of(64) {
             return Ok(());
         }
-        if h.abort.load(Ordering::Acquire) {
-            return Err(Error::Aborted(
-                "a collective on the host region: the communicator was aborted".into(),
-            ));
-        }
+        h.not_aborted()?;
         let now = Instant::now();
         let waited = now.duration_since(self.t0);
         if now >= self.check_at {
             self.check_at = now + host_rounds::LIVENESS_EVERY;
-            let (r, what) = (self.round, self.what);
-            for j in (0..h.layout.n).filter(|&j| missing(j)) {
-                let left = h.word(h.layout.line(j) + LEFT_AT).load(Ordering::Acquire);
-                if left != 0 {
-                    return Err(Error::Remote {
-                        rank: j as u32,
-                        addr: "this host".into(),
-                        what: format!(
-                            "{} before it could {what} round {r} of the host region's \
-                             collectives",
-                            if left == Leaving::Aborted as u64 {
-                                "aborted its communicator"
-                            } else {
-                                "closed its communicator"
-                            }
-                        ),
-                    });
-                }
-                let pid = h
-                    .word(h.layout.line(j) + host_rounds::PID_AT)
-                    .load(Ordering::Acquire);
-                if let Ok(pid) = u32::try_from(pid)
-                    && pid != 0
-                    && !process_alive(pid)
-                {
-                    return Err(Error::Remote {
-                        rank: j as u32,
-                        addr: "this host".into(),
-                        what: format!(
-                            "exited (pid {pid}) before it could {what} round {r} of the host \
-                             region's collectives"
-                        ),
-                    });
-                }
-            }
+            h.gone(&missing, self.round, self.what)?;
             if waited >= h.timeout {
-                let missing: Vec<usize> = (0..h.layout.n).filter(|&j| missing(j)).collect();
-                return Err(Error::Timeout {
-                    secs: waited.as_secs_f64(),
-                    what: format!(
-                        "in round {r} of the host region's collectives: rank(s) {missing:?} \
-                         did not {what} it (GW_TIMEOUT); a rank may be in another collective, \
-                         or in one larger than GW_HOST_COLL_BYTES"
-                    ),
-                });
+                return Err(h.late(&missing, self.round, self.what, waited));
             }
         }
         if waited >= host_rounds::SPIN && !h.crowded {

@@ -37,9 +37,11 @@ struct Call {
     count: usize,
     root: u32,
     weighted: bool,
-    /// Submitted without blocking, waited for (or, now and then, tested
-    /// until done) right away.
+    /// Submitted without blocking, then waited for, or tested until done,
+    /// right away.
     nonblocking: bool,
+    /// Blocking on even ranks, non-blocking on odd ones (or the reverse).
+    mixed: bool,
 }
 
 fn random_call(rng: &mut rand::rngs::StdRng, n: u32) -> Call {
@@ -85,7 +87,8 @@ fn random_call(rng: &mut rand::rngs::StdRng, n: u32) -> Call {
             && op == RedOp::Sum
             && dtype != DType::I32
             && rng.random_bool(0.2),
-        nonblocking: rng.random_bool(0.1),
+        nonblocking: rng.random_bool(0.15),
+        mixed: rng.random_bool(0.1),
     }
 }
 
@@ -119,10 +122,18 @@ fn run_call(c: &Communicator, call: &Call, k: usize) -> Result<(), String> {
     // SAFETY: both buffers are sized by the layout table and outlive the
     // call (the non-blocking one is waited for before they go).
     unsafe {
-        if call.nonblocking {
-            c.submit_raw(op, None)
-                .and_then(|h| h.wait())
-                .map_err(what)?;
+        if call.nonblocking ^ (call.mixed && r % 2 == 1) {
+            let h = c.submit_raw(op, None).map_err(what)?;
+            if k.is_multiple_of(2) {
+                h.wait().map_err(what)?;
+            } else {
+                loop {
+                    match h.test() {
+                        Some(res) => break res.map_err(what)?,
+                        None => std::thread::yield_now(),
+                    }
+                }
+            }
         } else {
             c.run_raw(op, None).map_err(what)?;
         }
@@ -441,4 +452,101 @@ fn the_others_stop_when_a_rank_aborts_or_closes() {
             }
         });
     }
+}
+
+/// Calls that read nothing on some rank (a broadcast's root, a reduce's
+/// other ranks) return at once, and are checked against the others'
+/// headers when they are there: two ranks that each think they are a
+/// broadcast's root, or a broadcast's root against a reduce's other rank,
+/// fail at that call or the next. A call finished before that keeps its result. A root given to an
+/// all-reduce (which has none) is ignored, as on the engine.
+#[test]
+fn calls_that_read_nothing_are_checked_by_the_next_call() {
+    for (key, second_is_reduce) in [("hc-two-roots", false), ("hc-bcast-reduce", true)] {
+        let (_store, comms) = world(2, key, |_, _| {});
+        on_each_rank(comms, key, move |c| {
+            let r = c.rank();
+            let mut ok = [f64::from(r); 2];
+            let op = RawOp {
+                kind: OpKind::AllReduce,
+                dtype: DType::F64,
+                redop: RedOp::Sum,
+                count: 2,
+                root: r,
+                send: ok.as_ptr().cast(),
+                recv: ok.as_mut_ptr().cast(),
+                weight: None,
+            };
+            // SAFETY: `ok` outlives the handle, waited for below.
+            let first = unsafe { c.submit_raw(op, None) }.map_err(|e| e.to_string())?;
+            first
+                .wait()
+                .map_err(|e| format!("rank {r}: all-reduce with a root: {e}"))?;
+            if ok != [1.0; 2] {
+                return Err(format!("rank {r}: {ok:?}"));
+            }
+            let mut b = [r as u8; 4];
+            let res = if second_is_reduce && r == 1 {
+                let send = b;
+                c.reduce(&send, &mut b, RedOp::Sum, 0)
+            } else {
+                c.broadcast(&mut b, if second_is_reduce { 0 } else { r })
+            };
+            // Found by that call if the peer's header was there already,
+            // else by the next.
+            if res.is_ok() {
+                let mut x = [1u8];
+                match c.all_reduce_in_place(&mut x, RedOp::Max) {
+                    Err(Error::Mismatch { .. }) | Err(Error::Remote { .. }) => {}
+                    other => return Err(format!("rank {r}: the next call gave {other:?}")),
+                }
+            } else if !matches!(res, Err(Error::Mismatch { .. })) {
+                return Err(format!(
+                    "rank {r}: the call that reads nothing gave {res:?}"
+                ));
+            }
+            match first.wait() {
+                Ok(()) => Ok(()),
+                Err(e) => Err(format!("rank {r}: a finished call now says {e}")),
+            }
+        });
+    }
+}
+
+/// A rank polling `test` on a non-blocking call finds that the rank it
+/// waits for closed its communicator.
+#[test]
+fn a_test_loop_finds_a_rank_that_left() {
+    let (_store, comms) = world(2, "hc-test-left", |_, cfg| {
+        cfg.timeout.set(Duration::from_secs(30))
+    });
+    on_each_rank(comms, "hc-test-left", |c| {
+        if c.rank() == 0 {
+            std::thread::sleep(Duration::from_millis(100));
+            return Ok(());
+        }
+        let mut x = [1.0f64; 2];
+        let op = RawOp {
+            kind: OpKind::AllReduce,
+            dtype: DType::F64,
+            redop: RedOp::Sum,
+            count: 2,
+            root: 0,
+            send: x.as_ptr().cast(),
+            recv: x.as_mut_ptr().cast(),
+            weight: None,
+        };
+        // SAFETY: `x` outlives the handle.
+        let h = unsafe { c.submit_raw(op, None) }.map_err(|e| e.to_string())?;
+        let t0 = std::time::Instant::now();
+        loop {
+            match h.test() {
+                None if t0.elapsed() < Duration::from_secs(10) => std::thread::yield_now(),
+                Some(Err(Error::Remote { rank: 0, what, .. })) if what.contains("closed") => {
+                    return Ok(());
+                }
+                other => return Err(format!("after {:?}: {other:?}", t0.elapsed())),
+            }
+        }
+    });
 }
