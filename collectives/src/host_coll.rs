@@ -80,6 +80,11 @@ pub const DEFAULT_MAX_BYTES: usize = 2 << 10;
 /// Slots per rank: how many rounds a broadcast's root may run ahead.
 pub(crate) const SLOTS: u64 = 16;
 
+/// Rounds that read nothing left unchecked before a call checks them (see
+/// [`HostColl::advance_checking`]); well under [`SLOTS`], so that this
+/// rank's `done` never holds the others back.
+const LAZY_CHECKS: usize = 8;
+
 const MAGIC: u64 = u64::from_le_bytes(*b"GWHOSTC1");
 /// A slot's header: round, call and count words. A payload of up to 32
 /// bytes shares its cache line, so a reader of a small call takes one line
@@ -167,8 +172,10 @@ struct Posted {
     /// a reduce's other ranks), and has done so.
     reads: bool,
     finished: bool,
-    /// For `GW_TIMEOUT`, which runs from here however the round is waited.
-    posted_at: Instant,
+    /// When a wait first found the round missing someone: `GW_TIMEOUT` runs
+    /// from there however the round is waited for (set then, not at post:
+    /// a clock read per call is a tenth of an 8-byte call on this VM).
+    waited_since: Option<Instant>,
 }
 
 // SAFETY: the region is shared memory reached through atomics and through
@@ -375,7 +382,8 @@ impl HostColl {
     pub(crate) fn finish_all(&self) -> Result<()> {
         let mut st = self.state();
         let last = st.next - 1;
-        self.advance(&mut st, last, Some(None)).map(|_| ())
+        self.advance_checking(&mut st, last, Some(None), true)
+            .map(|_| ())
     }
 
     /// Tells the other ranks this one will post no more rounds (the first
@@ -403,7 +411,7 @@ impl HostColl {
             let mut check = Watch::new(self, r, "finish the round its slot last held");
             loop {
                 if let Some(oldest) = st.pending.front().map(|p| p.round) {
-                    self.advance(st, oldest, None)?;
+                    self.advance_checking(st, oldest, None, true)?;
                 }
                 if (0..n).all(free) {
                     break;
@@ -455,7 +463,7 @@ impl HostColl {
             call,
             reads,
             finished: false,
-            posted_at: Instant::now(),
+            waited_since: None,
         });
         Ok(r)
     }
@@ -467,6 +475,22 @@ impl HostColl {
     /// takes what has arrived; `Some(limit)` waits, at most `limit` if
     /// given. Returns whether round `r` is complete for its caller.
     fn advance(&self, st: &mut State, r: u64, block: Option<Option<Duration>>) -> Result<bool> {
+        self.advance_checking(st, r, block, false)
+    }
+
+    /// [`HostColl::advance`]; `eager`: check the rounds that read nothing
+    /// now. Otherwise a call that itself reads nothing (a broadcast's
+    /// root, a reduce's other ranks) leaves them until [`LAZY_CHECKS`]
+    /// wait: checking one reads the other ranks' header lines while they
+    /// still write them, and in a batch, later, the calls do not pay for
+    /// that.
+    fn advance_checking(
+        &self,
+        st: &mut State,
+        r: u64,
+        block: Option<Option<Duration>>,
+        eager: bool,
+    ) -> Result<bool> {
         let complete = |st: &State| {
             r < st.next
                 && st
@@ -479,10 +503,19 @@ impl HostColl {
             return Ok(true);
         }
         self.usable(st)?;
-        let t0 = Instant::now();
+        // Deferred only by calls that read nothing themselves: one that
+        // reads waits for the others anyway, and checks what is pending.
+        let defer = !eager
+            && st.pending.len() < LAZY_CHECKS
+            && st
+                .pending
+                .iter()
+                .all(|p| p.round > r || !p.reads || p.finished);
+        let mut t0: Option<Instant> = None;
+        let mut polls = 0u32;
         loop {
             for p in st.pending.iter_mut() {
-                if p.finished {
+                if p.finished || (defer && !p.reads) {
                     continue;
                 }
                 let checks = self.checks(p);
@@ -517,13 +550,20 @@ impl HostColl {
             let Some(limit) = block else {
                 return Ok(false);
             };
-            if limit.is_some_and(|l| t0.elapsed() >= l) {
-                return Ok(false);
-            }
-            if self.crowded || t0.elapsed() >= host_rounds::SPIN {
+            polls = polls.wrapping_add(1);
+            if self.crowded {
                 std::thread::yield_now();
             } else {
                 std::hint::spin_loop();
+            }
+            if polls.is_multiple_of(64) {
+                let waited = t0.get_or_insert_with(Instant::now).elapsed();
+                if limit.is_some_and(|l| waited >= l) {
+                    return Ok(false);
+                }
+                if waited >= host_rounds::SPIN && !self.crowded {
+                    std::thread::yield_now();
+                }
             }
         }
     }
@@ -542,13 +582,23 @@ impl HostColl {
             return Ok(());
         }
         st.check_at = now + host_rounds::LIVENESS_EVERY;
-        let Some(p) = st.pending.iter().find(|p| !p.finished) else {
+        // The oldest round still missing someone's post.
+        let missing_in = |p: &Posted| {
+            let (round, checks) = (p.round, self.checks(p));
+            move |j: usize| checks(j) && self.posted(j, round).load(Ordering::Acquire) < round
+        };
+        let n = self.layout.n;
+        let Some(p) = st
+            .pending
+            .iter_mut()
+            .find(|p| !p.finished && (0..n).any(missing_in(p)))
+        else {
             return Ok(());
         };
-        let (round, checks) = (p.round, self.checks(p));
-        let missing = |j: usize| checks(j) && self.posted(j, round).load(Ordering::Acquire) < round;
+        let since = *p.waited_since.get_or_insert(now);
+        let (round, missing) = (p.round, missing_in(p));
         self.gone(&missing, round, "reach")?;
-        let waited = now.duration_since(p.posted_at);
+        let waited = now.duration_since(since);
         if waited >= self.timeout {
             return Err(self.late(&missing, round, "reach", waited));
         }
