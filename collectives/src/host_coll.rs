@@ -65,7 +65,7 @@ use crate::communicator::{Communicator, RawOp};
 use crate::host_rounds::{self, Vote};
 use crate::op::{DType, OpKind, RedOp};
 use crate::reduce::Kernel;
-use gw_transport::shm::{HostRegion, process_alive};
+use gw_transport::shm::HostRegion;
 use gw_transport::{Error, Result};
 use std::collections::VecDeque;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -625,13 +625,7 @@ impl HostColl {
                     ),
                 });
             }
-            let pid = self
-                .word(self.layout.line(j) + host_rounds::PID_AT)
-                .load(Ordering::Acquire);
-            if let Ok(pid) = u32::try_from(pid)
-                && pid != 0
-                && !process_alive(pid)
-            {
+            if let Some(pid) = host_rounds::exited(&self.region, self.layout.line(0), j) {
                 return Err(Error::Remote {
                     rank: j as u32,
                     addr: "this host".into(),

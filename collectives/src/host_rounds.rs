@@ -316,6 +316,15 @@ fn line(r: &HostRegion, layout: Layout, rank: usize) -> (&AtomicU64, &AtomicU64)
     (word(r, at), word(r, at + PID_AT))
 }
 
+/// The pid rank `rank` wrote in its line (lines from `lines`), if its
+/// process has exited. A pid that is 0 or does not fit is unknown: alive.
+pub(crate) fn exited(r: &HostRegion, lines: usize, rank: usize) -> Option<u32> {
+    let pid = word(r, lines + rank * LINE + PID_AT).load(Ordering::Acquire);
+    u32::try_from(pid)
+        .ok()
+        .filter(|&pid| pid != 0 && !process_alive(pid))
+}
+
 /// The 8-byte word at `off` of a host region, shared by every rank.
 pub(crate) fn word(r: &HostRegion, off: usize) -> &AtomicU64 {
     assert!(off.is_multiple_of(8) && off + 8 <= r.len());
@@ -473,11 +482,7 @@ impl HostRounds {
         let r = st.next;
         let round_of = |j: usize| line(&self.region, self.layout, j).0.load(Ordering::Acquire);
         for j in (0..self.layout.n).filter(|&j| round_of(j) < r) {
-            let pid = line(&self.region, self.layout, j).1.load(Ordering::Acquire);
-            if let Ok(pid) = u32::try_from(pid)
-                && pid != 0
-                && !process_alive(pid)
-            {
+            if let Some(pid) = exited(&self.region, self.layout.line(0), j) {
                 let e = Error::Remote {
                     rank: j as u32,
                     addr: "this host".into(),
