@@ -28,10 +28,11 @@ use crate::op::{DType, Fingerprint, OpKind, P2P_SEQ, RedOp};
 use crate::reduce::Kernel;
 use gw_rendezvous::launch_env::fnv1a;
 use gw_rendezvous::{LaunchEnv, StoreClient, StoreServer};
+use gw_transport::shm::HostRegion;
 use gw_transport::{Error, Rank, Result};
 use std::fmt::Write as _;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, Weak};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
@@ -274,6 +275,10 @@ pub struct Communicator {
     /// Small blocking collectives' host region, where every rank has one
     /// (`host_coll.rs`).
     host_coll: Option<Arc<HostColl>>,
+    /// The host regions of this rank's live persistent host rounds
+    /// (`host_rounds.rs`), with where this rank's `left` word sits in each:
+    /// an abort or a close is told there too.
+    pub(crate) host_round_lines: Mutex<Vec<(Weak<HostRegion>, usize)>>,
     /// Per rank: whether the transport reaching it has one-sided reads.
     pub(crate) reads: Vec<bool>,
     hostnames: Vec<String>,
@@ -410,6 +415,7 @@ impl Communicator {
             routes: routes.names,
             shm_secret: met.shm_secret,
             host_coll: None,
+            host_round_lines: Mutex::new(Vec::new()),
             reads,
             hostnames: routes.hostnames,
             store: Mutex::new(met.store),
@@ -445,6 +451,16 @@ impl Communicator {
     /// The job's secret that names its shared-memory files.
     pub(crate) fn shm_secret(&self) -> &str {
         &self.shm_secret
+    }
+
+    /// Whether `kind` of `count` elements of `dtype` (per rank, as the
+    /// call's own count), with no algorithm asked for, runs through the
+    /// host region of small collectives (`host_coll.rs`) instead of the
+    /// engine, whose cost model then does not describe it.
+    pub fn takes_host_region(&self, kind: OpKind, count: usize, dtype: DType) -> bool {
+        self.host_coll
+            .as_ref()
+            .is_some_and(|h| h.takes(kind, count, dtype.size()))
     }
 
     /// Rounds run so far on the host region of small blocking collectives
@@ -524,6 +540,7 @@ impl Communicator {
         if let Some(h) = &self.host_coll {
             h.leave(Leaving::Aborted);
         }
+        self.tell_host_rounds(Leaving::Aborted);
         self.driver.kick();
     }
 
@@ -1611,6 +1628,7 @@ impl Drop for Communicator {
             let _ = h.finish_all();
             h.leave(Leaving::Closed);
         }
+        self.tell_host_rounds(Leaving::Closed);
         let _ = self.tx.send(Msg::Shutdown);
         self.driver.kick();
         if let Some(t) = self.thread.take() {

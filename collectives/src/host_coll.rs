@@ -38,13 +38,16 @@
 //! is found by its pid; both are looked for every 100 ms by whoever waits,
 //! `test` loops included, and `GW_TIMEOUT` runs from the round's post.
 //!
-//! Which calls: all-reduce, reduce-scatter, all-gather, broadcast and
-//! reduce whose slot payload is at most `GW_HOST_COLL_BYTES`, with no
+//! Which calls: barriers (a header, no payload), and all-reduce,
+//! reduce-scatter, all-gather, broadcast and reduce whose slot payload is
+//! at most `GW_HOST_COLL_BYTES`, with no
 //! algorithm asked for, where every rank shares one host over shared
 //! memory. A blocking call posts and reads at once. A non-blocking one
-//! posts at once (reading, while it waits for a slot, this rank's own
-//! earlier rounds) and is read when its handle is tested or waited for;
-//! rounds are read in order, so a wait also completes every earlier round,
+//! posts at once where its slot is free, else is queued and posted, in
+//! order, by the next call, test or wait that finds the slot free (it never
+//! waits: MPI's non-blocking collectives return at once); it is read when
+//! its handle is tested or waited for. Rounds are posted and read in
+//! order, so a wait also completes every earlier round,
 //! and a handle dropped unwaited is completed by the next call that needs
 //! its turn, or when the communicator goes. So blocking and non-blocking
 //! calls still match each other, as they do on the engine. A call on the
@@ -142,8 +145,13 @@ pub(crate) struct HostColl {
 
 /// Where this rank's rounds stand.
 struct State {
-    /// The round the next call posts.
+    /// The round the next call is given.
     next: u64,
+    /// Non-blocking calls given rounds `next − unposted.len() .. next` and
+    /// not yet posted, oldest first: their slot still held a round some
+    /// rank had not finished, and a non-blocking call never waits (see
+    /// [`HostColl::submit`]). Posted, in order, before any later round.
+    unposted: VecDeque<Unposted>,
     /// Every rank's `done` was at least this when last read: slots of
     /// rounds up to this plus [`SLOTS`] are free without reading again.
     done_min: u64,
@@ -158,6 +166,13 @@ struct State {
     /// kept here, so that `test` loops and short timed waits ask too.
     check_at: Instant,
     polls: u32,
+}
+
+/// A non-blocking call waiting for its slot.
+struct Unposted {
+    op: RawOp,
+    kernel: Kernel,
+    count: usize,
 }
 
 /// A round this rank posted and has still to finish: to read, if it
@@ -184,9 +199,6 @@ unsafe impl Send for HostColl {}
 // SAFETY: as above; the rounds' state is behind a mutex.
 unsafe impl Sync for HostColl {}
 
-/// Where a rank's `left` word sits in its line.
-const LEFT_AT: usize = 24;
-
 /// Why a rank left the region: its peers waiting for it stop at once.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) enum Leaving {
@@ -194,6 +206,8 @@ pub(crate) enum Leaving {
     Closed = 2,
     /// A call of this rank on the region failed (a mismatch, a timeout).
     Failed = 3,
+    /// Its persistent request was freed (host rounds only).
+    Freed = 4,
 }
 
 /// A call as its slot header names it.
@@ -246,6 +260,7 @@ impl Communicator {
             abort: self.abort_flag(),
             state: Mutex::new(State {
                 next: 1,
+                unposted: VecDeque::new(),
                 done_min: 0,
                 pending: VecDeque::new(),
                 failed: None,
@@ -263,6 +278,8 @@ impl HostColl {
         let elems = match kind {
             OpKind::ReduceScatter => count.checked_mul(n)?,
             OpKind::AllReduce | OpKind::AllGather | OpKind::Broadcast | OpKind::Reduce => count,
+            // A header and nothing else: every rank reads every other's.
+            OpKind::Barrier => 0,
             _ => return None,
         };
         elems.checked_mul(es)
@@ -271,12 +288,12 @@ impl HostColl {
     /// Whether `kind` of `count` elements of `es` bytes runs here (the same
     /// answer on every rank for the same call).
     pub(crate) fn takes(&self, kind: OpKind, count: usize, es: usize) -> bool {
-        count > 0
+        (count > 0 || kind == OpKind::Barrier)
             && Self::payload(kind, count, es, self.layout.n)
                 .is_some_and(|b| b <= self.layout.payload)
     }
 
-    /// Rounds posted so far; `None` once an error stopped them.
+    /// Rounds given to calls so far; `None` once an error stopped them.
     pub(crate) fn rounds(&self) -> Option<u64> {
         let st = self.state();
         st.failed.is_none().then(|| st.next - 1)
@@ -340,22 +357,48 @@ impl HostColl {
     /// the layout of its kind and count until this returns.
     pub(crate) unsafe fn run(&self, op: &RawOp, kernel: Kernel, count: usize) -> Result<u64> {
         let mut st = self.state();
+        self.usable(&st)?;
+        // Earlier non-blocking calls take their rounds first.
+        self.post_unposted(&mut st, u64::MAX, Some(None))?;
+        let r = st.next;
+        self.slot_free(&mut st, r, Some(None))?;
         // SAFETY: forwarded from the caller.
-        let r = unsafe { self.post(&mut st, op, kernel, count) }?;
+        unsafe { self.post(&mut st, r, op, kernel, count) };
+        st.next = r + 1;
         self.advance(&mut st, r, Some(None))?;
         Ok(r)
     }
 
-    /// Posts an eligible non-blocking call and returns its round, which
-    /// [`HostColl::test`] and [`HostColl::wait`] then complete.
+    /// Gives an eligible non-blocking call its round and returns it;
+    /// [`HostColl::test`] and [`HostColl::wait`] then complete it.
+    ///
+    /// Posted now if its slot is free; if not (a rank, maybe this one, has
+    /// yet to finish the round the slot last held), posted by a later
+    /// call, test or wait. Waiting here could deadlock a correct program:
+    /// a rank [`SLOTS`] calls ahead that then waits for a message the
+    /// laggard sends only before its own calls (MPI's non-blocking
+    /// collectives return at once, and so do the engine's).
     ///
     /// # Safety
     /// As for [`Communicator::submit_raw`]: the buffers of `op` stay valid
-    /// until the round completes.
+    /// until the round completes (its send buffer is read when posted).
     pub(crate) unsafe fn submit(&self, op: &RawOp, kernel: Kernel, count: usize) -> Result<u64> {
         let mut st = self.state();
-        // SAFETY: forwarded from the caller.
-        unsafe { self.post(&mut st, op, kernel, count) }
+        self.usable(&st)?;
+        let r = st.next;
+        let posted_before = self.post_unposted(&mut st, u64::MAX, None)?;
+        if posted_before && self.slot_free(&mut st, r, None)? {
+            // SAFETY: forwarded from the caller.
+            unsafe { self.post(&mut st, r, op, kernel, count) };
+        } else {
+            st.unposted.push_back(Unposted {
+                op: *op,
+                kernel,
+                count,
+            });
+        }
+        st.next = r + 1;
+        Ok(r)
     }
 
     /// Whether round `r` is complete, reading what has arrived, without
@@ -368,6 +411,9 @@ impl HostColl {
             Err(std::sync::TryLockError::Poisoned(p)) => p.into_inner(),
             Err(std::sync::TryLockError::WouldBlock) => return Ok(false),
         };
+        if !self.post_unposted(&mut st, r, None)? {
+            return Ok(false);
+        }
         self.advance(&mut st, r, None)
     }
 
@@ -375,13 +421,19 @@ impl HostColl {
     /// (`Ok(false)` then).
     pub(crate) fn wait(&self, r: u64, limit: Option<Duration>) -> Result<bool> {
         let mut st = self.state();
-        self.advance(&mut st, r, Some(limit))
+        let t0 = limit.map(|_| Instant::now());
+        if !self.post_unposted(&mut st, r, Some(limit))? {
+            return Ok(false);
+        }
+        let left = limit.map(|l| l.saturating_sub(t0.map_or(Duration::ZERO, |t| t.elapsed())));
+        self.advance(&mut st, r, Some(left))
     }
 
     /// Completes every round posted so far (a communicator going away).
     pub(crate) fn finish_all(&self) -> Result<()> {
         let mut st = self.state();
         let last = st.next - 1;
+        self.post_unposted(&mut st, last, Some(None))?;
         self.advance_checking(&mut st, last, Some(None), true)
             .map(|_| ())
     }
@@ -389,42 +441,97 @@ impl HostColl {
     /// Tells the other ranks this one will post no more rounds (the first
     /// reason stays: an aborted communicator is also closed later).
     pub(crate) fn leave(&self, why: Leaving) {
-        let _ = self
-            .word(self.layout.line(self.me) + LEFT_AT)
-            .compare_exchange(0, why as u64, Ordering::AcqRel, Ordering::Acquire);
+        host_rounds::say_left(
+            &self.region,
+            self.layout.line(self.me) + host_rounds::LEFT_AT,
+            why,
+        );
     }
 
-    /// Fills this rank's slot for a new round and publishes it.
+    /// The first round given to a call and not yet posted.
+    fn first_unposted(st: &State) -> u64 {
+        st.next - st.unposted.len() as u64
+    }
+
+    /// Posts the unposted calls, oldest first, up to round `upto`. `block`
+    /// as in [`HostColl::advance`]: `None` posts those whose slots are
+    /// free now. Returns whether every round up to `upto` is posted.
+    fn post_unposted(
+        &self,
+        st: &mut State,
+        upto: u64,
+        block: Option<Option<Duration>>,
+    ) -> Result<bool> {
+        if st.unposted.is_empty() {
+            // Every blocking call comes here: no clock read.
+            return Ok(true);
+        }
+        let t0 = Instant::now();
+        loop {
+            let r = Self::first_unposted(st);
+            if r > upto || st.unposted.is_empty() {
+                return Ok(true);
+            }
+            let left = block.map(|l| l.map(|l| l.saturating_sub(t0.elapsed())));
+            if !self.slot_free(st, r, left)? {
+                return Ok(false);
+            }
+            let Some(u) = st.unposted.pop_front() else {
+                return Ok(true);
+            };
+            // SAFETY: the buffers of a submitted call stay valid until it
+            // completes (`submit`'s caller), and it has not.
+            unsafe { self.post(st, r, &u.op, u.kernel, u.count) };
+        }
+    }
+
+    /// Whether this rank's slot of round `r` is free: it last held round
+    /// `r − SLOTS`, which every rank (this one too: its own pending rounds
+    /// are read meanwhile) must have finished. `block` as in
+    /// [`HostColl::advance`]. The `done` words are read only when what was
+    /// seen last does not say so: each read moves their lines here.
+    fn slot_free(&self, st: &mut State, r: u64, block: Option<Option<Duration>>) -> Result<bool> {
+        if r <= st.done_min + SLOTS {
+            return Ok(true);
+        }
+        let n = self.layout.n;
+        let free = |j: usize| self.done(j).load(Ordering::Acquire).saturating_add(SLOTS) >= r;
+        // The wait's clock starts only if the first look finds no slot.
+        let mut check = None;
+        loop {
+            if let Some(oldest) = st.pending.front().map(|p| p.round) {
+                self.advance_checking(st, oldest, None, true)?;
+            }
+            if (0..n).all(free) {
+                break;
+            }
+            let Some(limit) = block else {
+                return Ok(false);
+            };
+            let check = check.get_or_insert_with(|| Watch::new(self, r, "free the slot for"));
+            if limit.is_some_and(|l| check.t0.elapsed() >= l) {
+                return Ok(false);
+            }
+            if let Err(e) = check.pause(|j| !free(j)) {
+                return Err(self.fail(st, e));
+            }
+        }
+        st.done_min = (0..n)
+            .map(|j| self.done(j).load(Ordering::Acquire))
+            .min()
+            .unwrap_or(0);
+        Ok(true)
+    }
+
+    /// Fills this rank's slot of round `r`, whose slot is free
+    /// ([`HostColl::slot_free`]) and before which every round is posted,
+    /// and publishes it.
     ///
     /// # Safety
     /// `op`'s send buffer is valid for its kind's layout.
-    unsafe fn post(&self, st: &mut State, op: &RawOp, kernel: Kernel, count: usize) -> Result<u64> {
-        self.usable(st)?;
-        let (n, me, r) = (self.layout.n, self.me, st.next);
+    unsafe fn post(&self, st: &mut State, r: u64, op: &RawOp, kernel: Kernel, count: usize) {
+        let (n, me) = (self.layout.n, self.me);
         let es = kernel.dtype.size();
-        // Our slot of round r last held round r − SLOTS: free once every
-        // rank is done with that (this one too: its own pending rounds are
-        // read meanwhile). Read the `done` words only when what we saw
-        // last does not say so: each read moves their lines here.
-        if r > st.done_min + SLOTS {
-            let free = |j: usize| self.done(j).load(Ordering::Acquire).saturating_add(SLOTS) >= r;
-            let mut check = Watch::new(self, r, "finish the round its slot last held");
-            loop {
-                if let Some(oldest) = st.pending.front().map(|p| p.round) {
-                    self.advance_checking(st, oldest, None, true)?;
-                }
-                if (0..n).all(free) {
-                    break;
-                }
-                if let Err(e) = check.pause(|j| !free(j)) {
-                    return Err(self.fail(st, e));
-                }
-            }
-            st.done_min = (0..n)
-                .map(|j| self.done(j).load(Ordering::Acquire))
-                .min()
-                .unwrap_or(0);
-        }
         let call = call_word(op.kind, kernel.dtype, op.redop, op.root);
         let mine = self.layout.slot(me, r);
         self.word(mine + 8).store(call, Ordering::Relaxed);
@@ -434,9 +541,11 @@ impl HostColl {
             let dst = self.at(mine + SLOT_HEADER);
             // SAFETY: the slot holds `payload >= bytes` (`takes`), nobody
             // reads it before its round word says so, and `send` is valid
-            // for `bytes` (the layout table).
+            // for `bytes` (the layout table; a barrier's, maybe null, is
+            // not read).
             unsafe {
                 match op.weight {
+                    _ if bytes == 0 => {}
                     Some(w) => kernel.copy(dst, op.send, Some(w), bytes / es, false),
                     None => gw_transport::copy_bytes(dst, op.send, bytes),
                 }
@@ -449,7 +558,6 @@ impl HostColl {
             unsafe { gw_transport::copy_bytes(op.recv, op.send, count * es) };
         }
         self.posted(me, r).store(r, Ordering::Release);
-        st.next = r + 1;
         let reads = match op.kind {
             OpKind::Broadcast => me != op.root as usize,
             OpKind::Reduce => me == op.root as usize,
@@ -465,7 +573,6 @@ impl HostColl {
             finished: false,
             waited_since: None,
         });
-        Ok(r)
     }
 
     /// Finishes the pending rounds that can be: reads what rounds up to
@@ -492,7 +599,7 @@ impl HostColl {
         eager: bool,
     ) -> Result<bool> {
         let complete = |st: &State| {
-            r < st.next
+            r < Self::first_unposted(st)
                 && st
                     .pending
                     .iter()
@@ -608,15 +715,7 @@ impl HostColl {
     /// A rank `missing` that left or exited, as an error.
     fn gone(&self, missing: &dyn Fn(usize) -> bool, r: u64, what: &str) -> Result<()> {
         for j in (0..self.layout.n).filter(|&j| missing(j)) {
-            let left = self
-                .word(self.layout.line(j) + LEFT_AT)
-                .load(Ordering::Acquire);
-            if left != 0 {
-                let why = match left {
-                    1 => "aborted its communicator",
-                    2 => "closed its communicator",
-                    _ => "stopped on an error of its own",
-                };
+            if let Some(why) = host_rounds::why_left(&self.region, self.layout.line(0), j) {
                 return Err(Error::Remote {
                     rank: j as u32,
                     addr: "this host".into(),
@@ -738,6 +837,8 @@ impl HostColl {
                     };
                 }
             }
+            // Every rank's header is here: every rank has entered.
+            OpKind::Barrier => {}
             other => {
                 return Err(Error::Internal(format!(
                     "{} reached the host region",

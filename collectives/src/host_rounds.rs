@@ -29,18 +29,22 @@
 //! Nothing goes through the engine, the transports or the collective
 //! sequence: a round needs no progress from anyone but the ranks' own
 //! `start`s, so a rank may start and wait whenever it likes. A rank that
-//! dies is found by its pid, a rank that never starts by `GW_TIMEOUT`, and
-//! an aborted communicator stops the wait; each is an error naming the
-//! rank and the round.
+//! aborts or closes its communicator, frees its request, or stops on an
+//! error says so in its line (`left`); one that dies is found by its pid,
+//! and one that never starts by `GW_TIMEOUT`; an abort here stops the
+//! wait. Each is an error naming the rank and the round.
 //!
 //! ```text
 //!    0  magic "GWHOSTR1" u64, ranks u64, stride u64       (the creator's)
-//!   64  line of rank i (64 bytes each): round u64 at 0, pid u64 at 16 (rank i's)
+//!   64  line of rank i (64 bytes each): round u64 at 0, pid u64 at 16 (rank i's),
+//!       left u64 at 24 (1: aborted, 2: closed its communicator, 3: failed,
+//!       4: freed its request; `host_coll::Leaving`)
 //!       mailboxes: parity 0 ranks 0..n, parity 1 ranks 0..n, `stride` each
 //! ```
 
 use crate::communicator::{Communicator, RawOp};
 use crate::config::{OneSided, Source};
+use crate::host_coll::Leaving;
 use crate::op::{OpKind, RedOp};
 use crate::reduce::Kernel;
 use gw_transport::shm::{HostRegion, process_alive};
@@ -74,6 +78,8 @@ pub(crate) const HEADER: usize = 64;
 pub(crate) const LINE: usize = 64;
 /// Where a rank's pid sits in its line.
 pub(crate) const PID_AT: usize = 16;
+/// Where a rank's `left` word sits in its line ([`Leaving`] as a number).
+pub(crate) const LEFT_AT: usize = 24;
 /// How long a waiting rank polls flat out before it starts yielding its
 /// core (where every rank has one; elsewhere it yields from the start).
 pub(crate) const SPIN: Duration = Duration::from_micros(200);
@@ -111,7 +117,9 @@ impl Layout {
 
 /// The rounds of one persistent all-reduce on a host region.
 pub(crate) struct HostRounds {
-    region: HostRegion,
+    /// Shared with the communicator's list of them, which tells each an
+    /// abort or a close.
+    region: Arc<HostRegion>,
     layout: Layout,
     me: usize,
     kernel: Kernel,
@@ -198,10 +206,20 @@ impl Communicator {
             "persistent all-reduce of {bytes} B: host rounds on {}",
             region.path().display()
         );
+        let region = Arc::new(region);
+        let me = self.rank() as usize;
+        {
+            let mut lines = self
+                .host_round_lines
+                .lock()
+                .unwrap_or_else(|p| p.into_inner());
+            lines.retain(|(r, _)| r.strong_count() > 0);
+            lines.push((Arc::downgrade(&region), layout.line(me) + LEFT_AT));
+        }
         Ok(Some(HostRounds {
             region,
             layout,
-            me: self.rank() as usize,
+            me,
             kernel,
             count,
             bytes,
@@ -216,6 +234,20 @@ impl Communicator {
     }
 
     /// Whether every peer is reached over shared memory.
+    /// Tells the ranks of every live persistent host round why this one
+    /// leaves (an abort, a close): those waiting for it stop, naming it.
+    pub(crate) fn tell_host_rounds(&self, why: Leaving) {
+        let lines = self
+            .host_round_lines
+            .lock()
+            .unwrap_or_else(|p| p.into_inner());
+        for (region, off) in lines.iter() {
+            if let Some(r) = region.upgrade() {
+                say_left(&r, *off, why);
+            }
+        }
+    }
+
     pub(crate) fn all_peers_over_shm(&self) -> bool {
         let me = self.rank() as usize;
         self.routes()
@@ -325,6 +357,25 @@ pub(crate) fn exited(r: &HostRegion, lines: usize, rank: usize) -> Option<u32> {
         .filter(|&pid| pid != 0 && !process_alive(pid))
 }
 
+/// Says in the `left` word at `off` why this rank leaves a host region;
+/// the first reason stays (an aborted communicator is also closed later).
+pub(crate) fn say_left(r: &HostRegion, off: usize, why: Leaving) {
+    let _ = word(r, off).compare_exchange(0, why as u64, Ordering::AcqRel, Ordering::Acquire);
+}
+
+/// Why rank `rank` (lines from `lines`) left a host region, in words, if
+/// it did.
+pub(crate) fn why_left(r: &HostRegion, lines: usize, rank: usize) -> Option<&'static str> {
+    let left = word(r, lines + rank * LINE + LEFT_AT).load(Ordering::Acquire);
+    Some(match left {
+        0 => return None,
+        1 => "aborted its communicator",
+        2 => "closed its communicator",
+        4 => "freed its persistent request",
+        _ => "stopped on an error of its own",
+    })
+}
+
 /// The 8-byte word at `off` of a host region, shared by every rank.
 pub(crate) fn word(r: &HostRegion, off: usize) -> &AtomicU64 {
     assert!(off.is_multiple_of(8) && off + 8 <= r.len());
@@ -367,6 +418,14 @@ impl State {
             polls: 0,
             failed: None,
         }
+    }
+}
+
+impl Drop for HostRounds {
+    /// A request freed while others wait for its next round: they stop,
+    /// naming this rank, instead of waiting for `GW_TIMEOUT`.
+    fn drop(&mut self) {
+        self.leave(Leaving::Freed);
     }
 }
 
@@ -433,9 +492,10 @@ impl HostRounds {
         if !st.running {
             return Ok(true);
         }
-        let done = self
-            .finish(&mut st)
-            .inspect_err(|e| st.failed = Some(e.clone()))?;
+        let done = match self.finish(&mut st) {
+            Ok(done) => done,
+            Err(e) => return Err(self.fail(&mut st, e)),
+        };
         if !done {
             st.polls = st.polls.wrapping_add(1);
             if st.polls.is_multiple_of(64) {
@@ -481,17 +541,20 @@ impl HostRounds {
     fn check_peers(&self, st: &mut State, now: Instant) -> Result<()> {
         let r = st.next;
         let round_of = |j: usize| line(&self.region, self.layout, j).0.load(Ordering::Acquire);
+        let lines = self.layout.line(0);
         for j in (0..self.layout.n).filter(|&j| round_of(j) < r) {
-            if let Some(pid) = exited(&self.region, self.layout.line(0), j) {
+            let why = why_left(&self.region, lines, j)
+                .map(str::to_string)
+                .or_else(|| {
+                    exited(&self.region, lines, j).map(|pid| format!("exited (pid {pid})"))
+                });
+            if let Some(why) = why {
                 let e = Error::Remote {
                     rank: j as u32,
                     addr: "this host".into(),
-                    what: format!(
-                        "exited (pid {pid}) before starting round {r} of a persistent all-reduce"
-                    ),
+                    what: format!("{why} before starting round {r} of a persistent all-reduce"),
                 };
-                st.failed = Some(e.clone());
-                return Err(e);
+                return Err(self.fail(st, e));
             }
         }
         let waited = now.duration_since(st.started);
@@ -508,6 +571,18 @@ impl HostRounds {
             }
         }
         Ok(())
+    }
+
+    /// Records `e` as what stops every later call, tells the other ranks
+    /// (who may wait for this one), and returns it.
+    fn fail(&self, st: &mut State, e: Error) -> Error {
+        st.failed = Some(e.clone());
+        self.leave(Leaving::Failed);
+        e
+    }
+
+    fn leave(&self, why: Leaving) {
+        say_left(&self.region, self.layout.line(self.me) + LEFT_AT, why);
     }
 
     /// Completes the running round if every rank started it.
@@ -578,7 +653,7 @@ mod tests {
             .store(peer_pid, Ordering::Relaxed);
         let p = buf.as_mut_ptr().cast::<u8>();
         HostRounds {
-            region,
+            region: Arc::new(region),
             layout,
             me: 0,
             kernel: Kernel::new(DType::F64, RedOp::Sum, 2).expect("kernel"),
@@ -647,5 +722,42 @@ mod tests {
             );
             assert!(e.contains("round 2"), "{e}");
         }
+        // Told to the peer, which would stop waiting for this rank.
+        assert_eq!(
+            why_left(&h.region, h.layout.line(0), 0),
+            Some("stopped on an error of its own")
+        );
+    }
+
+    #[test]
+    fn a_peer_that_left_is_named_with_why_and_a_freed_request_says_so() {
+        let mut buf = [1.0];
+        let h = rank0(key(3), 0, &mut buf);
+        // SAFETY: `buf` outlives `h`.
+        assert!(unsafe { h.start() }.expect("start"));
+        say_left(&h.region, h.layout.line(1) + LEFT_AT, Leaving::Aborted);
+        // A later reason does not replace the first.
+        say_left(&h.region, h.layout.line(1) + LEFT_AT, Leaving::Closed);
+        let e = h.wait(None).expect_err("rank 1 left").to_string();
+        assert!(
+            e.contains("rank 1") && e.contains("aborted its communicator") && e.contains("round 1"),
+            "{e}"
+        );
+        let region = h.region.clone();
+        let lines = h.layout.line(0);
+        assert_eq!(
+            why_left(&region, lines, 0),
+            Some("stopped on an error of its own")
+        );
+        // A request that never failed says, when freed, that it was.
+        let mut buf = [1.0];
+        let h = rank0(key(4), 0, &mut buf);
+        let region = h.region.clone();
+        assert_eq!(why_left(&region, lines, 0), None);
+        drop(h);
+        assert_eq!(
+            why_left(&region, lines, 0),
+            Some("freed its persistent request")
+        );
     }
 }

@@ -52,7 +52,8 @@ fn random_call(rng: &mut rand::rngs::StdRng, n: u32) -> Call {
         OpKind::Reduce,
         OpKind::AllGather,
         OpKind::ReduceScatter,
-    ][rng.random_range(0..6)];
+        OpKind::Barrier,
+    ][rng.random_range(0..7)];
     let dtype = [DType::F32, DType::F64, DType::I32][rng.random_range(0..3)];
     let reduces = matches!(
         kind,
@@ -72,7 +73,9 @@ fn random_call(rng: &mut rand::rngs::StdRng, n: u32) -> Call {
         1
     };
     let max_elems = (LIMIT / dtype.size() / per_rank).max(1);
-    let count = if rng.random_bool(0.8) {
+    let count = if kind == OpKind::Barrier {
+        0
+    } else if rng.random_bool(0.8) {
         rng.random_range(1..=max_elems)
     } else {
         rng.random_range(max_elems + 1..=max_elems * 3)
@@ -286,6 +289,27 @@ fn mismatched_calls_are_named_and_stop_the_region() {
             Err(Error::Mismatch { local, remote, .. })
                 if local.contains(&format!("{} double", 2 + r))
                     && remote.contains(&format!("{} double", 3 - r)) =>
+            {
+                Ok(())
+            }
+            other => Err(format!("rank {r}: {other:?}")),
+        }
+    });
+    // A barrier against an all-reduce: the barrier's rank would otherwise
+    // leave as soon as the other had posted anything.
+    let (_store, comms) = world(2, "hc-barrier-vs", |_, _| {});
+    on_each_rank(comms, "hc-barrier-vs", |c| {
+        let r = c.rank();
+        let mut buf = [1i32; 2];
+        let res = if r == 0 {
+            c.barrier()
+        } else {
+            c.all_reduce_in_place(&mut buf, RedOp::Sum)
+        };
+        match res {
+            Err(Error::Mismatch { local, remote, .. })
+                if local.contains(if r == 0 { "barrier" } else { "all_reduce" })
+                    && remote.contains(if r == 0 { "all_reduce" } else { "barrier" }) =>
             {
                 Ok(())
             }
@@ -549,4 +573,112 @@ fn a_test_loop_finds_a_rank_that_left() {
             }
         }
     });
+}
+
+/// A non-blocking call returns at once, as MPI's do, even with every slot
+/// of the ring taken: each rank submits three rings' worth of calls of
+/// varied sizes and only then sends the next rank the message it waits
+/// for before it makes any of them (a chain, so each rank is as far ahead
+/// of the next as it can be). Were a submit to wait for a slot, the ranks
+/// would wait for each other until `GW_TIMEOUT`.
+#[test]
+fn a_nonblocking_call_never_waits_for_a_slot() {
+    for n in [2, 3, 4] {
+        let key = format!("hc-noslot{n}");
+        let (_store, comms) = world(n, &key, |_, cfg| cfg.timeout.set(Duration::from_secs(20)));
+        on_each_rank(comms, &key, |c| {
+            let (r, n) = (c.rank(), c.size());
+            let err = |e: Error| format!("rank {r}: {e}");
+            // Three times the 16 slots a rank has; 1 to 50 elements.
+            let k = 48;
+            let len = |i: usize| 1 + i * 7 % 50;
+            let send: Vec<Vec<i32>> = (0..k)
+                .map(|i| (0..len(i)).map(|e| (i + e) as i32 + r as i32).collect())
+                .collect();
+            let mut recv: Vec<Vec<i32>> = (0..k).map(|i| vec![0; len(i)]).collect();
+            let mut token = [0i32; 1];
+            if r > 0 {
+                c.recv(r - 1, &mut token).map_err(err)?;
+            }
+            let mut handles = Vec::new();
+            for (s, o) in send.iter().zip(recv.iter_mut()) {
+                let op = RawOp {
+                    kind: OpKind::AllReduce,
+                    dtype: DType::I32,
+                    redop: RedOp::Sum,
+                    count: s.len(),
+                    root: 0,
+                    send: s.as_ptr().cast(),
+                    recv: o.as_mut_ptr().cast(),
+                    weight: None,
+                };
+                // SAFETY: `send` and `recv` outlive every handle (all
+                // waited for below).
+                handles.push(unsafe { c.submit_raw(op, None) }.map_err(err)?);
+            }
+            if r + 1 < n {
+                c.send(r + 1, &[42i32]).map_err(err)?;
+            }
+            // Some tested, then all waited for, out of order.
+            for h in handles.iter().step_by(5) {
+                if let Some(done) = h.test() {
+                    done.map_err(err)?;
+                }
+            }
+            for h in handles.iter().rev() {
+                h.wait().map_err(err)?;
+            }
+            drop(handles);
+            if r > 0 && token != [42] {
+                return Err(format!("rank {r} received {token:?}"));
+            }
+            let tri = (n * (n - 1) / 2) as i32;
+            for (i, o) in recv.iter().enumerate() {
+                let want: Vec<i32> = (0..len(i))
+                    .map(|e| (i + e) as i32 * n as i32 + tri)
+                    .collect();
+                if *o != want {
+                    return Err(format!("rank {r} call {i}: {o:?}"));
+                }
+            }
+            Ok(())
+        });
+    }
+}
+
+/// A barrier on the region lets no rank out before every rank is in: each
+/// rank counts itself in, sometimes after a pause, and after the barrier
+/// finds every rank counted, round after round, at 2, 3 and 4 ranks.
+#[test]
+fn a_barrier_lets_nobody_out_early() {
+    for n in [2u32, 3, 4] {
+        let key = format!("hc-barrier{n}");
+        let (_store, comms) = world(n, &key, |_, _| {});
+        let arrived = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
+        on_each_rank(comms, &key, move |c| {
+            let r = c.rank();
+            let before = c.host_coll_rounds().ok_or("no host region")?;
+            let mut rng = rand::rngs::StdRng::seed_from_u64(u64::from(r) + 7);
+            let rounds = 300;
+            for k in 0..rounds {
+                if rng.random_bool(0.05) {
+                    std::thread::sleep(Duration::from_millis(rng.random_range(1..5)));
+                }
+                arrived.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+                c.barrier()
+                    .map_err(|e| format!("rank {r} barrier {k}: {e}"))?;
+                let seen = arrived.load(std::sync::atomic::Ordering::SeqCst);
+                if seen < n as usize * (k + 1) {
+                    return Err(format!(
+                        "rank {r} left barrier {k} with {seen} arrivals counted"
+                    ));
+                }
+            }
+            let ran = c.host_coll_rounds().ok_or("no host region")? - before;
+            if ran != rounds as u64 {
+                return Err(format!("rank {r}: {ran} barriers on the host region"));
+            }
+            Ok(())
+        });
+    }
 }

@@ -335,3 +335,56 @@ fn a_rank_that_never_starts_is_named() {
         }
     });
 }
+
+/// A rank that aborts its communicator, or frees its request, instead of
+/// starting the round the others wait for: they stop within a liveness
+/// check, naming it and why, long before `GW_TIMEOUT`.
+#[test]
+fn the_others_stop_when_a_rank_aborts_or_frees_its_request() {
+    for how in ["aborted its communicator", "freed its persistent request"] {
+        let key = format!("hr-left-{}", &how[..5]);
+        let (_store, comms) = world(3, &key, |_, cfg| cfg.timeout.set(Duration::from_secs(30)));
+        let gate = std::sync::Arc::new(std::sync::Barrier::new(3));
+        on_each_rank(comms, &key, move |c| {
+            let r = c.rank();
+            let mut buf = vec![1f32; 100];
+            let mut p = c
+                .all_reduce_init_in_place(&mut buf, RedOp::Sum)
+                .map_err(|e| format!("rank {r}: {e}"))?;
+            if !p.on_host() {
+                return Err(format!("rank {r}: the request is not on the host region"));
+            }
+            // One round everyone runs, then rank 2 leaves.
+            p.start().map_err(|e| format!("rank {r}: {e}"))?;
+            p.wait().map_err(|e| format!("rank {r}: {e}"))?;
+            if r == 2 {
+                gate.wait();
+                if how.starts_with("aborted") {
+                    c.abort();
+                    gate.wait();
+                    drop(p);
+                } else {
+                    drop(p);
+                    gate.wait();
+                }
+                return Ok(());
+            }
+            p.start().map_err(|e| format!("rank {r}: {e}"))?;
+            gate.wait();
+            let t0 = std::time::Instant::now();
+            let got = p.wait();
+            gate.wait();
+            match got {
+                Err(Error::Remote { rank: 2, what, .. })
+                    if what.contains(how) && t0.elapsed() < Duration::from_secs(10) =>
+                {
+                    Ok(())
+                }
+                other => Err(format!(
+                    "rank {r}: after {:?} the wait gave {other:?}",
+                    t0.elapsed()
+                )),
+            }
+        });
+    }
+}

@@ -34,6 +34,12 @@ pub struct HostRegion {
     named: bool,
 }
 
+// SAFETY: the region hands out only a raw pointer to shared memory, which
+// other processes write at any time anyway; whoever dereferences it says
+// how (atomics for the control words). Mapping and unmapping are fine from
+// any thread.
+unsafe impl Sync for HostRegion {}
+
 impl HostRegion {
     /// Creates and maps the region keyed `key` of `len` bytes, all zero.
     pub fn create(secret: &str, key: u64, len: usize) -> Result<HostRegion> {
