@@ -14,7 +14,9 @@ use crate::on_device::OnDevice;
 use crate::pages::Buffer;
 use crate::report::{self, Header, Meas, RankLine, Row, Summary};
 use gradwire::device::DeviceRequest;
-use gw_collectives::{Algo, Communicator, DType, Error, RawOp, RawPersistent, RedOp, Registration};
+use gw_collectives::{
+    Algo, Communicator, DType, Error, OpKind, RawOp, RawPersistent, RedOp, Registration,
+};
 use gw_cuda::DeviceBuf;
 use half::{bf16, f16};
 use std::io::Write as _;
@@ -372,9 +374,19 @@ impl<'a, T: Value> Bench<'a, T> {
                 unreachable!("both placements measured")
             };
             let bytes = l.count * size_of::<T>();
-            let chosen = (self.o.coll == Coll::AllReduce)
+            // A call the host region takes has no engine algorithm, and
+            // the cost model has no term for it.
+            let on_region = self.o.algo.is_none()
+                && self
+                    .comm
+                    .takes_host_region(OpKind::AllReduce, l.count, self.o.dtype);
+            let chosen = (self.o.coll == Coll::AllReduce && !on_region)
                 .then(|| self.o.algo.unwrap_or_else(|| self.comm.choose_algo(bytes)));
-            let algo = chosen.map(|a| a.name());
+            let algo = match chosen {
+                Some(a) => Some(a.name()),
+                None if self.o.coll == Coll::AllReduce => Some("host"),
+                None => None,
+            };
             let predicted_us = chosen.map(|a| self.comm.predict_all_reduce(a, bytes) * 1e6);
             let row = Row {
                 size: l.bytes,

@@ -178,7 +178,7 @@ pub fn row_line(r: &Row) -> String {
 pub fn prediction_lines(rows: &[Row]) -> Vec<String> {
     let mut out = Vec::new();
     for r in rows {
-        let (Some(algo), Some(p)) = (r.algo, r.predicted_us) else {
+        let Some(algo) = r.algo else {
             continue;
         };
         if out.is_empty() {
@@ -190,14 +190,18 @@ pub fn prediction_lines(rows: &[Row]) -> Vec<String> {
                 "size(B)", "algo", "predicted(us)", "measured(us)", "measured/predicted"
             ));
         }
-        let ratio = if p > 0.0 {
-            format!("{:.2}", r.out_of_place.time_us / p)
-        } else {
-            "-".into()
+        // No prediction: a call the host region runs (algo "host").
+        let (predicted, ratio) = match r.predicted_us {
+            Some(p) if p > 0.0 => (
+                format!("{p:.1}"),
+                format!("{:.2}", r.out_of_place.time_us / p),
+            ),
+            Some(p) => (format!("{p:.1}"), "-".into()),
+            None => ("-".into(), "-".into()),
         };
         out.push(format!(
-            "# {:>10}  {:>5}  {:>13.1}  {:>12.1}  {:>17}",
-            r.size, algo, p, r.out_of_place.time_us, ratio
+            "# {:>10}  {:>5}  {:>13}  {:>12.1}  {:>17}",
+            r.size, algo, predicted, r.out_of_place.time_us, ratio
         ));
     }
     out
@@ -456,7 +460,19 @@ mod tests {
         assert!(lines[2].contains("1048576") && lines[2].contains("ring"));
         assert!(lines[2].contains("100.0") && lines[2].contains("123.5"));
         assert!(lines[2].trim_end().ends_with("1.23"), "{}", lines[2]);
+        // A call the host region ran: named, with nothing predicted.
+        let host = Row {
+            algo: Some("host"),
+            predicted_us: None,
+            ..row()
+        };
+        let lines = prediction_lines(&[host]);
+        assert_eq!(lines.len(), 3, "{lines:?}");
+        assert!(lines[2].contains("host") && lines[2].contains("123.5"));
+        assert!(lines[2].trim_end().ends_with('-'), "{}", lines[2]);
+        // Not an all-reduce: no line.
         let none = Row {
+            algo: None,
             predicted_us: None,
             ..row()
         };
