@@ -6,6 +6,7 @@ use super::super::*;
 use super::{GW_STEP_ALGO_BYTES, gwStepInfo, gwStepReport};
 use gw_jobapi::step::{StepClient, StepError, StepReport};
 use gw_jobapi::types::StepPlan;
+use std::collections::HashMap;
 
 fn clients() -> &'static Mutex<HashMap<usize, Arc<Mutex<StepClient>>>> {
     static M: OnceLock<Mutex<HashMap<usize, Arc<Mutex<StepClient>>>>> = OnceLock::new();
