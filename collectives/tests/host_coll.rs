@@ -95,32 +95,86 @@ fn random_call(rng: &mut rand::rngs::StdRng, n: u32) -> Call {
     }
 }
 
+/// The buffers of call `k` on rank `r` of `n`: the send buffer filled.
+struct Buffers {
+    send: Vec<u8>,
+    recv: Vec<u8>,
+}
+
+fn weight(q: u32) -> f64 {
+    0.5 * f64::from(q + 1)
+}
+
+impl Buffers {
+    fn new(call: &Call, k: usize, r: u32, n: u32) -> Buffers {
+        let es = call.dtype.size();
+        let nn = n as usize;
+        let (send_elems, recv_elems) = match call.kind {
+            OpKind::ReduceScatter => (call.count * nn, call.count),
+            OpKind::AllGather => (call.count, call.count * nn),
+            _ => (call.count, call.count),
+        };
+        let mut send = vec![0u8; send_elems * es];
+        for i in 0..send_elems {
+            put(call.dtype, &mut send, i, small(r, k, i));
+        }
+        Buffers {
+            send,
+            recv: vec![0u8; recv_elems * es],
+        }
+    }
+
+    /// The call on these buffers.
+    fn op(&mut self, call: &Call, r: u32) -> RawOp {
+        RawOp {
+            kind: call.kind,
+            dtype: call.dtype,
+            redop: call.op,
+            count: call.count,
+            root: call.root,
+            send: self.send.as_ptr(),
+            recv: self.recv.as_mut_ptr(),
+            weight: call.weighted.then(|| weight(r)),
+        }
+    }
+
+    /// Checks every element call `k` must have written on rank `r` of `n`.
+    fn check(&self, call: &Call, k: usize, r: u32, n: u32) -> Result<(), String> {
+        let want = |i: usize| -> Option<f64> {
+            let all = |i: usize| (0..n).map(move |q| small(q, k, i));
+            match call.kind {
+                OpKind::AllReduce if call.weighted => {
+                    Some((0..n).map(|q| weight(q) * small(q, k, i)).sum())
+                }
+                OpKind::AllReduce => Some(fold(call.op, all(i), n)),
+                OpKind::Reduce => (r == call.root).then(|| fold(call.op, all(i), n)),
+                OpKind::Broadcast => Some(small(call.root, k, i)),
+                OpKind::AllGather => Some(small((i / call.count) as u32, k, i % call.count)),
+                OpKind::ReduceScatter => {
+                    let at = r as usize * call.count + i;
+                    Some(fold(call.op, (0..n).map(|q| small(q, k, at)), n))
+                }
+                _ => None,
+            }
+        };
+        for i in 0..self.recv.len() / call.dtype.size() {
+            let Some(w) = want(i) else { continue };
+            let got = get(call.dtype, &self.recv, i);
+            if !agrees(got, w, call.op == RedOp::Avg || call.weighted) {
+                return Err(format!(
+                    "rank {r} call {k} {call:?} element {i}: {got}, want {w}"
+                ));
+            }
+        }
+        Ok(())
+    }
+}
+
 /// Runs call `k` on `c` and checks every element it must have written.
 fn run_call(c: &Communicator, call: &Call, k: usize) -> Result<(), String> {
     let (r, n) = (c.rank(), c.size());
-    let es = call.dtype.size();
-    let nn = n as usize;
-    let (send_elems, recv_elems) = match call.kind {
-        OpKind::ReduceScatter => (call.count * nn, call.count),
-        OpKind::AllGather => (call.count, call.count * nn),
-        _ => (call.count, call.count),
-    };
-    let mut send = vec![0u8; send_elems * es];
-    let mut recv = vec![0u8; recv_elems * es];
-    for i in 0..send_elems {
-        put(call.dtype, &mut send, i, small(r, k, i));
-    }
-    let weight = |q: u32| 0.5 * f64::from(q + 1);
-    let op = RawOp {
-        kind: call.kind,
-        dtype: call.dtype,
-        redop: call.op,
-        count: call.count,
-        root: call.root,
-        send: send.as_ptr(),
-        recv: recv.as_mut_ptr(),
-        weight: call.weighted.then(|| weight(r)),
-    };
+    let mut b = Buffers::new(call, k, r, n);
+    let op = b.op(call, r);
     let what = |e: Error| format!("rank {r} call {k} {call:?}: {e}");
     // SAFETY: both buffers are sized by the layout table and outlive the
     // call (the non-blocking one is waited for before they go).
@@ -141,33 +195,7 @@ fn run_call(c: &Communicator, call: &Call, k: usize) -> Result<(), String> {
             c.run_raw(op, None).map_err(what)?;
         }
     }
-    let want = |i: usize| -> Option<f64> {
-        let all = |i: usize| (0..n).map(move |q| small(q, k, i));
-        match call.kind {
-            OpKind::AllReduce if call.weighted => {
-                Some((0..n).map(|q| weight(q) * small(q, k, i)).sum())
-            }
-            OpKind::AllReduce => Some(fold(call.op, all(i), n)),
-            OpKind::Reduce => (r == call.root).then(|| fold(call.op, all(i), n)),
-            OpKind::Broadcast => Some(small(call.root, k, i)),
-            OpKind::AllGather => Some(small((i / call.count) as u32, k, i % call.count)),
-            OpKind::ReduceScatter => {
-                let at = r as usize * call.count + i;
-                Some(fold(call.op, (0..n).map(|q| small(q, k, at)), n))
-            }
-            _ => None,
-        }
-    };
-    for i in 0..recv_elems {
-        let Some(w) = want(i) else { continue };
-        let got = get(call.dtype, &recv, i);
-        if !agrees(got, w, call.op == RedOp::Avg || call.weighted) {
-            return Err(format!(
-                "rank {r} call {k} {call:?} element {i}: {got}, want {w}"
-            ));
-        }
-    }
-    Ok(())
+    b.check(call, k, r, n)
 }
 
 /// `calls` random calls (from `seed`, the same on every rank), with a
@@ -677,6 +705,100 @@ fn a_barrier_lets_nobody_out_early() {
             let ran = c.host_coll_rounds().ok_or("no host region")? - before;
             if ran != rounds as u64 {
                 return Err(format!("rank {r}: {ran} barriers on the host region"));
+            }
+            Ok(())
+        });
+    }
+}
+
+/// Many small calls in flight at once: each rank makes the same random
+/// calls, but whether each blocks, and when its non-blocking ones are
+/// tested, waited for (some with a short limit) or dropped unwaited, is
+/// its own choice, with pauses now and then, so that ranks run far ahead
+/// of each other and calls queue for slots. Every result is checked once
+/// a last blocking call has completed everything before it. At 2, 3 and
+/// 4 ranks.
+#[test]
+fn many_calls_in_flight_queue_and_complete_in_order() {
+    let seed = common::seed(0xf11e_u64);
+    for n in [2u32, 3, 4] {
+        let key = format!("hc-flight{n}");
+        let (_store, comms) = world(n, &key, |_, cfg| cfg.timeout.set(Duration::from_secs(60)));
+        on_each_rank(comms, &key, move |c| {
+            let r = c.rank();
+            let mut calls = rand::rngs::StdRng::seed_from_u64(seed + u64::from(n));
+            let mut mine = rand::rngs::StdRng::seed_from_u64(seed ^ (u64::from(r) << 32 | 0x5eed));
+            let before = c.host_coll_rounds().ok_or("no host region")?;
+            let mut done: Vec<(Call, usize, Box<Buffers>)> = Vec::new();
+            let mut flying: Vec<(Call, usize, Box<Buffers>, gw_collectives::Handle)> = Vec::new();
+            let total = 600;
+            let mut eligible = 0u64;
+            for k in 0..total {
+                // Region-sized only: every one of them is a round.
+                let mut call = random_call(&mut calls, n);
+                call.count = call.count.min(
+                    (LIMIT
+                        / call.dtype.size()
+                        / if call.kind == OpKind::ReduceScatter {
+                            n as usize
+                        } else {
+                            1
+                        })
+                    .max(1),
+                );
+                if call.kind == OpKind::Barrier {
+                    call.count = 0;
+                }
+                eligible += 1;
+                if mine.random_bool(0.02) {
+                    std::thread::sleep(Duration::from_millis(mine.random_range(1..4)));
+                }
+                let what = |e: Error| format!("rank {r} call {k} {call:?}: {e}");
+                let mut b = Box::new(Buffers::new(&call, k, r, n));
+                let op = b.op(&call, r);
+                if mine.random_bool(0.3) {
+                    // SAFETY: the buffers are boxed and kept to the end.
+                    unsafe { c.run_raw(op, None) }.map_err(what)?;
+                    done.push((call, k, b));
+                } else {
+                    // SAFETY: as above; every handle is waited for, or
+                    // dropped with its buffers kept until the last call.
+                    let h = unsafe { c.submit_raw(op, None) }.map_err(what)?;
+                    flying.push((call, k, b, h));
+                }
+                // Now and then: test some, wait for one (perhaps briefly),
+                // drop one unwaited.
+                if mine.random_bool(0.2) && !flying.is_empty() {
+                    let i = mine.random_range(0..flying.len());
+                    let (call, k, _, h) = &flying[i];
+                    let res = match mine.random_range(0..3) {
+                        0 => h.test().unwrap_or(Ok(())),
+                        1 => h.wait_timeout(Duration::from_micros(50)).unwrap_or(Ok(())),
+                        _ => h.wait(),
+                    };
+                    res.map_err(|e| format!("rank {r} call {k} {call:?}: {e}"))?;
+                }
+                if mine.random_bool(0.05) && !flying.is_empty() {
+                    let i = mine.random_range(0..flying.len());
+                    let (call, k, b, h) = flying.swap_remove(i);
+                    drop(h);
+                    done.push((call, k, b));
+                }
+            }
+            // A last blocking call completes every round before it.
+            c.barrier()
+                .map_err(|e| format!("rank {r} last barrier: {e}"))?;
+            for (call, k, b, h) in flying {
+                h.wait()
+                    .map_err(|e| format!("rank {r} call {k} {call:?}: {e}"))?;
+                done.push((call, k, b));
+            }
+            for (call, k, b) in &done {
+                b.check(call, *k, r, n)?;
+            }
+            let ran = c.host_coll_rounds().ok_or("no host region")? - before;
+            if ran != eligible + 1 {
+                return Err(format!("rank {r}: {ran} rounds, {} calls", eligible + 1));
             }
             Ok(())
         });
