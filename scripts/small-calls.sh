@@ -63,7 +63,8 @@ trap 'rm -f "$rows"' EXIT
 for r in $(seq 1 "$rounds"); do
   order=(gradwire "${peers[@]}")
   ((r % 2)) || order=("${peers[@]}" gradwire)
-  for who in "${order[@]}"; do run "$who" "$r"; done
+  # A failed launch (MPICH's timeout, say) costs its round, not the run.
+  for who in "${order[@]}"; do run "$who" "$r" || echo "# $who round $r failed (exit $?)" >&2; done
 done >"$rows"
 python3 - "$rows" "$t" "$np" <<'PY'
 import collections, re, statistics, sys

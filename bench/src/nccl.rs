@@ -225,6 +225,8 @@ struct Bench<'a, T: Value> {
     sizes: Vec<(usize, Layout)>,
     /// With `-P 1`: the persistent all-reduce of the size being measured.
     persistent: Option<RawPersistent>,
+    /// With `-P 1`: whether the last one ran on the host region's rounds.
+    persistent_on_host: bool,
     dev: Option<OnDevice<'a>>,
     /// With `-P 1 --device cuda`: the persistent device all-reduce.
     dev_persistent: Option<DeviceRequest>,
@@ -269,6 +271,7 @@ impl<'a, T: Value> Bench<'a, T> {
             recv: alloc(max_buf, "receive", o.hugepages)?,
             sizes,
             persistent: None,
+            persistent_on_host: false,
             dev,
             dev_persistent: None,
             regs: Vec::new(),
@@ -374,12 +377,16 @@ impl<'a, T: Value> Bench<'a, T> {
                 unreachable!("both placements measured")
             };
             let bytes = l.count * size_of::<T>();
-            // A call the host region takes has no engine algorithm, and
-            // the cost model has no term for it.
-            let on_region = self.o.algo.is_none()
-                && self
+            // A call a host region takes (small calls', or persistent
+            // rounds') has no engine algorithm, and the cost model has no
+            // term for it. Device buffers never go there.
+            let on_region = match () {
+                _ if self.dev.is_some() || self.o.algo.is_some() => false,
+                _ if self.o.persistent => self.persistent_on_host,
+                _ => self
                     .comm
-                    .takes_host_region(OpKind::AllReduce, l.count, self.o.dtype);
+                    .takes_host_region(OpKind::AllReduce, l.count, self.o.dtype),
+            };
             let chosen = (self.o.coll == Coll::AllReduce && !on_region)
                 .then(|| self.o.algo.unwrap_or_else(|| self.comm.choose_algo(bytes)));
             let algo = match chosen {
@@ -600,6 +607,7 @@ impl<'a, T: Value> Bench<'a, T> {
         let r = self.measure_prepared(size, l, in_place);
         self.dev_persistent = None;
         if let Some(p) = self.persistent.take() {
+            self.persistent_on_host = p.on_host();
             p.free(self.comm)
                 .map_err(|e| Fail::lib("freeing the persistent all-reduce", e))?;
         }

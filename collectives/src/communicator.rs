@@ -434,6 +434,9 @@ impl Communicator {
         };
         // Collective, like the rest of init: every rank votes.
         comm.host_coll = comm.host_coll()?.map(Arc::new);
+        if let Some(h) = &comm.host_coll {
+            comm.driver.set_host_coll(h.clone());
+        }
         Ok(comm)
     }
 
@@ -461,6 +464,13 @@ impl Communicator {
         self.host_coll
             .as_ref()
             .is_some_and(|h| h.takes(kind, count, dtype.size()))
+    }
+
+    /// Non-blocking calls that waited in a queue for their slot on the host
+    /// region of small collectives so far: for tests.
+    #[doc(hidden)]
+    pub fn host_coll_queued(&self) -> u64 {
+        self.host_coll.as_ref().map_or(0, |h| h.queued_total())
     }
 
     /// Rounds run so far on the host region of small blocking collectives

@@ -140,6 +140,12 @@ impl Driver {
         })
     }
 
+    /// Hands the engine the communicator's host region of small
+    /// collectives, whose queued calls its turns post.
+    pub(crate) fn set_host_coll(&self, h: std::sync::Arc<crate::host_coll::HostColl>) {
+        self.lock().set_host_coll(h);
+    }
+
     /// Whether callers drive their blocking operations (`GW_INLINE`).
     pub fn inline(&self) -> bool {
         self.inline

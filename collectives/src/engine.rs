@@ -41,6 +41,7 @@ pub use in_place::in_place_reads;
 use crate::algo::p2p::P2p;
 use crate::algo::{Action, ActionId, Buf, Loc, Schedule};
 use crate::board::Board;
+use crate::host_coll::HostColl;
 use crate::mailbox::Receiver;
 use crate::op::{Fingerprint, OpKind};
 pub(crate) use crate::operation::{Completion, Msg, OpDesc, Plan, Ptr, Published};
@@ -63,6 +64,9 @@ pub(crate) const WAKER: Token = Token(usize::MAX);
 /// How long an operation waits without progress before the engine checks
 /// on the peers and the board, and how often it checks again after that.
 const PEER_CHECK_EVERY: Duration = Duration::from_millis(200);
+/// How often an otherwise idle engine looks at the host region's queued
+/// calls (`Engine::pump_host`).
+const HOST_PUMP_EVERY: Duration = Duration::from_micros(50);
 /// How long an operation may wait before the board is consulted.
 const STALL: Duration = Duration::from_secs(1);
 
@@ -425,6 +429,11 @@ pub(crate) struct Engine {
     prepared: Vec<prepared::Prepared>,
     /// Buffers the caller registered (`user_regs.rs`).
     user_regs: user_regs::UserRegs,
+    /// The communicator's host region of small collectives, whose queued
+    /// non-blocking calls every turn and every wait of the direct path
+    /// posts once their slots free (`HostColl::pump`): a rank blocked here
+    /// must still post rounds its peers wait for.
+    host_coll: Option<Arc<HostColl>>,
 }
 
 impl Engine {
@@ -490,6 +499,7 @@ impl Engine {
                 message_spares: Vec::new(),
                 prepared: Vec::new(),
                 user_regs,
+                host_coll: None,
             },
             poll,
             waker,
@@ -500,6 +510,7 @@ impl Engine {
     /// moves bytes and schedules, and checks on stalled operations. Says
     /// what the driver should do next.
     pub fn turn(&mut self, st: &mut TurnState) -> Turn {
+        self.pump_host();
         self.drain_messages();
         if self.abort.load(Ordering::Acquire) && self.failed.is_none() {
             self.fail(aborted());
@@ -513,6 +524,14 @@ impl Engine {
         // that is work, as a posted send would be.
         if no_ops && self.shutting_down {
             return Turn::Exit;
+        }
+        if no_ops && !self.unsent() && self.host_queued() {
+            // Nothing of the engine's, but a queued small collective to
+            // post once its slot frees: look again soon rather than park.
+            return Turn::Sleep {
+                timeout: Some(HOST_PUMP_EVERY),
+                idle: false,
+            };
         }
         if no_ops && !self.unsent() {
             let now = Instant::now();
@@ -576,6 +595,25 @@ impl Engine {
                 .map(|d| d.saturating_duration_since(now).min(PEER_CHECK_EVERY))
                 .or(only_unsent.then_some(PEER_CHECK_EVERY)),
             idle: false,
+        }
+    }
+
+    /// Hands the engine the communicator's host region of small
+    /// collectives (see `host_coll`).
+    pub(crate) fn set_host_coll(&mut self, h: Arc<HostColl>) {
+        self.host_coll = Some(h);
+    }
+
+    fn host_queued(&self) -> bool {
+        self.host_coll.as_ref().is_some_and(|h| h.has_queued())
+    }
+
+    /// Posts what the host region's queued calls allow (see `host_coll`).
+    pub(crate) fn pump_host(&self) {
+        if let Some(h) = &self.host_coll
+            && h.has_queued()
+        {
+            h.pump();
         }
     }
 

@@ -44,9 +44,13 @@
 //! algorithm asked for, where every rank shares one host over shared
 //! memory. A blocking call posts and reads at once. A non-blocking one
 //! posts at once where its slot is free, else is queued and posted, in
-//! order, by the next call, test or wait that finds the slot free (it never
-//! waits: MPI's non-blocking collectives return at once); it is read when
-//! its handle is tested or waited for. Rounds are posted and read in
+//! order, by the next call, test or wait that finds the slot free, or by
+//! the engine's turns and the direct path's waits (`Engine::pump_host`), so
+//! that a rank blocked in a message or an engine collective still posts
+//! rounds its peers wait for (it never waits: MPI's non-blocking
+//! collectives return at once); it is read when its handle is tested or
+//! waited for. A wait for a slot, however it is made, asks after the ranks
+//! it waits for and times out like a round's. Rounds are posted and read in
 //! order, so a wait also completes every earlier round,
 //! and a handle dropped unwaited is completed by the next call that needs
 //! its turn, or when the communicator goes. So blocking and non-blocking
@@ -140,6 +144,11 @@ pub(crate) struct HostColl {
     /// More ranks than cores here: a waiting rank yields at once.
     crowded: bool,
     abort: Arc<AtomicBool>,
+    /// Some non-blocking call is queued for its slot: whoever waits on this
+    /// rank, in any call, posts it once the slot is free ([`HostColl::pump`]).
+    queued: AtomicBool,
+    /// Calls queued so far: for tests.
+    queued_total: AtomicU64,
     state: Mutex<State>,
 }
 
@@ -161,6 +170,12 @@ struct State {
     pending: VecDeque<Posted>,
     /// The error that stopped the rounds.
     failed: Option<Error>,
+    /// `failed` was found by [`HostColl::pump`], and no call has been told.
+    unreported: bool,
+    /// When a wait for the first unposted round's slot (or a blocking
+    /// call's) first found it held: `GW_TIMEOUT` runs from there however
+    /// that slot is waited for (`test` loops, short timed waits).
+    slot_since: Option<Instant>,
     /// When a wait for the oldest unfinished round next asks whether the
     /// ranks it waits for still run, and polls since the clock was read:
     /// kept here, so that `test` loops and short timed waits ask too.
@@ -258,12 +273,16 @@ impl Communicator {
             timeout: cfg.timeout.value,
             crowded: self.crowded(),
             abort: self.abort_flag(),
+            queued: AtomicBool::new(false),
+            queued_total: AtomicU64::new(0),
             state: Mutex::new(State {
                 next: 1,
                 unposted: VecDeque::new(),
                 done_min: 0,
                 pending: VecDeque::new(),
                 failed: None,
+                unreported: false,
+                slot_since: None,
                 check_at: Instant::now(),
                 polls: 0,
             }),
@@ -331,10 +350,14 @@ impl HostColl {
     }
 
     /// Fails if the communicator was aborted or an error stopped the rounds.
-    fn usable(&self, st: &State) -> Result<()> {
+    /// The first call to ask after an error found by [`HostColl::pump`]
+    /// (on the engine's thread, say) gets that error itself; later ones
+    /// are told the rounds stopped.
+    fn usable(&self, st: &mut State) -> Result<()> {
         self.not_aborted()?;
         match &st.failed {
             None => Ok(()),
+            Some(e) if std::mem::take(&mut st.unreported) => Err(e.clone()),
             Some(e) => Err(Error::InvalidUsage(format!(
                 "collectives on the host region stopped after an earlier error: {e}"
             ))),
@@ -357,7 +380,7 @@ impl HostColl {
     /// the layout of its kind and count until this returns.
     pub(crate) unsafe fn run(&self, op: &RawOp, kernel: Kernel, count: usize) -> Result<u64> {
         let mut st = self.state();
-        self.usable(&st)?;
+        self.usable(&mut st)?;
         // Earlier non-blocking calls take their rounds first.
         self.post_unposted(&mut st, u64::MAX, Some(None))?;
         let r = st.next;
@@ -384,7 +407,7 @@ impl HostColl {
     /// until the round completes (its send buffer is read when posted).
     pub(crate) unsafe fn submit(&self, op: &RawOp, kernel: Kernel, count: usize) -> Result<u64> {
         let mut st = self.state();
-        self.usable(&st)?;
+        self.usable(&mut st)?;
         let r = st.next;
         let posted_before = self.post_unposted(&mut st, u64::MAX, None)?;
         if posted_before && self.slot_free(&mut st, r, None)? {
@@ -396,6 +419,8 @@ impl HostColl {
                 kernel,
                 count,
             });
+            self.queued.store(true, Ordering::Release);
+            self.queued_total.fetch_add(1, Ordering::Relaxed);
         }
         st.next = r + 1;
         Ok(r)
@@ -466,22 +491,56 @@ impl HostColl {
             // Every blocking call comes here: no clock read.
             return Ok(true);
         }
+        // After an error nothing more is posted: the caller of a queued
+        // call may take the error as its end and free its buffers.
+        self.usable(st)?;
         let t0 = Instant::now();
-        loop {
+        let all = loop {
             let r = Self::first_unposted(st);
             if r > upto || st.unposted.is_empty() {
-                return Ok(true);
+                break Ok(true);
             }
             let left = block.map(|l| l.map(|l| l.saturating_sub(t0.elapsed())));
-            if !self.slot_free(st, r, left)? {
-                return Ok(false);
+            match self.slot_free(st, r, left) {
+                Ok(true) => {}
+                other => break other,
             }
             let Some(u) = st.unposted.pop_front() else {
-                return Ok(true);
+                break Ok(true);
             };
             // SAFETY: the buffers of a submitted call stay valid until it
             // completes (`submit`'s caller), and it has not.
             unsafe { self.post(st, r, &u.op, u.kernel, u.count) };
+        };
+        self.queued
+            .store(!st.unposted.is_empty(), Ordering::Release);
+        all
+    }
+
+    /// Non-blocking calls queued for their slot so far.
+    pub(crate) fn queued_total(&self) -> u64 {
+        self.queued_total.load(Ordering::Relaxed)
+    }
+
+    /// Whether a non-blocking call is queued for its slot.
+    pub(crate) fn has_queued(&self) -> bool {
+        self.queued.load(Ordering::Acquire)
+    }
+
+    /// Posts what queued calls' slots allow, without waiting, unless the
+    /// rounds are busy in another thread. Called wherever this rank waits
+    /// for anything else (the engine's loops, a blocking message), so that
+    /// a rank blocked there still posts rounds its peers wait for, as MPI's
+    /// progress rule asks. An error is kept for the calls to report.
+    pub(crate) fn pump(&self) {
+        let mut st = match self.state.try_lock() {
+            Ok(st) => st,
+            Err(std::sync::TryLockError::Poisoned(p)) => p.into_inner(),
+            Err(std::sync::TryLockError::WouldBlock) => return,
+        };
+        let had_failed = st.failed.is_some();
+        if self.post_unposted(&mut st, u64::MAX, None).is_err() && !had_failed {
+            st.unreported = st.failed.is_some();
         }
     }
 
@@ -489,15 +548,17 @@ impl HostColl {
     /// `r − SLOTS`, which every rank (this one too: its own pending rounds
     /// are read meanwhile) must have finished. `block` as in
     /// [`HostColl::advance`]. The `done` words are read only when what was
-    /// seen last does not say so: each read moves their lines here.
+    /// seen last does not say so: each read moves their lines here. Every
+    /// look, waiting or not, asks now and then whether the ranks waited
+    /// for still run, and fails past `GW_TIMEOUT` ([`HostColl::watch_slot`]).
     fn slot_free(&self, st: &mut State, r: u64, block: Option<Option<Duration>>) -> Result<bool> {
         if r <= st.done_min + SLOTS {
             return Ok(true);
         }
         let n = self.layout.n;
         let free = |j: usize| self.done(j).load(Ordering::Acquire).saturating_add(SLOTS) >= r;
-        // The wait's clock starts only if the first look finds no slot.
-        let mut check = None;
+        let mut t0: Option<Instant> = None;
+        let mut polls = 0u32;
         loop {
             if let Some(oldest) = st.pending.front().map(|p| p.round) {
                 self.advance_checking(st, oldest, None, true)?;
@@ -505,22 +566,72 @@ impl HostColl {
             if (0..n).all(free) {
                 break;
             }
+            if let Err(e) = self.watch_slot(st, r, &free) {
+                return Err(self.fail(st, e));
+            }
             let Some(limit) = block else {
                 return Ok(false);
             };
-            let check = check.get_or_insert_with(|| Watch::new(self, r, "free the slot for"));
-            if limit.is_some_and(|l| check.t0.elapsed() >= l) {
+            if !self.pause(&mut polls, &mut t0, limit) {
                 return Ok(false);
             }
-            if let Err(e) = check.pause(|j| !free(j)) {
-                return Err(self.fail(st, e));
-            }
         }
+        st.slot_since = None;
         st.done_min = (0..n)
             .map(|j| self.done(j).load(Ordering::Acquire))
             .min()
             .unwrap_or(0);
         Ok(true)
+    }
+
+    /// One pause of a wait that may last `limit`: a spin (a yield where
+    /// ranks outnumber cores), and every 64th a look at the clock, which
+    /// starts at the first such look; yields once the wait is past
+    /// [`host_rounds::SPIN`]. `false` once `limit` has passed.
+    fn pause(&self, polls: &mut u32, t0: &mut Option<Instant>, limit: Option<Duration>) -> bool {
+        *polls = polls.wrapping_add(1);
+        if self.crowded {
+            std::thread::yield_now();
+        } else {
+            std::hint::spin_loop();
+        }
+        if polls.is_multiple_of(64) {
+            let waited = t0.get_or_insert_with(Instant::now).elapsed();
+            if limit.is_some_and(|l| waited >= l) {
+                return false;
+            }
+            if waited >= host_rounds::SPIN && !self.crowded {
+                std::thread::yield_now();
+            }
+        }
+        true
+    }
+
+    /// One look of a wait for round `r`'s slot (`free(j)`: rank `j` is done
+    /// with what it last held): every 64th asks whether the communicator
+    /// was aborted, every [`host_rounds::LIVENESS_EVERY`] whether the ranks
+    /// waited for left or exited, and fails once the slot has been waited
+    /// for longer than `GW_TIMEOUT`, counted from the first look that found
+    /// it held, across calls.
+    fn watch_slot(&self, st: &mut State, r: u64, free: &dyn Fn(usize) -> bool) -> Result<()> {
+        st.polls = st.polls.wrapping_add(1);
+        if !st.polls.is_multiple_of(64) {
+            return Ok(());
+        }
+        self.not_aborted()?;
+        let now = Instant::now();
+        let since = *st.slot_since.get_or_insert(now);
+        if now < st.check_at {
+            return Ok(());
+        }
+        st.check_at = now + host_rounds::LIVENESS_EVERY;
+        let held = |j: usize| !free(j);
+        self.gone(&held, r, "free the slot for")?;
+        let waited = now.duration_since(since);
+        if waited >= self.timeout {
+            return Err(self.late(&held, r, "free the slot for", waited));
+        }
+        Ok(())
     }
 
     /// Fills this rank's slot of round `r`, whose slot is free
@@ -621,6 +732,12 @@ impl HostColl {
         let mut t0: Option<Instant> = None;
         let mut polls = 0u32;
         loop {
+            // A round that reads nothing found incomplete, then a later one
+            // complete: its writers posted it before that one, so it is
+            // there now; look again before returning, or a mismatch there
+            // would go unseen by this call (found only by a later one).
+            let mut skipped = false;
+            let mut again = false;
             for p in st.pending.iter_mut() {
                 if p.finished || (defer && !p.reads) {
                     continue;
@@ -629,7 +746,10 @@ impl HostColl {
                 match self.arrived(p, &checks) {
                     Ok(true) => {}
                     Ok(false) if p.reads && p.round <= r => break,
-                    Ok(false) => continue,
+                    Ok(false) => {
+                        skipped |= !p.reads;
+                        continue;
+                    }
                     Err(e) => return Err(self.fail(st, e)),
                 }
                 // SAFETY: the slots checked are posted (`arrived`) and stay
@@ -640,6 +760,7 @@ impl HostColl {
                     return Err(self.fail(st, e));
                 }
                 p.finished = true;
+                again |= skipped;
             }
             let mut through = None;
             while st.pending.front().is_some_and(|p| p.finished) {
@@ -647,6 +768,9 @@ impl HostColl {
             }
             if let Some(round) = through {
                 self.done(self.me).store(round, Ordering::Release);
+            }
+            if again {
+                continue;
             }
             if complete(st) {
                 return Ok(true);
@@ -657,20 +781,8 @@ impl HostColl {
             let Some(limit) = block else {
                 return Ok(false);
             };
-            polls = polls.wrapping_add(1);
-            if self.crowded {
-                std::thread::yield_now();
-            } else {
-                std::hint::spin_loop();
-            }
-            if polls.is_multiple_of(64) {
-                let waited = t0.get_or_insert_with(Instant::now).elapsed();
-                if limit.is_some_and(|l| waited >= l) {
-                    return Ok(false);
-                }
-                if waited >= host_rounds::SPIN && !self.crowded {
-                    std::thread::yield_now();
-                }
+            if !self.pause(&mut polls, &mut t0, limit) {
+                return Ok(false);
             }
         }
     }
@@ -714,23 +826,17 @@ impl HostColl {
 
     /// A rank `missing` that left or exited, as an error.
     fn gone(&self, missing: &dyn Fn(usize) -> bool, r: u64, what: &str) -> Result<()> {
+        let lines = self.layout.line(0);
         for j in (0..self.layout.n).filter(|&j| missing(j)) {
-            if let Some(why) = host_rounds::why_left(&self.region, self.layout.line(0), j) {
+            // Asked again once it has gone (see `gone_why`).
+            if let Some(why) = host_rounds::gone_why(&self.region, lines, j)
+                && missing(j)
+            {
                 return Err(Error::Remote {
                     rank: j as u32,
                     addr: "this host".into(),
                     what: format!(
                         "{why} before it could {what} round {r} of the host region's collectives"
-                    ),
-                });
-            }
-            if let Some(pid) = host_rounds::exited(&self.region, self.layout.line(0), j) {
-                return Err(Error::Remote {
-                    rank: j as u32,
-                    addr: "this host".into(),
-                    what: format!(
-                        "exited (pid {pid}) before it could {what} round {r} of the host \
-                         region's collectives"
                     ),
                 });
             }
@@ -845,60 +951,6 @@ impl HostColl {
                     other.name()
                 )));
             }
-        }
-        Ok(())
-    }
-}
-
-/// A wait for other ranks: spins, then yields; every
-/// [`host_rounds::LIVENESS_EVERY`] asks whether the ranks waited for still
-/// run, and past `GW_TIMEOUT` fails naming them.
-struct Watch<'a> {
-    host: &'a HostColl,
-    round: u64,
-    what: &'static str,
-    t0: Instant,
-    check_at: Instant,
-    polls: u32,
-}
-
-impl<'a> Watch<'a> {
-    fn new(host: &'a HostColl, round: u64, what: &'static str) -> Watch<'a> {
-        let t0 = Instant::now();
-        Watch {
-            host,
-            round,
-            what,
-            t0,
-            check_at: t0 + host_rounds::LIVENESS_EVERY,
-            polls: 0,
-        }
-    }
-
-    /// One pause of the wait; `missing(j)`: rank `j` is waited for.
-    fn pause(&mut self, missing: impl Fn(usize) -> bool) -> Result<()> {
-        let h = self.host;
-        self.polls = self.polls.wrapping_add(1);
-        if h.crowded {
-            std::thread::yield_now();
-        } else {
-            std::hint::spin_loop();
-        }
-        if !self.polls.is_multiple_of(64) {
-            return Ok(());
-        }
-        h.not_aborted()?;
-        let now = Instant::now();
-        let waited = now.duration_since(self.t0);
-        if now >= self.check_at {
-            self.check_at = now + host_rounds::LIVENESS_EVERY;
-            h.gone(&missing, self.round, self.what)?;
-            if waited >= h.timeout {
-                return Err(h.late(&missing, self.round, self.what, waited));
-            }
-        }
-        if waited >= host_rounds::SPIN && !h.crowded {
-            std::thread::yield_now();
         }
         Ok(())
     }

@@ -376,6 +376,17 @@ pub(crate) fn why_left(r: &HostRegion, lines: usize, rank: usize) -> Option<&'st
     })
 }
 
+/// Why rank `j` (lines from `lines`) will post nothing more: it left (its
+/// `left` word) or its process exited. A caller that found `j` missing
+/// must look again after this says so: a rank descheduled between the two
+/// looks may have seen `j` post, finish and leave meanwhile, and `j`'s
+/// `left` word and exit come after its posts.
+pub(crate) fn gone_why(r: &HostRegion, lines: usize, j: usize) -> Option<String> {
+    why_left(r, lines, j)
+        .map(str::to_string)
+        .or_else(|| exited(r, lines, j).map(|pid| format!("exited (pid {pid})")))
+}
+
 /// The 8-byte word at `off` of a host region, shared by every rank.
 pub(crate) fn word(r: &HostRegion, off: usize) -> &AtomicU64 {
     assert!(off.is_multiple_of(8) && off + 8 <= r.len());
@@ -543,12 +554,10 @@ impl HostRounds {
         let round_of = |j: usize| line(&self.region, self.layout, j).0.load(Ordering::Acquire);
         let lines = self.layout.line(0);
         for j in (0..self.layout.n).filter(|&j| round_of(j) < r) {
-            let why = why_left(&self.region, lines, j)
-                .map(str::to_string)
-                .or_else(|| {
-                    exited(&self.region, lines, j).map(|pid| format!("exited (pid {pid})"))
-                });
-            if let Some(why) = why {
+            // Asked again once it has gone (see `gone_why`).
+            if let Some(why) = gone_why(&self.region, lines, j)
+                && round_of(j) < r
+            {
                 let e = Error::Remote {
                     rank: j as u32,
                     addr: "this host".into(),

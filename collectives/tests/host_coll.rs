@@ -714,8 +714,9 @@ fn a_barrier_lets_nobody_out_early() {
 /// Many small calls in flight at once: each rank makes the same random
 /// calls, but whether each blocks, and when its non-blocking ones are
 /// tested, waited for (some with a short limit) or dropped unwaited, is
-/// its own choice, with pauses now and then, so that ranks run far ahead
-/// of each other and calls queue for slots. Every result is checked once
+/// its own choice, with pauses now and then, and bursts where one rank
+/// lags while the others run a ring ahead, so that calls queue for slots
+/// (asserted). Every result is checked once
 /// a last blocking call has completed everything before it. At 2, 3 and
 /// 4 ranks.
 #[test]
@@ -724,6 +725,8 @@ fn many_calls_in_flight_queue_and_complete_in_order() {
     for n in [2u32, 3, 4] {
         let key = format!("hc-flight{n}");
         let (_store, comms) = world(n, &key, |_, cfg| cfg.timeout.set(Duration::from_secs(60)));
+        let queued = std::sync::Arc::new(std::sync::atomic::AtomicU64::new(0));
+        let q = queued.clone();
         on_each_rank(comms, &key, move |c| {
             let r = c.rank();
             let mut calls = rand::rngs::StdRng::seed_from_u64(seed + u64::from(n));
@@ -750,13 +753,20 @@ fn many_calls_in_flight_queue_and_complete_in_order() {
                     call.count = 0;
                 }
                 eligible += 1;
-                if mine.random_bool(0.02) {
+                // Every 100 calls one rank in turn falls 10 ms behind while
+                // the others make the next 24 calls without blocking: more
+                // than a ring of slots, so some queue whatever the timing.
+                let laggard = (k / 100) as u32 % n;
+                let burst = k % 100 < 24;
+                if burst && r == laggard && k % 100 == 0 {
+                    std::thread::sleep(Duration::from_millis(10));
+                } else if mine.random_bool(0.02) {
                     std::thread::sleep(Duration::from_millis(mine.random_range(1..4)));
                 }
                 let what = |e: Error| format!("rank {r} call {k} {call:?}: {e}");
                 let mut b = Box::new(Buffers::new(&call, k, r, n));
                 let op = b.op(&call, r);
-                if mine.random_bool(0.3) {
+                if mine.random_bool(0.3) && !(burst && r != laggard) {
                     // SAFETY: the buffers are boxed and kept to the end.
                     unsafe { c.run_raw(op, None) }.map_err(what)?;
                     done.push((call, k, b));
@@ -768,7 +778,7 @@ fn many_calls_in_flight_queue_and_complete_in_order() {
                 }
                 // Now and then: test some, wait for one (perhaps briefly),
                 // drop one unwaited.
-                if mine.random_bool(0.2) && !flying.is_empty() {
+                if mine.random_bool(0.2) && !flying.is_empty() && !burst {
                     let i = mine.random_range(0..flying.len());
                     let (call, k, _, h) = &flying[i];
                     let res = match mine.random_range(0..3) {
@@ -800,7 +810,130 @@ fn many_calls_in_flight_queue_and_complete_in_order() {
             if ran != eligible + 1 {
                 return Err(format!("rank {r}: {ran} rounds, {} calls", eligible + 1));
             }
+            q.fetch_add(c.host_coll_queued(), std::sync::atomic::Ordering::Relaxed);
+            Ok(())
+        });
+        // The queue was used, or this test tests nothing new.
+        let queued = queued.load(std::sync::atomic::Ordering::Relaxed);
+        assert!(queued > 0, "{n} ranks: no call waited for its slot");
+        println!("{n} ranks: {queued} calls queued for their slot");
+    }
+}
+
+/// An in-place broadcast from rank 0 of `count` elements at `buf`.
+fn broadcast_in_place(dtype: DType, count: usize, buf: *mut u8) -> RawOp {
+    RawOp {
+        kind: OpKind::Broadcast,
+        dtype,
+        redop: RedOp::None,
+        count,
+        root: 0,
+        send: buf.cast_const(),
+        recv: buf,
+        weight: None,
+    }
+}
+
+/// The other way round from `a_nonblocking_call_never_waits_for_a_slot`:
+/// the root queues broadcasts and then blocks in a receive; the other rank
+/// waits for all the broadcasts before it sends. The queued rounds must be
+/// posted by the root's receive (MPI's progress rule: any call moves
+/// non-blocking operations), not only by its next host-region call.
+#[test]
+fn queued_calls_are_posted_while_the_rank_waits_for_a_message() {
+    for inline in [true, false] {
+        let key = format!("hc-pump{}", u8::from(inline));
+        let (_store, comms) = world(2, &key, |_, cfg| {
+            cfg.timeout.set(Duration::from_secs(20));
+            cfg.inline.set(inline);
+        });
+        on_each_rank(comms, &key, |c| {
+            let r = c.rank();
+            let err = |e: Error| format!("rank {r}: {e}");
+            let k = 48;
+            let mut bufs: Vec<[f32; 2]> = (0..k)
+                .map(|i| if r == 0 { [i as f32, 1.0] } else { [0.0; 2] })
+                .collect();
+            let mut handles = Vec::new();
+            for b in bufs.iter_mut() {
+                let op = broadcast_in_place(DType::F32, 2, b.as_mut_ptr().cast());
+                // SAFETY: `bufs` outlives every handle (all waited for).
+                handles.push(unsafe { c.submit_raw(op, None) }.map_err(err)?);
+            }
+            let mut token = [0i32];
+            if r == 0 {
+                c.recv(1, &mut token).map_err(err)?;
+            } else {
+                for h in &handles {
+                    h.wait().map_err(err)?;
+                }
+                c.send(0, &[7i32]).map_err(err)?;
+            }
+            for h in &handles {
+                h.wait().map_err(err)?;
+            }
+            drop(handles);
+            if r == 0 && token != [7] {
+                return Err(format!("rank 0 received {token:?}"));
+            }
+            for (i, b) in bufs.iter().enumerate() {
+                if *b != [i as f32, 1.0] {
+                    return Err(format!("rank {r} broadcast {i}: {b:?}"));
+                }
+            }
             Ok(())
         });
     }
+}
+
+/// A rank whose queued call waits for a slot that a rank that aborted
+/// will never free: a `test` loop on that call fails within a liveness
+/// check, naming the rank, long before `GW_TIMEOUT`. Broadcasts from this
+/// rank: its own rounds read nothing, so only the slot's wait can notice.
+#[test]
+fn a_test_loop_on_a_queued_call_finds_a_rank_that_left() {
+    let (_store, comms) = world(2, "hc-queued-left", |_, cfg| {
+        cfg.timeout.set(Duration::from_secs(30))
+    });
+    let gate = std::sync::Arc::new(std::sync::Barrier::new(2));
+    on_each_rank(comms, "hc-queued-left", move |c| {
+        let r = c.rank();
+        if r == 1 {
+            // Posts nothing: rank 0's rounds stay unread, its ring full.
+            gate.wait();
+            c.abort();
+            return Ok(());
+        }
+        let mut bufs = vec![[1f64; 2]; 20];
+        let mut handles = Vec::new();
+        let mut res = Ok(());
+        for b in bufs.iter_mut() {
+            let op = broadcast_in_place(DType::F64, 2, b.as_mut_ptr().cast());
+            // SAFETY: `bufs` outlives every handle.
+            match unsafe { c.submit_raw(op, None) } {
+                Ok(h) => handles.push(h),
+                Err(e) => {
+                    res = Err(format!("rank 0 submit: {e}"));
+                    break;
+                }
+            }
+        }
+        gate.wait();
+        res?;
+        let last = handles.last().ok_or("no handle")?;
+        let t0 = std::time::Instant::now();
+        let got = loop {
+            if let Some(done) = last.test() {
+                break done;
+            }
+            if t0.elapsed() > Duration::from_secs(10) {
+                return Err("the test loop never found rank 1 gone".into());
+            }
+            std::thread::yield_now();
+        };
+        match got {
+            Err(Error::Remote { rank: 1, what, .. }) if what.contains("aborted") => Ok(()),
+            other => Err(format!("rank 0: the queued call gave {other:?}")),
+        }
+    });
 }

@@ -347,43 +347,67 @@ fn the_others_stop_when_a_rank_aborts_or_frees_its_request() {
         let gate = std::sync::Arc::new(std::sync::Barrier::new(3));
         on_each_rank(comms, &key, move |c| {
             let r = c.rank();
-            let mut buf = vec![1f32; 100];
-            let mut p = c
-                .all_reduce_init_in_place(&mut buf, RedOp::Sum)
-                .map_err(|e| format!("rank {r}: {e}"))?;
-            if !p.on_host() {
-                return Err(format!("rank {r}: the request is not on the host region"));
-            }
-            // One round everyone runs, then rank 2 leaves.
-            p.start().map_err(|e| format!("rank {r}: {e}"))?;
-            p.wait().map_err(|e| format!("rank {r}: {e}"))?;
-            if r == 2 {
+            // Two gates: rank 2 leaves between them. A rank that fails
+            // early still passes both, so the others fail rather than hang.
+            let mut passed = 0;
+            let mut gate_wait = || {
+                passed += 1;
                 gate.wait();
+            };
+            let mut buf = vec![1f32; 100];
+            let mut p = match c.all_reduce_init_in_place(&mut buf, RedOp::Sum) {
+                Ok(p) if p.on_host() => Some(p),
+                Ok(_) => None,
+                Err(e) => {
+                    gate_wait();
+                    gate_wait();
+                    return Err(format!("rank {r}: {e}"));
+                }
+            };
+            // One round everyone runs, then rank 2 leaves.
+            let first = match p.as_mut() {
+                None => Err(format!("rank {r}: the request is not on the host region")),
+                Some(p) => p
+                    .start()
+                    .and_then(|()| p.wait())
+                    .map_err(|e| format!("rank {r}: {e}")),
+            };
+            if r == 2 {
+                gate_wait();
                 if how.starts_with("aborted") {
                     c.abort();
-                    gate.wait();
+                    gate_wait();
                     drop(p);
                 } else {
                     drop(p);
-                    gate.wait();
+                    gate_wait();
                 }
-                return Ok(());
+                return first;
             }
-            p.start().map_err(|e| format!("rank {r}: {e}"))?;
-            gate.wait();
+            let started = match (first, p.as_mut()) {
+                (Ok(()), Some(p)) => p.start().map_err(|e| format!("rank {r}: {e}")),
+                (Err(e), _) => Err(e),
+                (Ok(()), None) => Err(format!("rank {r}: no request")),
+            };
+            gate_wait();
             let t0 = std::time::Instant::now();
-            let got = p.wait();
-            gate.wait();
+            let got = match (started, p.as_mut()) {
+                (Ok(()), Some(p)) => p.wait().map_err(|e| (e, t0.elapsed())),
+                (Err(e), _) => {
+                    gate_wait();
+                    return Err(e);
+                }
+                (Ok(()), None) => Ok(()),
+            };
+            gate_wait();
+            debug_assert_eq!(passed, 2);
             match got {
-                Err(Error::Remote { rank: 2, what, .. })
-                    if what.contains(how) && t0.elapsed() < Duration::from_secs(10) =>
+                Err((Error::Remote { rank: 2, what, .. }, waited))
+                    if what.contains(how) && waited < Duration::from_secs(10) =>
                 {
                     Ok(())
                 }
-                other => Err(format!(
-                    "rank {r}: after {:?} the wait gave {other:?}",
-                    t0.elapsed()
-                )),
+                other => Err(format!("rank {r}: the wait gave {other:?}")),
             }
         });
     }

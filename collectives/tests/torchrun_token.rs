@@ -115,8 +115,14 @@ fn launch(master: &str, local: u32, token: Option<&str>) -> Vec<(bool, String)> 
 }
 
 fn all_ran(runs: Vec<(bool, String)>) {
-    for (rank, (ok, out)) in runs.into_iter().enumerate() {
-        assert!(ok && out.contains("sum=3"), "rank {rank}:\n{out}");
+    // Every rank's output when one fails: the cause is often in another's.
+    let all: String = runs
+        .iter()
+        .enumerate()
+        .map(|(rank, (ok, out))| format!("rank {rank} (ok: {ok}):\n{out}\n"))
+        .collect();
+    for (ok, out) in &runs {
+        assert!(*ok && out.contains("sum=3"), "{all}");
     }
 }
 

@@ -350,6 +350,7 @@ impl Engine {
                     tr.poke();
                     tr.progress()?;
                 }
+                self.pump_host();
                 // The clock is read only every CLOCK_EVERY turns: a read
                 // costs as much as a look at the ring.
                 if turn.is_multiple_of(CLOCK_EVERY) {
@@ -827,6 +828,7 @@ impl Engine {
         if self.abort.load(Ordering::Acquire) {
             return Err(aborted());
         }
+        self.pump_host();
         w.idle_turns = w.idle_turns.saturating_add(1);
         // The clock starts at the CLOCK_EVERY-th idle turn, not the first:
         // a ping-pong's receiver waits a little on every message, and a
