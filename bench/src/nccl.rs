@@ -380,12 +380,13 @@ impl<'a, T: Value> Bench<'a, T> {
             // A call a host region takes (small calls', or persistent
             // rounds') has no engine algorithm, and the cost model has no
             // term for it. Device buffers never go there.
-            let on_region = match () {
-                _ if self.dev.is_some() || self.o.algo.is_some() => false,
-                _ if self.o.persistent => self.persistent_on_host,
-                _ => self
-                    .comm
-                    .takes_host_region(OpKind::AllReduce, l.count, self.o.dtype),
+            let on_region = if self.dev.is_some() || self.o.algo.is_some() {
+                false
+            } else if self.o.persistent {
+                self.persistent_on_host
+            } else {
+                self.comm
+                    .takes_host_region(OpKind::AllReduce, l.count, self.o.dtype)
             };
             let chosen = (self.o.coll == Coll::AllReduce && !on_region)
                 .then(|| self.o.algo.unwrap_or_else(|| self.comm.choose_algo(bytes)));

@@ -20,7 +20,8 @@ use crate::element::Element;
 use crate::engine::{
     Completion, DirectMessage, DirectOp, DirectShape, Left, Msg, OpDesc, Part, Plan, Ptr,
 };
-use crate::host_coll::{HostColl, Leaving};
+use crate::host_coll::HostColl;
+use crate::host_rounds::Leaving;
 use crate::kept_plan::{Direct, KeptPlan, PlanKey};
 use crate::mailbox;
 use crate::model::{CostModel, LinkKind, Shape};

@@ -69,7 +69,7 @@
 //! ```
 
 use crate::communicator::{Communicator, RawOp};
-use crate::host_rounds::{self, Vote};
+use crate::host_rounds::{self, Leaving, Vote};
 use crate::op::{DType, OpKind, RedOp};
 use crate::reduce::Kernel;
 use gw_transport::shm::HostRegion;
@@ -213,17 +213,6 @@ struct Posted {
 unsafe impl Send for HostColl {}
 // SAFETY: as above; the rounds' state is behind a mutex.
 unsafe impl Sync for HostColl {}
-
-/// Why a rank left the region: its peers waiting for it stop at once.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(crate) enum Leaving {
-    Aborted = 1,
-    Closed = 2,
-    /// A call of this rank on the region failed (a mismatch, a timeout).
-    Failed = 3,
-    /// Its persistent request was freed (host rounds only).
-    Freed = 4,
-}
 
 /// A call as its slot header names it.
 fn call_word(kind: OpKind, dtype: DType, redop: RedOp, root: u32) -> u64 {
@@ -614,24 +603,15 @@ impl HostColl {
     /// for longer than `GW_TIMEOUT`, counted from the first look that found
     /// it held, across calls.
     fn watch_slot(&self, st: &mut State, r: u64, free: &dyn Fn(usize) -> bool) -> Result<()> {
-        st.polls = st.polls.wrapping_add(1);
-        if !st.polls.is_multiple_of(64) {
+        let Some(now) = self.look(st)? else {
             return Ok(());
-        }
-        self.not_aborted()?;
-        let now = Instant::now();
+        };
         let since = *st.slot_since.get_or_insert(now);
-        if now < st.check_at {
+        if !Self::liveness_due(st, now) {
             return Ok(());
         }
-        st.check_at = now + host_rounds::LIVENESS_EVERY;
         let held = |j: usize| !free(j);
-        self.gone(&held, r, "free the slot for")?;
-        let waited = now.duration_since(since);
-        if waited >= self.timeout {
-            return Err(self.late(&held, r, "free the slot for", waited));
-        }
-        Ok(())
+        self.still_waiting(&held, r, "free the slot for", now.duration_since(since))
     }
 
     /// Fills this rank's slot of round `r`, whose slot is free
@@ -789,18 +769,14 @@ impl HostColl {
 
     /// While the oldest unfinished round waits: now and then, whether the
     /// ranks it waits for left or exited, and whether it has waited past
-    /// `GW_TIMEOUT` since it was posted.
+    /// `GW_TIMEOUT` since a wait first found it missing someone.
     fn watch(&self, st: &mut State) -> Result<()> {
-        st.polls = st.polls.wrapping_add(1);
-        if !st.polls.is_multiple_of(64) {
+        let Some(now) = self.look(st)? else {
+            return Ok(());
+        };
+        if !Self::liveness_due(st, now) {
             return Ok(());
         }
-        self.not_aborted()?;
-        let now = Instant::now();
-        if now < st.check_at {
-            return Ok(());
-        }
-        st.check_at = now + host_rounds::LIVENESS_EVERY;
         // The oldest round still missing someone's post.
         let missing_in = |p: &Posted| {
             let (round, checks) = (p.round, self.checks(p));
@@ -816,10 +792,43 @@ impl HostColl {
         };
         let since = *p.waited_since.get_or_insert(now);
         let (round, missing) = (p.round, missing_in(p));
-        self.gone(&missing, round, "reach")?;
-        let waited = now.duration_since(since);
+        self.still_waiting(&missing, round, "reach", now.duration_since(since))
+    }
+
+    /// One look of a wait: every 64th asks whether the communicator was
+    /// aborted and reads the clock (`Some(now)`); the others return `None`.
+    fn look(&self, st: &mut State) -> Result<Option<Instant>> {
+        st.polls = st.polls.wrapping_add(1);
+        if !st.polls.is_multiple_of(64) {
+            return Ok(None);
+        }
+        self.not_aborted()?;
+        Ok(Some(Instant::now()))
+    }
+
+    /// Whether a wait should ask after its ranks now: every
+    /// [`host_rounds::LIVENESS_EVERY`], whoever waits.
+    fn liveness_due(st: &mut State, now: Instant) -> bool {
+        if now < st.check_at {
+            return false;
+        }
+        st.check_at = now + host_rounds::LIVENESS_EVERY;
+        true
+    }
+
+    /// A wait for the ranks `missing` in round `r`, `waited` long so far:
+    /// fails naming one that left or exited, or all of them once past
+    /// `GW_TIMEOUT`.
+    fn still_waiting(
+        &self,
+        missing: &dyn Fn(usize) -> bool,
+        r: u64,
+        what: &str,
+        waited: Duration,
+    ) -> Result<()> {
+        self.gone(missing, r, what)?;
         if waited >= self.timeout {
-            return Err(self.late(&missing, round, "reach", waited));
+            return Err(self.late(missing, r, what, waited));
         }
         Ok(())
     }

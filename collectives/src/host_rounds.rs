@@ -38,13 +38,12 @@
 //!    0  magic "GWHOSTR1" u64, ranks u64, stride u64       (the creator's)
 //!   64  line of rank i (64 bytes each): round u64 at 0, pid u64 at 16 (rank i's),
 //!       left u64 at 24 (1: aborted, 2: closed its communicator, 3: failed,
-//!       4: freed its request; `host_coll::Leaving`)
+//!       4: freed its request; [`Leaving`])
 //!       mailboxes: parity 0 ranks 0..n, parity 1 ranks 0..n, `stride` each
 //! ```
 
 use crate::communicator::{Communicator, RawOp};
 use crate::config::{OneSided, Source};
-use crate::host_coll::Leaving;
 use crate::op::{OpKind, RedOp};
 use crate::reduce::Kernel;
 use gw_transport::shm::{HostRegion, process_alive};
@@ -357,6 +356,18 @@ pub(crate) fn exited(r: &HostRegion, lines: usize, rank: usize) -> Option<u32> {
         .filter(|&pid| pid != 0 && !process_alive(pid))
 }
 
+/// Why a rank left a host region (its `left` word): its peers waiting for
+/// it stop at once.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Leaving {
+    Aborted = 1,
+    Closed = 2,
+    /// A call of this rank on the region failed (a mismatch, a timeout).
+    Failed = 3,
+    /// Its persistent request was freed (host rounds only).
+    Freed = 4,
+}
+
 /// Says in the `left` word at `off` why this rank leaves a host region;
 /// the first reason stays (an aborted communicator is also closed later).
 pub(crate) fn say_left(r: &HostRegion, off: usize, why: Leaving) {
@@ -369,9 +380,9 @@ pub(crate) fn why_left(r: &HostRegion, lines: usize, rank: usize) -> Option<&'st
     let left = word(r, lines + rank * LINE + LEFT_AT).load(Ordering::Acquire);
     Some(match left {
         0 => return None,
-        1 => "aborted its communicator",
-        2 => "closed its communicator",
-        4 => "freed its persistent request",
+        x if x == Leaving::Aborted as u64 => "aborted its communicator",
+        x if x == Leaving::Closed as u64 => "closed its communicator",
+        x if x == Leaving::Freed as u64 => "freed its persistent request",
         _ => "stopped on an error of its own",
     })
 }
