@@ -527,8 +527,12 @@ impl HostColl {
             Err(std::sync::TryLockError::Poisoned(p)) => p.into_inner(),
             Err(std::sync::TryLockError::WouldBlock) => return,
         };
-        let had_failed = st.failed.is_some();
-        if self.post_unposted(&mut st, u64::MAX, None).is_err() && !had_failed {
+        // After an error there is nothing to post, and asking `usable`
+        // would take the report meant for the next call.
+        if st.failed.is_some() {
+            return;
+        }
+        if self.post_unposted(&mut st, u64::MAX, None).is_err() {
             st.unreported = st.failed.is_some();
         }
     }
