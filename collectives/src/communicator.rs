@@ -835,9 +835,11 @@ impl Communicator {
                 _ => 0,
             };
             let op = RawOp { redop, root, ..op };
+            // Numbered with the engine's calls (see `host_coll`).
+            let seq = self.next_seq()?;
             if kick {
                 // SAFETY: forwarded from the caller.
-                let r = unsafe { h.submit(&op, kernel, count) }?;
+                let r = unsafe { h.submit(&op, kernel, count, seq) }?;
                 let mut handle = self.finished(Ok(()));
                 handle.host = Some((h.clone(), r));
                 return Ok(Submitted::Queued(handle));
@@ -848,7 +850,7 @@ impl Communicator {
                 0.0
             };
             // SAFETY: forwarded from the caller.
-            let r = unsafe { h.run(&op, kernel, count) };
+            let r = unsafe { h.run(&op, kernel, count, seq) };
             if t0 > 0.0
                 && let Ok(round) = r
             {

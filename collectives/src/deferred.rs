@@ -17,6 +17,11 @@
 //! closing the communicator — hands the round to the engine ahead of
 //! itself ([`Communicator::flush_deferred`]), so operations still reach the
 //! engine in the order they were started and every rank numbers them alike.
+//! Small collectives on the host region (`host_coll.rs`) draw from the same
+//! numbers, so they flush a deferred round too: a round started before one
+//! of them then runs on the engine's general path, not on `wait`'s direct
+//! one (a cost only where a persistent round too large for host rounds and
+//! a small ordinary collective meet between a `start` and its `wait`).
 //! The direct path's frames are the rd schedule's, so a rank that ran the
 //! round directly and one whose engine ran it still meet.
 //!

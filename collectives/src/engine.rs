@@ -794,6 +794,14 @@ impl Engine {
             {
                 return Err(e);
             }
+            if stalled
+                && let Some(e) = self
+                    .host_coll
+                    .as_ref()
+                    .and_then(|h| h.here_instead(&r.op.fp))
+            {
+                return Err(e);
+            }
         }
         let now = Instant::now();
         if let Some(i) = self
@@ -990,6 +998,10 @@ impl Engine {
             self.spare = spare;
             op.done.finish(Err(e));
             return;
+        }
+        // Told to the host region's waiters (see `host_coll`).
+        if let Some(h) = &self.host_coll {
+            h.note_engine_call(&op.fp);
         }
         self.current = Some(self.running(op, sched, key, prepared, window, round, spare));
     }
@@ -1683,6 +1695,10 @@ impl Engine {
         let reason = format!("rank {} failed: {e}", self.cfg.me);
         for t in &mut self.transports {
             t.abort(&reason);
+        }
+        // Ranks waiting for this one's rounds on the host region stop too.
+        if let Some(h) = &self.host_coll {
+            h.leave(crate::host_rounds::Leaving::Failed);
         }
         // Post the first failure for everyone; a rank that learnt of the failure
         // from the board itself leaves the original cause in place.

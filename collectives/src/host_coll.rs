@@ -56,21 +56,38 @@
 //! its turn, or when the communicator goes. So blocking and non-blocking
 //! calls still match each other, as they do on the engine. A call on the
 //! engine and one here never wait for each other, as neither medium
-//! orders the other. After an error the rounds' numbering can no longer
+//! orders the other (what they share is their numbering, below).
+//! After an error the rounds' numbering can no longer
 //! be trusted, so later calls here fail at once with the first error.
+//!
+//! Calls on the engine and here share one sequence of collective numbers
+//! (the engine's `seq`), so that ranks whose calls of one position went to
+//! different media are told, not left to `GW_TIMEOUT`: with counts that
+//! put one rank's call here and another's on the engine, each would wait
+//! for the other for ever. Every slot carries its call's number, and every
+//! rank notes in its line the number and call of the last collective its
+//! engine started (so a rank whose mismatched call was non-blocking and
+//! was followed by another on the engine is found by that engine's stall
+//! check alone; an engine that fails says so in its line, as a call that
+//! fails here does, and the waiters here stop). A rank waiting here for one whose line shows this round's
+//! number on the engine, an engine operation stalled while another rank's
+//! slot shows its number here, and a reader whose writer's slot shows
+//! another number, each fail with a mismatch naming both calls.
 //!
 //! ```text
 //!    0  magic "GWHOSTC1" u64, ranks u64, payload u64   (the creator's)
 //!   64  line of rank i (64 bytes each): done u64 at 0, pid u64 at 16,
-//!       left u64 at 24 (1: aborted, 2: closed its communicator, 3: failed)
+//!       left u64 at 24 (1: aborted, 2: closed its communicator, 3: failed),
+//!       its last engine collective: number + 1 u64 at 32, call u64 at 40,
+//!       count u64 at 48
 //!       slots of rank 0 (SLOTS of them), of rank 1, ...: each a 32-byte
-//!       header (round u64: the slot's `posted`, call u64, count u64) and
-//!       `payload` bytes, padded to a cache line
+//!       header (round u64: the slot's `posted`, call u64, count u64, the
+//!       call's number u64) and `payload` bytes, padded to a cache line
 //! ```
 
 use crate::communicator::{Communicator, RawOp};
 use crate::host_rounds::{self, Leaving, Vote};
-use crate::op::{DType, OpKind, RedOp};
+use crate::op::{DType, Fingerprint, OpKind, RedOp};
 use crate::reduce::Kernel;
 use gw_transport::shm::HostRegion;
 use gw_transport::{Error, Result};
@@ -93,10 +110,17 @@ pub(crate) const SLOTS: u64 = 16;
 const LAZY_CHECKS: usize = 8;
 
 const MAGIC: u64 = u64::from_le_bytes(*b"GWHOSTC1");
-/// A slot's header: round, call and count words. A payload of up to 32
+/// A slot's header: round, call, count and collective number words. A payload of up to 32
 /// bytes shares its cache line, so a reader of a small call takes one line
 /// per writer.
 const SLOT_HEADER: usize = 32;
+/// Where a slot's header keeps its call's collective number.
+const SEQ_AT: usize = 24;
+/// Where a rank's line notes its last collective on the engine (see the
+/// module comment): its number plus one (0: none yet), call and count.
+const ENGINE_SEQ_AT: usize = 32;
+const ENGINE_CALL_AT: usize = 40;
+const ENGINE_COUNT_AT: usize = 48;
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 struct Layout {
@@ -188,6 +212,7 @@ struct Unposted {
     op: RawOp,
     kernel: Kernel,
     count: usize,
+    seq: u64,
 }
 
 /// A round this rank posted and has still to finish: to read, if it
@@ -198,6 +223,8 @@ struct Posted {
     kernel: Kernel,
     count: usize,
     call: u64,
+    /// Its collective number (the engine's `seq`).
+    seq: u64,
     /// It reads slots (else its call returned at once: a broadcast's root,
     /// a reduce's other ranks), and has done so.
     reads: bool,
@@ -219,13 +246,18 @@ fn call_word(kind: OpKind, dtype: DType, redop: RedOp, root: u32) -> u64 {
     kind as u64 | (dtype as u64) << 8 | (redop as u64) << 16 | u64::from(root) << 32
 }
 
-fn describe(call: u64, count: u64) -> String {
+/// A call as a slot (`on` "the host region") or a line's engine note (`on`
+/// "the engine") names it: `call` and `count` words, collective number.
+fn describe(call: u64, count: u64, seq: u64, on: &str) -> String {
     let kind = OpKind::from_code(call as u8).map_or("?", |k| k.name());
     let dtype = DType::from_code((call >> 8) as u8).map_or("?", |d| d.name());
     let redop = RedOp::from_code((call >> 16) as u8).map_or("?", |o| o.name());
     let root = call >> 32;
-    format!("{kind} of {count} {dtype} ({redop}, root {root}) on the host region")
+    format!("{kind} of {count} {dtype} ({redop}, root {root}) on {on}, collective #{seq}")
 }
+
+const HERE: &str = "the host region";
+const ENGINE: &str = "the engine";
 
 impl Communicator {
     /// Sets up the host region of this communicator's small collectives if
@@ -367,7 +399,13 @@ impl HostColl {
     /// # Safety
     /// As for [`Communicator::run_raw`]: the buffers of `op` are valid for
     /// the layout of its kind and count until this returns.
-    pub(crate) unsafe fn run(&self, op: &RawOp, kernel: Kernel, count: usize) -> Result<u64> {
+    pub(crate) unsafe fn run(
+        &self,
+        op: &RawOp,
+        kernel: Kernel,
+        count: usize,
+        seq: u64,
+    ) -> Result<u64> {
         let mut st = self.state();
         self.usable(&mut st)?;
         // Earlier non-blocking calls take their rounds first.
@@ -375,7 +413,7 @@ impl HostColl {
         let r = st.next;
         self.slot_free(&mut st, r, Some(None))?;
         // SAFETY: forwarded from the caller.
-        unsafe { self.post(&mut st, r, op, kernel, count) };
+        unsafe { self.post(&mut st, r, op, kernel, count, seq) };
         st.next = r + 1;
         self.advance(&mut st, r, Some(None))?;
         Ok(r)
@@ -394,19 +432,26 @@ impl HostColl {
     /// # Safety
     /// As for [`Communicator::submit_raw`]: the buffers of `op` stay valid
     /// until the round completes (its send buffer is read when posted).
-    pub(crate) unsafe fn submit(&self, op: &RawOp, kernel: Kernel, count: usize) -> Result<u64> {
+    pub(crate) unsafe fn submit(
+        &self,
+        op: &RawOp,
+        kernel: Kernel,
+        count: usize,
+        seq: u64,
+    ) -> Result<u64> {
         let mut st = self.state();
         self.usable(&mut st)?;
         let r = st.next;
         let posted_before = self.post_unposted(&mut st, u64::MAX, None)?;
         if posted_before && self.slot_free(&mut st, r, None)? {
             // SAFETY: forwarded from the caller.
-            unsafe { self.post(&mut st, r, op, kernel, count) };
+            unsafe { self.post(&mut st, r, op, kernel, count, seq) };
         } else {
             st.unposted.push_back(Unposted {
                 op: *op,
                 kernel,
                 count,
+                seq,
             });
             self.queued.store(true, Ordering::Release);
             self.queued_total.fetch_add(1, Ordering::Relaxed);
@@ -499,7 +544,7 @@ impl HostColl {
             };
             // SAFETY: the buffers of a submitted call stay valid until it
             // completes (`submit`'s caller), and it has not.
-            unsafe { self.post(st, r, &u.op, u.kernel, u.count) };
+            unsafe { self.post(st, r, &u.op, u.kernel, u.count, u.seq) };
         };
         self.queued
             .store(!st.unposted.is_empty(), Ordering::Release);
@@ -624,13 +669,22 @@ impl HostColl {
     ///
     /// # Safety
     /// `op`'s send buffer is valid for its kind's layout.
-    unsafe fn post(&self, st: &mut State, r: u64, op: &RawOp, kernel: Kernel, count: usize) {
+    unsafe fn post(
+        &self,
+        st: &mut State,
+        r: u64,
+        op: &RawOp,
+        kernel: Kernel,
+        count: usize,
+        seq: u64,
+    ) {
         let (n, me) = (self.layout.n, self.me);
         let es = kernel.dtype.size();
         let call = call_word(op.kind, kernel.dtype, op.redop, op.root);
         let mine = self.layout.slot(me, r);
         self.word(mine + 8).store(call, Ordering::Relaxed);
         self.word(mine + 16).store(count as u64, Ordering::Relaxed);
+        self.word(mine + SEQ_AT).store(seq, Ordering::Relaxed);
         if op.kind != OpKind::Broadcast || me == op.root as usize {
             let bytes = Self::payload(op.kind, count, es, n).unwrap_or(0);
             let dst = self.at(mine + SLOT_HEADER);
@@ -664,6 +718,7 @@ impl HostColl {
             kernel,
             count,
             call,
+            seq,
             reads,
             finished: false,
             waited_since: None,
@@ -796,7 +851,85 @@ impl HostColl {
         };
         let since = *p.waited_since.get_or_insert(now);
         let (round, missing) = (p.round, missing_in(p));
+        let (call, count, seq) = (p.call, p.count as u64, p.seq);
+        for j in (0..n).filter(|&j| missing(j)) {
+            if let Some((their_call, their_count)) = self.on_engine(j, seq) {
+                return Err(Error::Mismatch {
+                    me: self.me as u32,
+                    peer: j as u32,
+                    local: describe(call, count, seq, HERE),
+                    remote: describe(their_call, their_count, seq, ENGINE),
+                });
+            }
+        }
         self.still_waiting(&missing, round, "reach", now.duration_since(since))
+    }
+
+    /// Rank `j`'s call of collective number `seq`, if its line says it went
+    /// to the engine.
+    fn on_engine(&self, j: usize, seq: u64) -> Option<(u64, u64)> {
+        let line = self.layout.line(j);
+        if self.word(line + ENGINE_SEQ_AT).load(Ordering::Acquire) != seq.wrapping_add(1) {
+            return None;
+        }
+        Some((
+            self.word(line + ENGINE_CALL_AT).load(Ordering::Relaxed),
+            self.word(line + ENGINE_COUNT_AT).load(Ordering::Relaxed),
+        ))
+    }
+
+    /// Notes in this rank's line that the engine runs collective `fp` (see
+    /// the module comment): as it starts, before it can wait for anyone.
+    /// Messages have no collective number.
+    pub(crate) fn note_engine_call(&self, fp: &Fingerprint) {
+        if fp.is_message() {
+            return;
+        }
+        let seq = fp.seq;
+        let line = self.layout.line(self.me);
+        let call = call_word(fp.op, fp.dtype, fp.redop, fp.root);
+        self.word(line + ENGINE_CALL_AT)
+            .store(call, Ordering::Relaxed);
+        self.word(line + ENGINE_COUNT_AT)
+            .store(fp.count, Ordering::Relaxed);
+        self.word(line + ENGINE_SEQ_AT)
+            .store(seq.wrapping_add(1), Ordering::Release);
+    }
+
+    /// For an engine operation `fp` stalled (the engine's checks): another
+    /// rank's slot holding the same collective number, a call this rank
+    /// made on the engine and that one here, as a mismatch naming both.
+    pub(crate) fn here_instead(&self, fp: &Fingerprint) -> Option<Error> {
+        if fp.is_message() {
+            return None;
+        }
+        for j in (0..self.layout.n).filter(|&j| j != self.me) {
+            for k in 0..SLOTS {
+                let slot = self.layout.slot(j, k);
+                // Ever posted (round words start at 0, rounds at 1). A slot
+                // being refilled may show the next round's number with the
+                // last round's word: a number this rank drew for a call
+                // here all the same, so a match is never false (the call
+                // and count read may be the last round's).
+                if self.word(slot).load(Ordering::Acquire) == 0
+                    || self.word(slot + SEQ_AT).load(Ordering::Relaxed) != fp.seq
+                {
+                    continue;
+                }
+                let (call, count) = (
+                    self.word(slot + 8).load(Ordering::Relaxed),
+                    self.word(slot + 16).load(Ordering::Relaxed),
+                );
+                let local = format!("{fp} on {ENGINE}");
+                return Some(Error::Mismatch {
+                    me: self.me as u32,
+                    peer: j as u32,
+                    local,
+                    remote: describe(call, count, fp.seq, HERE),
+                });
+            }
+        }
+        None
     }
 
     /// One look of a wait: every 64th asks whether the communicator was
@@ -913,13 +1046,16 @@ impl HostColl {
             let seen = (
                 self.word(slot + 8).load(Ordering::Relaxed),
                 self.word(slot + 16).load(Ordering::Relaxed),
+                self.word(slot + SEQ_AT).load(Ordering::Relaxed),
             );
-            if seen != (p.call, p.count as u64) {
+            // Another number with the same round: a call between went to
+            // the engine on one rank and here on the other.
+            if seen != (p.call, p.count as u64, p.seq) {
                 return Err(Error::Mismatch {
                     me: me as u32,
                     peer: j as u32,
-                    local: describe(p.call, p.count as u64),
-                    remote: describe(seen.0, seen.1),
+                    local: describe(p.call, p.count as u64, p.seq, HERE),
+                    remote: describe(seen.0, seen.1, seen.2, HERE),
                 });
             }
         }
@@ -1026,9 +1162,17 @@ mod tests {
         }
         assert_eq!(HostColl::payload(SendRecv, 3, 4, 5), None);
         assert_eq!(HostColl::payload(ReduceScatter, usize::MAX, 4, 5), None);
-        let d = describe(call_word(Broadcast, DType::F32, RedOp::None, 3), 7);
+        let d = describe(
+            call_word(Broadcast, DType::F32, RedOp::None, 3),
+            7,
+            12,
+            ENGINE,
+        );
         assert!(
-            d.contains("broadcast") && d.contains("7 float") && d.contains("root 3"),
+            d.contains("broadcast")
+                && d.contains("7 float")
+                && d.contains("root 3")
+                && d.contains("on the engine, collective #12"),
             "{d}"
         );
     }

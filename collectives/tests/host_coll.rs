@@ -373,6 +373,111 @@ fn a_missing_rank_is_named_and_an_abort_stops_calls() {
     });
 }
 
+/// Counts that put one rank's call on the region and another's on the
+/// engine: each would wait for the other until `GW_TIMEOUT` (60 s here),
+/// and instead every rank gets a mismatch naming the engine's call and
+/// the region's, at 2 and 3 ranks, blocking and not.
+#[test]
+fn a_call_on_the_region_against_one_on_the_engine_is_a_mismatch() {
+    for (n, nonblocking) in [(2, false), (2, true), (3, false)] {
+        let key = format!("hc-media{n}{}", u8::from(nonblocking));
+        let (_store, comms) = world(n, &key, |_, cfg| cfg.timeout.set(Duration::from_secs(60)));
+        // Each rank keeps its communicator until all were told: one gone
+        // would tell the others that instead.
+        let gate = std::sync::Arc::new(std::sync::Barrier::new(n as usize));
+        on_each_rank(comms, &key, move |c| {
+            let r = c.rank();
+            // Rank 1's is larger than the region's slots.
+            let on_engine = r == 1;
+            let count = if on_engine { LIMIT } else { 4 };
+            let started = std::time::Instant::now();
+            let res = if nonblocking {
+                c.iall_reduce(vec![1.0f32; count], RedOp::Sum, None)
+                    .and_then(|p| p.wait().map(|_| ()))
+            } else {
+                c.all_reduce_in_place(&mut vec![1.0f32; count], RedOp::Sum)
+            };
+            let (mine, theirs) = match on_engine {
+                true => (
+                    format!("count={LIMIT}"),
+                    "of 4 float (sum, root 0) on the host region",
+                ),
+                false => (
+                    "of 4 float (sum, root 0) on the host region".into(),
+                    "on the engine",
+                ),
+            };
+            gate.wait();
+            match res {
+                Err(Error::Mismatch { local, remote, .. })
+                    if local.contains(&mine) && remote.contains(theirs) =>
+                {
+                    // Well within GW_TIMEOUT: told, not timed out.
+                    match started.elapsed() < Duration::from_secs(30) {
+                        true => Ok(()),
+                        false => Err(format!("rank {r}: told after {:?}", started.elapsed())),
+                    }
+                }
+                other => Err(format!(
+                    "rank {r} (n {n}, nonblocking {nonblocking}): {other:?}"
+                )),
+            }
+        });
+    }
+}
+
+/// A call between two identical ones went to the engine on one rank only
+/// (non-blocking, so that rank goes on): the next call's round pairs two
+/// calls that look the same but hold different collective numbers, which
+/// the region's readers tell as a mismatch on both ranks. (Rank 0 may
+/// instead see rank 1's engine call in its line first.)
+#[test]
+fn a_round_whose_numbers_differ_is_a_mismatch() {
+    let key = "hc-numbers";
+    let (_store, comms) = world(2, key, |_, cfg| cfg.timeout.set(Duration::from_secs(60)));
+    let gate = std::sync::Arc::new(std::sync::Barrier::new(2));
+    on_each_rank(comms, key, move |c| {
+        let r = c.rank();
+        let mut small = [1.0f32; 4];
+        let engine = match r {
+            1 => Some(c.iall_reduce(vec![1.0f32; LIMIT], RedOp::Sum, None)),
+            _ => None,
+        };
+        let res = c.all_reduce_in_place(&mut small, RedOp::Sum);
+        // Rank 1's engine call never meets a partner: it is told too, by
+        // its own stall check, and its wait returns.
+        let engine = engine.map(|p| p.and_then(|p| p.wait()).map(|_| ()));
+        // Both told before either communicator goes.
+        gate.wait();
+        // The same call but for its number, one apart.
+        let number = |s: &str| s.rsplit_once('#').and_then(|(_, n)| n.parse::<u64>().ok());
+        let told = match &res {
+            Err(Error::Mismatch { local, remote, .. }) => {
+                let (a, b) = (
+                    local.rsplit_once(", collective"),
+                    remote.rsplit_once(", collective"),
+                );
+                let numbers = a.map(|a| a.0) == b.map(|b| b.0)
+                    && number(local)
+                        .zip(number(remote))
+                        .is_some_and(|(a, b)| a.abs_diff(b) == 1);
+                numbers || (r == 0 && remote.contains("on the engine"))
+            }
+            _ => false,
+        };
+        if !told {
+            return Err(format!("rank {r}: {res:?}"));
+        }
+        match engine {
+            None => Ok(()),
+            Some(Err(Error::Mismatch { remote, .. })) if remote.contains("on the host region") => {
+                Ok(())
+            }
+            Some(other) => Err(format!("rank 1's engine call: {other:?}")),
+        }
+    });
+}
+
 /// One rank with `GW_HOST_COLL_BYTES=0`: no rank uses the region, and the
 /// calls are right on the engine; with every rank willing, every rank does.
 #[test]

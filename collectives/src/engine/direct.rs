@@ -238,6 +238,9 @@ impl Engine {
             return None;
         }
         op.fp.seq = seq.fetch_add(1, Ordering::Relaxed);
+        if let Some(h) = &self.host_coll {
+            h.note_engine_call(&op.fp);
+        }
         if let Err(e) = self.direct_may_run() {
             return Some(Err(e));
         }
@@ -884,6 +887,9 @@ impl Engine {
         self.check_links()?;
         let me = self.cfg.me;
         if let Some(e) = consult_board(&mut self.cfg.board, me, &op.fp, stalled, &mut w.posted) {
+            return Err(e);
+        }
+        if stalled && let Some(e) = self.host_coll.as_ref().and_then(|h| h.here_instead(&op.fp)) {
             return Err(e);
         }
         if late {
