@@ -258,6 +258,10 @@ fn describe(call: u64, count: u64, seq: u64, on: &str) -> String {
 
 const HERE: &str = "the host region";
 const ENGINE: &str = "the engine";
+/// Why one call of a position can be on each medium, for the mismatch.
+const MEDIA: &str = " (a call takes the host region where its share is at most \
+                     GW_HOST_COLL_BYTES and no algorithm is asked, else the engine: the ranks \
+                     passed different counts, or asked an algorithm on some ranks only)";
 
 impl Communicator {
     /// Sets up the host region of this communicator's small collectives if
@@ -858,7 +862,7 @@ impl HostColl {
                     me: self.me as u32,
                     peer: j as u32,
                     local: describe(call, count, seq, HERE),
-                    remote: describe(their_call, their_count, seq, ENGINE),
+                    remote: describe(their_call, their_count, seq, ENGINE) + MEDIA,
                 });
             }
         }
@@ -925,7 +929,7 @@ impl HostColl {
                     me: self.me as u32,
                     peer: j as u32,
                     local,
-                    remote: describe(call, count, fp.seq, HERE),
+                    remote: describe(call, count, fp.seq, HERE) + MEDIA,
                 });
             }
         }
