@@ -56,9 +56,9 @@
 //! its turn, or when the communicator goes. So blocking and non-blocking
 //! calls still match each other, as they do on the engine. A call on the
 //! engine and one here never wait for each other, as neither medium
-//! orders the other (what they share is their numbering, below).
-//! After an error the rounds' numbering can no longer
-//! be trusted, so later calls here fail at once with the first error.
+//! orders the other (what they share is their numbering, below). After
+//! an error the rounds' numbering can no longer be trusted, so later
+//! calls here fail at once with the first error.
 //!
 //! Calls on the engine and here share one sequence of collective numbers
 //! (the engine's `seq`), so that ranks whose calls of one position went to
@@ -66,13 +66,14 @@
 //! put one rank's call here and another's on the engine, each would wait
 //! for the other for ever. Every slot carries its call's number, and every
 //! rank notes in its line the number and call of the last collective its
-//! engine started (so a rank whose mismatched call was non-blocking and
-//! was followed by another on the engine is found by that engine's stall
-//! check alone; an engine that fails says so in its line, as a call that
-//! fails here does, and the waiters here stop). A rank waiting here for one whose line shows this round's
-//! number on the engine, an engine operation stalled while another rank's
-//! slot shows its number here, and a reader whose writer's slot shows
-//! another number, each fail with a mismatch naming both calls.
+//! engine started. A rank waiting here for one whose line shows this
+//! round's number on the engine, an engine operation stalled while another
+//! rank's slot shows its number here, and a reader whose writer's slot
+//! shows another number, each fail with a mismatch naming both calls. (A
+//! rank whose mismatched call was non-blocking and followed by another on
+//! the engine is found by that engine's stall check alone; an engine that
+//! fails says so in its line, as a call that fails here does, and the
+//! waiters here stop.)
 //!
 //! ```text
 //!    0  magic "GWHOSTC1" u64, ranks u64, payload u64   (the creator's)
@@ -110,9 +111,9 @@ pub(crate) const SLOTS: u64 = 16;
 const LAZY_CHECKS: usize = 8;
 
 const MAGIC: u64 = u64::from_le_bytes(*b"GWHOSTC1");
-/// A slot's header: round, call, count and collective number words. A payload of up to 32
-/// bytes shares its cache line, so a reader of a small call takes one line
-/// per writer.
+/// A slot's header: round, call, count and collective number words. A
+/// payload of up to 32 bytes shares its cache line, so a reader of a small
+/// call takes one line per writer.
 const SLOT_HEADER: usize = 32;
 /// Where a slot's header keeps its call's collective number.
 const SEQ_AT: usize = 24;
