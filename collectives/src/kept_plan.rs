@@ -6,10 +6,12 @@
 //! function of the call's arguments and of the communicator's fixed
 //! settings, and at a few bytes it was a sixth of a call on the caller's
 //! direct path: 2-rank shm reduce of 8 bytes, about 370 of the root's 2,250
-//! instructions (callgrind). So the communicator keeps the last plan with
-//! the arguments it came from, and a call whose arguments are the same
-//! takes it instead of planning again. Only calls that planned without an
-//! error are kept, so a bad call is refused every time.
+//! instructions (callgrind). So each thread keeps the last plan it made on
+//! each of the last few communicators it called, with the arguments it
+//! came from, and a call whose arguments are the same takes it instead of
+//! planning again. Per thread, so that taking it needs no lock. Only calls
+//! that planned without an error are kept, so a bad call is refused every
+//! time.
 //!
 //! The buffers' addresses are not part of a plan, only whether each is null
 //! (a null buffer with bytes to move is refused): a loop that alternates
@@ -26,7 +28,8 @@ use crate::communicator::{Planned, RawOp};
 use crate::engine::DirectShape;
 use crate::op::OpKind;
 use gw_transport::Rank;
-use std::sync::Mutex;
+use std::cell::RefCell;
+use std::sync::atomic::{AtomicU64, Ordering};
 
 /// What the direct path would run for a planned call made blocking: its
 /// shape and its rounds (see `DirectOp`), `None` where it goes to the
@@ -77,29 +80,68 @@ impl PlanKey {
     }
 }
 
-/// The kept plan, behind a lock that is only ever tried: a caller that
-/// finds it taken by another thread plans for itself.
-#[derive(Default)]
+/// Which communicator's plans a thread's kept plans are: a number no
+/// other communicator of the process ever had (communicator ids can
+/// repeat, after one with the same key was dropped).
 pub(crate) struct KeptPlan {
-    last: Mutex<Option<(PlanKey, Planned, Direct)>>,
+    id: u64,
+}
+
+impl Default for KeptPlan {
+    fn default() -> KeptPlan {
+        static NEXT: AtomicU64 = AtomicU64::new(1);
+        KeptPlan {
+            id: NEXT.fetch_add(1, Ordering::Relaxed),
+        }
+    }
+}
+
+/// Plans kept per thread: a few, so that a thread alternating between
+/// communicators still finds each one's.
+const KEPT: usize = 4;
+
+type Kept = [Option<(u64, PlanKey, Planned, Direct)>; KEPT];
+
+thread_local! {
+    // Per thread, not per communicator: the lock a shared slot needed (a
+    // `try_lock` and its release, two locked instructions) cost a tenth of
+    // an 8-byte collective on the host region.
+    static LAST: RefCell<(Kept, usize)> = const { RefCell::new(([None; KEPT], 0)) };
 }
 
 impl KeptPlan {
-    /// The plan kept for `key`, if the last plan kept was made for it.
+    /// The plan this thread kept for `key` on this communicator, if any.
     pub(crate) fn get(&self, key: &PlanKey) -> Option<(Planned, Direct)> {
-        let last = self.last.try_lock().ok()?;
-        match &*last {
-            Some((k, planned, direct)) if k == key => Some((*planned, *direct)),
-            _ => None,
-        }
+        LAST.with(|last| {
+            let last = last.try_borrow().ok()?;
+            last.0.iter().find_map(|e| match e {
+                Some((id, k, planned, direct)) if *id == self.id && k == key => {
+                    Some((*planned, *direct))
+                }
+                _ => None,
+            })
+        })
     }
 
-    /// Keeps `planned` (and what the direct path would run of it) as the
-    /// plan of `key`, in place of the one kept before.
+    /// Keeps `planned` (and what the direct path would run of it) as this
+    /// thread's plan of `key` on this communicator, in place of the one
+    /// kept before for the communicator, else of the oldest.
     pub(crate) fn keep(&self, key: PlanKey, planned: Planned, direct: Direct) {
-        if let Ok(mut last) = self.last.try_lock() {
-            *last = Some((key, planned, direct));
-        }
+        LAST.with(|last| {
+            let Ok(mut last) = last.try_borrow_mut() else {
+                return;
+            };
+            let (kept, next) = &mut *last;
+            let i = match kept.iter().position(|e| e.is_some_and(|e| e.0 == self.id)) {
+                Some(i) => i,
+                None => {
+                    let i = *next;
+                    *next = (i + 1) % KEPT;
+                    i
+                }
+            };
+            kept[i] = Some((self.id, key, planned, direct));
+        });
     }
 }
 

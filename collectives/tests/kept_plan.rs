@@ -1,8 +1,9 @@
-//! The communicator keeps the last collective's plan for the next identical
-//! call (`kept_plan.rs`). These tests change everything a plan is made of
-//! between calls, and the buffers with every call, and check that each
-//! result is still right and that a bad call is refused however often the
-//! same good call came before it.
+//! Each thread keeps the last collective plan per communicator for the
+//! next identical call (`kept_plan.rs`). These tests change everything a
+//! plan is made of between calls, and the buffers with every call, and
+//! check that each result is still right, that a bad call is refused
+//! however often the same good call came before it, and that a thread
+//! alternating between communicators gets each one's plan.
 
 mod common;
 
@@ -221,4 +222,50 @@ fn a_bad_call_is_refused_after_the_same_good_one() {
         }
         Ok(())
     });
+}
+
+/// Plans are kept per thread for the last few communicators it called: a
+/// thread that alternates the same all-gather between a 2-rank and a
+/// 3-rank communicator (whose plans differ in the receive size) gets each
+/// one's, every call right.
+#[test]
+fn a_thread_alternating_communicators_keeps_each_ones_plan() {
+    let (_sa, a) = local_world(2, "kept-alt-a", |_, _| {}).expect("communicators");
+    let (_sb, b) = local_world(3, "kept-alt-b", |_, _| {}).expect("communicators");
+    let mut a: Vec<Option<Communicator>> = a.into_iter().map(Some).collect();
+    let threads: Vec<_> = b
+        .into_iter()
+        .enumerate()
+        .map(|(r, cb)| {
+            let ca = a.get_mut(r).and_then(Option::take);
+            std::thread::spawn(move || -> Result<(), String> {
+                // Large enough for the engine, whose plan names its
+                // communicator and its size.
+                const COUNT: usize = 1024;
+                let check = |c: &Communicator, k: usize| -> Result<(), String> {
+                    let n = c.size() as usize;
+                    let send = vec![c.rank() as f32 * 100.0 + k as f32; COUNT];
+                    let mut recv = vec![f32::NAN; COUNT * n];
+                    c.all_gather(&send, &mut recv)
+                        .map_err(|e| format!("{n} ranks, call {k}: {e}"))?;
+                    for (i, &x) in recv.iter().enumerate() {
+                        if x != (i / COUNT) as f32 * 100.0 + k as f32 {
+                            return Err(format!("{n} ranks, call {k}: element {i} is {x}"));
+                        }
+                    }
+                    Ok(())
+                };
+                for k in 0..40 {
+                    if let Some(ca) = &ca {
+                        check(ca, k)?;
+                    }
+                    check(&cb, k)?;
+                }
+                Ok(())
+            })
+        })
+        .collect();
+    for t in threads {
+        t.join().expect("rank thread").expect("alternating calls");
+    }
 }
