@@ -20,7 +20,7 @@ use crate::element::Element;
 use crate::engine::{
     Completion, DirectMessage, DirectOp, DirectShape, Left, Msg, OpDesc, Part, Plan, Ptr,
 };
-use crate::host_coll::HostColl;
+use crate::host_coll::{Call, HostColl};
 use crate::host_rounds::Leaving;
 use crate::kept_plan::{Direct, KeptPlan, PlanKey};
 use crate::mailbox;
@@ -834,12 +834,16 @@ impl Communicator {
                 OpKind::Broadcast | OpKind::Reduce => op.root,
                 _ => 0,
             };
-            let op = RawOp { redop, root, ..op };
-            // Numbered with the engine's calls (see `host_coll`).
-            let seq = self.next_seq()?;
+            let call = Call {
+                op: RawOp { redop, root, ..op },
+                kernel,
+                count,
+                // Numbered with the engine's calls (see `host_coll`).
+                seq: self.next_seq()?,
+            };
             if kick {
                 // SAFETY: forwarded from the caller.
-                let r = unsafe { h.submit(&op, kernel, count, seq) }?;
+                let r = unsafe { h.submit(call) }?;
                 let mut handle = self.finished(Ok(()));
                 handle.host = Some((h.clone(), r));
                 return Ok(Submitted::Queued(handle));
@@ -850,7 +854,7 @@ impl Communicator {
                 0.0
             };
             // SAFETY: forwarded from the caller.
-            let r = unsafe { h.run(&op, kernel, count, seq) };
+            let r = unsafe { h.run(&call) };
             if t0 > 0.0
                 && let Ok(round) = r
             {

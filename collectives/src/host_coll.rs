@@ -185,7 +185,7 @@ struct State {
     /// not yet posted, oldest first: their slot still held a round some
     /// rank had not finished, and a non-blocking call never waits (see
     /// [`HostColl::submit`]). Posted, in order, before any later round.
-    unposted: VecDeque<Unposted>,
+    unposted: VecDeque<Call>,
     /// Every rank's `done` was at least this when last read: slots of
     /// rounds up to this plus [`SLOTS`] are free without reading again.
     done_min: u64,
@@ -208,12 +208,14 @@ struct State {
     polls: u32,
 }
 
-/// A non-blocking call waiting for its slot.
-struct Unposted {
-    op: RawOp,
-    kernel: Kernel,
-    count: usize,
-    seq: u64,
+/// A call given to the region: what its round posts, and, while a
+/// non-blocking one waits for its slot, what is queued.
+pub(crate) struct Call {
+    pub op: RawOp,
+    pub kernel: Kernel,
+    pub count: usize,
+    /// Its collective number (the engine's `seq`).
+    pub seq: u64,
 }
 
 /// A round this rank posted and has still to finish: to read, if it
@@ -402,15 +404,9 @@ impl HostColl {
     /// returns its round.
     ///
     /// # Safety
-    /// As for [`Communicator::run_raw`]: the buffers of `op` are valid for
-    /// the layout of its kind and count until this returns.
-    pub(crate) unsafe fn run(
-        &self,
-        op: &RawOp,
-        kernel: Kernel,
-        count: usize,
-        seq: u64,
-    ) -> Result<u64> {
+    /// As for [`Communicator::run_raw`]: the buffers of `call.op` are valid
+    /// for the layout of its kind and count until this returns.
+    pub(crate) unsafe fn run(&self, call: &Call) -> Result<u64> {
         let mut st = self.state();
         self.usable(&mut st)?;
         // Earlier non-blocking calls take their rounds first.
@@ -418,7 +414,7 @@ impl HostColl {
         let r = st.next;
         self.slot_free(&mut st, r, Some(None))?;
         // SAFETY: forwarded from the caller.
-        unsafe { self.post(&mut st, r, op, kernel, count, seq) };
+        unsafe { self.post(&mut st, r, call) };
         st.next = r + 1;
         self.advance(&mut st, r, Some(None))?;
         Ok(r)
@@ -435,29 +431,19 @@ impl HostColl {
     /// collectives return at once, and so do the engine's).
     ///
     /// # Safety
-    /// As for [`Communicator::submit_raw`]: the buffers of `op` stay valid
-    /// until the round completes (its send buffer is read when posted).
-    pub(crate) unsafe fn submit(
-        &self,
-        op: &RawOp,
-        kernel: Kernel,
-        count: usize,
-        seq: u64,
-    ) -> Result<u64> {
+    /// As for [`Communicator::submit_raw`]: the buffers of `call.op` stay
+    /// valid until the round completes (its send buffer is read when
+    /// posted).
+    pub(crate) unsafe fn submit(&self, call: Call) -> Result<u64> {
         let mut st = self.state();
         self.usable(&mut st)?;
         let r = st.next;
         let posted_before = self.post_unposted(&mut st, u64::MAX, None)?;
         if posted_before && self.slot_free(&mut st, r, None)? {
             // SAFETY: forwarded from the caller.
-            unsafe { self.post(&mut st, r, op, kernel, count, seq) };
+            unsafe { self.post(&mut st, r, &call) };
         } else {
-            st.unposted.push_back(Unposted {
-                op: *op,
-                kernel,
-                count,
-                seq,
-            });
+            st.unposted.push_back(call);
             self.queued.store(true, Ordering::Release);
             self.queued_total.fetch_add(1, Ordering::Relaxed);
         }
@@ -549,7 +535,7 @@ impl HostColl {
             };
             // SAFETY: the buffers of a submitted call stay valid until it
             // completes (`submit`'s caller), and it has not.
-            unsafe { self.post(st, r, &u.op, u.kernel, u.count, u.seq) };
+            unsafe { self.post(st, r, &u) };
         };
         self.queued
             .store(!st.unposted.is_empty(), Ordering::Release);
@@ -674,15 +660,13 @@ impl HostColl {
     ///
     /// # Safety
     /// `op`'s send buffer is valid for its kind's layout.
-    unsafe fn post(
-        &self,
-        st: &mut State,
-        r: u64,
-        op: &RawOp,
-        kernel: Kernel,
-        count: usize,
-        seq: u64,
-    ) {
+    unsafe fn post(&self, st: &mut State, r: u64, c: &Call) {
+        let Call {
+            ref op,
+            kernel,
+            count,
+            seq,
+        } = *c;
         let (n, me) = (self.layout.n, self.me);
         let es = kernel.dtype.size();
         let call = call_word(op.kind, kernel.dtype, op.redop, op.root);
