@@ -144,9 +144,10 @@ pub struct ShmConfig {
     /// credits, so a full ring of frames nobody asked for yet can always be
     /// taken out of the ring.
     pub eager_frames: usize,
-    /// A collective's segment (a send without a hint) that the rules above
-    /// would pull goes through the slots instead where, as measured on its
-    /// ring, the two slot copies cost less than the pull (see `costs.rs`;
+    /// A collective's segment (a send without a hint), or a stored
+    /// message (`SendHint::Stored`) of at least 256 KiB, that the rules
+    /// above would pull goes through the slots instead where, as measured
+    /// on its ring, the two slot copies cost less than the pull (see `costs.rs`;
     /// default on; the communicator turns it off where ranks share cores
     /// unless `GW_SHM_ADAPT=1` says otherwise). Off, the rules alone
     /// decide, which tests that count pulls rely on.
@@ -699,19 +700,32 @@ impl ShmTransport {
         let mut pull_from = self.pull_from(hint, region_len);
         let me = self.me;
         let p = &mut self.peers[peer as usize];
-        // Only a collective's own segments (no hint): their receives are
-        // posted as the schedule reaches them, while a point-to-point
-        // stream's often are not, and a message through the slots that
-        // arrives before its receive is copied twice on that side; an
-        // exchange or stored message may come out of a region of any
-        // size, where two slot copies that each ran in cache lost to one
-        // pull (docs/performance.md, "Pull or slots, measured").
+        // A collective's own segments (no hint) are chosen by cost where
+        // their credits let them go at once: beyond them a segment through
+        // the slots is announced and waits for its receive, three trips
+        // through the rings that a pull never takes, which a window of 64
+        // KiB exchanges lost 0.71x to. A stored message (`Stored`: a
+        // point-to-point message, a 2-rank broadcast's) is chosen by cost
+        // from `STORED_CHOICE_BYTES` whatever its credits: its receiver
+        // only stores it, and where the slots copy fast a one-way stream
+        // of such messages ran 2.4-3x faster through them, announced or
+        // not; below, one frame's two copies run one after the other, and
+        // a 64 KiB ping-pong through the slots lost 0.88x even where
+        // larger messages gained. An exchange (`Exchanged`) keeps its
+        // pull: it may come out of a region of any size, where two slot
+        // copies that each ran in cache lost to one pull (docs/
+        // performance.md, "Pull or slots, measured").
+        let by_cost = match hint {
+            None => true,
+            Some(SendHint::Stored) => len >= costs::STORED_CHOICE_BYTES,
+            Some(SendHint::Exchanged | SendHint::Pushed) => false,
+        };
         if self.cfg.adaptive
-            && hint.is_none()
+            && by_cost
             && len >= pull_from
             && let Some(conn) = p.conn.as_ref()
             && conn.tx.can_pull() == CanPull::Yes
-            && p.slots_free_for(len, conn.tx.slot_bytes())
+            && (hint.is_some() || p.slots_free_for(len, conn.tx.slot_bytes()))
             && !p
                 .choice
                 .pull(conn.tx.costs(), len.min(conn.tx.slot_bytes()))

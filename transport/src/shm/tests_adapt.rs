@@ -1,7 +1,7 @@
 //! The choice between a pull and the slots for each message the size rules
 //! would pull, made from the costs both sides measured (see `costs.rs`).
 
-use super::costs::{Costs, PROBE_EVERY, PathChoice};
+use super::costs::{Costs, PROBE_EVERY, PathChoice, STORED_CHOICE_BYTES};
 use super::tests::{cfg_pull, job, pattern, probed_pair, reg, run, send_hinted, tag};
 use super::*;
 use proptest::prelude::*;
@@ -74,9 +74,10 @@ fn pulls_measured_cheaper_or_unmeasured_costs_keep_every_message_pulled() {
 }
 
 #[test]
-fn hinted_messages_keep_their_pulls_however_cheap_the_slots() {
-    // Point-to-point messages and exchanges: only a collective's own
-    // segments (no hint) are chosen by cost.
+fn exchanges_and_short_stored_messages_keep_their_pulls_however_cheap_the_slots() {
+    // An exchange at any size, and a stored message under
+    // STORED_CHOICE_BYTES: of hinted messages only long stored ones are
+    // chosen by cost (the next test).
     for (i, hint) in [SendHint::Exchanged, SendHint::Stored]
         .into_iter()
         .enumerate()
@@ -98,6 +99,56 @@ fn hinted_messages_keep_their_pulls_however_cheap_the_slots() {
         assert_eq!(
             a.peers[1].next_pull, 1,
             "{hint:?} pulled, the plain one not"
+        );
+    }
+}
+
+#[test]
+fn long_stored_messages_go_by_cost_even_beyond_their_credits() {
+    // Three stored messages of STORED_CHOICE_BYTES and one a byte shorter,
+    // all posted at once: 16 frames each through 16 KiB slots, far beyond
+    // the credits. Frames that short are not timed and no message is a
+    // probe, so the costs stay as set, but for the pulls' own samples
+    // where pulls are cheap (10 ps/B, which no sample lifts past the
+    // slots' 90).
+    let n = STORED_CHOICE_BYTES;
+    let slot = 16384;
+    for (i, (pull, want_pulled)) in [(300, 1), (10, 4)].into_iter().enumerate() {
+        let (mut a, mut b) = probed_pair(ShmConfig {
+            adaptive: true,
+            p2p_pull_bytes: 1000,
+            ..cfg_pull(&job(&format!("adaptstored{i}")), 2, slot, 1000)
+        });
+        assert!(a.peers[1].credits(usize::MAX) < n / slot);
+        b.peers[0].conn.as_ref().unwrap().rx.set_costs(pull, 50);
+        a.peers[1].conn.as_mut().unwrap().tx.set_in_cost(40);
+        let mut src = pattern(n, 7 + i as u8);
+        let mut dst = vec![0u8; 4 * n];
+        let ms = reg(&mut a, &mut src);
+        let md = reg(&mut b, &mut dst);
+        let stored = Some(SendHint::Stored);
+        send_hinted(
+            &mut a,
+            &mut b,
+            &[
+                (ms, n, stored),
+                (ms, n, stored),
+                (ms, n - 1, stored),
+                (ms, n, stored),
+            ],
+            md,
+        );
+        let mut off = 0;
+        for (k, len) in [n, n, n - 1, n].into_iter().enumerate() {
+            assert!(
+                dst[off..off + len] == src[..len],
+                "message {k} arrived wrong"
+            );
+            off += len;
+        }
+        assert_eq!(
+            a.peers[1].next_pull, want_pulled,
+            "pulls at {pull} ps/B against slots at 40 + 50"
         );
     }
 }
