@@ -489,7 +489,7 @@ pub struct Config {
     /// limit do (see [`Config::shm_pulls_for`]).
     pub shm_pull_bytes: Setting<usize>,
     /// `GW_SHM_ADAPT`: a collective's shared-memory segment, or a stored
-    /// message (point-to-point, a 2-rank broadcast's) of at least 256 KiB, that
+    /// message (point-to-point, with a core per rank) of at least 256 KiB, that
     /// `GW_SHM_PULL_BYTES`'s rules would pull goes through the slots where they are measured to
     /// cost less (1, the default; only where every rank of the host has a
     /// core), or the rules alone decide (0).

@@ -69,9 +69,12 @@ pub(crate) fn mix(old: u32, sample: u32) -> u32 {
 /// The sender's choice for one peer.
 #[derive(Debug, Default)]
 pub(crate) struct PathChoice {
-    /// Messages so far that the size rules would pull, long enough for
-    /// their copies to be timed.
-    eligible: u64,
+    /// Messages since the last probe that the size rules would pull, long
+    /// enough for their copies to be timed.
+    since_probe: u64,
+    /// The way not chosen at the last choice (true: the slots) and its
+    /// cost then (0: none).
+    other_seen: (bool, u64),
 }
 
 /// What a choice is made from, in picoseconds per byte, 0 where not yet
@@ -90,33 +93,48 @@ impl PathChoice {
     /// Whether the next message that the size rules would pull is pulled;
     /// `len` is its longest copy (its length, or a slot's where shorter:
     /// the slots copy a frame at a time). Until both ways are measured,
-    /// pulls stay the rule. Every [`PROBE_EVERY`]th message whose copies
-    /// are timed takes the other way (another would measure nothing), and
-    /// where both are measured, every `PROBE_EVERY * r`th instead, `r` the
-    /// way not chosen's cost over the chosen one's, rounded down, at most
-    /// [`PROBE_STRETCH_MAX`]: a probe then costs about `r - 1` messages
-    /// more, so the probes together cost at most 1/[`PROBE_EVERY`] of the
-    /// time whatever `r`. At a fixed interval, a phase where the slots
-    /// copied at a fifth of the pull's speed made every probe through them
-    /// cost four messages more, and the 4 MiB ping-pong's mean 5% slower.
+    /// pulls stay the rule.
+    ///
+    /// Every [`PROBE_EVERY`]th message whose copies are timed takes the
+    /// other way (another would measure nothing); where both are measured,
+    /// every `PROBE_EVERY * r`th instead, `r` the way not chosen's cost
+    /// over the chosen one's, rounded down, at most [`PROBE_STRETCH_MAX`].
+    /// A probe costs about `r - 1` messages more, so the probes cost
+    /// `(r - 1) / (PROBE_EVERY * r)` of the time, under 1/32, up to `r` =
+    /// 16, and `(r - 1) / 512` beyond. At a fixed interval, a phase where
+    /// the slots copied at a fifth of the pull's speed made every probe
+    /// through them cost four messages more (the 4 MiB ping-pong's mean
+    /// 3-8% slower). Spaced out, probes would follow a phase change in the
+    /// other way's favour slowly, a quarter of the way per sample
+    /// ([`mix`]); so where the other way's cost fell by an eighth or more
+    /// since the last choice (only a probe's sample moves it), the next
+    /// message probes again, until it stops falling or is chosen.
     pub(crate) fn pull(&mut self, c: Costs, len: usize) -> bool {
         let slots = c.slot_in as u64 + c.slot_out as u64;
         let both_known = c.pull != 0 && c.slot_in != 0 && c.slot_out != 0;
         let prefer_pull = !both_known || (c.pull as u64) <= slots;
-        let every = if both_known {
+        let (every, other) = if both_known {
             let (chosen, other) = if prefer_pull {
                 (c.pull as u64, slots)
             } else {
                 (slots, c.pull as u64)
             };
-            PROBE_EVERY * (other / chosen).clamp(1, PROBE_STRETCH_MAX)
+            let r = (other / chosen).clamp(1, PROBE_STRETCH_MAX);
+            (PROBE_EVERY * r, other)
         } else {
-            PROBE_EVERY
+            (PROBE_EVERY, 0)
         };
+        // The same way not chosen as last time, and cheaper by an eighth.
+        let (was_slots, was) = self.other_seen;
+        let falling = other != 0 && was != 0 && was_slots == prefer_pull && other < was - was / 8;
+        self.other_seen = (prefer_pull, other);
         let probe = len >= MEASURED_BYTES && {
-            self.eligible = self.eligible.wrapping_add(1);
-            self.eligible.is_multiple_of(every)
+            self.since_probe += 1;
+            self.since_probe >= every || falling
         };
+        if probe {
+            self.since_probe = 0;
+        }
         prefer_pull != probe
     }
 }
@@ -186,6 +204,42 @@ mod tests {
         let v = choices(costs(1, 1000, 1000), 2 * every);
         assert_eq!(2 * every - pulled(&v), 2);
         assert!(!v[every - 1] && !v[2 * every - 1]);
+    }
+
+    #[test]
+    fn a_probe_that_finds_the_other_way_cheaper_is_followed_at_once() {
+        let mut p = PathChoice::default();
+        // Slots measured at 560 + 100 against pulls at 74: every 256th.
+        let cold = costs(74, 560, 100);
+        let v: Vec<bool> = (0..256).map(|_| p.pull(cold, MEASURED_BYTES)).collect();
+        assert_eq!(pulled(&v), 255);
+        assert!(!v[255], "the 256th probes");
+        // That probe's sample brought the slots down by more than an
+        // eighth: the next message probes again, and so on while they fall.
+        assert!(!p.pull(costs(74, 420, 80), MEASURED_BYTES));
+        assert!(!p.pull(costs(74, 320, 60), MEASURED_BYTES));
+        // Down by less than an eighth: back to the spacing (r = 4 now).
+        let v: Vec<bool> = (0..64)
+            .map(|_| p.pull(costs(74, 300, 58), MEASURED_BYTES))
+            .collect();
+        assert_eq!(pulled(&v), 64);
+        // Cheaper than the pull at last: chosen, but for a probe of the
+        // pull at once (65 messages since the last probe, where r = 1 now
+        // asks for one in 32).
+        let v: Vec<bool> = (0..32)
+            .map(|_| p.pull(costs(74, 30, 30), MEASURED_BYTES))
+            .collect();
+        assert_eq!(pulled(&v), 1);
+        assert!(v[0]);
+        // The pull rising is not the other way falling, nor is a fall
+        // seen on a message too short to probe.
+        let mut q = PathChoice::default();
+        for _ in 0..10 {
+            q.pull(costs(74, 560, 100), MEASURED_BYTES);
+        }
+        assert!(q.pull(costs(90, 560, 100), MEASURED_BYTES));
+        assert!(q.pull(costs(90, 300, 60), MEASURED_BYTES - 1));
+        assert!(q.pull(costs(90, 300, 60), MEASURED_BYTES), "seen already");
     }
 
     #[test]

@@ -705,12 +705,12 @@ impl ShmTransport {
         // the slots is announced and waits for its receive, three trips
         // through the rings that a pull never takes, which a window of 64
         // KiB exchanges lost 0.71x to. A stored message (`Stored`: a
-        // point-to-point message, a 2-rank broadcast's) is chosen by cost
+        // point-to-point message with a core per rank) is chosen by cost
         // from `STORED_CHOICE_BYTES` whatever its credits: its receiver
         // only stores it, and where the slots copy fast a one-way stream
         // of such messages ran 2.4-3x faster through them, announced or
         // not; below, one frame's two copies run one after the other, and
-        // a 64 KiB ping-pong through the slots lost 0.88x even where
+        // a 64 KiB ping-pong chosen so lost 0.92x even where
         // larger messages gained. An exchange (`Exchanged`) keeps its
         // pull: it may come out of a region of any size, where two slot
         // copies that each ran in cache lost to one pull (docs/

@@ -162,6 +162,20 @@ pub(crate) fn pid_alive(pid: u32) -> bool {
 }
 
 /// A shared mapping, unmapped on drop.
+/// A segment up to this size is mapped populated, every page mapped at
+/// once rather than at its first touch (larger ones, which only settings
+/// far from the defaults make, would cost start-up time in proportion).
+/// The pages exist already (`posix_fallocate`), so this maps page-table
+/// entries only; but a slot's first copy through unmapped pages took
+/// 10-25x as long as the next ones, and such a copy is the first sample
+/// of what the slots cost (`costs.rs`): with the probes spaced by cost,
+/// it kept every 256 KiB message pulled for 800-2,200 messages, where
+/// populated the first sample was 2-3x the settled cost and settled
+/// within 400. The cost is start-up time (an 8-rank job on 2 cores,
+/// 7 segments of 8 MiB a rank: 88-96 ms against 49-55) and resident
+/// pages: each process's RSS counts its segments whole from the start.
+const POPULATE_MAX: usize = 256 << 20;
+
 #[derive(Debug)]
 pub(super) struct Mapping {
     pub(super) ptr: NonNull<u8>,
@@ -174,14 +188,17 @@ unsafe impl Send for Mapping {}
 
 impl Mapping {
     pub(super) fn map(file: &File, len: usize, what: &Path) -> Result<Mapping> {
-        // Populated: every page mapped now, not at its first touch. The
-        // pages exist already (`posix_fallocate`), so this costs page-table
-        // entries only, while a slot's first copy through an unmapped page
-        // took 10-25x as long as the next ones. Those first copies are the
-        // first samples of what the slots cost (`costs.rs`), and with the
-        // probes spaced by cost such a sample kept every message pulled
-        // for 800-2,200 messages of 256 KiB; populated, the first sample
-        // was 2-3x the settled cost and settled within 400.
+        Mapping::map_with(file, len, what, false)
+    }
+
+    /// [`Mapping::map`], with every page mapped now where `populated` (see
+    /// [`POPULATE_MAX`]).
+    fn map_with(file: &File, len: usize, what: &Path, populated: bool) -> Result<Mapping> {
+        let flags = if populated && len <= POPULATE_MAX {
+            libc::MAP_SHARED | libc::MAP_POPULATE
+        } else {
+            libc::MAP_SHARED
+        };
         // SAFETY: a fresh shared mapping of a file we hold open; the kernel picks
         // the address, so no existing memory is affected.
         let p = unsafe {
@@ -189,7 +206,7 @@ impl Mapping {
                 std::ptr::null_mut(),
                 len,
                 libc::PROT_READ | libc::PROT_WRITE,
-                libc::MAP_SHARED | libc::MAP_POPULATE,
+                flags,
                 file.as_raw_fd(),
                 0,
             )
@@ -281,7 +298,7 @@ impl Segment {
         };
         let total = layout.total();
         reserve(&file, path, total).map_err(cleanup)?;
-        let map = Mapping::map(&file, total, path).map_err(cleanup)?;
+        let map = Mapping::map_with(&file, total, path, true).map_err(cleanup)?;
         for base in [SEG_HEADER_LEN, SEG_HEADER_LEN + layout.ring_len()] {
             // SAFETY: the ring lies inside the mapping (total covers both rings),
             // base offsets are multiples of 64 from a page-aligned start, and nobody
@@ -379,6 +396,9 @@ impl Segment {
                 layout.total()
             )));
         }
+        // Checked: mapped again, populated this time (see `POPULATE_MAX`),
+        // where a segment still pending is looked at many times.
+        let map = Mapping::map_with(&file, size, path, true)?;
         // Both sides have it mapped (the creator since before the magic): drop the name.
         match std::fs::remove_file(path) {
             Ok(()) => {}
