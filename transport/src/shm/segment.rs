@@ -161,7 +161,6 @@ pub(crate) fn pid_alive(pid: u32) -> bool {
     }
 }
 
-/// A shared mapping, unmapped on drop.
 /// A segment up to this size is mapped populated, every page mapped at
 /// once rather than at its first touch (larger ones, which only settings
 /// far from the defaults make, would cost start-up time in proportion).
@@ -176,6 +175,7 @@ pub(crate) fn pid_alive(pid: u32) -> bool {
 /// pages: each process's RSS counts its segments whole from the start.
 const POPULATE_MAX: usize = 256 << 20;
 
+/// A shared mapping, unmapped on drop.
 #[derive(Debug)]
 pub(super) struct Mapping {
     pub(super) ptr: NonNull<u8>,
