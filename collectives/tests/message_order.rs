@@ -198,8 +198,53 @@ on_shm_and_tcp!(
 /// covering it left it, and every held-back receive must start once the
 /// one before it ends (a window of 48, each waiting on the last).
 fn overlapping_receives_land_in_posting_order(t: TransportChoice, key: &'static str) {
-    const WINDOW: usize = 48;
-    const BUF: usize = 64 << 10;
+    overlapping_receives(
+        t,
+        key,
+        Shape {
+            window: 48,
+            buf: 64 << 10,
+            max_len: 40 << 10,
+            rounds: 6,
+        },
+    );
+}
+
+/// The same with messages of up to 1 MiB in a 2 MiB buffer: over shared
+/// memory, those of 256 KiB or more go through the slots or are pulled as
+/// the ring measured the two ways (`SendHint::Stored`), through the slots
+/// even beyond their credits, announced; whichever way each takes, each
+/// must land whole and in its turn.
+fn long_overlapping_receives_land_in_posting_order(t: TransportChoice, key: &'static str) {
+    overlapping_receives(
+        t,
+        key,
+        Shape {
+            window: 16,
+            buf: 2 << 20,
+            max_len: 1 << 20,
+            rounds: 4,
+        },
+    );
+}
+
+/// A window of overlapping receives: how many, in how large a buffer, how
+/// long each at most, how many windows.
+#[derive(Clone, Copy)]
+struct Shape {
+    window: usize,
+    buf: usize,
+    max_len: usize,
+    rounds: usize,
+}
+
+fn overlapping_receives(t: TransportChoice, key: &'static str, shape: Shape) {
+    let Shape {
+        window,
+        buf: buf_len,
+        max_len,
+        rounds,
+    } = shape;
     on_two_ranks(t, key, move |c| {
         let me = c.rank();
         let peer = 1 - me;
@@ -212,17 +257,17 @@ fn overlapping_receives_land_in_posting_order(t: TransportChoice, key: &'static 
                 .wrapping_add(1_442_695_040_888_963_407);
             (seed >> 33) as usize % n
         };
-        for round in 0..6 {
-            let msgs: Vec<(usize, usize)> = (0..WINDOW)
+        for round in 0..rounds {
+            let msgs: Vec<(usize, usize)> = (0..window)
                 .map(|_| {
-                    let len = 1 + draw(40 << 10);
-                    (draw(BUF - len + 1), len)
+                    let len = 1 + draw(max_len);
+                    (draw(buf_len - len + 1), len)
                 })
                 .collect();
-            let fill = |i: usize| (1 + (round * WINDOW + i) % 250) as u8;
+            let fill = |i: usize| (1 + (round * window + i) % 250) as u8;
             if me == 0 {
-                let bufs: Vec<Vec<u8>> = (0..WINDOW).map(|i| vec![fill(i); msgs[i].1]).collect();
-                let mut handles = Vec::with_capacity(WINDOW);
+                let bufs: Vec<Vec<u8>> = (0..window).map(|i| vec![fill(i); msgs[i].1]).collect();
+                let mut handles = Vec::with_capacity(window);
                 for b in &bufs {
                     // SAFETY: bufs is neither moved nor touched until every
                     // handle has been waited for.
@@ -237,9 +282,9 @@ fn overlapping_receives_land_in_posting_order(t: TransportChoice, key: &'static 
                 }
                 continue;
             }
-            let mut buf = vec![0u8; BUF];
+            let mut buf = vec![0u8; buf_len];
             let base = buf.as_mut_ptr();
-            let mut handles = Vec::with_capacity(WINDOW);
+            let mut handles = Vec::with_capacity(window);
             for &(off, n) in &msgs {
                 // SAFETY: buf is neither moved nor touched until every
                 // handle has been waited for.
@@ -250,11 +295,11 @@ fn overlapping_receives_land_in_posting_order(t: TransportChoice, key: &'static 
             for h in handles {
                 h.wait().map_err(err)?;
             }
-            let mut want = vec![0u8; BUF];
+            let mut want = vec![0u8; buf_len];
             for (i, &(off, n)) in msgs.iter().enumerate() {
                 want[off..off + n].fill(fill(i));
             }
-            if let Some(i) = (0..BUF).find(|&i| buf[i] != want[i]) {
+            if let Some(i) = (0..buf_len).find(|&i| buf[i] != want[i]) {
                 return Err(format!(
                     "{key} round {round}: byte {i} is {}, the last message over it wrote {}",
                     buf[i], want[i]
@@ -270,4 +315,11 @@ on_shm_and_tcp!(
     overlapping_receives_land_in_posting_order_tcp,
     overlapping_receives_land_in_posting_order,
     "message_order_overlap"
+);
+
+on_shm_and_tcp!(
+    long_overlapping_receives_land_in_posting_order_shm,
+    long_overlapping_receives_land_in_posting_order_tcp,
+    long_overlapping_receives_land_in_posting_order,
+    "message_order_overlap_long"
 );
