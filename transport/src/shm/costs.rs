@@ -35,6 +35,11 @@ pub(crate) const PROBE_EVERY: u64 = 32;
 /// on (see `post_send`); shorter ones keep their pulls.
 pub(crate) const STORED_CHOICE_BYTES: usize = 256 << 10;
 
+/// Messages after a probe within which a fall of the way not chosen's
+/// cost is taken as that probe's doing (see [`PathChoice::pull`]): its
+/// copies are timed as it lands, a message or two later.
+pub(crate) const FALL_WINDOW: u64 = 4;
+
 /// The most [`PROBE_EVERY`] is stretched by where the way not chosen costs
 /// many times more (see [`PathChoice::pull`]).
 pub(crate) const PROBE_STRETCH_MAX: u64 = 16;
@@ -72,9 +77,9 @@ pub(crate) struct PathChoice {
     /// Messages since the last probe that the size rules would pull, long
     /// enough for their copies to be timed.
     since_probe: u64,
-    /// The way not chosen at the last choice (true: the slots) and its
+    /// The way not chosen at the last probe (true: the slots) and its
     /// cost then (0: none).
-    other_seen: (bool, u64),
+    at_probe: (bool, u64),
 }
 
 /// What a choice is made from, in picoseconds per byte, 0 where not yet
@@ -106,9 +111,13 @@ impl PathChoice {
     /// through them cost four messages more (the 4 MiB ping-pong's mean
     /// 3-8% slower). Spaced out, probes would follow a phase change in the
     /// other way's favour slowly, a quarter of the way per sample
-    /// ([`mix`]); so where the other way's cost fell by an eighth or more
-    /// since the last choice (only a probe's sample moves it), the next
-    /// message probes again, until it stops falling or is chosen.
+    /// ([`mix`]); so where, within [`FALL_WINDOW`] messages of a probe,
+    /// the way not chosen measures an eighth or more cheaper than when the
+    /// probe was sent, the next message probes again, until it stops
+    /// falling or is chosen. Only that window counts: other traffic moves
+    /// these costs too (every timed copy into or out of the slots, every
+    /// timed pull), and read from one message to the next its jitter would
+    /// pass for falls and probe far more often than the spacing allows.
     pub(crate) fn pull(&mut self, c: Costs, len: usize) -> bool {
         let slots = c.slot_in as u64 + c.slot_out as u64;
         let both_known = c.pull != 0 && c.slot_in != 0 && c.slot_out != 0;
@@ -124,16 +133,21 @@ impl PathChoice {
         } else {
             (PROBE_EVERY, 0)
         };
-        // The same way not chosen as last time, and cheaper by an eighth.
-        let (was_slots, was) = self.other_seen;
-        let falling = other != 0 && was != 0 && was_slots == prefer_pull && other < was - was / 8;
-        self.other_seen = (prefer_pull, other);
         let probe = len >= MEASURED_BYTES && {
             self.since_probe += 1;
+            // Soon after a probe, the same way still not chosen, and an
+            // eighth cheaper than when the probe went.
+            let (was_slots, was) = self.at_probe;
+            let falling = self.since_probe <= FALL_WINDOW
+                && other != 0
+                && was != 0
+                && was_slots == prefer_pull
+                && other < was - was / 8;
             self.since_probe >= every || falling
         };
         if probe {
             self.since_probe = 0;
+            self.at_probe = (prefer_pull, other);
         }
         prefer_pull != probe
     }
@@ -223,23 +237,40 @@ mod tests {
             .map(|_| p.pull(costs(74, 300, 58), MEASURED_BYTES))
             .collect();
         assert_eq!(pulled(&v), 64);
+        // A fall long after the last probe is other traffic's: no probe.
+        assert!(p.pull(costs(74, 200, 40), MEASURED_BYTES));
         // Cheaper than the pull at last: chosen, but for a probe of the
-        // pull at once (65 messages since the last probe, where r = 1 now
+        // pull at once (66 messages since the last probe, where r = 1 now
         // asks for one in 32).
         let v: Vec<bool> = (0..32)
             .map(|_| p.pull(costs(74, 30, 30), MEASURED_BYTES))
             .collect();
         assert_eq!(pulled(&v), 1);
         assert!(v[0]);
-        // The pull rising is not the other way falling, nor is a fall
-        // seen on a message too short to probe.
-        let mut q = PathChoice::default();
-        for _ in 0..10 {
-            q.pull(costs(74, 560, 100), MEASURED_BYTES);
+    }
+
+    #[test]
+    fn a_flip_of_the_way_chosen_or_a_short_message_is_no_fall() {
+        let mut p = PathChoice::default();
+        let cold = costs(74, 560, 100);
+        for _ in 0..256 {
+            p.pull(cold, MEASURED_BYTES);
         }
-        assert!(q.pull(costs(90, 560, 100), MEASURED_BYTES));
-        assert!(q.pull(costs(90, 300, 60), MEASURED_BYTES - 1));
-        assert!(q.pull(costs(90, 300, 60), MEASURED_BYTES), "seen already");
+        // Just after that probe the slots come out cheaper than the pull:
+        // the way not chosen is the pull now, at 74 against the slots' 660
+        // when the probe went, which is no fall of the pull's.
+        assert!(!p.pull(costs(74, 30, 30), MEASURED_BYTES));
+        assert!(!p.pull(costs(74, 30, 30), MEASURED_BYTES));
+        // A message too short to be timed neither probes nor counts.
+        let mut q = PathChoice::default();
+        for _ in 0..256 {
+            q.pull(cold, MEASURED_BYTES);
+        }
+        for _ in 0..10 {
+            assert!(q.pull(costs(74, 300, 60), MEASURED_BYTES - 1));
+        }
+        // Still within the window of the probe: the fall is seen now.
+        assert!(!q.pull(costs(74, 300, 60), MEASURED_BYTES));
     }
 
     #[test]

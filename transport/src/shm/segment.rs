@@ -398,6 +398,7 @@ impl Segment {
         }
         // Checked: mapped again, populated this time (see `POPULATE_MAX`),
         // where a segment still pending is looked at many times.
+        drop(map);
         let map = Mapping::map_with(&file, size, path, true)?;
         // Both sides have it mapped (the creator since before the magic): drop the name.
         match std::fs::remove_file(path) {
