@@ -311,6 +311,20 @@ struct Opts {
     )]
     persistent: bool,
 
+    /// With -P 1: the request allocates its own buffers, where every rank
+    /// of the host maps them (Communicator::all_reduce_init_shared, as
+    /// MPI_Win_allocate_shared or ncclMemAlloc), so that a round copies
+    /// nothing in; the pattern is copied in, and the result out, outside
+    /// the timed loop. Host buffers only
+    #[arg(
+        long = "shared",
+        value_name = "0|1",
+        default_value = "0",
+        value_parser = check_parser(),
+        action = clap::ArgAction::Set,
+    )]
+    shared: bool,
+
     /// Register the send and receive buffers once with the communicator
     /// before timing (NCCL's ncclCommRegister; gwCommRegister): calls then
     /// skip registering them, on transports where that pins memory (ofi,
@@ -468,6 +482,8 @@ pub struct CollOpts {
     pub json: Option<PathBuf>,
     /// `-P 1`: persistent all-reduce.
     pub persistent: bool,
+    /// `--shared 1` (with `-P 1`): the request's own shared buffers.
+    pub shared: bool,
     /// `--register 1`: buffers registered once before timing.
     pub register: bool,
     /// `--hugepages 1`: host buffers advised onto transparent huge pages.
@@ -906,6 +922,15 @@ pub fn parse<S: Into<OsString>>(args: impl IntoIterator<Item = S>) -> Result<Com
             coll.name()
         ));
     }
+    if o.shared && !o.persistent {
+        return err("--shared 1 applies to a persistent all-reduce (-P 1)");
+    }
+    if o.shared && o.algo.is_some() {
+        return err("--shared 1 chooses where rounds run itself: use -a auto");
+    }
+    if o.shared && o.device != "host" {
+        return err("--shared 1 applies to host buffers");
+    }
     if o.register && o.device != "host" {
         return err("--register 1 applies to host buffers (device data is staged)");
     }
@@ -922,6 +947,7 @@ pub fn parse<S: Into<OsString>>(args: impl IntoIterator<Item = S>) -> Result<Com
         algo: o.algo,
         json: o.json,
         persistent: o.persistent,
+        shared: o.shared,
         register: o.register,
         hugepages: o.hugepages,
         device: device_of(&o.device),

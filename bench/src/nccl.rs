@@ -15,7 +15,8 @@ use crate::pages::Buffer;
 use crate::report::{self, Header, Meas, RankLine, Row, Summary};
 use gradwire::device::DeviceRequest;
 use gw_collectives::{
-    Algo, Communicator, DType, Error, OpKind, RawOp, RawPersistent, RedOp, Registration,
+    Algo, Communicator, DType, Error, OpKind, RawOp, RawPersistent, RawSharedAllReduce, RedOp,
+    Registration,
 };
 use gw_cuda::DeviceBuf;
 use half::{bf16, f16};
@@ -225,6 +226,8 @@ struct Bench<'a, T: Value> {
     sizes: Vec<(usize, Layout)>,
     /// With `-P 1`: the persistent all-reduce of the size being measured.
     persistent: Option<RawPersistent>,
+    /// With `-P 1 --shared 1`: the request on its own shared buffers.
+    shared: Option<RawSharedAllReduce>,
     /// With `-P 1`: whether the last one ran on the host region's rounds.
     persistent_on_host: bool,
     dev: Option<OnDevice<'a>>,
@@ -271,6 +274,7 @@ impl<'a, T: Value> Bench<'a, T> {
             recv: alloc(max_buf, "receive", o.hugepages)?,
             sizes,
             persistent: None,
+            shared: None,
             persistent_on_host: false,
             dev,
             dev_persistent: None,
@@ -443,6 +447,21 @@ impl<'a, T: Value> Bench<'a, T> {
     /// (on the device too, with `--device cuda`).
     fn prepare(&mut self, l: &Layout, in_place: bool) -> Result<(), Fail> {
         self.prepare_host(l, in_place);
+        if let Some(s) = &self.shared {
+            let from = if in_place { &self.recv } else { &self.send };
+            // SAFETY: the request's buffers hold `l.count` elements of `T`
+            // (made for this layout), and no round runs between calls.
+            unsafe {
+                let to = std::slice::from_raw_parts_mut(s.send_ptr().cast::<T>(), l.count);
+                to.copy_from_slice(&from[..l.count]);
+                if !in_place {
+                    poison(std::slice::from_raw_parts_mut(
+                        s.recv_ptr().cast::<T>(),
+                        l.count,
+                    ));
+                }
+            }
+        }
         let Some(d) = &self.dev else { return Ok(()) };
         let up = |buf: &DeviceBuf, v: &[T]| {
             buf.upload(bytes_of(v))
@@ -458,6 +477,11 @@ impl<'a, T: Value> Bench<'a, T> {
 
     /// Copies this rank's result back from the device for `-c 1`.
     fn fetch(&mut self, l: &Layout, in_place: bool) -> Result<(), Fail> {
+        if let Some(s) = &self.shared {
+            // SAFETY: as in `prepare`.
+            let from = unsafe { std::slice::from_raw_parts(s.recv_ptr().cast::<T>(), l.count) };
+            self.recv[..l.count].copy_from_slice(from);
+        }
         let Some(d) = &self.dev else { return Ok(()) };
         let n = if in_place { l.in_place() } else { l.recv };
         d.recv
@@ -562,6 +586,15 @@ impl<'a, T: Value> Bench<'a, T> {
             }
             return Ok(());
         }
+        if let Some(p) = &mut self.shared {
+            for _ in 0..k {
+                // SAFETY: the request's own buffers, which nothing touches
+                // until `wait` returns.
+                unsafe { p.start(self.comm) }.map_err(fail)?;
+                p.wait(self.comm).map_err(fail)?;
+            }
+            return Ok(());
+        }
         if let Some(p) = &self.persistent {
             for _ in 0..k {
                 // SAFETY: the request points into self.send / self.recv,
@@ -586,8 +619,15 @@ impl<'a, T: Value> Bench<'a, T> {
         l: &Layout,
         in_place: bool,
     ) -> Result<(f64, Option<(u64, u64)>), Fail> {
+        if self.o.persistent && self.o.shared {
+            let s = self
+                .comm
+                .shared_all_reduce_init_raw(T::DTYPE, l.count, self.o.redop, in_place)
+                .map_err(|e| Fail::lib("shared all-reduce init", e))?;
+            self.shared = Some(s);
+        }
         self.prepare(l, in_place)?;
-        if self.o.persistent {
+        if self.o.persistent && self.shared.is_none() {
             let op = self.op(l, in_place);
             if let Some(d) = &self.dev {
                 // SAFETY: `op` points into the device buffers, which live as
@@ -607,6 +647,11 @@ impl<'a, T: Value> Bench<'a, T> {
         }
         let r = self.measure_prepared(size, l, in_place);
         self.dev_persistent = None;
+        if let Some(s) = self.shared.take() {
+            self.persistent_on_host = s.on_host();
+            s.free(self.comm)
+                .map_err(|e| Fail::lib("freeing the shared all-reduce", e))?;
+        }
         if let Some(p) = self.persistent.take() {
             self.persistent_on_host = p.on_host();
             p.free(self.comm)

@@ -677,6 +677,33 @@ gwResult_t gwAllReduceInit(const void *sendbuff,
                            gwRequest_t *request);
 
 /**
+ * Plans a persistent all-reduce of `count` elements of `datatype` on
+ * buffers the library allocates, zeroed and aligned to 64 bytes, and
+ * stores them in `*sendbuff` and `*recvbuff` (one buffer, in both, when
+ * `in_place` is non-zero) and the request in `*request` (all NULL on
+ * failure): MPI's `MPI_Win_allocate_shared` memory, or NCCL's
+ * `ncclMemAlloc`, for one all-reduce. Where every rank shares this host
+ * over shared memory, the buffers of all ranks lie in one region every
+ * rank maps, and a round copies nothing in: each rank reduces its slice of
+ * every rank's send buffer straight into every rank's receive buffer.
+ * Elsewhere they are private, and rounds run as `gwAllReduceInit`'s.
+ * Write the input into `*sendbuff` and read the result from `*recvbuff`
+ * only while no round runs; rounds run with `gwStart`, `gwTest` and
+ * `gwWait`, and `gwRequestFree` frees the request and its buffers.
+ * Collective and ordered as `gwAllReduceInit`. Unknown `datatype` or `op`,
+ * an average of integers, NULL out-pointers and overflowing counts are
+ * `gwInvalidArgument`; `count` 0 is allowed. Thread-safe.
+ */
+gwResult_t gwAllReduceInitShared(size_t count,
+                                 gwDataType_t datatype,
+                                 gwRedOp_t op,
+                                 int in_place,
+                                 gwComm_t comm,
+                                 void **sendbuff,
+                                 void **recvbuff,
+                                 gwRequest_t *request);
+
+/**
  * Begins one round of a persistent request (`gwAllReduceInit`) and returns
  * at once: `sendbuff` is read from now on, and `recvbuff` holds the result
  * once `gwTest` reports the round done or `gwWait` returns. A round still

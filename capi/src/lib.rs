@@ -16,7 +16,7 @@
 use gw_collectives::{
     CommKey, Communicator, Config, Handle, LaunchEnv, OpKind, RawOp, RawPersistent, TransportChoice,
 };
-use gw_collectives::{DType, RedOp};
+use gw_collectives::{DType, RawSharedAllReduce, RedOp};
 use gw_rendezvous::launch_env::Launcher;
 use gw_rendezvous::{StoreConfig, StoreServer};
 use gw_transport::Error;
@@ -184,6 +184,8 @@ enum RequestKind {
     Persistent(RawPersistent),
     /// `gwAllReduceInit` on device memory.
     Device(cuda_persistent::DevicePersistent),
+    /// `gwAllReduceInitShared`: as `Persistent`, on buffers it owns.
+    Shared(RawSharedAllReduce),
 }
 
 static NEXT_HANDLE: AtomicUsize = AtomicUsize::new(1);
@@ -1587,6 +1589,11 @@ pub unsafe extern "C" fn gwTest(request: gwRequest_t, done: *mut c_int) -> gwRes
                 Ok(true) => Some(Ok(())),
                 Err(e) => Some(Err(e)),
             },
+            RequestKind::Shared(p) => match p.test(&r.comm.comm) {
+                Ok(false) => None,
+                Ok(true) => Some(Ok(())),
+                Err(e) => Some(Err(e)),
+            },
             RequestKind::Device(d) => {
                 // A wait of no time: asks once, and forgets a finished round.
                 let finished = d.wait(Some(Duration::ZERO))?;
@@ -1629,6 +1636,12 @@ pub unsafe extern "C" fn gwWait(request: gwRequest_t, timeout_ms: c_int) -> gwRe
                 Err(e) => Some(Err(e)),
             },
             (RequestKind::Device(d), limit) => d.wait(limit)?.then_some(Ok(())),
+            (RequestKind::Shared(p), None) => Some(p.wait(&r.comm.comm)),
+            (RequestKind::Shared(p), Some(t)) => match p.wait_timeout(&r.comm.comm, t) {
+                Ok(false) => None,
+                Ok(true) => Some(Ok(())),
+                Err(e) => Some(Err(e)),
+            },
         };
         match res {
             None => {
@@ -1705,6 +1718,82 @@ pub unsafe extern "C" fn gwAllReduceInit(
     })
 }
 
+/// Plans a persistent all-reduce of `count` elements of `datatype` on
+/// buffers the library allocates, zeroed and aligned to 64 bytes, and
+/// stores them in `*sendbuff` and `*recvbuff` (one buffer, in both, when
+/// `in_place` is non-zero) and the request in `*request` (all NULL on
+/// failure): MPI's `MPI_Win_allocate_shared` memory, or NCCL's
+/// `ncclMemAlloc`, for one all-reduce. Where every rank shares this host
+/// over shared memory, the buffers of all ranks lie in one region every
+/// rank maps, and a round copies nothing in: each rank reduces its slice of
+/// every rank's send buffer straight into every rank's receive buffer.
+/// Elsewhere they are private, and rounds run as `gwAllReduceInit`'s.
+/// Write the input into `*sendbuff` and read the result from `*recvbuff`
+/// only while no round runs; rounds run with `gwStart`, `gwTest` and
+/// `gwWait`, and `gwRequestFree` frees the request and its buffers.
+/// Collective and ordered as `gwAllReduceInit`. Unknown `datatype` or `op`,
+/// an average of integers, NULL out-pointers and overflowing counts are
+/// `gwInvalidArgument`; `count` 0 is allowed. Thread-safe.
+#[unsafe(no_mangle)]
+#[allow(clippy::too_many_arguments)]
+pub unsafe extern "C" fn gwAllReduceInitShared(
+    count: usize,
+    datatype: DataTypeArg,
+    op: RedOpArg,
+    in_place: c_int,
+    comm: gwComm_t,
+    sendbuff: *mut *mut std::ffi::c_void,
+    recvbuff: *mut *mut std::ffi::c_void,
+    request: *mut gwRequest_t,
+) -> gwResult_t {
+    guard(comm, || {
+        // Every output the caller gave is NULL on any failure, this one's
+        // first checks included.
+        for p in [sendbuff, recvbuff] {
+            if !p.is_null() {
+                // SAFETY: non-null, and the caller's to write.
+                unsafe { *p = std::ptr::null_mut() };
+            }
+        }
+        if !request.is_null() {
+            // SAFETY: as above.
+            unsafe { *request = std::ptr::null_mut() };
+        }
+        let st = lookup(comm)?;
+        out(request, "request")?;
+        out(sendbuff, "sendbuff")?;
+        out(recvbuff, "recvbuff")?;
+        let (dt, op) = (dtype(datatype)?, redop(op)?);
+        check_count(&raw(
+            OpKind::AllReduce,
+            dt,
+            op,
+            count,
+            std::ptr::null(),
+            std::ptr::null_mut(),
+        ))?;
+        let p = st
+            .comm
+            .shared_all_reduce_init_raw(dt, count, op, in_place != 0)?;
+        let (s, r) = (p.send_ptr(), p.recv_ptr());
+        let id = new_handle();
+        requests().lock().unwrap_or_else(|p| p.into_inner()).insert(
+            id,
+            Arc::new(Request {
+                kind: RequestKind::Shared(p),
+                comm: st.clone(),
+            }),
+        );
+        // SAFETY: checked non-null above.
+        unsafe {
+            *sendbuff = s.cast();
+            *recvbuff = r.cast();
+            *request = id as gwRequest_t;
+        }
+        Ok(())
+    })
+}
+
 /// Begins one round of a persistent request (`gwAllReduceInit`) and returns
 /// at once: `sendbuff` is read from now on, and `recvbuff` holds the result
 /// once `gwTest` reports the round done or `gwWait` returns. A round still
@@ -1719,11 +1808,14 @@ pub unsafe extern "C" fn gwStart(request: gwRequest_t) -> gwResult_t {
         let res = match &r.kind {
             RequestKind::Once(_) => Err(Error::InvalidUsage(format!(
                 "request {request:p} is not persistent: it was made by an ...Async call \
-                 (only gwAllReduceInit's requests can be started)"
+                 (only gwAllReduceInit's and gwAllReduceInitShared's requests can be started)"
             ))),
             // SAFETY: the caller promised the buffers at gwAllReduceInit,
             // until gwRequestFree.
             RequestKind::Persistent(p) => unsafe { p.start(&r.comm.comm) },
+            // SAFETY: the caller keeps off the request's buffers while a
+            // round runs (gwAllReduceInitShared's contract).
+            RequestKind::Shared(p) => unsafe { p.start(&r.comm.comm) },
             RequestKind::Device(d) => return d.start(&*r.comm, None),
         };
         finish(
@@ -1759,6 +1851,12 @@ pub unsafe extern "C" fn gwStartStream(
                 let res = unsafe { p.start(&r.comm.comm) }.and_then(|_| p.wait(&r.comm.comm));
                 finish(&r, res)
             }
+            RequestKind::Shared(p) => {
+                cuda::sync_stream_if_loaded(stream)?;
+                // SAFETY: as gwStart.
+                let res = unsafe { p.start(&r.comm.comm) }.and_then(|_| p.wait(&r.comm.comm));
+                finish(&r, res)
+            }
             RequestKind::Once(_) => fail(
                 gwInvalidUsage,
                 format!("gwStartStream: request {request:p} is not persistent"),
@@ -1784,6 +1882,7 @@ pub unsafe extern "C" fn gwRequestFree(request: gwRequest_t) -> gwResult_t {
         let res = match &r.kind {
             RequestKind::Once(h) => h.wait(),
             RequestKind::Persistent(p) => p.free(&r.comm.comm),
+            RequestKind::Shared(p) => p.free(&r.comm.comm),
             RequestKind::Device(d) => {
                 d.wait(None)?;
                 Ok(())

@@ -141,6 +141,7 @@ fn shared_library_exports_only_gw_symbols() {
         "gwTest",
         "gwWait",
         "gwAllReduceInit",
+        "gwAllReduceInitShared",
         "gwStart",
         "gwRequestFree",
         "gwCommAbort",
@@ -269,6 +270,23 @@ fn every_rank_ok(file: &str, exe: &str, worlds: &[u32]) {
 #[test]
 fn c_persistent_all_reduce_at_2_and_3_ranks() {
     every_rank_ok("persistent.c", "persistent_c", &[2, 3]);
+}
+
+/// `gwAllReduceInitShared`: rounds on the library's own buffers are right
+/// on the host region (shared memory, 1 to 3 ranks) and on the engine with
+/// private buffers (tcp), and misuse is refused with its reason.
+#[test]
+fn c_shared_all_reduce_on_the_host_region_and_over_tcp() {
+    every_rank_ok("shared.c", "shared_c", &[1, 2, 3]);
+    let exe = compile(&manifest().join("tests/c/shared.c"), "shared_c_tcp");
+    let (out, text) = run(Command::new(gwrun())
+        .args(["-n", "2", "--timeout", "60"])
+        .env("GW_TRANSPORT", "tcp")
+        .arg(&exe));
+    assert!(out.status.success(), "shared.c over tcp: {text}");
+    for r in 0..2 {
+        assert!(text.contains(&format!("shared.c: rank {r} ok")), "{text}");
+    }
 }
 
 /// `gwCommRegister`: calls on registered memory (several offsets and

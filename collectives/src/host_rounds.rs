@@ -35,7 +35,7 @@
 //! wait. Each is an error naming the rank and the round.
 //!
 //! ```text
-//!    0  magic "GWHOSTR1" u64, ranks u64, stride u64       (the creator's)
+//!    0  magic "GWHOSTR1" u64, ranks u64, call u64 (`call_word`) (the creator's)
 //!   64  line of rank i (64 bytes each): round u64 at 0, pid u64 at 16 (rank i's),
 //!       left u64 at 24 (1: aborted, 2: closed its communicator, 3: failed,
 //!       4: freed its request; [`Leaving`])
@@ -44,7 +44,7 @@
 
 use crate::communicator::{Communicator, RawOp};
 use crate::config::{OneSided, Source};
-use crate::op::{OpKind, RedOp};
+use crate::op::{DType, OpKind, RedOp};
 use crate::reduce::Kernel;
 use gw_transport::shm::{HostRegion, process_alive};
 use gw_transport::{Error, Result};
@@ -195,7 +195,8 @@ impl Communicator {
             key: self.region_key(1),
             total: layout.total(),
             magic: MAGIC,
-            words: [n as u64, layout.stride as u64],
+            // The layout follows from `total`; the call must match too.
+            words: [n as u64, call_word(op.dtype, op.redop, count)],
             lines: layout.line(0),
         };
         let Some(region) = self.agree_on_region(vote)? else {
@@ -316,11 +317,50 @@ impl Communicator {
     }
 
     /// Whether `mine` holds on every rank (a one-word all-reduce).
-    fn everyone(&self, mine: bool) -> Result<bool> {
+    pub(crate) fn everyone(&self, mine: bool) -> Result<bool> {
         let mut v = [u8::from(mine)];
         self.all_reduce_in_place(&mut v, RedOp::Min)?;
         self.forget_auto_choice();
         Ok(v[0] == 1)
+    }
+}
+
+/// The header word that says which call a region is for. Ranks that
+/// disagree on it must not share the region (their slices or mailboxes
+/// would not line up, or the bytes would be read as another type): none
+/// opens it, and the engine's matching then names the mismatch.
+pub(crate) fn call_word(dtype: DType, op: RedOp, count: usize) -> u64 {
+    (count as u64).wrapping_mul(0x9e37_79b9_7f4a_7c15) ^ (dtype as u64) << 48 ^ (op as u64) << 56
+}
+
+/// Calls `test` until it says done, at most `limit` if given (`Ok(false)`
+/// then): flat out for [`SPIN`], then yielding the core every 64 polls;
+/// where ranks outnumber cores (`crowded`), yielding after every poll.
+pub(crate) fn poll_until(
+    crowded: bool,
+    limit: Option<Duration>,
+    mut test: impl FnMut() -> Result<bool>,
+) -> Result<bool> {
+    let t0 = Instant::now();
+    let mut polls = 0u32;
+    loop {
+        if test()? {
+            return Ok(true);
+        }
+        polls = polls.wrapping_add(1);
+        if crowded {
+            std::thread::yield_now();
+        } else if !polls.is_multiple_of(64) {
+            std::hint::spin_loop();
+            continue;
+        }
+        let waited = t0.elapsed();
+        if limit.is_some_and(|l| waited >= l) {
+            return Ok(false);
+        }
+        if waited >= SPIN && !crowded {
+            std::thread::yield_now();
+        }
     }
 }
 
@@ -534,27 +574,7 @@ impl HostRounds {
     /// Waits for the running round, at most `limit` if given (`Ok(false)`
     /// then); fails as [`HostRounds::test`] does.
     pub(crate) fn wait(&self, limit: Option<Duration>) -> Result<bool> {
-        let t0 = Instant::now();
-        let mut polls = 0u32;
-        loop {
-            if self.test()? {
-                return Ok(true);
-            }
-            polls = polls.wrapping_add(1);
-            if self.crowded {
-                std::thread::yield_now();
-            } else if !polls.is_multiple_of(64) {
-                std::hint::spin_loop();
-                continue;
-            }
-            let waited = t0.elapsed();
-            if limit.is_some_and(|l| waited >= l) {
-                return Ok(false);
-            }
-            if waited >= SPIN && !self.crowded {
-                std::thread::yield_now();
-            }
-        }
+        poll_until(self.crowded, limit, || self.test())
     }
 
     /// Fails if a rank the running round waits for has exited (for good:

@@ -31,6 +31,7 @@ pub mod put;
 pub mod reduce;
 pub mod registration;
 mod sched_cache;
+pub mod shared_all_reduce;
 pub mod size_curve;
 mod trace;
 
@@ -48,6 +49,7 @@ pub use op::{DType, Fingerprint, OpKind, RedOp};
 pub use persistent::{Persistent, PersistentAllReduce, RawPersistent};
 pub use put::PersistentTransfer;
 pub use registration::Registration;
+pub use shared_all_reduce::{RawSharedAllReduce, SharedAllReduce};
 
 /// Under `GW_TRACE`, records a span of the program's own work that began at
 /// `started` and ends now — a training step's compute, say — on this rank's
