@@ -289,6 +289,27 @@ fn c_shared_all_reduce_on_the_host_region_and_over_tcp() {
     }
 }
 
+/// The C benchmark of the three all-reduce forms
+/// (`bench/capi/persistent_shared.c`, run by
+/// `scripts/persistent-shared-capi.sh`) checks every element of every
+/// mode's last step: a short run of it must find none wrong.
+#[test]
+fn c_persistent_benchmark_checks_its_results() {
+    let exe = compile(
+        &manifest().join("../bench/capi/persistent_shared.c"),
+        "persistent_shared_c",
+    );
+    let (out, text) = run(Command::new(gwrun())
+        .args(["-n", "2", "--timeout", "60"])
+        .arg(&exe)
+        .args(["-b", "1K", "-e", "64K", "-T", "0.01", "-r", "2"]));
+    assert!(out.status.success(), "{text}");
+    let lines: Vec<&str> = text.lines().filter(|l| l.contains("mode=")).collect();
+    // 4 sizes × 3 modes × 2 rounds.
+    assert_eq!(lines.len(), 24, "{text}");
+    assert!(lines.iter().all(|l| l.ends_with("wrong=0")), "{text}");
+}
+
 /// `gwCommRegister`: calls on registered memory (several offsets and
 /// sizes, all-reduce and point-to-point) are right, deregistering waits
 /// for a call not waited for, and misuse is refused with its reason.
