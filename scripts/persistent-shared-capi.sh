@@ -10,16 +10,17 @@
 # the persistent form faster), with the [min-max] of every round's ratio.
 #
 #   scripts/persistent-shared-capi.sh [-t shm|tcp] [-p RANKS] [-r ROUNDS]
-#                                     [-T SECONDS] [-b MIN] [-e MAX]
-#   (defaults: shm, 2 ranks, 5 rounds, loops of 0.2 s, 1K to 16M bytes)
+#                                     [-T SECONDS] [-b MIN] [-e MAX] [-w 0|1]
+#   (defaults: shm, 2 ranks, 5 rounds, loops of 0.2 s, 1K to 16M bytes;
+#   -w 1: each step rewrites its send buffer first, as a backward pass does)
 set -euo pipefail
 cd "$(dirname "$0")/.."
-t=shm np=2 rounds=5 secs=0.2 min=1K max=16M
-while getopts "t:p:r:T:b:e:h" o; do
+t=shm np=2 rounds=5 secs=0.2 min=1K max=16M w=0
+while getopts "t:p:r:T:b:e:w:h" o; do
   case $o in
   t) t=$OPTARG ;; p) np=$OPTARG ;; r) rounds=$OPTARG ;; T) secs=$OPTARG ;;
-  b) min=$OPTARG ;; e) max=$OPTARG ;;
-  *) sed -n '2,14p' "$0" | sed 's/^# \{0,1\}//'; exit 2 ;;
+  b) min=$OPTARG ;; e) max=$OPTARG ;; w) w=$OPTARG ;;
+  *) sed -n '2,15p' "$0" | sed 's/^# \{0,1\}//'; exit 2 ;;
   esac
 done
 [[ $t == shm || $t == tcp ]] || { echo "persistent-shared-capi.sh: -t is shm or tcp, not '$t'" >&2; exit 2; }
@@ -36,7 +37,7 @@ trap 'rm -f "$rows"' EXIT
 # finished are still summarised; the failure is reported at the end.
 rc=0
 GW_TRANSPORT=$t target/release/gwrun -n "$np" "$out/persistent_shared" \
-  -T "$secs" -r "$rounds" -b "$min" -e "$max" | tee /dev/stderr | grep 'mode=' >"$rows" || rc=$?
+  -T "$secs" -r "$rounds" -b "$min" -e "$max" -w "$w" | tee /dev/stderr | grep 'mode=' >"$rows" || rc=$?
 python3 - "$rows" "$t" "$np" <<'PY' || rc=$((rc ? rc : $?))
 import collections, re, statistics, sys
 rows, t, np = sys.argv[1], sys.argv[2], sys.argv[3]

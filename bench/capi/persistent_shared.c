@@ -8,7 +8,13 @@
  * and summarises.
  *
  *   gwrun -n N ./persistent_shared [-b MIN] [-e MAX] [-T SECONDS] [-r ROUNDS]
+ *                                  [-w 0|1]
  *   (defaults: 1K to 16M bytes by factors of 4, loops of 0.2 s, 5 rounds)
+ *
+ * With -w 1 every step first rewrites its send buffer (a memcpy from a
+ * private copy of the input, inside the timed loop, for every mode), as a
+ * backward pass rewrites the gradients each step: the peers then read
+ * lines another core just wrote, not lines every cache already holds.
  *
  * Three modes all-reduce (float32 sum, out of place) the same buffer each
  * step:
@@ -44,6 +50,8 @@ static const char *NAMES[] = {"ord", "pers", "shared"};
 
 static gwComm_t comm;
 static int rank, size;
+/* -w 1: each step rewrites its send buffer first. */
+static int rewrite;
 
 static double now(void) {
     struct timespec t;
@@ -70,6 +78,8 @@ struct run {
     enum mode m;
     size_t count;
     float *send, *recv;
+    /* The input, kept apart for -w 1's rewrites. */
+    float *src;
     gwRequest_t req;
 };
 
@@ -90,6 +100,12 @@ static void setup(struct run *r) {
     }
     r->send = s;
     r->recv = d;
+    void *c = NULL;
+    if (posix_memalign(&c, 64, r->count * sizeof(float)) != 0) {
+        fprintf(stderr, "persistent_shared: rank %d: out of memory\n", rank);
+        exit(1);
+    }
+    r->src = c;
 }
 
 /* After the buffers are filled: the persistent request registers them. */
@@ -102,6 +118,7 @@ static void plan(struct run *r) {
 static void teardown(struct run *r) {
     if (r->req)
         check(gwRequestFree(r->req), "gwRequestFree");
+    free(r->src);
     /* The shared mode's buffers went with its request. */
     if (r->m != SHARED) {
         free(r->send);
@@ -110,6 +127,8 @@ static void teardown(struct run *r) {
 }
 
 static void step(struct run *r) {
+    if (rewrite)
+        memcpy(r->send, r->src, r->count * sizeof(float));
     if (r->m == ORD) {
         check(gwAllReduce(r->send, r->recv, r->count, gwFloat32, gwSum, comm), "gwAllReduce");
     } else {
@@ -144,6 +163,7 @@ static void measure(enum mode m, size_t count, int round, double seconds, long *
      * mode's send buffer is the library's, and each round reads it again. */
     for (size_t i = 0; i < count; i++) {
         r.send[i] = input(rank, i, round);
+        r.src[i] = r.send[i];
         /* A result no sum gives, so that a step that writes nothing shows. */
         r.recv[i] = -1.0f;
     }
@@ -220,10 +240,13 @@ int main(int argc, char **argv) {
             min = bytes_arg(v);
         else if (v && strcmp(argv[i], "-e") == 0 && bytes_arg(v) >= 4)
             max = bytes_arg(v);
+        else if (v && strcmp(argv[i], "-w") == 0 && (strcmp(v, "0") == 0 || strcmp(v, "1") == 0))
+            rewrite = atoi(v);
         else {
             fprintf(stderr,
-                    "usage: gwrun -n N %s [-b MIN] [-e MAX] [-T SECONDS] [-r ROUNDS]\n"
-                    "  (bytes with K or M, defaults 1K and 16M; 0.2 s; 5 rounds)\n",
+                    "usage: gwrun -n N %s [-b MIN] [-e MAX] [-T SECONDS] [-r ROUNDS] [-w 0|1]\n"
+                    "  (bytes with K or M, defaults 1K and 16M; 0.2 s; 5 rounds; -w 1: each\n"
+                    "  step rewrites its send buffer first)\n",
                     argv[0]);
             return 2;
         }

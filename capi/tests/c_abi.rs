@@ -292,7 +292,8 @@ fn c_shared_all_reduce_on_the_host_region_and_over_tcp() {
 /// The C benchmark of the three all-reduce forms
 /// (`bench/capi/persistent_shared.c`, run by
 /// `scripts/persistent-shared-capi.sh`) checks every element of every
-/// mode's last step: a short run of it must find none wrong.
+/// mode's last step: a short run of it, each step rewriting its input
+/// (`-w 1`), must find none wrong.
 #[test]
 fn c_persistent_benchmark_checks_its_results() {
     let exe = compile(
@@ -302,7 +303,7 @@ fn c_persistent_benchmark_checks_its_results() {
     let (out, text) = run(Command::new(gwrun())
         .args(["-n", "2", "--timeout", "60"])
         .arg(&exe)
-        .args(["-b", "1K", "-e", "64K", "-T", "0.01", "-r", "2"]));
+        .args(["-b", "1K", "-e", "64K", "-T", "0.01", "-r", "2", "-w", "1"]));
     assert!(out.status.success(), "{text}");
     let lines: Vec<&str> = text.lines().filter(|l| l.contains("mode=")).collect();
     // 4 sizes × 3 modes × 2 rounds.
