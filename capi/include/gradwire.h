@@ -683,8 +683,9 @@ gwResult_t gwAllReduceInit(const void *sendbuff,
  * `in_place` is non-zero) and the request in `*request` (all NULL on
  * failure): MPI's `MPI_Win_allocate_shared` memory, or NCCL's
  * `ncclMemAlloc`, for one all-reduce. Where every rank shares this host
- * over shared memory, the buffers of all ranks lie in one region every
- * rank maps, and a round copies nothing in: each rank reduces its slice of
+ * over shared memory, the buffers of all ranks usually lie in one region
+ * every rank maps (the exceptions are listed in
+ * `collectives/src/shared_all_reduce.rs`), and a round copies nothing in: each rank reduces its slice of
  * every rank's send buffer straight into every rank's receive buffer.
  * Elsewhere they are private, and rounds run as `gwAllReduceInit`'s.
  * Write the input into `*sendbuff` and read the result from `*recvbuff`

@@ -74,8 +74,10 @@ const CACHE_LINE: usize = 64;
 /// not set), calls up to this size keep private buffers: a round here
 /// waits twice for every rank to be scheduled, and at 4 ranks on the
 /// 2-core VM a 1 KiB round took 1.15x the ordinary call's time, where from
-/// 4 KiB it took 0.74x down to 0.23x (`scripts/persistent-vs-ordinary.sh
-/// -p 4 -r 3 -b 1K -e 4M -T 0.2`, medians of 3 rounds).
+/// 4 KiB it took 0.74x down to 0.23x (`GW_HOST_ROUND_BYTES=1073741824
+/// gwbench allreduce -P 1 --shared 1` in the shared column of
+/// `scripts/persistent-vs-ordinary.sh -p 4 -r 3 -b 1K -e 4M -T 0.2` before
+/// that column left the variable unset; medians of 3 rounds).
 const CROWDED_MIN_BYTES: usize = CROWDED_MAX_BYTES;
 
 /// Where things are in a region for `n` ranks of `bytes` each.
