@@ -962,21 +962,16 @@ impl HostColl {
     /// A rank `missing` that left or exited, as an error.
     fn gone(&self, missing: &dyn Fn(usize) -> bool, r: u64, what: &str) -> Result<()> {
         let lines = self.layout.line(0);
-        for j in (0..self.layout.n).filter(|&j| missing(j)) {
-            // Asked again once it has gone (see `gone_why`).
-            if let Some(why) = host_rounds::gone_why(&self.region, lines, j)
-                && missing(j)
-            {
-                return Err(Error::Remote {
-                    rank: j as u32,
-                    addr: "this host".into(),
-                    what: format!(
-                        "{why} before it could {what} round {r} of the host region's collectives"
-                    ),
-                });
-            }
+        match host_rounds::first_gone(&self.region, lines, self.layout.n, missing) {
+            Some((j, why)) => Err(Error::Remote {
+                rank: j as u32,
+                addr: "this host".into(),
+                what: format!(
+                    "{why} before it could {what} round {r} of the host region's collectives"
+                ),
+            }),
+            None => Ok(()),
         }
-        Ok(())
     }
 
     /// The timeout of a wait for the ranks `missing`.

@@ -438,6 +438,22 @@ pub(crate) fn gone_why(r: &HostRegion, lines: usize, j: usize) -> Option<String>
         .or_else(|| exited(r, lines, j).map(|pid| format!("exited (pid {pid})")))
 }
 
+/// The first of `n` ranks (lines from `lines`) that a round still waits
+/// for (`behind`) and that will post nothing more, with why. Each rank is
+/// asked again once it has gone (see `gone_why`).
+pub(crate) fn first_gone(
+    r: &HostRegion,
+    lines: usize,
+    n: usize,
+    behind: impl Fn(usize) -> bool,
+) -> Option<(usize, String)> {
+    (0..n).filter(|&j| behind(j)).find_map(|j| {
+        gone_why(r, lines, j)
+            .filter(|_| behind(j))
+            .map(|why| (j, why))
+    })
+}
+
 /// The 8-byte word at `off` of a host region, shared by every rank.
 pub(crate) fn word(r: &HostRegion, off: usize) -> &AtomicU64 {
     assert!(off.is_multiple_of(8) && off + 8 <= r.len());
@@ -584,18 +600,14 @@ impl HostRounds {
         let r = st.next;
         let round_of = |j: usize| line(&self.region, self.layout, j).0.load(Ordering::Acquire);
         let lines = self.layout.line(0);
-        for j in (0..self.layout.n).filter(|&j| round_of(j) < r) {
-            // Asked again once it has gone (see `gone_why`).
-            if let Some(why) = gone_why(&self.region, lines, j)
-                && round_of(j) < r
-            {
-                let e = Error::Remote {
-                    rank: j as u32,
-                    addr: "this host".into(),
-                    what: format!("{why} before starting round {r} of a persistent all-reduce"),
-                };
-                return Err(self.fail(st, e));
-            }
+        if let Some((j, why)) = first_gone(&self.region, lines, self.layout.n, |j| round_of(j) < r)
+        {
+            let e = Error::Remote {
+                rank: j as u32,
+                addr: "this host".into(),
+                what: format!("{why} before starting round {r} of a persistent all-reduce"),
+            };
+            return Err(self.fail(st, e));
         }
         let waited = now.duration_since(st.started);
         if waited >= self.timeout {

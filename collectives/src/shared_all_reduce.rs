@@ -51,7 +51,7 @@
 use crate::communicator::{Communicator, RawOp};
 use crate::config::{OneSided, Source};
 use crate::element::Element;
-use crate::host_rounds::{CROWDED_MAX_BYTES, call_word, gone_why, poll_until, say_left, word};
+use crate::host_rounds::{CROWDED_MAX_BYTES, call_word, first_gone, poll_until, say_left, word};
 use crate::host_rounds::{HEADER, LEFT_AT, LINE, LIVENESS_EVERY, Leaving, Vote};
 use crate::op::{DType, OpKind, RedOp};
 use crate::persistent::RawPersistent;
@@ -405,12 +405,7 @@ impl Communicator {
         count: usize,
         op: RedOp,
     ) -> Result<SharedAllReduce<'_, T>> {
-        let raw = self.shared_all_reduce_init_raw(T::DTYPE, count, op, false)?;
-        Ok(SharedAllReduce {
-            comm: self,
-            raw: Some(raw),
-            _t: PhantomData,
-        })
+        self.shared_typed(count, op, false)
     }
 
     /// The typed form of [`Communicator::shared_all_reduce_init_raw`], in
@@ -420,7 +415,16 @@ impl Communicator {
         count: usize,
         op: RedOp,
     ) -> Result<SharedAllReduce<'_, T>> {
-        let raw = self.shared_all_reduce_init_raw(T::DTYPE, count, op, true)?;
+        self.shared_typed(count, op, true)
+    }
+
+    fn shared_typed<T: Element>(
+        &self,
+        count: usize,
+        op: RedOp,
+        in_place: bool,
+    ) -> Result<SharedAllReduce<'_, T>> {
+        let raw = self.shared_all_reduce_init_raw(T::DTYPE, count, op, in_place)?;
         Ok(SharedAllReduce {
             comm: self,
             raw: Some(raw),
@@ -706,21 +710,16 @@ impl HostShared {
         let r = p.next;
         let lines = self.layout.line(0);
         let behind = |j: usize| self.flag(j, phase).load(Ordering::Acquire) < r;
-        for j in (0..self.layout.n).filter(|&j| behind(j)) {
-            // Asked again once it has gone (see `gone_why`).
-            if let Some(why) = gone_why(&self.region, lines, j)
-                && behind(j)
-            {
-                let e = Error::Remote {
-                    rank: j as u32,
-                    addr: "this host".into(),
-                    what: format!(
-                        "{why}: it {} round {r} of a shared all-reduce",
-                        phase.missing()
-                    ),
-                };
-                return Err(self.fail(p, e));
-            }
+        if let Some((j, why)) = first_gone(&self.region, lines, self.layout.n, behind) {
+            let e = Error::Remote {
+                rank: j as u32,
+                addr: "this host".into(),
+                what: format!(
+                    "{why}: it {} round {r} of a shared all-reduce",
+                    phase.missing()
+                ),
+            };
+            return Err(self.fail(p, e));
         }
         let waited = now.duration_since(p.started);
         if waited >= self.timeout {
